@@ -1,0 +1,381 @@
+"""A stage actor: one trio task plus one dedicated worker thread.
+
+The task decides, the thread executes. Each turn of the loop is::
+
+    plan     (trio)    drop ended streams, pick a batch of ready streams that fit,
+                       reserve their credit, take their inputs
+    execute  (thread)  close/open per-stream state, stage.step(batch), close finished
+    apply    (trio)    hand payloads to the next stage and visible items to clients,
+                       fail streams whose work failed
+
+One crossing into the thread and one back per turn, whatever the batch size.
+When nothing is ready the task waits on its ``Wakeup``, which every input,
+freed credit, new stream and ended stream sets: no polling, no timeouts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import trio
+
+from ._config import StageSpec, resolve_impl
+from ._errors import ConfigError, StageError, StageLoadError
+from ._items import VISIBLE_TYPES, Request
+from ._link import Link, Wakeup
+from ._scheduler import Candidate, pick_batch
+from ._stage import Stage, StreamOutput, StreamWork
+from ._stream import Stream
+from ._worker import WorkerThread
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One stream as one stage sees it."""
+
+    stream: Stream
+    inbox: Link | None  # None for the first stage
+    outbox: Link | None  # None for the last stage
+    opened: bool = False
+    more: bool = False
+    input_closed_delivered: bool = False
+    last_step: int = -1
+
+
+@dataclass(frozen=True)
+class _Plan:
+    closes: tuple[str, ...]
+    opens: tuple[tuple[str, Request], ...]
+    batch: tuple[StreamWork, ...]
+
+
+@dataclass
+class _Result:
+    opened: list[str] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+    errors: dict[str, Exception] = field(default_factory=dict)
+    outputs: Mapping[str, StreamOutput] = field(default_factory=dict)
+    step_error: Exception | None = None
+    busy_s: float = 0.0
+
+
+@dataclass
+class _Counters:
+    num_steps: int = 0
+    num_batched: int = 0
+    max_batch_size_seen: int = 0
+    last_batch_size: int = 0
+    num_skipped_no_credit: int = 0
+    num_payloads_sent: int = 0
+    num_visible_sent: int = 0
+    num_stream_failures: int = 0
+    num_step_failures: int = 0
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+
+
+class StageActor:
+    """Runs one configured stage. Made by the supervisor in ``open_pipeline``."""
+
+    def __init__(self, spec: StageSpec, source: str) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.wakeup = Wakeup()
+        self.counters = _Counters()
+        self.slots: dict[str, _Slot] = {}
+        self._source = source
+        self._stage: Stage | None = None
+        self._worker: WorkerThread | None = None
+
+    # ----- lifecycle ----------------------------------------------------------------
+
+    async def run(
+        self,
+        limits: tuple[int | None, int],
+        shutdown_timeout_s: float,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Load the stage on its thread, report ready, then serve until cancelled.
+
+        ``limits`` is (outgoing edge capacity or None, client capacity). On
+        cancellation every open stream is closed on the stage and the thread is
+        joined, shielded and bounded by ``shutdown_timeout_s``.
+        """
+        self._worker = WorkerThread(f"omnitrio-stage-{self.name}")
+        try:
+            self._stage = await self._worker.run(self._load)
+            self._check_limits(*limits)
+            task_status.started()
+            await self._serve()
+        finally:
+            await self._shutdown(shutdown_timeout_s)
+
+    def _load(self) -> Stage:
+        factory: Any = resolve_impl(self.spec.impl, self._source, f"stage {self.name}.impl")
+        try:
+            stage = factory(name=self.name, device=self.spec.device, **self.spec.params)
+        except Exception as exc:
+            raise StageLoadError(self.name, f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(stage, Stage):
+            raise StageLoadError(
+                self.name, f"{self.spec.impl} does not implement the Stage protocol"
+            )
+        return stage
+
+    def _check_limits(self, edge_capacity: int | None, client_capacity: int) -> None:
+        assert self._stage is not None
+        stage = self._stage
+        if edge_capacity is not None and stage.max_payloads_per_step > edge_capacity:
+            raise ConfigError(
+                self._source,
+                f"edges[from={self.name}].capacity",
+                f"{edge_capacity} is below stage {self.name!r} max_payloads_per_step="
+                f"{stage.max_payloads_per_step}; raise the capacity",
+            )
+        if stage.max_visible_per_step > client_capacity:
+            raise ConfigError(
+                self._source,
+                "pipeline.client_capacity",
+                f"{client_capacity} is below stage {self.name!r} max_visible_per_step="
+                f"{stage.max_visible_per_step}; raise it",
+            )
+
+    async def _shutdown(self, timeout_s: float) -> None:
+        worker, stage = self._worker, self._stage
+        if worker is None:
+            return
+        deadline = trio.current_time() + timeout_s
+        opened = [sid for sid, slot in self.slots.items() if slot.opened]
+        if stage is not None:
+            closing = _Plan(closes=tuple(opened), opens=(), batch=())
+            with trio.CancelScope(shield=True, deadline=deadline):
+                await worker.run(partial(self._execute, closing, final=True))
+        if not await worker.stop(deadline):
+            logger.error(
+                "stage %r did not finish its step within %.1f s of shutdown; streams in flight: %s",
+                self.name,
+                timeout_s,
+                ", ".join(opened) or "none",
+                extra={"stage": self.name},
+            )
+        for slot in list(self.slots.values()):
+            self._release(slot)
+
+    # ----- the loop -----------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        assert self._worker is not None
+        while True:
+            plan = self._plan()
+            if plan is None:
+                started = time.perf_counter()
+                await self.wakeup.wait()
+                self.counters.idle_s += time.perf_counter() - started
+                continue
+            result = await self._worker.run(partial(self._execute, plan))
+            self._apply(plan, result)
+
+    def add(self, stream: Stream, inbox: Link | None, outbox: Link | None) -> None:
+        self.slots[stream.id] = _Slot(stream, inbox, outbox)
+        self.wakeup.set()
+
+    def _plan(self) -> _Plan | None:
+        closes: list[str] = []
+        for slot in list(self.slots.values()):
+            if slot.stream.ending:
+                if slot.opened:
+                    closes.append(slot.stream.id)
+                else:
+                    self._release(slot)
+        opens = tuple((s.stream.id, s.stream.request) for s in self.slots.values() if not s.opened)
+        candidates = [self._candidate(s) for s in self.slots.values() if not s.stream.ending]
+        decision = pick_batch(candidates, self.spec.max_batch_size)
+        self.counters.num_skipped_no_credit += decision.num_skipped_no_credit
+        batch = tuple(self._take_work(self.slots[sid]) for sid in decision.batch)
+        if not (closes or opens or batch):
+            return None
+        return _Plan(tuple(closes), opens, batch)
+
+    def _candidate(self, slot: _Slot) -> Candidate:
+        assert self._stage is not None
+        inbox = slot.inbox
+        input_closed = inbox is None or inbox.producers_done
+        has_work = (
+            slot.more
+            or (inbox is not None and inbox.buffered > 0)
+            or (input_closed and not slot.input_closed_delivered)
+        )
+        fits = slot.stream.client.free >= self._stage.max_visible_per_step and (
+            slot.outbox is None or slot.outbox.free >= self._stage.max_payloads_per_step
+        )
+        return Candidate(slot.stream.id, has_work, fits, slot.last_step)
+
+    def _take_work(self, slot: _Slot) -> StreamWork:
+        assert self._stage is not None
+        slot.stream.client.reserve(self._stage.max_visible_per_step)
+        if slot.outbox is not None:
+            slot.outbox.reserve(self._stage.max_payloads_per_step)
+        if slot.inbox is None:
+            return StreamWork(slot.stream.id, (), True)
+        inputs, closed = slot.inbox.take(self._stage.max_inputs_per_step)
+        return StreamWork(slot.stream.id, tuple(inputs), closed)
+
+    # ----- on the worker thread -----------------------------------------------------
+
+    def _execute(self, plan: _Plan, final: bool = False) -> _Result:
+        """Runs on the worker thread: the only place the stage object is called."""
+        assert self._stage is not None
+        stage, result = self._stage, _Result()
+        started = time.perf_counter()
+        for sid in plan.closes:
+            self._close_on_thread(sid, result)
+        for sid, request in plan.opens:
+            try:
+                stage.open_stream(sid, request)
+                result.opened.append(sid)
+            except Exception as exc:
+                result.errors[sid] = exc
+        batch = [w for w in plan.batch if w.stream_id not in result.errors]
+        if batch:
+            try:
+                outputs = stage.step(batch)
+                if not isinstance(outputs, Mapping):
+                    raise _contract(f"step returned {type(outputs).__name__}, not a mapping")
+                result.outputs = outputs
+            except Exception as exc:
+                result.step_error = exc
+            for work in batch:
+                output = result.outputs.get(work.stream_id)
+                if result.step_error or (output and (output.done or output.error)):
+                    self._close_on_thread(work.stream_id, result)
+        if final:
+            stage.close()
+        result.busy_s = time.perf_counter() - started
+        return result
+
+    def _close_on_thread(self, sid: str, result: _Result) -> None:
+        assert self._stage is not None
+        try:
+            self._stage.close_stream(sid)
+        except Exception:
+            logger.exception(
+                "stage %r failed to close stream %r",
+                self.name,
+                sid,
+                extra={"stage": self.name, "stream": sid},
+            )
+        result.closed.append(sid)
+
+    # ----- back in trio -------------------------------------------------------------
+
+    def _apply(self, plan: _Plan, result: _Result) -> None:
+        assert self._stage is not None
+        counters = self.counters
+        counters.busy_s += result.busy_s
+        if plan.batch:
+            counters.num_steps += 1
+            counters.num_batched += len(plan.batch)
+            counters.last_batch_size = len(plan.batch)
+            counters.max_batch_size_seen = max(counters.max_batch_size_seen, len(plan.batch))
+        for sid in result.opened:
+            if sid in self.slots:
+                self.slots[sid].opened = True
+        for sid, exc in result.errors.items():
+            self._fail(sid, "open_stream", exc)
+        if result.step_error is not None:
+            counters.num_step_failures += 1
+            logger.error("stage %r step failed", self.name, exc_info=result.step_error)
+        stray = set(result.outputs) - {w.stream_id for w in plan.batch}
+        for work in plan.batch:
+            slot = self.slots.get(work.stream_id)
+            if slot is None:
+                continue
+            slot.stream.client.release(self._stage.max_visible_per_step)
+            if slot.outbox is not None:
+                slot.outbox.release(self._stage.max_payloads_per_step)
+            slot.last_step = counters.num_steps
+            if result.step_error is not None:
+                self._fail(work.stream_id, "step", result.step_error)
+            elif stray:
+                self._fail(
+                    work.stream_id, "step", _contract(f"outputs for unknown {sorted(stray)}")
+                )
+            else:
+                self._deliver(slot, work, result.outputs.get(work.stream_id, StreamOutput()))
+        for sid in result.closed:
+            if sid in self.slots:
+                self._release(self.slots[sid])
+
+    def _deliver(self, slot: _Slot, work: StreamWork, output: StreamOutput) -> None:
+        assert self._stage is not None
+        if slot.stream.ending:
+            return
+        if output.error is not None:
+            self._fail(work.stream_id, "step", output.error)
+            return
+        problem = self._check_output(slot, output)
+        if problem is not None:
+            self._fail(work.stream_id, "step", _contract(problem))
+            return
+        if slot.outbox is not None:
+            slot.outbox.put(output.payloads)
+            self.counters.num_payloads_sent += len(output.payloads)
+        slot.stream.client.put(output.visible)
+        self.counters.num_visible_sent += len(output.visible)
+        slot.more = output.more
+        slot.input_closed_delivered |= work.input_closed
+        if output.done:
+            if slot.outbox is not None:
+                slot.outbox.producer_done()
+            slot.stream.client.producer_done()
+        elif work.input_closed and not output.more:
+            self._fail(
+                work.stream_id, "step", _contract("neither more nor done after input closed")
+            )
+
+    def _check_output(self, slot: _Slot, output: StreamOutput) -> str | None:
+        assert self._stage is not None
+        if len(output.payloads) > self._stage.max_payloads_per_step:
+            return (
+                f"{len(output.payloads)} payloads in one step, above its "
+                f"max_payloads_per_step={self._stage.max_payloads_per_step}"
+            )
+        if output.payloads and slot.outbox is None:
+            return "payloads from the last stage, which has no outgoing edge"
+        if len(output.visible) > self._stage.max_visible_per_step:
+            return (
+                f"{len(output.visible)} visible items in one step, above its "
+                f"max_visible_per_step={self._stage.max_visible_per_step}"
+            )
+        wrong = [type(v).__name__ for v in output.visible if not isinstance(v, VISIBLE_TYPES)]
+        if wrong:
+            return f"non-visible {', '.join(wrong)} among visible items (use payloads for edges)"
+        return None
+
+    def _fail(self, sid: str, where: str, exc: Exception) -> None:
+        slot = self.slots.get(sid)
+        if slot is None or slot.stream.ending:
+            return
+        self.counters.num_stream_failures += 1
+        error = StageError(self.name, sid, f"{where} raised {type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        logger.warning("%s", error, extra={"stage": self.name, "stream": sid})
+        slot.stream.fail(error)
+
+    def _release(self, slot: _Slot) -> None:
+        del self.slots[slot.stream.id]
+        if slot.inbox is not None:
+            slot.inbox.discard()  # finished early or ended: upstream must not wait on it
+        slot.stream.released_by(self.name)
+
+
+def _contract(problem: str) -> Exception:
+    return RuntimeError(f"stage broke the protocol: {problem}")

@@ -1,0 +1,101 @@
+"""The ``omnitrio`` command line.
+
+``omnitrio run`` starts the default pipeline (or ``--config``), sends the given
+prompts as concurrent streams, prints what each stream produces as it arrives
+and a statistics summary. ``omnitrio check-config`` validates a config file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from ._config import load_config
+from ._errors import OmnitrioError
+from ._items import AudioChunk, Event, TextDelta
+from ._pipeline import Pipeline, open_pipeline
+
+DEFAULT_CONFIG = Path("configs/synthetic.yaml")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "check-config":
+            config = load_config(args.config)
+            print(f"{args.config}: ok ({' -> '.join(s.name for s in config.stages)})")
+            return 0
+        trio.run(_run, args)
+    except OmnitrioError as exc:
+        print(f"omnitrio: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("omnitrio: interrupted; pipeline stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omnitrio", description=__doc__.split("\n")[0])
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run a pipeline on prompts and print its output")
+    run.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="pipeline YAML")
+    run.add_argument("--prompt", action="append", help="a prompt (repeat for several streams)")
+    run.add_argument("--streams", type=int, default=1, help="concurrent copies of each prompt")
+    check = commands.add_parser("check-config", help="validate a pipeline config")
+    check.add_argument("config", type=Path)
+    return parser
+
+
+async def _run(args: argparse.Namespace) -> None:
+    prompts = [p for p in (args.prompt or ["Hello, omnitrio!"]) for _ in range(args.streams)]
+    async with open_pipeline(args.config) as pipeline:
+        stages = " -> ".join(s.name for s in pipeline.config.stages)
+        print(f"pipeline {pipeline.config.pipeline.name!r} ready: {stages}")
+        async with trio.open_nursery() as nursery:
+            for index, prompt in enumerate(prompts):
+                nursery.start_soon(_one_stream, pipeline, index, prompt)
+        _print_statistics(pipeline)
+
+
+async def _one_stream(pipeline: Pipeline, index: int, prompt: str) -> None:
+    audio_s = 0.0
+    text: list[str] = []
+    async with pipeline.open_stream(prompt) as stream:
+        try:
+            async for item in stream:
+                if isinstance(item, TextDelta):
+                    text.append(item.text)
+                elif isinstance(item, AudioChunk):
+                    audio_s += item.duration_s
+                elif isinstance(item, Event):
+                    print(f"[{index}] event {item.name}: {dict(item.data)}")
+        except OmnitrioError as exc:
+            print(f"[{index}] failed: {exc}")
+            return
+    print(f"[{index}] text: {''.join(text).strip()!r}  audio: {audio_s:.2f} s")
+
+
+def _print_statistics(pipeline: Pipeline) -> None:
+    stats = pipeline.statistics()
+    print(
+        f"streams: {stats.num_completed} completed, {stats.num_failed} failed, "
+        f"{stats.num_cancelled} cancelled; payloads routed stage to stage: "
+        f"{stats.num_payloads_routed}; items delivered: {stats.num_items_delivered}"
+    )
+    for stage in stats.stages.values():
+        print(
+            f"  {stage.name}: {stage.num_steps} steps, mean batch {stage.mean_batch_size:.1f}, "
+            f"busy {stage.busy_s:.3f} s, idle {stage.idle_s:.3f} s"
+        )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

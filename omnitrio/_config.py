@@ -1,0 +1,238 @@
+"""Pipeline configs: YAML in, typed and validated objects out.
+
+A config names the stages (an importable ``module:Class`` each, with its
+parameters), the edges between them and their capacities. Every problem is a
+``ConfigError`` naming the file, the key and the fix; unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+
+from ._errors import ConfigError
+
+DEFAULT_EDGE_CAPACITY = 8
+"""Items one stream may have in flight on one stage-to-stage edge."""
+DEFAULT_CLIENT_CAPACITY = 16
+"""User-visible items one stream may have waiting for its client."""
+DEFAULT_MAX_STREAMS = 64
+DEFAULT_MAX_BATCH_SIZE = 32
+
+
+class _Strict(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class PipelineSection(_Strict):
+    name: str = pydantic.Field(min_length=1)
+    max_streams: int = pydantic.Field(default=DEFAULT_MAX_STREAMS, ge=1)
+    client_capacity: int = pydantic.Field(default=DEFAULT_CLIENT_CAPACITY, ge=1)
+    shutdown_timeout_s: float = pydantic.Field(default=5.0, gt=0)
+
+
+class StageSpec(_Strict):
+    name: str = pydantic.Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+    impl: str = pydantic.Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    device: str = "cpu"
+    max_batch_size: int = pydantic.Field(default=DEFAULT_MAX_BATCH_SIZE, ge=1)
+    params: dict[str, Any] = pydantic.Field(default_factory=dict)
+
+
+class EdgeSpec(_Strict):
+    source: str = pydantic.Field(alias="from")
+    target: str = pydantic.Field(alias="to")
+    capacity: int = pydantic.Field(default=DEFAULT_EDGE_CAPACITY, ge=1)
+
+    @property
+    def name(self) -> str:
+        return f"{self.source}->{self.target}"
+
+
+class PipelineConfig(_Strict):
+    """A validated pipeline. ``stages`` is in pipeline order (source first)."""
+
+    pipeline: PipelineSection
+    stages: tuple[StageSpec, ...] = pydantic.Field(min_length=1)
+    edges: tuple[EdgeSpec, ...] = ()
+    source: str = "<in-code config>"
+
+    def edge_from(self, stage: str) -> EdgeSpec | None:
+        return next((e for e in self.edges if e.source == stage), None)
+
+
+def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
+    """Read and validate a YAML pipeline config. Raises ``ConfigError``."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(source, "<file>", f"cannot read it ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f"line {where.line + 1}" if where is not None else "<file>"
+        raise ConfigError(source, line, f"not valid YAML ({exc}); fix the syntax") from None
+    return parse_config(data, source=source)
+
+
+def parse_config(data: object, *, source: str = "<in-code config>") -> PipelineConfig:
+    """Validate an already-parsed config mapping. Raises ``ConfigError``."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            source, "<top>", "a config must be a mapping with pipeline, stages, edges"
+        )
+    if "source" in data:
+        raise ConfigError(source, "source", "unknown key; remove it")
+    try:
+        config = PipelineConfig.model_validate({**data, "source": source})
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(source, _key(first["loc"]), _problem(first)) from None
+    _check_graph(config)
+    for index, spec in enumerate(config.stages):
+        _check_impl(spec, config.source, f"stages[{index}]")
+    return config.model_copy(update={"stages": _chain_order(config)})
+
+
+def _key(loc: tuple[int | str, ...]) -> str:
+    key = ""
+    for part in loc:
+        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else str(part))
+    return key or "<top>"
+
+
+def _problem(error: Mapping[str, Any]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown key; remove it or fix its spelling"
+    if kind == "missing":
+        return "required key is missing; add it"
+    return f"{error['msg'].lower()}; fix the value"
+
+
+def _check_graph(config: PipelineConfig) -> None:
+    names = [s.name for s in config.stages]
+    for index, name in enumerate(names):
+        if names.index(name) != index:
+            raise ConfigError(
+                config.source, f"stages[{index}].name", f"duplicate stage name {name!r}; rename it"
+            )
+    seen_sources: set[str] = set()
+    seen_targets: set[str] = set()
+    for index, edge in enumerate(config.edges):
+        for end, key in ((edge.source, "from"), (edge.target, "to")):
+            if end not in names:
+                raise ConfigError(
+                    config.source,
+                    f"edges[{index}].{key}",
+                    f"no stage named {end!r}; stages are {', '.join(names)}",
+                )
+        if edge.source in seen_sources:
+            raise ConfigError(
+                config.source,
+                f"edges[{index}].from",
+                f"stage {edge.source!r} already has an outgoing edge; pipelines are chains, "
+                "so give each stage at most one",
+            )
+        if edge.target in seen_targets:
+            raise ConfigError(
+                config.source,
+                f"edges[{index}].to",
+                f"stage {edge.target!r} already has an incoming edge; pipelines are chains, "
+                "so give each stage at most one",
+            )
+        seen_sources.add(edge.source)
+        seen_targets.add(edge.target)
+    heads = [n for n in names if n not in seen_targets]
+    if len(heads) != 1:
+        # Either a cycle (no head) or disconnected stages (several heads).
+        loose = heads[1] if len(heads) > 1 else names[0]
+        previous = names[names.index(loose) - 1] if names.index(loose) > 0 else names[-1]
+        raise ConfigError(
+            config.source,
+            "edges",
+            f"stage {loose!r} is not on the chain from the first stage; "
+            f"add an edge {{from: {previous}, to: {loose}}} (and no cycles)",
+        )
+
+
+def _chain_order(config: PipelineConfig) -> tuple[StageSpec, ...]:
+    by_name = {s.name: s for s in config.stages}
+    targets = {e.target for e in config.edges}
+    current: str | None = next(n for n in by_name if n not in targets)
+    ordered: list[StageSpec] = []
+    while current is not None and len(ordered) <= len(by_name):
+        ordered.append(by_name[current])
+        edge = config.edge_from(current)
+        current = edge.target if edge is not None else None
+    if len(ordered) != len(by_name):
+        missing = next(n for n in by_name if n not in {s.name for s in ordered})
+        raise ConfigError(
+            config.source,
+            "edges",
+            f"stage {missing!r} is not on the chain from {ordered[0].name!r}; "
+            "connect it with an edge and remove any cycle",
+        )
+    return tuple(ordered)
+
+
+def _check_impl(spec: StageSpec, source: str, key: str) -> None:
+    factory = resolve_impl(spec.impl, source, f"{key}.impl")
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return  # not introspectable: the stage checks its own parameters when it loads
+    parameters = signature.parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    known = [n for n in parameters if n not in ("name", "device")]
+    for param in spec.params:
+        if param in ("name", "device"):
+            raise ConfigError(
+                source,
+                f"{key}.params.{param}",
+                f"{param!r} is set by the stage entry itself; move it out of params",
+            )
+        if not takes_any and param not in parameters:
+            raise ConfigError(
+                source,
+                f"{key}.params.{param}",
+                f"{spec.impl} has no parameter {param!r}; known parameters: "
+                + (", ".join(known) or "none"),
+            )
+    for pname, parameter in parameters.items():
+        required = parameter.default is inspect.Parameter.empty and parameter.kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.KEYWORD_ONLY,
+        )
+        if required and pname not in ("name", "device") and pname not in spec.params:
+            raise ConfigError(
+                source,
+                f"{key}.params.{pname}",
+                f"{spec.impl} requires parameter {pname!r}; add it under params",
+            )
+
+
+def resolve_impl(impl: str, source: str, key: str) -> Any:
+    """Import ``package.module:Name`` and return the attribute. Raises ``ConfigError``."""
+    module_name, _, attr = impl.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            source, key, f"cannot import {module_name!r} ({exc}); install it or fix the module path"
+        ) from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(
+            source, key, f"module {module_name!r} has no {attr!r}; fix the name after the colon"
+        ) from None

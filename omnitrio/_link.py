@@ -1,0 +1,143 @@
+"""Per-stream links: the bounded channel one stream has on one edge, and wake-ups.
+
+A ``Link`` wraps a trio memory channel of fixed capacity. Its free capacity is
+the stream's credit on that edge. Producers never block on it: an actor
+*reserves* credit for a stream before a step (so the step's output is sure to
+fit) and puts the output with ``send_nowait`` afterwards. A stream without
+enough credit is simply not scheduled. Every put wakes the consumer and every
+take wakes the producers, so nobody ever polls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import trio
+
+
+class Wakeup:
+    """A level-triggered wake-up flag for one waiting task (no lost wake-ups).
+
+    ``set()`` may be called any number of times from trio code; ``wait()``
+    returns once at least one ``set()`` happened since the previous return.
+    """
+
+    def __init__(self) -> None:
+        self._pending = False
+        self._event = trio.Event()
+
+    def set(self) -> None:
+        self._pending = True
+        self._event.set()
+
+    async def wait(self) -> None:
+        """Block until ``set()`` was called; cancellable, consumes the wake-up."""
+        if self._pending:
+            await trio.lowlevel.checkpoint()
+        else:
+            await self._event.wait()
+        self._pending = False
+        self._event = trio.Event()
+
+
+class Link:
+    """One stream's bounded channel on one edge (or to its client)."""
+
+    def __init__(self, name: str, capacity: int, num_producers: int = 1) -> None:
+        self.name = name
+        self.capacity = capacity
+        self._send, self.receive_channel = trio.open_memory_channel[object](capacity)
+        self._reserved = 0
+        self._producers_open = num_producers
+        self.producer_wakeups: list[Wakeup] = []
+        self.consumer_wakeup: Wakeup | None = None
+        self.num_put = 0
+        self.discarded = False
+
+    @property
+    def buffered(self) -> int:
+        """Items sent and not yet received."""
+        return self.receive_channel.statistics().current_buffer_used
+
+    @property
+    def free(self) -> int:
+        if self.discarded:
+            return self.capacity  # nobody will read it: never hold a producer back
+        return self.capacity - self.buffered - self._reserved
+
+    @property
+    def producers_done(self) -> bool:
+        return self._producers_open == 0
+
+    def reserve(self, count: int) -> None:
+        self._reserved += count
+
+    def release(self, count: int) -> None:
+        self._reserved -= count
+
+    def put(self, items: Iterable[object]) -> None:
+        """Send items that fit in reserved credit; wakes the consumer. Never blocks.
+
+        Items for a discarded link (its stream ended) are dropped.
+        """
+        if self.discarded:
+            return
+        sent = 0
+        for item in items:
+            self._send.send_nowait(item)
+            sent += 1
+        if sent:
+            self.num_put += sent
+            self._wake_consumer()
+
+    def take(self, limit: int | None) -> tuple[list[object], bool]:
+        """Receive up to ``limit`` buffered items (all if None); returns (items, closed).
+
+        ``closed`` is true when the producers are done and nothing is left.
+        Wakes the producers if anything was taken.
+        """
+        items: list[object] = []
+        while limit is None or len(items) < limit:
+            try:
+                items.append(self.receive_channel.receive_nowait())
+            except trio.WouldBlock:
+                closed = False
+                break
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                closed = True
+                break
+        else:
+            closed = self.producers_done and self.buffered == 0
+        if items:
+            self.wake_producers()
+        return items, closed
+
+    def producer_done(self) -> None:
+        """One producer will send no more; the last one closes the channel (EOF)."""
+        if self._producers_open == 0:
+            return
+        self._producers_open -= 1
+        if self._producers_open == 0:
+            self._send.close()
+            self._wake_consumer()
+
+    def close_send(self) -> None:
+        """End the channel now, whatever producers remain; buffered items stay readable."""
+        self._producers_open = 0
+        self._send.close()
+
+    def discard(self) -> None:
+        """Drop everything: close both ends and wake both sides."""
+        self.close_send()
+        self.receive_channel.close()
+        self.discarded = True
+        self.wake_producers()
+        self._wake_consumer()
+
+    def wake_producers(self) -> None:
+        for wakeup in self.producer_wakeups:
+            wakeup.set()
+
+    def _wake_consumer(self) -> None:
+        if self.consumer_wakeup is not None:
+            self.consumer_wakeup.set()

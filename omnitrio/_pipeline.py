@@ -1,0 +1,196 @@
+"""The supervisor: ``open_pipeline`` owns the nursery, the actors and the streams.
+
+Start-up runs the actors in pipeline order and waits for each to report ready
+(its stage loaded on its thread). Admission is bounded: beyond ``max_streams``
+``open_stream`` raises ``Overloaded`` at once. Leaving the block — normally, by
+exception or by Ctrl-C — fails the streams still open with ``PipelineClosed``,
+cancels every actor and joins every worker thread, within the configured
+``shutdown_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import MappingProxyType
+
+import trio
+
+from ._actor import StageActor
+from ._config import PipelineConfig, load_config
+from ._errors import Overloaded, PipelineClosed
+from ._items import Request
+from ._link import Link
+from ._statistics import PipelineStatistics, StageStatistics, StreamStatistics
+from ._stream import Stream
+
+
+class Pipeline:
+    """A running pipeline. Made only by ``open_pipeline``."""
+
+    def __init__(self, config: PipelineConfig, actors: list[StageActor]) -> None:
+        self.config = config
+        self._actors = actors
+        self._streams: dict[str, Stream] = {}
+        self._ids = itertools.count()
+        self._closed = False
+        self._num_admitted = 0
+        self._num_refused = 0
+        self._outcomes = {"completed": 0, "failed": 0, "cancelled": 0}
+        self._num_delivered_gone = 0
+        self._num_non_visible_gone = 0
+
+    @asynccontextmanager
+    async def open_stream(self, request: Request | str) -> AsyncIterator[Stream]:
+        """Admit a stream and yield its handle; leaving the block cancels it if still running.
+
+        Raises ``Overloaded`` at once (no queueing) when ``max_streams`` streams
+        are open, and ``PipelineClosed`` once the pipeline is shutting down.
+        Leaving the block waits until every stage has freed the stream (at most
+        one step per stage); see ``Stream.aclose``.
+        """
+        stream = self._admit(Request(text=request) if isinstance(request, str) else request)
+        try:
+            yield stream
+        finally:
+            await stream.aclose()
+
+    def _admit(self, request: Request) -> Stream:
+        stream_id = f"s{next(self._ids)}"
+        if self._closed:
+            raise PipelineClosed(stream_id)
+        max_streams = self.config.pipeline.max_streams
+        if len(self._streams) >= max_streams:
+            self._num_refused += 1
+            raise Overloaded(max_streams)
+        actors = self._actors
+        client = Link("client", self.config.pipeline.client_capacity, num_producers=len(actors))
+        client.producer_wakeups = [a.wakeup for a in actors]
+        edges: dict[str, Link] = {}
+        for upstream, downstream in itertools.pairwise(actors):
+            edge = self.config.edge_from(upstream.name)
+            assert edge is not None  # the config guarantees a chain
+            link = Link(edge.name, edge.capacity)
+            link.producer_wakeups = [upstream.wakeup]
+            link.consumer_wakeup = downstream.wakeup
+            edges[edge.name] = link
+        stream = Stream(
+            stream_id,
+            request,
+            client,
+            edges,
+            frozenset(a.name for a in actors),
+            self._wake_all,
+            self._on_released,
+        )
+        self._streams[stream_id] = stream
+        self._num_admitted += 1
+        links = list(edges.values())
+        for index, actor in enumerate(actors):
+            inbox = links[index - 1] if index > 0 else None
+            outbox = links[index] if index < len(links) else None
+            actor.add(stream, inbox, outbox)
+        return stream
+
+    def _wake_all(self) -> None:
+        for actor in self._actors:
+            actor.wakeup.set()
+
+    def _on_released(self, stream: Stream) -> None:
+        del self._streams[stream.id]
+        outcome = "failed" if stream.failure else "cancelled" if stream.cancelled else "completed"
+        self._outcomes[outcome] += 1
+        self._num_delivered_gone += stream.num_delivered
+        self._num_non_visible_gone += stream.num_non_visible_seen
+
+    def _close(self) -> None:
+        self._closed = True
+        for stream in list(self._streams.values()):
+            stream.fail(PipelineClosed(stream.id))
+
+    def statistics(self) -> PipelineStatistics:
+        """A frozen snapshot of every stage and stream. Cheap; never blocks."""
+        streams = self._streams.values()
+        return PipelineStatistics(
+            stages=MappingProxyType({a.name: _stage_statistics(a) for a in self._actors}),
+            streams=MappingProxyType({s.id: _stream_statistics(s) for s in streams}),
+            num_open_streams=len(self._streams),
+            max_streams=self.config.pipeline.max_streams,
+            num_admitted=self._num_admitted,
+            num_refused=self._num_refused,
+            num_completed=self._outcomes["completed"],
+            num_failed=self._outcomes["failed"],
+            num_cancelled=self._outcomes["cancelled"],
+            num_payloads_routed=sum(a.counters.num_payloads_sent for a in self._actors),
+            num_items_delivered=self._num_delivered_gone + sum(s.num_delivered for s in streams),
+            num_payloads_to_client=self._num_non_visible_gone
+            + sum(s.num_non_visible_seen for s in streams),
+        )
+
+
+def _stage_statistics(actor: StageActor) -> StageStatistics:
+    c = actor.counters
+    return StageStatistics(
+        name=actor.name,
+        num_open_streams=len(actor.slots),
+        queue_depth=MappingProxyType(
+            {sid: s.inbox.buffered if s.inbox else 0 for sid, s in actor.slots.items()}
+        ),
+        num_steps=c.num_steps,
+        last_batch_size=c.last_batch_size,
+        max_batch_size=c.max_batch_size_seen,
+        mean_batch_size=c.num_batched / c.num_steps if c.num_steps else 0.0,
+        num_skipped_no_credit=c.num_skipped_no_credit,
+        num_payloads_sent=c.num_payloads_sent,
+        num_visible_sent=c.num_visible_sent,
+        num_stream_failures=c.num_stream_failures,
+        num_step_failures=c.num_step_failures,
+        busy_s=c.busy_s,
+        idle_s=c.idle_s,
+    )
+
+
+def _stream_statistics(stream: Stream) -> StreamStatistics:
+    in_flight = {name: link.buffered for name, link in stream.edges.items()}
+    in_flight["client"] = stream.client.buffered
+    return StreamStatistics(
+        stream_id=stream.id,
+        in_flight=MappingProxyType(in_flight),
+        held_by=tuple(sorted(stream.holders)),
+        num_delivered=stream.num_delivered,
+    )
+
+
+@asynccontextmanager
+async def open_pipeline(config: PipelineConfig | str | os.PathLike[str]) -> AsyncIterator[Pipeline]:
+    """Start every stage of ``config`` (a ``PipelineConfig`` or a YAML path) and yield the pipeline.
+
+    Blocks until every stage has loaded, in pipeline order; a stage that fails
+    to load raises ``StageLoadError`` (after stopping those already started).
+    On exit, for any reason, open streams fail with ``PipelineClosed``, actors
+    are cancelled and worker threads joined; this returns within
+    ``pipeline.shutdown_timeout_s`` even if producers sit on full channels. A
+    stage still stuck in a step past that deadline is logged with its streams.
+    """
+    if not isinstance(config, PipelineConfig):
+        config = load_config(config)
+    actors = [StageActor(spec, config.source) for spec in config.stages]
+    try:
+        async with trio.open_nursery() as nursery:
+            for actor in actors:
+                edge = config.edge_from(actor.name)
+                limits = (edge.capacity if edge else None, config.pipeline.client_capacity)
+                await nursery.start(actor.run, limits, config.pipeline.shutdown_timeout_s)
+            pipeline = Pipeline(config, actors)
+            try:
+                yield pipeline
+            finally:
+                pipeline._close()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # Only the body or one actor can fail here; give callers that error, not a group.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from group.exceptions[0].__cause__
+        raise

@@ -1,0 +1,82 @@
+"""The stage protocol: what a model stage implements and what it is handed.
+
+A stage is a plain synchronous object. The runtime owns one per configured
+stage and calls it from that stage's dedicated worker thread only, so a stage
+needs no locks. Call order for one stream::
+
+    open_stream(id, request)        # allocate per-stream state (KV cache, buffers)
+    step([... StreamWork(id) ...])  # zero or more times, batched with other streams
+    close_stream(id)                # always, exactly once: finished, failed or cancelled
+
+``close()`` is called once when the pipeline stops, after every stream is closed.
+
+Inside ``step`` a stage returns one ``StreamOutput`` per stream it made progress
+on. ``payloads`` go to the next stage over the edge (never to the client);
+``visible`` items go to the stream's client. A stream's work at a stage ends when
+the stage returns ``done=True``. ``more=True`` asks for another step even without
+new input (an autoregressive decoder); otherwise the stream is stepped again only
+when new input arrives or its input closes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from ._items import Request, VisibleItem
+
+
+@dataclass(frozen=True, slots=True)
+class StreamWork:
+    """One stream's share of a batched step.
+
+    ``inputs`` are the payloads that arrived on the incoming edge since the last
+    step, in order (always empty for the first stage). ``input_closed`` is true
+    once the upstream stage has finished the stream and nothing more will come
+    (always true for the first stage).
+    """
+
+    stream_id: str
+    inputs: tuple[object, ...]
+    input_closed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOutput:
+    """What one step did for one stream.
+
+    ``error`` set means the stage could not do this stream's work: the stream
+    fails with a ``StageError`` naming the stage, the other streams go on.
+    """
+
+    payloads: tuple[object, ...] = ()
+    visible: tuple[VisibleItem, ...] = ()
+    more: bool = False
+    done: bool = False
+    error: Exception | None = None
+
+
+@runtime_checkable
+class Stage(Protocol):
+    """A synchronous, batched model stage. See the module docstring for the call order.
+
+    ``max_payloads_per_step`` and ``max_visible_per_step`` bound what one step
+    may emit for one stream; the scheduler only picks a stream when its channels
+    have that much room, so a step can always hand its output on without waiting.
+    ``max_inputs_per_step`` bounds what one step takes from the incoming edge
+    (``None``: everything waiting); the rest stays in the bounded channel, which
+    is what holds the upstream stage back.
+    """
+
+    max_inputs_per_step: int | None
+    max_payloads_per_step: int
+    max_visible_per_step: int
+
+    def open_stream(self, stream_id: str, request: Request) -> None: ...
+
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]: ...
+
+    def close_stream(self, stream_id: str) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,62 @@
+"""Frozen snapshots of a pipeline's state, for tests, metrics and benchmarks.
+
+Tests assert on these instead of on timing. Counts are ``num_*``; times are
+seconds (``*_s``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StageStatistics:
+    name: str
+    num_open_streams: int
+    """Streams this stage holds state for (opened or about to be)."""
+    queue_depth: Mapping[str, int]
+    """Per stream: payloads waiting on the stage's incoming edge."""
+    num_steps: int
+    last_batch_size: int
+    max_batch_size: int
+    mean_batch_size: float
+    num_skipped_no_credit: int
+    """Times a stream with work was left out of a batch because a channel was full."""
+    num_payloads_sent: int
+    num_visible_sent: int
+    num_stream_failures: int
+    num_step_failures: int
+    busy_s: float
+    """Time the worker thread spent in stage calls."""
+    idle_s: float
+    """Time the actor waited with nothing ready."""
+
+
+@dataclass(frozen=True)
+class StreamStatistics:
+    stream_id: str
+    in_flight: Mapping[str, int]
+    """Per edge name (``a->b``, and ``client``): items sent and not yet taken."""
+    held_by: tuple[str, ...]
+    """Stages still holding state for the stream."""
+    num_delivered: int
+
+
+@dataclass(frozen=True)
+class PipelineStatistics:
+    stages: Mapping[str, StageStatistics]
+    streams: Mapping[str, StreamStatistics]
+    num_open_streams: int
+    max_streams: int
+    num_admitted: int
+    num_refused: int
+    num_completed: int
+    num_failed: int
+    num_cancelled: int
+    num_payloads_routed: int
+    """Edge payloads handed from a stage to the next one."""
+    num_items_delivered: int
+    """User-visible items taken by clients."""
+    num_payloads_to_client: int
+    """Non-visible objects that reached a client's channel. The data-plane rule keeps it 0."""

@@ -1,0 +1,132 @@
+"""A stream: one request's journey through every stage, and its client-side handle.
+
+The client reads user-visible items from the stream's *client link*, a bounded
+channel every stage writes to directly, so an item is readable the moment the
+step that made it returns — it never waits behind other streams or behind edge
+payloads (seed 001). When the last stage finishes the stream the link reaches
+end-of-channel and iteration stops. A failed stream ends the same way, and the
+iterator then raises the stage's ``StageError`` after the items made before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Self
+
+import trio
+
+from ._errors import OmnitrioError
+from ._items import VISIBLE_TYPES, Request, VisibleItem
+from ._link import Link
+
+
+class Stream:
+    """Client handle of one stream. Made only by ``Pipeline.open_stream``.
+
+    Iterate it (``async for item in stream``) to receive ``TextDelta``,
+    ``AudioChunk`` and ``Event`` items in the order each stage produced them.
+    """
+
+    def __init__(
+        self,
+        stream_id: str,
+        request: Request,
+        client: Link,
+        edges: Mapping[str, Link],
+        holders: frozenset[str],
+        wake_stages: Callable[[], None],
+        on_released: Callable[[Stream], None],
+    ) -> None:
+        self.id = stream_id
+        self.request = request
+        self.client = client
+        self.edges = MappingProxyType(dict(edges))
+        self._holders = set(holders)
+        self._wake_stages = wake_stages
+        self._on_released = on_released
+        self._released = trio.Event()
+        self.failure: OmnitrioError | None = None
+        self.cancelled = False
+        self.num_delivered = 0
+        self.num_non_visible_seen = 0
+
+    # ----- runtime side ---------------------------------------------------------------
+
+    @property
+    def ending(self) -> bool:
+        """Failed or cancelled: every stage drops it at its next step boundary."""
+        return self.failure is not None or self.cancelled
+
+    @property
+    def holders(self) -> frozenset[str]:
+        """Stages that still hold state for this stream."""
+        return frozenset(self._holders)
+
+    def fail(self, error: OmnitrioError) -> None:
+        """Fail the stream (first error wins). Items already delivered stay readable."""
+        if self.ending:
+            return
+        self.failure = error
+        for link in self.edges.values():
+            link.discard()
+        self.client.close_send()
+        self._wake_stages()
+
+    def released_by(self, stage: str) -> None:
+        """``stage`` freed its state for this stream."""
+        self._holders.discard(stage)
+        if not self._holders and not self._released.is_set():
+            self._released.set()
+            self._on_released(self)
+
+    # ----- client side ----------------------------------------------------------------
+
+    async def receive(self) -> VisibleItem:
+        """Wait for the next user-visible item.
+
+        Blocks until a stage produces one. Raises ``StopAsyncIteration`` when the
+        stream is complete, the stage's ``StageError`` if it failed, and
+        ``trio.ClosedResourceError`` after ``aclose()``. Cancellation-safe: a
+        cancelled call consumes no item. Taking an item frees one unit of credit.
+        """
+        if self.cancelled:
+            raise trio.ClosedResourceError(f"stream {self.id!r} is closed")
+        try:
+            item = await self.client.receive_channel.receive()
+        except trio.EndOfChannel:
+            if self.failure is not None:
+                raise self.failure from self.failure.__cause__
+            raise StopAsyncIteration from None
+        except trio.ClosedResourceError:
+            raise trio.ClosedResourceError(f"stream {self.id!r} is closed") from None
+        self.client.wake_producers()
+        if not isinstance(item, VISIBLE_TYPES):
+            # Stages are checked before anything reaches this link; this is the last guard.
+            self.num_non_visible_seen += 1
+            raise TypeError(f"stream {self.id!r} got a non-visible {type(item).__name__}")
+        self.num_delivered += 1
+        return item  # type: ignore[return-value]  # narrowed by VISIBLE_TYPES above
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> VisibleItem:
+        return await self.receive()
+
+    async def aclose(self) -> None:
+        """Cancel the stream if it is still running and wait until every stage freed it.
+
+        Each stage drops the stream at its next step boundary, so this waits at
+        most one step per stage. If this call is cancelled the stages still free
+        the stream; only the waiting stops. Idempotent.
+        """
+        if not self.ending and not self._released.is_set():
+            self.cancelled = True
+            for link in (*self.edges.values(), self.client):
+                link.discard()
+            self._wake_stages()
+        elif not self.cancelled:
+            self.cancelled = True
+            self.client.discard()
+        await self._released.wait()

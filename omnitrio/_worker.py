@@ -1,0 +1,87 @@
+"""A dedicated OS thread per stage.
+
+trio's ``to_thread`` shares one limiter (40 threads) across the whole run and
+hands each call to whatever cached thread is free. A model stage wants the
+opposite: one long-lived thread that owns the model (CUDA context, torch
+thread-local state) and runs its calls in order. ``WorkerThread`` is that: a
+job queue into the thread and one ``run_sync_soon`` back into trio per job.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import outcome
+import trio
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_Job = Callable[[], None]
+
+
+class WorkerThread:
+    """Runs callables on one dedicated thread, one at a time, in submission order."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._token = trio.lowlevel.current_trio_token()
+        self._exited = trio.Event()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the worker thread and return its result (or raise its error).
+
+        One crossing into the thread and one back. Cancellation: the wait is
+        cancellable, but ``fn`` still runs to completion on the thread (a thread
+        cannot be interrupted); its result is then dropped. Later jobs run after it.
+        """
+        done = trio.Event()
+        result: list[outcome.Outcome[T]] = []
+
+        def finish(value: outcome.Outcome[T]) -> None:
+            result.append(value)
+            done.set()
+
+        def job() -> None:
+            value = outcome.capture(fn)
+            try:
+                self._token.run_sync_soon(finish, value)
+            except trio.RunFinishedError:
+                # The trio run is gone (the thread outlived its pipeline): nobody waits.
+                logger.warning("worker %s finished a job after its trio run ended", self.name)
+
+        self._jobs.put(job)
+        await done.wait()
+        return result[0].unwrap()
+
+    async def stop(self, deadline: float) -> bool:
+        """Let queued jobs finish, then end the thread. Returns False if it did not end in time.
+
+        Runs shielded from cancellation (it is teardown), until trio time ``deadline``.
+        """
+        self._jobs.put(None)
+        with trio.CancelScope(shield=True, deadline=deadline):
+            await self._exited.wait()
+        if self._exited.is_set():
+            self._thread.join()
+            return True
+        return False
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _main(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job()
+        try:
+            self._token.run_sync_soon(self._exited.set)
+        except trio.RunFinishedError:
+            logger.warning("worker %s ended after its trio run ended", self.name)

@@ -1,0 +1,1 @@
+"""Stage implementations for omnitrio. Stages are synchronous: no trio in here."""

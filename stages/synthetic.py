@@ -1,0 +1,244 @@
+"""Deterministic synthetic stages for tests, examples and benchmarks.
+
+A ``SyntheticStage`` behaves like a model stage with a fixed cost per step:
+
+- *source mode* (``steps`` set, for a first stage): each step generates one unit
+  per stream, ``steps`` units in all (request option ``steps`` overrides);
+- *input mode* (``steps`` unset): each step takes up to ``inputs_per_step``
+  payloads from the incoming edge, one unit each.
+
+For every unit it emits ``outputs_per_input`` payloads to the next stage
+(non-visible, ``payload_bytes`` of data each, like hidden states) and, every
+``visible_every`` units, one user-visible item (``visible``: text, audio or a
+trace event with timings). The service time is ``service_time_ms`` per step
+plus ``per_stream_ms`` per stream in the batch, slept (GIL released, like a GPU
+kernel) or busy-waited (``cpu_bound``, GIL held).
+
+Faults on purpose: ``fail_after_units`` (per stream; request option
+``<stage>.fail_after_units`` targets one stream), ``fail_step_at`` (the whole
+Nth step raises), request option ``<stage>.fail_open`` (``open_stream`` raises),
+and ``gate``: a named ``Gate`` every step waits on while it is closed.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from omnitrio import AudioChunk, Event, Request, StreamOutput, StreamWork, TextDelta, VisibleItem
+
+
+class SyntheticFailure(RuntimeError):
+    """The failure a synthetic stage injects on purpose."""
+
+
+class Gate:
+    """A switch a synthetic stage's steps wait on while it is closed. Thread-safe."""
+
+    _registry: ClassVar[dict[str, Gate]] = {}
+    _registry_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._open = threading.Event()
+        self._open.set()
+        self._lock = threading.Lock()
+        self._num_blocked = 0
+
+    @classmethod
+    def named(cls, name: str) -> Gate:
+        """The gate called ``name`` (made open on first use)."""
+        with cls._registry_lock:
+            return cls._registry.setdefault(name, cls())
+
+    def close(self) -> None:
+        self._open.clear()
+
+    def open(self) -> None:
+        self._open.set()
+
+    @property
+    def num_blocked(self) -> int:
+        """Steps waiting at the gate right now."""
+        with self._lock:
+            return self._num_blocked
+
+    def pass_through(self) -> None:
+        if self._open.is_set():
+            return
+        with self._lock:
+            self._num_blocked += 1
+        self._open.wait()
+        with self._lock:
+            self._num_blocked -= 1
+
+
+@dataclass(frozen=True, slots=True)
+class SyntheticPayload:
+    """What travels on an edge between synthetic stages (never shown to clients)."""
+
+    stream_id: str
+    stage: str
+    unit: int
+    produced_s: float
+    data: bytes
+
+
+@dataclass
+class _StreamState:
+    request: Request
+    steps_left: int | None
+    fail_after_units: int | None
+    units: int = 0
+
+
+_live: weakref.WeakSet[SyntheticStage] = weakref.WeakSet()
+
+
+def live_streams() -> set[tuple[str, str]]:
+    """(stage, stream id) for every stream a live synthetic stage holds state for."""
+    return {(stage.name, sid) for stage in list(_live) for sid in stage.open_stream_ids}
+
+
+class SyntheticStage:
+    """A configurable fake model stage; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        device: str = "cpu",
+        *,
+        steps: int | None = None,
+        inputs_per_step: int = 1,
+        outputs_per_input: int = 1,
+        payload_bytes: int = 0,
+        visible_every: int = 1,
+        visible: Literal["text", "audio", "trace"] = "text",
+        audio_samples: int = 320,
+        sample_rate_hz: int = 16000,
+        service_time_ms: float = 0.0,
+        per_stream_ms: float = 0.0,
+        cpu_bound: bool = False,
+        fail_after_units: int | None = None,
+        fail_step_at: int | None = None,
+        gate: str | None = None,
+    ) -> None:
+        for label, value in (
+            ("inputs_per_step", inputs_per_step),
+            ("audio_samples", audio_samples),
+        ):
+            if value < 1:
+                raise ValueError(f"{label} must be at least 1, got {value}")
+        if visible not in ("text", "audio", "trace"):
+            raise ValueError(f"visible must be text, audio or trace, got {visible!r}")
+        self.name = name
+        self.device = device
+        self.steps = steps
+        self.outputs_per_input = outputs_per_input
+        self.payload_bytes = payload_bytes
+        self.visible_every = visible_every
+        self.visible = visible
+        self.audio_samples = audio_samples
+        self.sample_rate_hz = sample_rate_hz
+        self.service_time_s = service_time_ms / 1000
+        self.per_stream_s = per_stream_ms / 1000
+        self.cpu_bound = cpu_bound
+        self.fail_after_units = fail_after_units
+        self.fail_step_at = fail_step_at
+        self.gate = Gate.named(gate) if gate else None
+        self.max_inputs_per_step: int | None = inputs_per_step
+        self.max_payloads_per_step = max(1, (1 if steps else inputs_per_step) * outputs_per_input)
+        self.max_visible_per_step = 1
+        self.num_steps = 0
+        self._streams: dict[str, _StreamState] = {}
+        _live.add(self)
+
+    @property
+    def open_stream_ids(self) -> frozenset[str]:
+        return frozenset(self._streams)
+
+    def open_stream(self, stream_id: str, request: Request) -> None:
+        if request.options.get(f"{self.name}.fail_open"):
+            raise SyntheticFailure(f"open_stream of {stream_id} failed on purpose")
+        steps = request.options.get("steps", self.steps) if self.steps is not None else None
+        fail_after = request.options.get(f"{self.name}.fail_after_units", self.fail_after_units)
+        self._streams[stream_id] = _StreamState(
+            request,
+            int(steps) if steps is not None else None,
+            int(fail_after) if fail_after is not None else None,
+        )
+
+    def close_stream(self, stream_id: str) -> None:
+        del self._streams[stream_id]
+
+    def close(self) -> None:
+        self._streams.clear()
+        _live.discard(self)
+
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        self.num_steps += 1
+        if self.gate is not None:
+            self.gate.pass_through()
+        self._spend(self.service_time_s + self.per_stream_s * len(batch))
+        if self.fail_step_at is not None and self.num_steps == self.fail_step_at:
+            raise SyntheticFailure(f"step {self.num_steps} of {self.name} failed on purpose")
+        return {work.stream_id: self._step_one(work) for work in batch}
+
+    def _step_one(self, work: StreamWork) -> StreamOutput:
+        state = self._streams[work.stream_id]
+        inputs: Sequence[object]
+        if state.steps_left is not None:
+            inputs = (None,) if state.steps_left > 0 else ()
+            state.steps_left -= len(inputs)
+            more = state.steps_left > 0
+        else:
+            inputs, more = work.inputs, False
+        payloads: list[SyntheticPayload] = []
+        visible: list[VisibleItem] = []
+        for item in inputs:
+            state.units += 1
+            if state.fail_after_units is not None and state.units > state.fail_after_units:
+                return StreamOutput(error=SyntheticFailure(f"unit {state.units} failed on purpose"))
+            now = time.perf_counter()
+            payloads += (
+                SyntheticPayload(
+                    work.stream_id, self.name, state.units, now, bytes(self.payload_bytes)
+                )
+                for _ in range(self.outputs_per_input)
+            )
+            if self.visible_every and state.units % self.visible_every == 0 and not visible:
+                visible.append(self._visible(state.units, item, now))
+        done = not more and work.input_closed
+        return StreamOutput(tuple(payloads), tuple(visible), more=more, done=done)
+
+    def _visible(self, unit: int, cause: object, now: float) -> VisibleItem:
+        if self.visible == "text":
+            return TextDelta(f"{self.name}:{unit} ")
+        if self.visible == "audio":
+            wave = (int(8000 * math.sin(i * 0.1 * unit)) for i in range(self.audio_samples))
+            pcm = b"".join(v.to_bytes(2, "little", signed=True) for v in wave)
+            return AudioChunk(pcm, self.sample_rate_hz)
+        upstream_s = cause.produced_s if isinstance(cause, SyntheticPayload) else None
+        return Event(
+            "trace",
+            {
+                "stage": self.name,
+                "unit": unit,
+                "produced_s": now,
+                "upstream_produced_s": upstream_s,
+            },
+        )
+
+    def _spend(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        if not self.cpu_bound:
+            time.sleep(seconds)
+            return
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            pass
