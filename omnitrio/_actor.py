@@ -93,6 +93,7 @@ class StageActor:
         self._source = source
         self._stage: Stage | None = None
         self._worker: WorkerThread | None = None
+        self._held: set[str] = set()  # streams open on the stage; touched on the thread only
 
     # ----- lifecycle ----------------------------------------------------------------
 
@@ -153,17 +154,18 @@ class StageActor:
         if worker is None:
             return
         deadline = trio.current_time() + timeout_s
-        opened = [sid for sid, slot in self.slots.items() if slot.opened]
         if stage is not None:
-            closing = _Plan(closes=tuple(opened), opens=(), batch=())
+            # The thread closes whatever the stage still holds: a step cut off by
+            # cancellation may have opened or closed streams the trio side never saw.
+            final = _Plan(closes=(), opens=(), batch=())
             with trio.CancelScope(shield=True, deadline=deadline):
-                await worker.run(partial(self._execute, closing, final=True))
+                await worker.run(partial(self._execute, final, final=True))
         if not await worker.stop(deadline):
             logger.error(
                 "stage %r did not finish its step within %.1f s of shutdown; streams in flight: %s",
                 self.name,
                 timeout_s,
-                ", ".join(opened) or "none",
+                ", ".join(self.slots) or "none",
                 extra={"stage": self.name},
             )
         for slot in list(self.slots.values()):
@@ -240,6 +242,7 @@ class StageActor:
         for sid, request in plan.opens:
             try:
                 stage.open_stream(sid, request)
+                self._held.add(sid)
                 result.opened.append(sid)
             except Exception as exc:
                 result.errors[sid] = exc
@@ -257,12 +260,18 @@ class StageActor:
                 if result.step_error or (output and (output.done or output.error)):
                     self._close_on_thread(work.stream_id, result)
         if final:
+            for sid in sorted(self._held):
+                self._close_on_thread(sid, result)
             stage.close()
         result.busy_s = time.perf_counter() - started
         return result
 
     def _close_on_thread(self, sid: str, result: _Result) -> None:
         assert self._stage is not None
+        result.closed.append(sid)
+        if sid not in self._held:
+            return  # already closed: close_stream runs exactly once per stream
+        self._held.discard(sid)
         try:
             self._stage.close_stream(sid)
         except Exception:
@@ -272,7 +281,6 @@ class StageActor:
                 sid,
                 extra={"stage": self.name, "stream": sid},
             )
-        result.closed.append(sid)
 
     # ----- back in trio -------------------------------------------------------------
 

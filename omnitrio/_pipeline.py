@@ -24,7 +24,7 @@ from ._errors import Overloaded, PipelineClosed
 from ._items import Request
 from ._link import Link
 from ._statistics import PipelineStatistics, StageStatistics, StreamStatistics
-from ._stream import Stream
+from ._stream import DeliveryCounters, Stream
 
 
 class Pipeline:
@@ -39,8 +39,7 @@ class Pipeline:
         self._num_admitted = 0
         self._num_refused = 0
         self._outcomes = {"completed": 0, "failed": 0, "cancelled": 0}
-        self._num_delivered_gone = 0
-        self._num_non_visible_gone = 0
+        self._delivery = DeliveryCounters()
 
     @asynccontextmanager
     async def open_stream(self, request: Request | str) -> AsyncIterator[Stream]:
@@ -84,6 +83,7 @@ class Pipeline:
             frozenset(a.name for a in actors),
             self._wake_all,
             self._on_released,
+            self._delivery,
         )
         self._streams[stream_id] = stream
         self._num_admitted += 1
@@ -102,8 +102,6 @@ class Pipeline:
         del self._streams[stream.id]
         outcome = "failed" if stream.failure else "cancelled" if stream.cancelled else "completed"
         self._outcomes[outcome] += 1
-        self._num_delivered_gone += stream.num_delivered
-        self._num_non_visible_gone += stream.num_non_visible_seen
 
     def _close(self) -> None:
         self._closed = True
@@ -124,9 +122,8 @@ class Pipeline:
             num_failed=self._outcomes["failed"],
             num_cancelled=self._outcomes["cancelled"],
             num_payloads_routed=sum(a.counters.num_payloads_sent for a in self._actors),
-            num_items_delivered=self._num_delivered_gone + sum(s.num_delivered for s in streams),
-            num_payloads_to_client=self._num_non_visible_gone
-            + sum(s.num_non_visible_seen for s in streams),
+            num_items_delivered=self._delivery.num_delivered,
+            num_payloads_to_client=self._delivery.num_non_visible_seen,
         )
 
 

@@ -11,6 +11,7 @@ iterator then raises the stage's ``StageError`` after the items made before it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Self
 
@@ -19,6 +20,14 @@ import trio
 from ._errors import OmnitrioError
 from ._items import VISIBLE_TYPES, Request, VisibleItem
 from ._link import Link
+
+
+@dataclass
+class DeliveryCounters:
+    """Pipeline-wide client-side counts, shared by every stream of a pipeline."""
+
+    num_delivered: int = 0
+    num_non_visible_seen: int = 0
 
 
 class Stream:
@@ -37,6 +46,7 @@ class Stream:
         holders: frozenset[str],
         wake_stages: Callable[[], None],
         on_released: Callable[[Stream], None],
+        counters: DeliveryCounters,
     ) -> None:
         self.id = stream_id
         self.request = request
@@ -49,7 +59,7 @@ class Stream:
         self.failure: OmnitrioError | None = None
         self.cancelled = False
         self.num_delivered = 0
-        self.num_non_visible_seen = 0
+        self._counters = counters
 
     # ----- runtime side ---------------------------------------------------------------
 
@@ -103,9 +113,10 @@ class Stream:
         self.client.wake_producers()
         if not isinstance(item, VISIBLE_TYPES):
             # Stages are checked before anything reaches this link; this is the last guard.
-            self.num_non_visible_seen += 1
+            self._counters.num_non_visible_seen += 1
             raise TypeError(f"stream {self.id!r} got a non-visible {type(item).__name__}")
         self.num_delivered += 1
+        self._counters.num_delivered += 1
         return item  # type: ignore[return-value]  # narrowed by VISIBLE_TYPES above
 
     def __aiter__(self) -> Self:

@@ -1,0 +1,81 @@
+"""Shared helpers: synthetic pipelines built in code, and leak checks."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+import trio
+
+import omnitrio
+
+SYNTHETIC = "stages.synthetic:SyntheticStage"
+
+
+def chain_config(
+    stage_params: Sequence[dict[str, Any]],
+    *,
+    edge_capacity: int = 4,
+    client_capacity: int = 4,
+    max_streams: int = 8,
+    max_batch_size: int = 8,
+    shutdown_timeout_s: float = 2.0,
+    impls: Sequence[str] | None = None,
+) -> omnitrio.PipelineConfig:
+    """A chain of stages named a, b, c, ... (synthetic unless ``impls`` says otherwise)."""
+    names = [chr(ord("a") + i) for i in range(len(stage_params))]
+    return omnitrio.parse_config(
+        {
+            "pipeline": {
+                "name": "test",
+                "max_streams": max_streams,
+                "client_capacity": client_capacity,
+                "shutdown_timeout_s": shutdown_timeout_s,
+            },
+            "stages": [
+                {
+                    "name": name,
+                    "impl": impls[i] if impls else SYNTHETIC,
+                    "max_batch_size": max_batch_size,
+                    "params": params,
+                }
+                for i, (name, params) in enumerate(zip(names, stage_params, strict=True))
+            ],
+            "edges": [
+                {"from": a, "to": b, "capacity": edge_capacity}
+                for a, b in zip(names, names[1:], strict=False)
+            ],
+        }
+    )
+
+
+def stage_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("omnitrio-stage-")]
+
+
+def count_tasks() -> int:
+    """Every task in this trio run, found by walking the task tree from the root."""
+
+    def walk(task: trio.lowlevel.Task) -> int:
+        return 1 + sum(walk(c) for n in task.child_nurseries for c in n.child_tasks)
+
+    return walk(trio.lowlevel.current_root_task())
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads() -> Iterator[None]:
+    """Every test must leave no stage worker thread behind."""
+    before = threading.active_count()
+    yield
+    assert stage_threads() == []
+    assert threading.active_count() <= before
+
+
+async def collect(stream: omnitrio.Stream) -> list[omnitrio.VisibleItem]:
+    return [item async for item in stream]
+
+
+def texts(items: Sequence[omnitrio.VisibleItem]) -> list[str]:
+    return [i.text for i in items if isinstance(i, omnitrio.TextDelta)]

@@ -1,0 +1,53 @@
+"""Stages that break the stage protocol on purpose, to test the runtime's guards."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from omnitrio import Request, StreamOutput, StreamWork, TextDelta
+
+
+class _Base:
+    max_inputs_per_step: int | None = None
+    max_payloads_per_step = 1
+    max_visible_per_step = 1
+
+    def __init__(self, name: str, device: str = "cpu") -> None:
+        self.name = name
+
+    def open_stream(self, stream_id: str, request: Request) -> None:
+        pass
+
+    def close_stream(self, stream_id: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class LeakyStage(_Base):
+    """Puts an edge payload among its user-visible items."""
+
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        payload = {"hidden_states": [0.0] * 16}
+        return {w.stream_id: StreamOutput(visible=(payload,), done=True) for w in batch}  # type: ignore[arg-type]
+
+
+class StuckStage(_Base):
+    """Answers neither ``more`` nor ``done`` once its input has closed."""
+
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        return {w.stream_id: StreamOutput(visible=(TextDelta("x"),)) for w in batch}
+
+
+class ChattyStage(_Base):
+    """Emits more visible items in one step than it declared."""
+
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        visible = (TextDelta("1"), TextDelta("2"))
+        return {w.stream_id: StreamOutput(visible=visible, done=True) for w in batch}
+
+
+class NotAStage:
+    def __init__(self, name: str, device: str = "cpu") -> None:
+        self.name = name

@@ -1,0 +1,113 @@
+"""Per-stream credits: a stalled client costs only itself (seeds 000, 001, 003)."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import trio
+
+import omnitrio
+from tests.conftest import chain_config, collect
+
+CAPACITY = 4
+
+
+def _config(**overrides: object) -> omnitrio.PipelineConfig:
+    return chain_config(
+        [{"steps": 100_000, "payload_bytes": 1024}, {}, {"outputs_per_input": 0}],
+        edge_capacity=CAPACITY,
+        client_capacity=CAPACITY,
+        **overrides,  # type: ignore[arg-type]
+    )
+
+
+async def _run_reader(pipeline: omnitrio.Pipeline, units: int) -> tuple[int, int, int]:
+    """Run one reading stream; return (items, steps of stage a, steps of stage c) it took."""
+    before = pipeline.statistics().stages
+    request = omnitrio.Request("reader", options={"steps": units})
+    with trio.fail_after(30):
+        async with pipeline.open_stream(request) as stream:
+            items = await collect(stream)
+    after = pipeline.statistics().stages
+    return (
+        len(items),
+        after["a"].num_steps - before["a"].num_steps,
+        after["c"].num_steps - before["c"].num_steps,
+    )
+
+
+async def test_a_stalled_client_holds_bounded_memory_and_slows_nobody() -> None:
+    units = 200
+    async with omnitrio.open_pipeline(_config()) as pipeline:
+        alone = await _run_reader(pipeline, units)
+    async with AsyncExitStack() as streams, omnitrio.open_pipeline(_config()) as pipeline:
+        stalled = await streams.enter_async_context(pipeline.open_stream("never read"))
+        beside = await _run_reader(pipeline, units)
+        stats = pipeline.statistics()
+    # Items per stage step for the reading stream: the same with a stalled neighbour.
+    for stage in (1, 2):
+        ratio = (beside[0] / beside[stage]) / (alone[0] / alone[stage])
+        assert ratio >= 0.9, (alone, beside)
+    assert beside[0] == alone[0] == 3 * units
+    # The stalled stream holds at most its channels' capacity, on every edge.
+    in_flight = stats.streams[stalled.id].in_flight
+    assert in_flight["client"] == CAPACITY
+    assert all(0 <= count <= CAPACITY for count in in_flight.values())
+    assert stats.stages["a"].num_skipped_no_credit > 0
+
+
+async def test_a_full_stream_is_skipped_and_never_blocks_the_batch() -> None:
+    async with AsyncExitStack() as streams, omnitrio.open_pipeline(_config()) as pipeline:
+        stalled = await streams.enter_async_context(pipeline.open_stream("never read"))
+        await _run_reader(pipeline, 20)  # long enough to fill every channel of the stalled one
+        before = pipeline.statistics().stages["a"]
+        _, steps, _ = await _run_reader(pipeline, 50)
+        after = pipeline.statistics().stages["a"]
+        # Every step of ``a`` while the reader ran skipped the stalled stream...
+        assert after.num_skipped_no_credit - before.num_skipped_no_credit >= steps
+        # ... and ran a batch of just the reader.
+        assert after.last_batch_size == 1
+        assert pipeline.statistics().streams[stalled.id].in_flight["client"] == CAPACITY
+
+
+async def test_first_visible_item_is_not_queued_behind_other_streams_payloads() -> None:
+    # Seed 001: stream ``flood`` keeps a deep backlog of non-visible payloads in
+    # front of stage b; stream ``quick`` must get its first item within a couple of
+    # b steps, not after the backlog.
+    config = chain_config(
+        [
+            {"steps": 100_000, "outputs_per_input": 8, "visible_every": 0},
+            {"service_time_ms": 1.0},
+            {"outputs_per_input": 0},
+        ],
+        edge_capacity=64,
+        client_capacity=64,
+    )
+    async with omnitrio.open_pipeline(config) as pipeline:
+        async with pipeline.open_stream("flood") as flood:
+            await flood.receive()  # flood's payloads are flowing through b
+            backlog = pipeline.statistics().stages["b"].queue_depth[flood.id]
+            b_steps = pipeline.statistics().stages["b"].num_steps
+            request = omnitrio.Request("quick", options={"steps": 1})
+            async with pipeline.open_stream(request) as quick:
+                with trio.fail_after(5):
+                    await quick.receive()
+                waited = pipeline.statistics().stages["b"].num_steps - b_steps
+        assert backlog >= 32
+        assert waited <= 3
+
+
+async def test_edge_payloads_never_reach_a_client() -> None:
+    # Seed 000: hidden-state-sized payloads travel stage to stage only.
+    config = chain_config(
+        [{"steps": 30, "payload_bytes": 65536, "outputs_per_input": 2}, {}, {"outputs_per_input": 0}],
+        edge_capacity=8,
+    )
+    async with omnitrio.open_pipeline(config) as pipeline:
+        async with pipeline.open_stream("x") as stream:
+            items = await collect(stream)
+        stats = pipeline.statistics()
+    assert all(isinstance(i, omnitrio.TextDelta | omnitrio.AudioChunk | omnitrio.Event) for i in items)
+    assert stats.num_payloads_routed == 30 * 2 + 60  # a -> b, then b -> c
+    assert stats.num_items_delivered == len(items) == 30 + 60 + 60
+    assert stats.num_payloads_to_client == 0

@@ -1,0 +1,69 @@
+"""Links and wake-ups, on virtual time (no threads involved)."""
+
+import trio
+import trio.testing
+
+from omnitrio._link import Link, Wakeup
+
+
+async def test_wakeup_is_level_triggered_and_consumed() -> None:
+    wakeup = Wakeup()
+    wakeup.set()
+    wakeup.set()
+    with trio.fail_after(1):
+        await wakeup.wait()  # the pending wake-up returns at once
+    woke = False
+
+    async def waiter() -> None:
+        nonlocal woke
+        await wakeup.wait()
+        woke = True
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not woke  # consumed: the second wait blocks
+        wakeup.set()
+    assert woke
+
+
+async def test_credit_counts_buffered_and_reserved_items() -> None:
+    link = Link("a->b", capacity=4)
+    assert link.free == 4
+    link.reserve(2)
+    assert link.free == 2
+    link.put(["x", "y"])
+    link.release(2)
+    assert (link.buffered, link.free) == (2, 2)
+    items, closed = link.take(limit=1)
+    assert (items, closed, link.free) == (["x"], False, 3)
+
+
+async def test_put_wakes_the_consumer_and_take_wakes_producers() -> None:
+    link = Link("a->b", capacity=2)
+    link.consumer_wakeup, producer = Wakeup(), Wakeup()
+    link.producer_wakeups = [producer]
+    link.put(["x"])
+    with trio.fail_after(1):
+        await link.consumer_wakeup.wait()
+    link.take(limit=None)
+    with trio.fail_after(1):
+        await producer.wait()
+
+
+async def test_end_of_input_after_the_last_producer_is_done() -> None:
+    link = Link("client", capacity=4, num_producers=2)
+    link.put(["x"])
+    link.producer_done()
+    assert not link.producers_done
+    link.producer_done()
+    assert link.producers_done
+    assert link.take(limit=None) == (["x"], True)
+
+
+async def test_a_discarded_link_drops_puts_and_never_holds_a_producer_back() -> None:
+    link = Link("a->b", capacity=1)
+    link.put(["x"])
+    link.discard()
+    link.put(["y"])  # no error: its stream has ended
+    assert link.free == 1
