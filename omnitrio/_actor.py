@@ -97,6 +97,7 @@ class StageActor:
 
     # ----- lifecycle ----------------------------------------------------------------
 
+    @trio.lowlevel.enable_ki_protection
     async def run(
         self,
         limits: tuple[int | None, int],
@@ -106,20 +107,25 @@ class StageActor:
     ) -> None:
         """Load the stage on its thread, report ready, then serve until cancelled.
 
+        KI-protected: Ctrl-C never lands halfway through a scheduling decision; it
+        reaches the main task, whose exit cancels this actor cleanly.
+
         ``limits`` is (outgoing edge capacity or None, client capacity). On
         cancellation every open stream is closed on the stage and the thread is
         joined, shielded and bounded by ``shutdown_timeout_s``.
         """
         self._worker = WorkerThread(f"omnitrio-stage-{self.name}")
         try:
-            self._stage = await self._worker.run(self._load)
+            await self._worker.run(self._load)
             self._check_limits(*limits)
             task_status.started()
             await self._serve()
         finally:
             await self._shutdown(shutdown_timeout_s)
 
-    def _load(self) -> Stage:
+    def _load(self) -> None:
+        """On the thread: construct the stage (stored here, so that shutdown closes
+        it even when start-up was cancelled while it loaded)."""
         factory: Any = resolve_impl(self.spec.impl, self._source, f"stage {self.name}.impl")
         try:
             stage = factory(name=self.name, device=self.spec.device, **self.spec.params)
@@ -129,7 +135,9 @@ class StageActor:
             raise StageLoadError(
                 self.name, f"{self.spec.impl} does not implement the Stage protocol"
             )
-        return stage
+        if stage.max_inputs_per_step is not None and stage.max_inputs_per_step < 1:
+            raise StageLoadError(self.name, "max_inputs_per_step must be None or at least 1")
+        self._stage = stage
 
     def _check_limits(self, edge_capacity: int | None, client_capacity: int) -> None:
         assert self._stage is not None
@@ -150,16 +158,14 @@ class StageActor:
             )
 
     async def _shutdown(self, timeout_s: float) -> None:
-        worker, stage = self._worker, self._stage
+        worker = self._worker
         if worker is None:
             return
         deadline = trio.current_time() + timeout_s
-        if stage is not None:
-            # The thread closes whatever the stage still holds: a step cut off by
-            # cancellation may have opened or closed streams the trio side never saw.
-            final = _Plan(closes=(), opens=(), batch=())
-            with trio.CancelScope(shield=True, deadline=deadline):
-                await worker.run(partial(self._execute, final, final=True))
+        # Queued behind any job still running (a load or a step cut off by
+        # cancellation), the final job closes whatever the stage holds by then.
+        with trio.CancelScope(shield=True, deadline=deadline):
+            await worker.run(self._close_all)
         if not await worker.stop(deadline):
             logger.error(
                 "stage %r did not finish its step within %.1f s of shutdown; streams in flight: %s",
@@ -232,7 +238,19 @@ class StageActor:
 
     # ----- on the worker thread -----------------------------------------------------
 
-    def _execute(self, plan: _Plan, final: bool = False) -> _Result:
+    def _close_all(self) -> None:
+        """On the thread, at shutdown: close every stream the stage holds, then the stage."""
+        if self._stage is None:
+            return
+        result = _Result()
+        for sid in sorted(self._held):
+            self._close_on_thread(sid, result)
+        try:
+            self._stage.close()
+        except Exception:
+            logger.exception("stage %r failed to close", self.name, extra={"stage": self.name})
+
+    def _execute(self, plan: _Plan) -> _Result:
         """Runs on the worker thread: the only place the stage object is called."""
         assert self._stage is not None
         stage, result = self._stage, _Result()
@@ -252,6 +270,8 @@ class StageActor:
                 outputs = stage.step(batch)
                 if not isinstance(outputs, Mapping):
                     raise _contract(f"step returned {type(outputs).__name__}, not a mapping")
+                if not all(isinstance(v, StreamOutput) for v in outputs.values()):
+                    raise _contract("step must map stream ids to StreamOutput values")
                 result.outputs = outputs
             except Exception as exc:
                 result.step_error = exc
@@ -259,10 +279,6 @@ class StageActor:
                 output = result.outputs.get(work.stream_id)
                 if result.step_error or (output and (output.done or output.error)):
                     self._close_on_thread(work.stream_id, result)
-        if final:
-            for sid in sorted(self._held):
-                self._close_on_thread(sid, result)
-            stage.close()
         result.busy_s = time.perf_counter() - started
         return result
 
@@ -300,7 +316,13 @@ class StageActor:
             self._fail(sid, "open_stream", exc)
         if result.step_error is not None:
             counters.num_step_failures += 1
-            logger.error("stage %r step failed", self.name, exc_info=result.step_error)
+            logger.error(
+                "stage %r step failed for streams %s",
+                self.name,
+                ", ".join(w.stream_id for w in plan.batch),
+                exc_info=result.step_error,
+                extra={"stage": self.name},
+            )
         stray = set(result.outputs) - {w.stream_id for w in plan.batch}
         for work in plan.batch:
             slot = self.slots.get(work.stream_id)

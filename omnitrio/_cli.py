@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import trio
@@ -32,13 +32,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{args.config}: ok ({' -> '.join(s.name for s in config.stages)})")
             return 0
         trio.run(_run, args)
-    except OmnitrioError as exc:
-        print(f"omnitrio: {exc}", file=sys.stderr)
+    except BaseException as exc:  # sorted below; anything unexpected re-raises
+        leaves = list(_leaves(exc))
+        if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+            print("omnitrio: interrupted; pipeline stopped", file=sys.stderr)
+            return 130
+        if not all(isinstance(e, OmnitrioError) for e in leaves):
+            raise
+        for error in leaves:
+            print(f"omnitrio: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("omnitrio: interrupted; pipeline stopped", file=sys.stderr)
-        return 130
     return 0
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    """The exceptions inside (nested) exception groups, or ``exc`` itself."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
 
 
 def _parser() -> argparse.ArgumentParser:

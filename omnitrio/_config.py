@@ -92,6 +92,8 @@ def parse_config(data: object, *, source: str = "<in-code config>") -> PipelineC
         )
     if "source" in data:
         raise ConfigError(source, "source", "unknown key; remove it")
+    if "edges" in data and data["edges"] is None:
+        data = {**data, "edges": ()}  # `edges:` left empty in YAML
     try:
         config = PipelineConfig.model_validate({**data, "source": source})
     except pydantic.ValidationError as exc:
@@ -116,6 +118,10 @@ def _problem(error: Mapping[str, Any]) -> str:
         return "unknown key; remove it or fix its spelling"
     if kind == "missing":
         return "required key is missing; add it"
+    if kind == "tuple_type":
+        return "should be a list; fix the value"
+    if kind == "too_short":
+        return f"needs at least {error['ctx']['min_length']} entry; add one"
     return f"{error['msg'].lower()}; fix the value"
 
 
@@ -153,15 +159,18 @@ def _check_graph(config: PipelineConfig) -> None:
         seen_sources.add(edge.source)
         seen_targets.add(edge.target)
     heads = [n for n in names if n not in seen_targets]
-    if len(heads) != 1:
-        # Either a cycle (no head) or disconnected stages (several heads).
-        loose = heads[1] if len(heads) > 1 else names[0]
-        previous = names[names.index(loose) - 1] if names.index(loose) > 0 else names[-1]
+    if not heads:
+        raise ConfigError(
+            config.source, "edges", "the edges form a cycle; remove the edge into the first stage"
+        )
+    if len(heads) > 1:
+        loose = heads[1]
+        previous = names[names.index(loose) - 1]
         raise ConfigError(
             config.source,
             "edges",
             f"stage {loose!r} is not on the chain from the first stage; "
-            f"add an edge {{from: {previous}, to: {loose}}} (and no cycles)",
+            f"add an edge {{from: {previous}, to: {loose}}}",
         )
 
 

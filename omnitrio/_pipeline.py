@@ -47,8 +47,8 @@ class Pipeline:
 
         Raises ``Overloaded`` at once (no queueing) when ``max_streams`` streams
         are open, and ``PipelineClosed`` once the pipeline is shutting down.
-        Leaving the block waits until every stage has freed the stream (at most
-        one step per stage); see ``Stream.aclose``.
+        Leaving the block waits until every stage has freed the stream (the step
+        in progress plus at most one more); see ``Stream.aclose``.
         """
         stream = self._admit(Request(text=request) if isinstance(request, str) else request)
         try:
@@ -56,14 +56,15 @@ class Pipeline:
         finally:
             await stream.aclose()
 
+    @trio.lowlevel.enable_ki_protection
     def _admit(self, request: Request) -> Stream:
-        stream_id = f"s{next(self._ids)}"
         if self._closed:
-            raise PipelineClosed(stream_id)
+            raise PipelineClosed("<new>")
         max_streams = self.config.pipeline.max_streams
         if len(self._streams) >= max_streams:
             self._num_refused += 1
             raise Overloaded(max_streams)
+        stream_id = f"s{next(self._ids)}"
         actors = self._actors
         client = Link("client", self.config.pipeline.client_capacity, num_producers=len(actors))
         client.producer_wakeups = [a.wakeup for a in actors]
@@ -103,6 +104,7 @@ class Pipeline:
         outcome = "failed" if stream.failure else "cancelled" if stream.cancelled else "completed"
         self._outcomes[outcome] += 1
 
+    @trio.lowlevel.enable_ki_protection
     def _close(self) -> None:
         self._closed = True
         for stream in list(self._streams.values()):

@@ -73,6 +73,7 @@ class Stream:
         """Stages that still hold state for this stream."""
         return frozenset(self._holders)
 
+    @trio.lowlevel.enable_ki_protection
     def fail(self, error: OmnitrioError) -> None:
         """Fail the stream (first error wins). Items already delivered stay readable."""
         if self.ending:
@@ -83,6 +84,7 @@ class Stream:
         self.client.close_send()
         self._wake_stages()
 
+    @trio.lowlevel.enable_ki_protection
     def released_by(self, stage: str) -> None:
         """``stage`` freed its state for this stream."""
         self._holders.discard(stage)
@@ -92,6 +94,7 @@ class Stream:
 
     # ----- client side ----------------------------------------------------------------
 
+    @trio.lowlevel.enable_ki_protection
     async def receive(self) -> VisibleItem:
         """Wait for the next user-visible item.
 
@@ -100,7 +103,7 @@ class Stream:
         ``trio.ClosedResourceError`` after ``aclose()``. Cancellation-safe: a
         cancelled call consumes no item. Taking an item frees one unit of credit.
         """
-        if self.cancelled:
+        if self.client.discarded:
             raise trio.ClosedResourceError(f"stream {self.id!r} is closed")
         try:
             item = await self.client.receive_channel.receive()
@@ -110,6 +113,7 @@ class Stream:
             raise StopAsyncIteration from None
         except trio.ClosedResourceError:
             raise trio.ClosedResourceError(f"stream {self.id!r} is closed") from None
+        self.client.num_taken += 1
         self.client.wake_producers()
         if not isinstance(item, VISIBLE_TYPES):
             # Stages are checked before anything reaches this link; this is the last guard.
@@ -125,19 +129,20 @@ class Stream:
     async def __anext__(self) -> VisibleItem:
         return await self.receive()
 
+    @trio.lowlevel.enable_ki_protection
     async def aclose(self) -> None:
         """Cancel the stream if it is still running and wait until every stage freed it.
 
         Each stage drops the stream at its next step boundary, so this waits at
-        most one step per stage. If this call is cancelled the stages still free
-        the stream; only the waiting stops. Idempotent.
+        most for the step in progress plus one more per stage. If this call is
+        cancelled the stages still free the stream; only the waiting stops.
+        Idempotent.
         """
         if not self.ending and not self._released.is_set():
             self.cancelled = True
             for link in (*self.edges.values(), self.client):
                 link.discard()
             self._wake_stages()
-        elif not self.cancelled:
-            self.cancelled = True
-            self.client.discard()
+        elif not self.client.discarded:
+            self.client.discard()  # completed or failed: later receives raise Closed
         await self._released.wait()

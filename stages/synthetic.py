@@ -152,7 +152,7 @@ class SyntheticStage:
         self.gate = Gate.named(gate) if gate else None
         self.max_inputs_per_step: int | None = inputs_per_step
         self.max_payloads_per_step = max(1, (1 if steps else inputs_per_step) * outputs_per_input)
-        self.max_visible_per_step = 1
+        self.max_visible_per_step = 1 if visible_every else 0
         self.num_steps = 0
         self._streams: dict[str, _StreamState] = {}
         _live.add(self)

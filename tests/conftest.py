@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -45,7 +46,7 @@ def chain_config(
             ],
             "edges": [
                 {"from": a, "to": b, "capacity": edge_capacity}
-                for a, b in zip(names, names[1:], strict=False)
+                for a, b in itertools.pairwise(names)
             ],
         }
     )

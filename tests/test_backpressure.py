@@ -100,14 +100,20 @@ async def test_first_visible_item_is_not_queued_behind_other_streams_payloads() 
 async def test_edge_payloads_never_reach_a_client() -> None:
     # Seed 000: hidden-state-sized payloads travel stage to stage only.
     config = chain_config(
-        [{"steps": 30, "payload_bytes": 65536, "outputs_per_input": 2}, {}, {"outputs_per_input": 0}],
+        [
+            {"steps": 30, "payload_bytes": 65536, "outputs_per_input": 2},
+            {},
+            {"outputs_per_input": 0},
+        ],
         edge_capacity=8,
     )
     async with omnitrio.open_pipeline(config) as pipeline:
         async with pipeline.open_stream("x") as stream:
             items = await collect(stream)
         stats = pipeline.statistics()
-    assert all(isinstance(i, omnitrio.TextDelta | omnitrio.AudioChunk | omnitrio.Event) for i in items)
+    assert all(
+        isinstance(i, omnitrio.TextDelta | omnitrio.AudioChunk | omnitrio.Event) for i in items
+    )
     assert stats.num_payloads_routed == 30 * 2 + 60  # a -> b, then b -> c
     assert stats.num_items_delivered == len(items) == 30 + 60 + 60
     assert stats.num_payloads_to_client == 0

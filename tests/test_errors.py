@@ -83,7 +83,7 @@ async def test_open_stream_failure_fails_that_stream() -> None:
             "c",
             error.problem.split(":")[0],
         )
-        items, error = await _outcome(pipeline, omnitrio.Request("y"))
+        _, error = await _outcome(pipeline, omnitrio.Request("y"))
         assert error is None
 
 

@@ -1,0 +1,463 @@
+"""Micro-benchmark of the runtime's own cost: per-hop latency and routing throughput.
+
+Usage (from the repository root)::
+
+    python benchmarks/runtime_micro.py [--streams 1,16,128] [--items N] [--repeats 3]
+                                       [--pace-ms 1.0] [--json out.json]
+
+What runs
+---------
+A three-stage chain of ``stages.synthetic:SyntheticStage``, built in code with
+``omnitrio.parse_config``: ``stage1`` (source mode, ``steps`` units per stream)
+-> ``stage2`` -> ``stage3`` (input mode). Every stage has ``service_time_ms 0``
+and emits one ``Event("trace")`` per unit, so a unit is 2 edge payloads plus 3
+visible items and what is timed is the runtime: scheduling, the two thread
+crossings per step, channel puts and takes, wake-ups and client delivery.
+Edge capacity (8), client capacity (16) and ``max_batch_size`` (32) stay at their
+defaults, the numbers a user gets; only ``max_streams`` is raised to the largest
+level. So at 128 streams a stage needs 4 turns (batches of 32) per round.
+
+Every run gets a fresh pipeline (one warm-up run comes first); each (regime,
+level) is run ``--repeats`` times, interleaved with the other regimes of its
+level. Latency percentiles pool the samples of the repeats; rates are the median
+of the repeats, with the spread.
+
+Three regimes per concurrency level:
+
+- ``saturated``: closed loop, nothing paces stage1. This gives the throughput.
+  Its hop latencies measure *queueing*, not dispatch: every stage and client
+  task shares the one trio thread, the edges fill, and a payload waits up to
+  edge capacity x the next stage's step period (Little's law). They swing a lot
+  from run to run with the order trio happens to schedule tasks in.
+- ``untraced``: ``saturated`` with ``visible: text``, no timestamps read. A
+  control: its throughput next to ``saturated`` is the cost of the tracing.
+- ``paced``: stage1 sleeps ``--pace-ms`` per stream in its batch (a sleep releases
+  the GIL: no CPU work), offering 1000 / pace_ms units/s at every level, far below
+  saturation. Its hop latencies are the runtime's dispatch cost. Stage1 emits one
+  burst per step (its whole batch, up to 32 streams), so at high concurrency p99
+  is about the worst few bursts.
+
+Hops (all ``time.perf_counter``, one monotonic clock shared by every thread):
+
+- ``stage1->stage2``: ``produced_s - upstream_produced_s`` of stage2's trace, i.e.
+  from stage1 stamping the payload inside its step to stage2's step reaching it:
+  the rest of stage1's step, the crossing back into trio, ``_apply``, stage2's
+  wake-up and plan, the crossing into stage2's thread and its step up to it.
+- ``stage2->stage3``: the same from stage3's trace.
+- ``stage3->client``: the client's clock when ``receive()`` returns, minus the
+  ``produced_s`` of stage3's trace.
+
+Does the tracing distort the measurement?
+-----------------------------------------
+A little, and the ``untraced`` control bounds it:
+
+- The traces *are* the visible traffic: every stage emits one per unit, where a
+  real omni pipeline's middle stage (the talker) emits nothing visible. That
+  loads the client path, and the shared trio thread, more than production would;
+  the visible items are counted in the throughput, so the rate stays honest
+  about what moved.
+- A trace ``Event`` (a 4-key dict frozen into a ``MappingProxyType``) costs more
+  to build than a ``TextDelta``, and the traced client reads the clock, looks up
+  keys and appends a float per item. ``untraced`` removes both; the ratio of the
+  two rates is printed. It is within the run-to-run noise on a 2-core box.
+- The stamps are taken per unit inside ``step``, so in a batch of b streams a hop
+  also holds part of the producing and the consuming step (a few us per unit
+  here). That is real latency, but it depends on the stream's place in the batch.
+- Keeping every sample (a float per item) adds allocations, so a few more GC
+  passes; GC pauses land in p99, as they would in production.
+- The client's stamp includes the trio scheduling of the client task, which is
+  part of delivery.
+
+Absolute numbers are context only: the machines are shared and noisy. Compare
+runs made side by side, on the same machine, in one invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import trio
+
+import omnitrio
+from omnitrio import Event, Pipeline, PipelineConfig, VisibleItem
+
+STAGES = ("stage1", "stage2", "stage3")
+HOPS = ("stage1->stage2", "stage2->stage3", "stage3->client")
+DEFAULT_STREAMS = (1, 16, 128)
+DEFAULT_REPEATS = 3
+DEFAULT_PACE_MS = 1.0
+UNPACED_UNITS_PER_RUN = 8_192
+"""Default stage1 units per unpaced run, split over its streams: same work at every level."""
+PACED_UNITS_PER_RUN = 1_024
+"""Stage1 units per paced run, split over its streams: about 1 s at the default pace."""
+WARMUP_UNITS = 256
+
+
+@dataclass(frozen=True)
+class Regime:
+    name: str
+    visible: str
+    """What every stage emits per unit: ``trace`` (timed) or ``text`` (control)."""
+    pace_ms: float
+    """Stage1's ``per_stream_ms``: slept per stream in its batch (0: unpaced)."""
+
+
+SATURATED = Regime("saturated", "trace", 0.0)
+UNTRACED = Regime("untraced", "text", 0.0)
+
+
+@dataclass(frozen=True)
+class HopLatency:
+    num_samples: int
+    median_us: float
+    p90_us: float
+    p99_us: float
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run: one fresh pipeline, every stream run to completion."""
+
+    wall_s: float
+    num_payloads_routed: int
+    num_visible_sent: int
+    num_visible_delivered: int
+    routed_items_per_s: float
+    """(edge payloads + visible items sent by stages) / wall time."""
+    delivered_items_per_s: float
+    """Visible items received by clients / wall time."""
+    mean_batch_size: dict[str, float]
+    num_skipped_no_credit: dict[str, int]
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    """The repeats of one regime at one concurrency level."""
+
+    regime: str
+    num_streams: int
+    units_per_stream: int
+    runs: tuple[RunResult, ...]
+    hops: dict[str, HopLatency | None]
+    """Pooled over the runs; None for the untraced control."""
+
+    def median(self, metric: str) -> float:
+        return statistics.median(self._values(metric))
+
+    def spread(self, metric: str) -> tuple[float, float]:
+        values = self._values(metric)
+        return min(values), max(values)
+
+    def _values(self, metric: str) -> list[float]:
+        return [float(getattr(r, metric)) for r in self.runs]
+
+
+@dataclass
+class _Samples:
+    """Hop latencies in seconds, appended by the client tasks (one trio thread)."""
+
+    hops_s: dict[str, list[float]] = field(default_factory=lambda: {h: [] for h in HOPS})
+    num_received: int = 0
+
+    def record(self, item: VisibleItem, received_s: float) -> None:
+        self.num_received += 1
+        if not isinstance(item, Event) or item.data["stage"] == STAGES[0]:
+            return  # untraced control, or stage1's trace (no upstream)
+        produced_s = _seconds(item, "produced_s")
+        hop = "stage1->stage2" if item.data["stage"] == "stage2" else "stage2->stage3"
+        self.hops_s[hop].append(produced_s - _seconds(item, "upstream_produced_s"))
+        if item.data["stage"] == "stage3":
+            self.hops_s["stage3->client"].append(received_s - produced_s)
+
+
+def _seconds(event: Event, key: str) -> float:
+    value = event.data[key]
+    if not isinstance(value, float):
+        raise TypeError(f"trace {key} is {value!r}, not a float; is the stage in input mode?")
+    return value
+
+
+def build_config(max_streams: int, units_per_stream: int, regime: Regime) -> PipelineConfig:
+    """The three-stage synthetic chain; capacities and batch sizes at their defaults."""
+
+    def stage(name: str, **params: object) -> dict[str, object]:
+        return {
+            "name": name,
+            "impl": "stages.synthetic:SyntheticStage",
+            "params": {"visible": regime.visible, "service_time_ms": 0.0, **params},
+        }
+
+    return omnitrio.parse_config(
+        {
+            "pipeline": {"name": "runtime-micro", "max_streams": max_streams},
+            "stages": [
+                stage("stage1", steps=units_per_stream, per_stream_ms=regime.pace_ms),
+                stage("stage2"),
+                stage("stage3", outputs_per_input=0),
+            ],
+            "edges": [{"from": "stage1", "to": "stage2"}, {"from": "stage2", "to": "stage3"}],
+        },
+        source="benchmarks/runtime_micro.py",
+    )
+
+
+async def _client(pipeline: Pipeline, samples: _Samples) -> None:
+    async with pipeline.open_stream(omnitrio.Request()) as stream:
+        async for item in stream:
+            samples.record(item, time.perf_counter())
+
+
+async def run_once(
+    regime: Regime, num_streams: int, units_per_stream: int, max_streams: int, samples: _Samples
+) -> RunResult:
+    """Open a fresh pipeline and run ``num_streams`` concurrent streams to completion."""
+    config = build_config(max_streams, units_per_stream, regime)
+    num_received_before = samples.num_received
+    async with omnitrio.open_pipeline(config) as pipeline:
+        started_s = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for _ in range(num_streams):
+                nursery.start_soon(_client, pipeline, samples)
+        wall_s = time.perf_counter() - started_s
+        stats = pipeline.statistics()
+    num_received = samples.num_received - num_received_before
+    if stats.num_completed != num_streams:
+        raise RuntimeError(f"{stats.num_completed} of {num_streams} streams completed")
+    if stats.num_items_delivered != num_received:
+        print(
+            f"warning: statistics count {stats.num_items_delivered} items delivered, "
+            f"clients received {num_received}",
+            file=sys.stderr,
+        )
+    stages = stats.stages
+    num_visible = sum(s.num_visible_sent for s in stages.values())
+    return RunResult(
+        wall_s=wall_s,
+        num_payloads_routed=stats.num_payloads_routed,
+        num_visible_sent=num_visible,
+        num_visible_delivered=num_received,
+        routed_items_per_s=(stats.num_payloads_routed + num_visible) / wall_s,
+        delivered_items_per_s=num_received / wall_s,
+        mean_batch_size={n: s.mean_batch_size for n, s in stages.items()},
+        num_skipped_no_credit={n: s.num_skipped_no_credit for n, s in stages.items()},
+    )
+
+
+def _latency(samples_s: list[float]) -> HopLatency | None:
+    if not samples_s:
+        return None
+    if len(samples_s) == 1:
+        cuts = samples_s * 99
+    else:
+        cuts = statistics.quantiles(samples_s, n=100, method="inclusive")
+    return HopLatency(len(samples_s), cuts[49] * 1e6, cuts[89] * 1e6, cuts[98] * 1e6)
+
+
+async def run_level(
+    num_streams: int, regimes: Sequence[Regime], args: argparse.Namespace, max_streams: int
+) -> list[LevelResult]:
+    """Run every regime ``args.repeats`` times at one level, interleaved."""
+    units: dict[str, int] = {}
+    for regime in regimes:
+        total = PACED_UNITS_PER_RUN if regime.pace_ms else UNPACED_UNITS_PER_RUN
+        per_stream = args.items if args.items and not regime.pace_ms else total / num_streams
+        units[regime.name] = math.ceil(per_stream)
+    samples = {r.name: _Samples() for r in regimes}
+    runs: dict[str, list[RunResult]] = {r.name: [] for r in regimes}
+    for repeat in range(args.repeats):
+        for regime in regimes:
+            print(
+                f"{regime.name} x{num_streams} streams, {units[regime.name]} units each, "
+                f"run {repeat + 1}/{args.repeats}",
+                file=sys.stderr,
+            )
+            run = await run_once(
+                regime, num_streams, units[regime.name], max_streams, samples[regime.name]
+            )
+            runs[regime.name].append(run)
+    return [
+        LevelResult(
+            regime=r.name,
+            num_streams=num_streams,
+            units_per_stream=units[r.name],
+            runs=tuple(runs[r.name]),
+            hops={
+                h: _latency(v) if r.visible == "trace" else None
+                for h, v in samples[r.name].hops_s.items()
+            },
+        )
+        for r in regimes
+    ]
+
+
+async def run_all(args: argparse.Namespace) -> list[LevelResult]:
+    max_streams = max(args.streams)
+    regimes = (SATURATED, UNTRACED, Regime("paced", "trace", args.pace_ms))
+    await run_once(SATURATED, 1, WARMUP_UNITS, max_streams, _Samples())
+    results: list[LevelResult] = []
+    for num_streams in args.streams:
+        results += await run_level(num_streams, regimes, args, max_streams)
+    return results
+
+
+def machine_note() -> dict[str, str]:
+    try:
+        commit = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {
+        "cpus": str(os.cpu_count()),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "trio": trio.__version__,
+        "omnitrio": omnitrio.__version__,
+        "commit": commit,
+    }
+
+
+def markdown(results: Sequence[LevelResult], machine: dict[str, str], pace_ms: float) -> str:
+    lines = [
+        "machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()),
+        f"paced: stage1 sleeps {pace_ms:g} ms per stream per step "
+        f"({1000 / pace_ms:.0f} units/s offered at every level)",
+        "",
+        "Per-hop latency, us: median / p90 / p99 (samples pooled over the runs)",
+        "",
+        "| regime | streams | units/stream | runs | samples/hop | " + " | ".join(HOPS) + " |",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(HOPS),
+    ]
+    for r in results:
+        first = r.hops[HOPS[0]]
+        if first is None:
+            continue
+        cells = " | ".join(_cell(r.hops[h]) for h in HOPS)
+        lines.append(
+            f"| {r.regime} | {r.num_streams} | {r.units_per_stream} | {len(r.runs)} | "
+            f"{first.num_samples} | {cells} |"
+        )
+    lines += [
+        "",
+        "Throughput, median of the runs (min-max); routed = edge payloads + visible items "
+        "sent by stages, delivered = visible items received by clients",
+        "",
+        "| regime | streams | units/stream | items/run | wall s | routed items/s "
+        "| delivered items/s | mean batch 1/2/3 | skipped no-credit/run 1/2/3 |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in results:
+        run = r.runs[0]
+        low, high = r.spread("routed_items_per_s")
+        batch = "/".join(
+            f"{statistics.mean(x.mean_batch_size[s] for x in r.runs):.1f}" for s in STAGES
+        )
+        skipped = "/".join(
+            f"{statistics.mean(x.num_skipped_no_credit[s] for x in r.runs):.0f}" for s in STAGES
+        )
+        lines.append(
+            f"| {r.regime} | {r.num_streams} | {r.units_per_stream} | "
+            f"{run.num_payloads_routed + run.num_visible_sent} | {r.median('wall_s'):.2f} | "
+            f"{r.median('routed_items_per_s'):,.0f} ({low:,.0f}-{high:,.0f}) | "
+            f"{r.median('delivered_items_per_s'):,.0f} | {batch} | {skipped} |"
+        )
+    ratios = [
+        f"{t.num_streams}: {t.median('routed_items_per_s') / u.median('routed_items_per_s'):.2f}"
+        for t in results
+        for u in results
+        if t.regime == SATURATED.name and u.regime == UNTRACED.name
+        if t.num_streams == u.num_streams
+    ]
+    lines += ["", "tracing cost, saturated / untraced median routed items/s: " + ", ".join(ratios)]
+    return "\n".join(lines)
+
+
+def _cell(hop: HopLatency | None) -> str:
+    if hop is None:
+        return "-"
+    return f"{hop.median_us:.0f} / {hop.p90_us:.0f} / {hop.p99_us:.0f}"
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list") from None
+    if min(levels) < 1:
+        raise argparse.ArgumentTypeError("stream counts must be at least 1")
+    return levels
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be above 0")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--streams", type=_levels, default=DEFAULT_STREAMS, help="concurrency levels (1,16,128)"
+    )
+    parser.add_argument(
+        "--items",
+        type=_at_least_one,
+        help="stage1 units per stream in the unpaced runs "
+        f"(default {UNPACED_UNITS_PER_RUN} / streams: the same work at every level)",
+    )
+    parser.add_argument(
+        "--repeats", type=_at_least_one, default=DEFAULT_REPEATS, help="runs per regime and level"
+    )
+    parser.add_argument(
+        "--pace-ms",
+        type=_positive,
+        default=DEFAULT_PACE_MS,
+        help="paced runs: stage1 sleep per stream per step "
+        f"({PACED_UNITS_PER_RUN} units per run, split over its streams)",
+    )
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    machine = machine_note()
+    results = trio.run(run_all, args)
+    print(markdown(results, machine, args.pace_ms))
+    if args.json is not None:
+        document = {
+            "machine": machine,
+            "args": {
+                "streams": list(args.streams),
+                "items": args.items,
+                "repeats": args.repeats,
+                "pace_ms": args.pace_ms,
+            },
+            "results": [asdict(r) for r in results],
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

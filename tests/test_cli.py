@@ -1,0 +1,59 @@
+"""The ``omnitrio`` command: a run on the default config, config checks, and Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from omnitrio._cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_run_on_the_default_config(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    assert main(["run", "--streams", "2", "--prompt", "hello"]) == 0
+    out = capsys.readouterr().out
+    assert "pipeline 'synthetic-omni' ready: thinker -> talker -> code2wav" in out
+    assert out.count("text: 'thinker:1 thinker:2") == 2
+    assert "streams: 2 completed, 0 failed, 0 cancelled" in out
+
+
+def test_check_config_reports_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pipeline: {name: x}\nstages: []\n")
+    assert main(["check-config", str(bad)]) == 2
+    assert f"omnitrio: {bad}: stages: needs at least 1 entry; add one" in capsys.readouterr().err
+    assert main(["check-config", str(REPO / "configs" / "synthetic.yaml")]) == 0
+
+
+def test_ctrl_c_stops_a_running_pipeline_cleanly(tmp_path: Path) -> None:
+    config = tmp_path / "long.yaml"
+    config.write_text(
+        (REPO / "configs" / "synthetic.yaml").read_text().replace("steps: 24", "steps: 100000")
+    )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "omnitrio._cli", "run", "--config", str(config), "--streams", "8"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert "ready" in process.stdout.readline()  # blocks until the pipeline is up
+    process.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    _, err = process.communicate(timeout=10)
+    assert process.returncode == 130, err
+    assert "interrupted; pipeline stopped" in err
+    assert time.monotonic() - started < 5

@@ -1,0 +1,131 @@
+"""Config loading: valid files load; every invalid one names the file, the key and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import omnitrio
+
+REPO = Path(__file__).resolve().parent.parent
+
+GOOD = """
+pipeline: {name: t}
+stages:
+  - {name: b, impl: "stages.synthetic:SyntheticStage", params: {outputs_per_input: 0}}
+  - {name: a, impl: "stages.synthetic:SyntheticStage", params: {steps: 3}}
+edges:
+  - {from: a, to: b, capacity: 2}
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
+def test_shipped_configs_load(name: str) -> None:
+    config = omnitrio.load_config(REPO / "configs" / name)
+    assert config.stages
+
+
+def test_defaults_and_chain_order(tmp_path: Path) -> None:
+    config = omnitrio.load_config(_write(tmp_path, GOOD))
+    assert [s.name for s in config.stages] == ["a", "b"]  # ordered along the edges
+    assert config.pipeline.max_streams == 64
+    assert config.pipeline.client_capacity == omnitrio.DEFAULT_CLIENT_CAPACITY == 16
+    assert config.edges[0].capacity == 2
+    assert config.stages[0].max_batch_size == 32
+
+
+def test_default_edge_capacity(tmp_path: Path) -> None:
+    config = omnitrio.load_config(_write(tmp_path, GOOD.replace(", capacity: 2", "")))
+    assert config.edges[0].capacity == omnitrio.DEFAULT_EDGE_CAPACITY == 8
+
+
+BAD = [
+    (
+        GOOD.replace("pipeline: {name: t}", "pipeline: {name: t, max_stream: 3}"),
+        "pipeline.max_stream: unknown key; remove it or fix its spelling",
+    ),
+    (
+        GOOD.replace("pipeline: {name: t}", "pipeline: {}"),
+        "pipeline.name: required key is missing; add it",
+    ),
+    (
+        GOOD.replace("capacity: 2", "capacity: 0"),
+        "edges[0].capacity: input should be greater than or equal to 1; fix the value",
+    ),
+    (
+        GOOD.replace("{from: a, to: b", "{from: a, to: x"),
+        "edges[0].to: no stage named 'x'; stages are b, a",
+    ),
+    (GOOD.replace("name: a,", "name: b,"), "stages[1].name: duplicate stage name 'b'; rename it"),
+    (
+        GOOD.replace("  - {from: a, to: b, capacity: 2}\n", ""),
+        "edges: stage 'a' is not on the chain from the first stage; add an edge {from: b, to: a}",
+    ),
+    (
+        GOOD + "  - {from: b, to: a}\n",
+        "edges: the edges form a cycle; remove the edge into the first stage",
+    ),
+    (
+        GOOD.replace(
+            'stages.synthetic:SyntheticStage", params: {steps',
+            'stages.nowhere:SyntheticStage", params: {steps',
+        ),
+        "stages[1].impl: cannot import 'stages.nowhere'",
+    ),
+    (
+        GOOD.replace(
+            'stages.synthetic:SyntheticStage", params: {steps',
+            'stages.synthetic:Nope", params: {steps',
+        ),
+        "stages[1].impl: module 'stages.synthetic' has no 'Nope'; fix the name after the colon",
+    ),
+    (
+        GOOD.replace("{steps: 3}", "{step: 3}"),
+        "stages[1].params.step: stages.synthetic:SyntheticStage has no parameter 'step'; "
+        "known parameters: steps,",
+    ),
+    (
+        GOOD.replace("{steps: 3}", "{steps: 3, device: cuda}"),
+        "stages[1].params.device: 'device' is set by the stage entry itself; move it out of params",
+    ),
+    (
+        GOOD.replace("impl:", "implementation:", 1),
+        "stages[0].impl: required key is missing; add it",
+    ),
+    ("pipeline: [\n", "line 2: not valid YAML"),
+    ("- just\n- a list\n", "<top>: a config must be a mapping with pipeline, stages, edges"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD)
+def test_invalid_configs_name_file_key_and_fix(tmp_path: Path, text: str, message: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(omnitrio.ConfigError) as caught:
+        omnitrio.load_config(path)
+    assert str(caught.value).startswith(f"{path}: {message}")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(omnitrio.ConfigError, match="<file>: cannot read it"):
+        omnitrio.load_config(tmp_path / "nope.yaml")
+
+
+def test_required_stage_parameter(tmp_path: Path) -> None:
+    text = GOOD.replace(
+        '"stages.synthetic:SyntheticStage", params: {steps: 3}',
+        '"tests.test_config:NeedsModel", params: {}',
+    )
+    with pytest.raises(omnitrio.ConfigError, match=r"stages\[1\].params.model_path: .* requires"):
+        omnitrio.load_config(_write(tmp_path, text))
+
+
+class NeedsModel:
+    def __init__(self, name: str, device: str, model_path: str) -> None:
+        self.model_path = model_path
