@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -46,7 +46,6 @@ class _Slot:
     opened: bool = False
     more: bool = False
     input_closed_delivered: bool = False
-    last_step: int = -1
 
 
 @dataclass(frozen=True)
@@ -94,6 +93,8 @@ class StageActor:
         self._stage: Stage | None = None
         self._worker: WorkerThread | None = None
         self._held: set[str] = set()  # streams open on the stage; touched on the thread only
+        self._unopened: list[str] = []
+        self._ending: set[str] = set()
 
     # ----- lifecycle ----------------------------------------------------------------
 
@@ -192,39 +193,56 @@ class StageActor:
             self._apply(plan, result)
 
     def add(self, stream: Stream, inbox: Link | None, outbox: Link | None) -> None:
+        """A new stream: its state is opened on the stage at the next turn."""
         self.slots[stream.id] = _Slot(stream, inbox, outbox)
+        self._unopened.append(stream.id)
+        self.wakeup.set()
+
+    def drop(self, stream_id: str) -> None:
+        """The stream ended (failed or cancelled): free it at the next turn."""
+        self._ending.add(stream_id)
         self.wakeup.set()
 
     def _plan(self) -> _Plan | None:
         closes: list[str] = []
-        for slot in list(self.slots.values()):
-            if slot.stream.ending:
-                if slot.opened:
-                    closes.append(slot.stream.id)
-                else:
-                    self._release(slot)
-        opens = tuple((s.stream.id, s.stream.request) for s in self.slots.values() if not s.opened)
-        candidates = [self._candidate(s) for s in self.slots.values() if not s.stream.ending]
-        decision = pick_batch(candidates, self.spec.max_batch_size)
+        for sid in self._ending:
+            slot = self.slots.get(sid)
+            if slot is not None and slot.opened:
+                closes.append(sid)
+            elif slot is not None:
+                self._release(slot)
+        self._ending.clear()
+        opens = tuple(
+            (sid, self.slots[sid].stream.request) for sid in self._unopened if sid in self.slots
+        )
+        self._unopened.clear()
+        decision = pick_batch(self._candidates(), self.spec.max_batch_size)
         self.counters.num_skipped_no_credit += decision.num_skipped_no_credit
         batch = tuple(self._take_work(self.slots[sid]) for sid in decision.batch)
         if not (closes or opens or batch):
             return None
         return _Plan(tuple(closes), opens, batch)
 
-    def _candidate(self, slot: _Slot) -> Candidate:
-        assert self._stage is not None
+    def _candidates(self) -> Iterator[Candidate]:
+        """Streams with work, least recently stepped first (``slots`` is kept in that order)."""
+        for slot in self.slots.values():
+            if not slot.stream.ending and self._has_work(slot):
+                yield Candidate(slot.stream.id, True, self._fits(slot))
+
+    @staticmethod
+    def _has_work(slot: _Slot) -> bool:
+        """New input, input that just closed, or the stage asked for more."""
         inbox = slot.inbox
-        input_closed = inbox is None or inbox.producers_done
-        has_work = (
-            slot.more
-            or (inbox is not None and inbox.buffered > 0)
-            or (input_closed and not slot.input_closed_delivered)
-        )
-        fits = slot.stream.client.free >= self._stage.max_visible_per_step and (
-            slot.outbox is None or slot.outbox.free >= self._stage.max_payloads_per_step
-        )
-        return Candidate(slot.stream.id, has_work, fits, slot.last_step)
+        if slot.more or (inbox is not None and inbox.buffered > 0):
+            return True
+        return (inbox is None or inbox.producers_done) and not slot.input_closed_delivered
+
+    def _fits(self, slot: _Slot) -> bool:
+        """Room for a whole step's output on every channel the stream writes to."""
+        assert self._stage is not None
+        if slot.stream.client.free < self._stage.max_visible_per_step:
+            return False
+        return slot.outbox is None or slot.outbox.free >= self._stage.max_payloads_per_step
 
     def _take_work(self, slot: _Slot) -> StreamWork:
         assert self._stage is not None
@@ -331,7 +349,7 @@ class StageActor:
             slot.stream.client.release(self._stage.max_visible_per_step)
             if slot.outbox is not None:
                 slot.outbox.release(self._stage.max_payloads_per_step)
-            slot.last_step = counters.num_steps
+            self.slots[work.stream_id] = self.slots.pop(work.stream_id)  # to the back of the line
             if result.step_error is not None:
                 self._fail(work.stream_id, "step", result.step_error)
             elif stray:

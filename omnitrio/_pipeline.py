@@ -82,7 +82,7 @@ class Pipeline:
             client,
             edges,
             frozenset(a.name for a in actors),
-            self._wake_all,
+            self._on_end,
             self._on_released,
             self._delivery,
         )
@@ -95,9 +95,9 @@ class Pipeline:
             actor.add(stream, inbox, outbox)
         return stream
 
-    def _wake_all(self) -> None:
+    def _on_end(self, stream: Stream) -> None:
         for actor in self._actors:
-            actor.wakeup.set()
+            actor.drop(stream.id)
 
     def _on_released(self, stream: Stream) -> None:
         del self._streams[stream.id]

@@ -5,11 +5,15 @@ closed, or the stage asked for ``more``) and *fits* when each channel it would
 write to has room for a whole step's output. Only ready streams that fit are
 batched; a ready stream that does not fit is skipped and counted, never waited
 for, so one slow client cannot hold up anybody else's batch.
+
+Candidates come least recently stepped first (the actor keeps its streams in
+that order), and are consumed lazily: the scan stops once the batch is full, so
+a turn costs O(batch), not O(open streams).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -20,8 +24,6 @@ class Candidate:
     stream_id: str
     has_work: bool
     fits: bool
-    last_step: int
-    """Number of the stage step that last included the stream (-1: never)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +32,17 @@ class Decision:
     num_skipped_no_credit: int
 
 
-def pick_batch(candidates: Sequence[Candidate], max_batch_size: int) -> Decision:
-    """Least recently stepped first, up to ``max_batch_size`` streams that have work and fit."""
-    runnable = [c for c in candidates if c.has_work and c.fits]
-    runnable.sort(key=lambda c: c.last_step)
-    skipped = sum(1 for c in candidates if c.has_work and not c.fits)
-    return Decision(tuple(c.stream_id for c in runnable[:max_batch_size]), skipped)
+def pick_batch(candidates: Iterable[Candidate], max_batch_size: int) -> Decision:
+    """The first ``max_batch_size`` candidates that have work and fit, in the given order."""
+    batch: list[str] = []
+    skipped = 0
+    for candidate in candidates:
+        if not candidate.has_work:
+            continue
+        if not candidate.fits:
+            skipped += 1
+            continue
+        batch.append(candidate.stream_id)
+        if len(batch) == max_batch_size:
+            break
+    return Decision(tuple(batch), skipped)

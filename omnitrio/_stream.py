@@ -44,7 +44,7 @@ class Stream:
         client: Link,
         edges: Mapping[str, Link],
         holders: frozenset[str],
-        wake_stages: Callable[[], None],
+        on_end: Callable[[Stream], None],
         on_released: Callable[[Stream], None],
         counters: DeliveryCounters,
     ) -> None:
@@ -53,7 +53,7 @@ class Stream:
         self.client = client
         self.edges = MappingProxyType(dict(edges))
         self._holders = set(holders)
-        self._wake_stages = wake_stages
+        self._on_end = on_end
         self._on_released = on_released
         self._released = trio.Event()
         self.failure: OmnitrioError | None = None
@@ -82,7 +82,7 @@ class Stream:
         for link in self.edges.values():
             link.discard()
         self.client.close_send()
-        self._wake_stages()
+        self._on_end(self)
 
     @trio.lowlevel.enable_ki_protection
     def released_by(self, stage: str) -> None:
@@ -142,7 +142,7 @@ class Stream:
             self.cancelled = True
             for link in (*self.edges.values(), self.client):
                 link.discard()
-            self._wake_stages()
+            self._on_end(self)
         elif not self.client.discarded:
             self.client.discard()  # completed or failed: later receives raise Closed
         await self._released.wait()
