@@ -80,3 +80,17 @@ def test_design_doc_names_tests_that_exist() -> None:
         if f"def {name}(" not in (REPO / "tests" / file).read_text(encoding="utf-8")
     ]
     assert missing == []
+
+
+def test_readme_snippet_runs(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A plain (sync) test: the README's snippet calls trio.run itself.
+    monkeypatch.chdir(REPO)
+    blocks = _python_blocks(REPO / "README.md")
+    assert len(blocks) == 1
+    line, code = blocks[0]
+    exec(compile("\n" * (line - 1) + code, str(REPO / "README.md"), "exec"), {"__name__": "readme"})
+    out = capsys.readouterr().out
+    assert "TextDelta(text='thinker:1 ')" in out
+    assert out.rstrip().endswith("1")
