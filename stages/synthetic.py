@@ -46,7 +46,7 @@ class Gate:
     def __init__(self) -> None:
         self._open = threading.Event()
         self._open.set()
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self._num_blocked = 0
 
     @classmethod
@@ -64,16 +64,22 @@ class Gate:
     @property
     def num_blocked(self) -> int:
         """Steps waiting at the gate right now."""
-        with self._lock:
+        with self._changed:
             return self._num_blocked
+
+    def wait_until_blocked(self, timeout_s: float) -> bool:
+        """Block the calling thread until a step waits at the gate (False on timeout)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._num_blocked > 0, timeout_s)
 
     def pass_through(self) -> None:
         if self._open.is_set():
             return
-        with self._lock:
+        with self._changed:
             self._num_blocked += 1
+            self._changed.notify_all()
         self._open.wait()
-        with self._lock:
+        with self._changed:
             self._num_blocked -= 1
 
 

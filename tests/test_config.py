@@ -99,6 +99,17 @@ BAD = [
         GOOD.replace("impl:", "implementation:", 1),
         "stages[0].impl: required key is missing; add it",
     ),
+    (
+        GOOD + "  - {from: a, to: c}\n",
+        "edges[1].to: no stage named 'c'; stages are b, a",
+    ),
+    (
+        GOOD.replace(
+            "  - {from: a, to: b, capacity: 2}\n", "  - {from: a, to: b}\n  - {from: a, to: a}\n"
+        ),
+        "edges[1].from: stage 'a' already has an outgoing edge; pipelines are chains, "
+        "so give each stage at most one",
+    ),
     ("pipeline: [\n", "line 2: not valid YAML"),
     ("- just\n- a list\n", "<top>: a config must be a mapping with pipeline, stages, edges"),
 ]

@@ -7,9 +7,10 @@ from contextlib import AsyncExitStack
 
 import pytest
 import trio
+import trio.testing
 
 import omnitrio
-from stages.synthetic import live_streams
+from stages.synthetic import Gate, live_streams
 from tests.conftest import chain_config, collect, count_tasks, stage_threads, texts
 
 THREE = [{"steps": 5}, {}, {"outputs_per_input": 0, "visible": "audio"}]
@@ -166,3 +167,50 @@ async def test_open_stream_after_close_is_refused() -> None:
     with pytest.raises(omnitrio.PipelineClosed):
         async with pipeline.open_stream("late"):
             pass  # pragma: no cover
+
+
+async def test_cancel_during_a_step_frees_the_stream_at_the_next_boundary() -> None:
+    gate = Gate.named("test-cancel-during-step")
+    gate.close()
+    config = chain_config(
+        [{"steps": 3}, {"gate": "test-cancel-during-step"}, {"outputs_per_input": 0}]
+    )
+    try:
+        async with omnitrio.open_pipeline(config) as pipeline:
+            async with pipeline.open_stream("x") as stream:
+                # Stage b is now stuck inside a step that holds the stream.
+                assert await trio.to_thread.run_sync(gate.wait_until_blocked, 10.0)
+                closed = trio.Event()
+
+                async def close() -> None:
+                    await stream.aclose()
+                    closed.set()
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(close)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert not closed.is_set()  # b cannot let go mid-step
+                    assert ("b", stream.id) in live_streams()
+                    gate.open()
+                    with trio.fail_after(5):
+                        await closed.wait()
+                assert not any(sid == stream.id for _, sid in live_streams())
+                assert pipeline.statistics().stages["b"].num_open_streams == 0
+            # The stage serves on.
+            async with pipeline.open_stream("y") as other:
+                assert len(texts(await collect(other))) == 9
+    finally:
+        gate.open()
+
+
+async def test_cpu_bound_stages_hold_the_gil_and_still_complete() -> None:
+    config = chain_config(
+        [
+            {"steps": 5, "service_time_ms": 2.0, "cpu_bound": True},
+            {"cpu_bound": True, "service_time_ms": 2.0, "outputs_per_input": 0},
+        ]
+    )
+    async with omnitrio.open_pipeline(config) as pipeline:
+        async with pipeline.open_stream("x") as stream:
+            assert len(texts(await collect(stream))) == 10
+        assert pipeline.statistics().stages["a"].busy_s >= 5 * 0.002
