@@ -25,8 +25,9 @@ from typing import Any
 import trio
 
 from ._config import StageSpec, resolve_impl
+from ._contract import Limits, ProtocolError, check_output
 from ._errors import ConfigError, StageError, StageLoadError
-from ._items import VISIBLE_TYPES, Request
+from ._items import Request
 from ._link import Link, Wakeup
 from ._scheduler import Candidate, pick_batch
 from ._stage import Stage, StreamOutput, StreamWork
@@ -61,6 +62,7 @@ class _Result:
     closed: list[str] = field(default_factory=list)
     errors: dict[str, Exception] = field(default_factory=dict)
     outputs: Mapping[str, StreamOutput] = field(default_factory=dict)
+    stray: list[str] = field(default_factory=list)
     step_error: Exception | None = None
     busy_s: float = 0.0
 
@@ -95,6 +97,8 @@ class StageActor:
         self._held: set[str] = set()  # streams open on the stage; touched on the thread only
         self._unopened: list[str] = []
         self._ending: set[str] = set()
+        self._has_outbox = False
+        self.limits = Limits(None, 0, 0, has_outbox=False)  # replaced when the stage loads
 
     # ----- lifecycle ----------------------------------------------------------------
 
@@ -115,6 +119,7 @@ class StageActor:
         cancellation every open stream is closed on the stage and the thread is
         joined, shielded and bounded by ``shutdown_timeout_s``.
         """
+        self._has_outbox = limits[0] is not None
         self._worker = WorkerThread(f"omnitrio-stage-{self.name}")
         try:
             await self._worker.run(self._load)
@@ -136,13 +141,14 @@ class StageActor:
             raise StageLoadError(
                 self.name, f"{self.spec.impl} does not implement the Stage protocol"
             )
-        if stage.max_inputs_per_step is not None and stage.max_inputs_per_step < 1:
-            raise StageLoadError(self.name, "max_inputs_per_step must be None or at least 1")
+        try:
+            self.limits = Limits.of(stage, has_outbox=self._has_outbox)
+        except ValueError as exc:
+            raise StageLoadError(self.name, str(exc)) from None
         self._stage = stage
 
     def _check_limits(self, edge_capacity: int | None, client_capacity: int) -> None:
-        assert self._stage is not None
-        stage = self._stage
+        stage = self.limits
         if edge_capacity is not None and stage.max_payloads_per_step > edge_capacity:
             raise ConfigError(
                 self._source,
@@ -217,7 +223,9 @@ class StageActor:
         )
         self._unopened.clear()
         decision = pick_batch(self._candidates(), self.spec.max_batch_size)
-        self.counters.num_skipped_no_credit += decision.num_skipped_no_credit
+        self.counters.num_skipped_no_credit += len(decision.skipped)
+        for sid in decision.skipped:  # full streams wait at the back: scans stay O(batch)
+            self.slots[sid] = self.slots.pop(sid)
         batch = tuple(self._take_work(self.slots[sid]) for sid in decision.batch)
         if not (closes or opens or batch):
             return None
@@ -239,19 +247,18 @@ class StageActor:
 
     def _fits(self, slot: _Slot) -> bool:
         """Room for a whole step's output on every channel the stream writes to."""
-        assert self._stage is not None
-        if slot.stream.client.free < self._stage.max_visible_per_step:
+        if slot.stream.client.free < self.limits.max_visible_per_step:
             return False
-        return slot.outbox is None or slot.outbox.free >= self._stage.max_payloads_per_step
+        return slot.outbox is None or slot.outbox.free >= self.limits.max_payloads_per_step
 
     def _take_work(self, slot: _Slot) -> StreamWork:
         assert self._stage is not None
-        slot.stream.client.reserve(self._stage.max_visible_per_step)
+        slot.stream.client.reserve(self.limits.max_visible_per_step)
         if slot.outbox is not None:
-            slot.outbox.reserve(self._stage.max_payloads_per_step)
+            slot.outbox.reserve(self.limits.max_payloads_per_step)
         if slot.inbox is None:
             return StreamWork(slot.stream.id, (), True)
-        inputs, closed = slot.inbox.take(self._stage.max_inputs_per_step)
+        inputs, closed = slot.inbox.take(self.limits.max_inputs_per_step)
         return StreamWork(slot.stream.id, tuple(inputs), closed)
 
     # ----- on the worker thread -----------------------------------------------------
@@ -287,18 +294,27 @@ class StageActor:
             try:
                 outputs = stage.step(batch)
                 if not isinstance(outputs, Mapping):
-                    raise _contract(f"step returned {type(outputs).__name__}, not a mapping")
-                if not all(isinstance(v, StreamOutput) for v in outputs.values()):
-                    raise _contract("step must map stream ids to StreamOutput values")
-                result.outputs = outputs
+                    raise ProtocolError(f"step returned a {type(outputs).__name__}, not a mapping")
             except Exception as exc:
                 result.step_error = exc
+            else:
+                result.outputs, result.stray = self._collect(batch, outputs)
             for work in batch:
                 output = result.outputs.get(work.stream_id)
                 if result.step_error or (output and (output.done or output.error)):
                     self._close_on_thread(work.stream_id, result)
         result.busy_s = time.perf_counter() - started
         return result
+
+    def _collect(
+        self, batch: list[StreamWork], outputs: Mapping[str, object]
+    ) -> tuple[dict[str, StreamOutput], list[str]]:
+        """Each batched stream's checked output (a missing one means no progress)."""
+        checked = {
+            w.stream_id: check_output(outputs.get(w.stream_id, _NO_PROGRESS), self.limits)
+            for w in batch
+        }
+        return checked, sorted(str(k) for k in outputs if k not in checked)
 
     def _close_on_thread(self, sid: str, result: _Result) -> None:
         assert self._stage is not None
@@ -319,7 +335,6 @@ class StageActor:
     # ----- back in trio -------------------------------------------------------------
 
     def _apply(self, plan: _Plan, result: _Result) -> None:
-        assert self._stage is not None
         counters = self.counters
         counters.busy_s += result.busy_s
         if plan.batch:
@@ -332,47 +347,54 @@ class StageActor:
                 self.slots[sid].opened = True
         for sid, exc in result.errors.items():
             self._fail(sid, "open_stream", exc)
-        if result.step_error is not None:
-            counters.num_step_failures += 1
-            logger.error(
-                "stage %r step failed for streams %s",
-                self.name,
-                ", ".join(w.stream_id for w in plan.batch),
-                exc_info=result.step_error,
-                extra={"stage": self.name},
-            )
-        stray = set(result.outputs) - {w.stream_id for w in plan.batch}
+        self._report_step_problems(plan, result)
         for work in plan.batch:
             slot = self.slots.get(work.stream_id)
             if slot is None:
                 continue
-            slot.stream.client.release(self._stage.max_visible_per_step)
-            if slot.outbox is not None:
-                slot.outbox.release(self._stage.max_payloads_per_step)
             self.slots[work.stream_id] = self.slots.pop(work.stream_id)  # to the back of the line
+            num_visible = 0
             if result.step_error is not None:
                 self._fail(work.stream_id, "step", result.step_error)
-            elif stray:
-                self._fail(
-                    work.stream_id, "step", _contract(f"outputs for unknown {sorted(stray)}")
-                )
             else:
-                self._deliver(slot, work, result.outputs.get(work.stream_id, StreamOutput()))
+                num_visible = self._deliver(slot, work, result.outputs[work.stream_id])
+            # Unused client credit goes back, and the stream's other stages hear of it.
+            slot.stream.client.settle(self.limits.max_visible_per_step, num_visible)
+            if slot.outbox is not None:
+                slot.outbox.settle(self.limits.max_payloads_per_step, None)
         for sid in result.closed:
             if sid in self.slots:
                 self._release(self.slots[sid])
 
-    def _deliver(self, slot: _Slot, work: StreamWork, output: StreamOutput) -> None:
-        assert self._stage is not None
+    def _report_step_problems(self, plan: _Plan, result: _Result) -> None:
+        streams = ", ".join(w.stream_id for w in plan.batch)
+        extra = {"stage": self.name}
+        if result.step_error is not None:
+            self.counters.num_step_failures += 1
+            logger.error(
+                "stage %r step failed for streams %s",
+                self.name,
+                streams,
+                exc_info=result.step_error,
+                extra=extra,
+            )
+        if result.stray:
+            self.counters.num_step_failures += 1
+            logger.error(
+                "stage %r returned outputs for streams not in its batch (%s); ignored. Batch: %s",
+                self.name,
+                ", ".join(result.stray),
+                streams,
+                extra=extra,
+            )
+
+    def _deliver(self, slot: _Slot, work: StreamWork, output: StreamOutput) -> int:
+        """Hand a checked output on; returns how many visible items went to the client."""
         if slot.stream.ending:
-            return
+            return 0
         if output.error is not None:
             self._fail(work.stream_id, "step", output.error)
-            return
-        problem = self._check_output(slot, output)
-        if problem is not None:
-            self._fail(work.stream_id, "step", _contract(problem))
-            return
+            return 0
         if slot.outbox is not None:
             slot.outbox.put(output.payloads)
             self.counters.num_payloads_sent += len(output.payloads)
@@ -385,28 +407,9 @@ class StageActor:
                 slot.outbox.producer_done()
             slot.stream.client.producer_done()
         elif work.input_closed and not output.more:
-            self._fail(
-                work.stream_id, "step", _contract("neither more nor done after input closed")
-            )
-
-    def _check_output(self, slot: _Slot, output: StreamOutput) -> str | None:
-        assert self._stage is not None
-        if len(output.payloads) > self._stage.max_payloads_per_step:
-            return (
-                f"{len(output.payloads)} payloads in one step, above its "
-                f"max_payloads_per_step={self._stage.max_payloads_per_step}"
-            )
-        if output.payloads and slot.outbox is None:
-            return "payloads from the last stage, which has no outgoing edge"
-        if len(output.visible) > self._stage.max_visible_per_step:
-            return (
-                f"{len(output.visible)} visible items in one step, above its "
-                f"max_visible_per_step={self._stage.max_visible_per_step}"
-            )
-        wrong = [type(v).__name__ for v in output.visible if not isinstance(v, VISIBLE_TYPES)]
-        if wrong:
-            return f"non-visible {', '.join(wrong)} among visible items (use payloads for edges)"
-        return None
+            problem = ProtocolError("neither more nor done after input closed")
+            self._fail(work.stream_id, "step", problem)
+        return len(output.visible)
 
     def _fail(self, sid: str, where: str, exc: Exception) -> None:
         slot = self.slots.get(sid)
@@ -425,5 +428,4 @@ class StageActor:
         slot.stream.released_by(self.name)
 
 
-def _contract(problem: str) -> Exception:
-    return RuntimeError(f"stage broke the protocol: {problem}")
+_NO_PROGRESS = StreamOutput()

@@ -48,6 +48,10 @@ class TextDelta:
 
     text: str
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            raise TypeError(f"TextDelta.text must be a str, not {type(self.text).__name__}")
+
 
 @dataclass(frozen=True)
 class AudioChunk:
@@ -55,6 +59,14 @@ class AudioChunk:
 
     pcm16: bytes
     sample_rate_hz: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.pcm16, bytes):
+            raise TypeError(f"AudioChunk.pcm16 must be bytes, not {type(self.pcm16).__name__}")
+        if not isinstance(self.sample_rate_hz, int) or self.sample_rate_hz <= 0:
+            raise ValueError(
+                f"AudioChunk.sample_rate_hz must be a positive int, not {self.sample_rate_hz!r}"
+            )
 
     @property
     def duration_s(self) -> float:
@@ -69,8 +81,29 @@ class Event:
     data: Mapping[str, JsonValue] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _check_json("Event.data", self.data)
         if not isinstance(self.data, MappingProxyType):
             object.__setattr__(self, "data", MappingProxyType(dict(self.data)))
+
+
+def _check_json(where: str, value: object) -> None:
+    """Event data is plain data (what a client can be sent), never a tensor or handle."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return
+    if isinstance(value, tuple | list):
+        for index, inner in enumerate(value):
+            _check_json(f"{where}[{index}]", inner)
+        return
+    if isinstance(value, Mapping):
+        for key, inner in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where} keys must be str, not {type(key).__name__}")
+            _check_json(f"{where}.{key}", inner)
+        return
+    raise TypeError(
+        f"{where} is a {type(value).__name__}; events carry JSON-like data only "
+        "(send tensors to the next stage as payloads)"
+    )
 
 
 VisibleItem = TextDelta | AudioChunk | Event

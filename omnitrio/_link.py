@@ -73,8 +73,13 @@ class Link:
     def reserve(self, count: int) -> None:
         self._reserved += count
 
-    def release(self, count: int) -> None:
-        self._reserved -= count
+    def settle(self, reserved: int, used: int | None) -> None:
+        """Return a reservation after the step. If ``used`` (items put) is given and
+        below ``reserved``, credit was freed: wake the producers, since one of them may
+        have been skipped for want of exactly that credit."""
+        self._reserved -= reserved
+        if used is not None and used < reserved:
+            self.wake_producers()
 
     def put(self, items: Iterable[object]) -> None:
         """Send items that fit in reserved credit; wakes the consumer. Never blocks.
@@ -98,6 +103,7 @@ class Link:
         Wakes the producers if anything was taken.
         """
         items: list[object] = []
+        closed: bool | None
         while limit is None or len(items) < limit:
             try:
                 items.append(self.receive_channel.receive_nowait())
@@ -108,10 +114,12 @@ class Link:
                 closed = True
                 break
         else:
-            closed = self.producers_done and self.buffered == 0
+            closed = None
         if items:
             self.num_taken += len(items)
             self.wake_producers()
+        if closed is None:  # stopped at the limit: closed if that took the last item
+            closed = self.producers_done and self.buffered == 0
         return items, closed
 
     def producer_done(self) -> None:

@@ -85,6 +85,7 @@ class Pipeline:
             self._on_end,
             self._on_released,
             self._delivery,
+            self.config.pipeline.shutdown_timeout_s,
         )
         self._streams[stream_id] = stream
         self._num_admitted += 1
@@ -176,8 +177,9 @@ async def open_pipeline(config: PipelineConfig | str | os.PathLike[str]) -> Asyn
     if not isinstance(config, PipelineConfig):
         config = load_config(config)
     actors = [StageActor(spec, config.source) for spec in config.stages]
-    try:
-        async with trio.open_nursery() as nursery:
+    error: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        try:
             for actor in actors:
                 edge = config.edge_from(actor.name)
                 limits = (edge.capacity if edge else None, config.pipeline.client_capacity)
@@ -187,9 +189,11 @@ async def open_pipeline(config: PipelineConfig | str | os.PathLike[str]) -> Asyn
                 yield pipeline
             finally:
                 pipeline._close()
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        # Only the body or one actor can fail here; give callers that error, not a group.
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from group.exceptions[0].__cause__
-        raise
+        except BaseException as exc:
+            # Held until the actors are down, then re-raised as it is: callers get
+            # their own error (context intact), not an exception group.
+            error = exc
+        finally:
+            nursery.cancel_scope.cancel()
+    if error is not None:
+        raise error

@@ -29,20 +29,21 @@ class Candidate:
 @dataclass(frozen=True, slots=True)
 class Decision:
     batch: tuple[str, ...]
-    num_skipped_no_credit: int
+    skipped: tuple[str, ...]
+    """Streams with work that did not fit (seen before the batch filled)."""
 
 
 def pick_batch(candidates: Iterable[Candidate], max_batch_size: int) -> Decision:
     """The first ``max_batch_size`` candidates that have work and fit, in the given order."""
     batch: list[str] = []
-    skipped = 0
+    skipped: list[str] = []
     for candidate in candidates:
         if not candidate.has_work:
             continue
         if not candidate.fits:
-            skipped += 1
+            skipped.append(candidate.stream_id)
             continue
         batch.append(candidate.stream_id)
         if len(batch) == max_batch_size:
             break
-    return Decision(tuple(batch), skipped)
+    return Decision(tuple(batch), tuple(skipped))

@@ -10,6 +10,7 @@ iterator then raises the stage's ``StageError`` after the items made before it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -20,6 +21,8 @@ import trio
 from ._errors import OmnitrioError
 from ._items import VISIBLE_TYPES, Request, VisibleItem
 from ._link import Link
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -47,6 +50,7 @@ class Stream:
         on_end: Callable[[Stream], None],
         on_released: Callable[[Stream], None],
         counters: DeliveryCounters,
+        release_timeout_s: float,
     ) -> None:
         self.id = stream_id
         self.request = request
@@ -60,6 +64,7 @@ class Stream:
         self.cancelled = False
         self.num_delivered = 0
         self._counters = counters
+        self._release_timeout_s = release_timeout_s
 
     # ----- runtime side ---------------------------------------------------------------
 
@@ -134,9 +139,11 @@ class Stream:
         """Cancel the stream if it is still running and wait until every stage freed it.
 
         Each stage drops the stream at its next step boundary, so this waits at
-        most for the step in progress plus one more per stage. If this call is
-        cancelled the stages still free the stream; only the waiting stops.
-        Idempotent.
+        most for the step in progress plus one more per stage, and never longer
+        than the pipeline's ``shutdown_timeout_s`` (a stage stuck in a step is
+        then logged with the stream; the stream keeps its admission slot until
+        the stage lets go). If this call is cancelled the stages still free the
+        stream; only the waiting stops. Idempotent.
         """
         if not self.ending and not self._released.is_set():
             self.cancelled = True
@@ -145,4 +152,14 @@ class Stream:
             self._on_end(self)
         elif not self.client.discarded:
             self.client.discard()  # completed or failed: later receives raise Closed
-        await self._released.wait()
+        with trio.move_on_after(self._release_timeout_s) as waited:
+            await self._released.wait()
+        if waited.cancelled_caught:
+            logger.error(
+                "stream %r is still held by stage(s) %s %.1f s after it closed; "
+                "a step is not returning",
+                self.id,
+                ", ".join(sorted(self._holders)),
+                self._release_timeout_s,
+                extra={"stream": self.id},
+            )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from omnitrio import Request, StreamOutput, StreamWork, TextDelta
+from omnitrio import Event, Request, StreamOutput, StreamWork, TextDelta
 
 
 class _Base:
@@ -51,3 +51,41 @@ class ChattyStage(_Base):
 class NotAStage:
     def __init__(self, name: str, device: str = "cpu") -> None:
         self.name = name
+
+
+class MalformedStage(_Base):
+    """Breaks the shape of StreamOutput for streams whose request asks it to."""
+
+    def __init__(self, name: str, device: str = "cpu") -> None:
+        super().__init__(name)
+        self.modes: dict[str, object] = {}
+
+    def open_stream(self, stream_id: str, request: Request) -> None:
+        self.modes[stream_id] = request.options.get("mode")
+
+    def close_stream(self, stream_id: str) -> None:
+        del self.modes[stream_id]
+
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        outputs: dict[str, object] = {}
+        for work in batch:
+            mode = self.modes[work.stream_id]
+            if mode == "none-payloads":
+                outputs[work.stream_id] = StreamOutput(payloads=None, done=True)  # type: ignore[arg-type]
+            elif mode == "string-error":
+                outputs[work.stream_id] = StreamOutput(error="bad input")  # type: ignore[arg-type]
+            elif mode == "not-an-output":
+                outputs[work.stream_id] = "done"
+            else:
+                outputs[work.stream_id] = StreamOutput(visible=(TextDelta("ok"),), done=True)
+        outputs["no-such-stream"] = StreamOutput(done=True)
+        return outputs  # type: ignore[return-value]
+
+
+class HiddenInEventStage(_Base):
+    """Tries to smuggle an inter-stage object to the client inside an event."""
+
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        hidden = object()  # stands for a hidden-state tensor
+        event = Event("e", {"hidden": hidden})  # type: ignore[dict-item]
+        return {w.stream_id: StreamOutput(visible=(event,), done=True) for w in batch}

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import trio
 
 import omnitrio
-from stages.synthetic import SyntheticFailure, live_streams
+from stages.synthetic import Gate, SyntheticFailure, live_streams
 from tests.conftest import chain_config, collect, stage_threads, texts
 
 THREE = [{"steps": 20}, {}, {"outputs_per_input": 0}]
@@ -136,3 +138,87 @@ async def test_items_made_before_a_failure_are_readable_and_then_it_raises() -> 
             with pytest.raises(omnitrio.StageError) as caught:
                 await collect(stream)
         assert caught.value.stage == "a"
+
+
+async def test_malformed_outputs_fail_only_their_stream() -> None:
+    config = chain_config([{}], impls=["tests.misbehaving:MalformedStage"])
+    async with omnitrio.open_pipeline(config) as pipeline:
+        results: dict[str, tuple[list, object]] = {}
+
+        async def run(mode: str) -> None:
+            request = omnitrio.Request(mode, options={"mode": mode})
+            results[mode] = await _outcome(pipeline, request)
+
+        async with trio.open_nursery() as nursery:
+            for mode in ("none-payloads", "string-error", "not-an-output", "fine"):
+                nursery.start_soon(run, mode)
+        assert results["fine"] == ([omnitrio.TextDelta("ok")], None)
+        problems = {
+            "none-payloads": "StreamOutput.payloads and .visible must be tuples",
+            "string-error": "StreamOutput.error is a str, not an Exception",
+            "not-an-output": "step returned a str for a stream, not a StreamOutput",
+        }
+        for mode, problem in problems.items():
+            _, error = results[mode]
+            assert isinstance(error, omnitrio.StageError)
+            assert problem in str(error)
+        # Outputs for streams not in the batch are reported, not blamed on the batch.
+        assert pipeline.statistics().stages["a"].num_step_failures >= 1
+
+
+async def test_inter_stage_objects_cannot_ride_inside_an_event() -> None:
+    config = chain_config([{}], impls=["tests.misbehaving:HiddenInEventStage"])
+    async with omnitrio.open_pipeline(config) as pipeline:
+        items, error = await _outcome(pipeline, omnitrio.Request("x"))
+        assert items == []
+        assert isinstance(error, omnitrio.StageError)
+        assert "Event.data.hidden is a object; events carry JSON-like data only" in str(error)
+
+
+async def test_a_stage_that_frees_credit_wakes_the_stream_s_other_stages() -> None:
+    # b reserves client credit every step but emits on every other one; a, skipped
+    # for want of that credit, must be woken when b hands the credit back unused.
+    config = chain_config(
+        [{"steps": 20}, {"visible_every": 2, "outputs_per_input": 0, "service_time_ms": 5}],
+        client_capacity=1,
+    )
+    async with omnitrio.open_pipeline(config) as pipeline:
+        for _ in range(3):
+            async with pipeline.open_stream("x") as stream:
+                with trio.fail_after(10):
+                    items = await collect(stream)
+            assert len(items) == 20 + 10
+
+
+async def test_leaving_by_exception_with_a_stuck_step_is_bounded() -> None:
+    gate = Gate.named("test-stuck-step")
+    config = chain_config([{"steps": 100, "gate": "test-stuck-step"}], shutdown_timeout_s=0.5)
+    gate.close()
+    try:
+        started = time.perf_counter()
+        with trio.fail_after(5), pytest.raises(ValueError, match="client went away"):
+            async with omnitrio.open_pipeline(config) as pipeline, pipeline.open_stream("x"):
+                assert await trio.to_thread.run_sync(gate.wait_until_blocked, 5.0)
+                raise ValueError("client went away")
+        assert time.perf_counter() - started < 3.0  # the stream's and the stage's bounds
+    finally:
+        gate.open()
+        for thread in stage_threads():  # the stuck step ends now; let its thread finish
+            await trio.to_thread.run_sync(thread.join, 5.0)
+
+
+async def test_body_errors_keep_their_context() -> None:
+    with pytest.raises(ValueError, match="second") as caught:
+        async with omnitrio.open_pipeline(chain_config([{"steps": 1}])):
+            try:
+                raise KeyError("first")
+            except KeyError:
+                raise ValueError("second") from None
+    assert caught.value.__suppress_context__
+    with pytest.raises(ValueError, match="second") as caught:
+        async with omnitrio.open_pipeline(chain_config([{"steps": 1}])):
+            try:
+                raise KeyError("first")
+            except KeyError:
+                raise ValueError("second")  # noqa: B904 - the implicit context is the point
+    assert isinstance(caught.value.__context__, KeyError)

@@ -33,7 +33,7 @@ async def test_credit_counts_buffered_and_reserved_items() -> None:
     link.reserve(2)
     assert link.free == 2
     link.put(["x", "y"])
-    link.release(2)
+    link.settle(2, used=2)
     assert (link.buffered, link.free) == (2, 2)
     items, closed = link.take(limit=1)
     assert (items, closed, link.free) == (["x"], False, 3)
@@ -67,3 +67,20 @@ async def test_a_discarded_link_drops_puts_and_never_holds_a_producer_back() -> 
     link.discard()
     link.put(["y"])  # no error: its stream has ended
     assert link.free == 1
+
+
+async def test_take_up_to_the_last_item_reports_the_end() -> None:
+    link = Link("a->b", capacity=4)
+    link.put(["x", "y"])
+    link.producer_done()
+    assert link.take(limit=2) == (["x", "y"], True)
+
+
+async def test_unused_reservation_wakes_the_producers() -> None:
+    link = Link("client", capacity=1, num_producers=2)
+    other = Wakeup()
+    link.producer_wakeups = [other]
+    link.reserve(1)
+    link.settle(1, used=0)
+    with trio.fail_after(1):
+        await other.wait()

@@ -8,7 +8,7 @@ def c(sid: str, *, work: bool = True, fits: bool = True) -> Candidate:
 def test_picks_only_streams_with_work_that_fit() -> None:
     decision = pick_batch([c("a"), c("b", work=False), c("c", fits=False), c("d")], 8)
     assert decision.batch == ("a", "d")
-    assert decision.num_skipped_no_credit == 1
+    assert decision.skipped == ("c",)
 
 
 def test_keeps_the_given_order_up_to_the_batch_limit() -> None:
@@ -21,7 +21,7 @@ def test_a_full_stream_never_takes_a_batch_slot() -> None:
     full = [c(f"full{i}", fits=False) for i in range(100)]
     decision = pick_batch([*full, c("ok")], 1)
     assert decision.batch == ("ok",)
-    assert decision.num_skipped_no_credit == 100
+    assert len(decision.skipped) == 100
 
 
 def test_stops_reading_candidates_once_the_batch_is_full() -> None:
