@@ -20,7 +20,8 @@ from ._errors import OmnitrioError
 from ._items import AudioChunk, Event, TextDelta
 from ._pipeline import Pipeline, open_pipeline
 
-DEFAULT_CONFIG = Path("configs/synthetic.yaml")
+# The repository's default pipeline (found from a checkout's editable install too).
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "synthetic.yaml"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
