@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,7 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = load_config(args.config)
             print(f"{args.config}: ok ({' -> '.join(s.name for s in config.stages)})")
             return 0
-        trio.run(_run, args)
+        signum = trio.run(_run_until_signal, args)
+        if signum is not None:
+            print(f"omnitrio: {signal.Signals(signum).name}; pipeline stopped", file=sys.stderr)
+            return 128 + signum
     except BaseException as exc:  # sorted below; anything unexpected re-raises
         leaves = list(_leaves(exc))
         if any(isinstance(e, KeyboardInterrupt) for e in leaves):
@@ -66,6 +70,28 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="validate a pipeline config")
     check.add_argument("config", type=Path)
     return parser
+
+
+async def _run_until_signal(args: argparse.Namespace) -> int | None:
+    """Run until done or until SIGINT/SIGTERM; returns the signal that stopped it.
+
+    Signals become a cancellation of the run (a clean shutdown through every
+    ``finally``), not a KeyboardInterrupt landing at an arbitrary line.
+    """
+    stopped_by: int | None = None
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                nonlocal stopped_by
+                async for signum in signals:
+                    stopped_by = signum
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_on_signal)
+            await _run(args)
+            nursery.cancel_scope.cancel()
+    return stopped_by
 
 
 async def _run(args: argparse.Namespace) -> None:

@@ -35,7 +35,8 @@ def test_check_config_reports_errors(capsys: pytest.CaptureFixture[str], tmp_pat
     assert main(["check-config", str(REPO / "configs" / "synthetic.yaml")]) == 0
 
 
-def test_ctrl_c_stops_a_running_pipeline_cleanly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signals_stop_a_running_pipeline_cleanly(tmp_path: Path, signum: signal.Signals) -> None:
     config = tmp_path / "long.yaml"
     config.write_text(
         (REPO / "configs" / "synthetic.yaml").read_text().replace("steps: 24", "steps: 100000")
@@ -51,9 +52,9 @@ def test_ctrl_c_stops_a_running_pipeline_cleanly(tmp_path: Path) -> None:
     )
     assert process.stdout is not None
     assert "ready" in process.stdout.readline()  # blocks until the pipeline is up
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     started = time.monotonic()
     _, err = process.communicate(timeout=10)
-    assert process.returncode == 130, err
-    assert "interrupted; pipeline stopped" in err
+    assert process.returncode == 128 + signum, err
+    assert f"{signum.name}; pipeline stopped" in err
     assert time.monotonic() - started < 5
