@@ -17,20 +17,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import trio
 
-from ._config import StageSpec, resolve_impl
-from ._contract import Limits, ProtocolError, check_output
-from ._errors import ConfigError, StageError, StageLoadError
-from ._items import Request
+from ._config import StageSpec
+from ._contract import Limits, ProtocolError
+from ._errors import ConfigError, StageError
 from ._link import Link, Wakeup
+from ._runner import Plan, Result, StageRunner
 from ._scheduler import Candidate, pick_batch
-from ._stage import Stage, StreamOutput, StreamWork
+from ._stage import StreamOutput, StreamWork
 from ._stream import Stream
 from ._worker import WorkerThread
 
@@ -47,24 +46,6 @@ class _Slot:
     opened: bool = False
     more: bool = False
     input_closed_delivered: bool = False
-
-
-@dataclass(frozen=True)
-class _Plan:
-    closes: tuple[str, ...]
-    opens: tuple[tuple[str, Request], ...]
-    batch: tuple[StreamWork, ...]
-
-
-@dataclass
-class _Result:
-    opened: list[str] = field(default_factory=list)
-    closed: list[str] = field(default_factory=list)
-    errors: dict[str, Exception] = field(default_factory=dict)
-    outputs: Mapping[str, StreamOutput] = field(default_factory=dict)
-    stray: list[str] = field(default_factory=list)
-    step_error: Exception | None = None
-    busy_s: float = 0.0
 
 
 @dataclass
@@ -92,13 +73,11 @@ class StageActor:
         self.counters = _Counters()
         self.slots: dict[str, _Slot] = {}
         self._source = source
-        self._stage: Stage | None = None
+        self._runner: StageRunner | None = None
         self._worker: WorkerThread | None = None
-        self._held: set[str] = set()  # streams open on the stage; touched on the thread only
         self._unopened: list[str] = []
         self._ending: set[str] = set()
-        self._has_outbox = False
-        self.limits = Limits(None, 0, 0, has_outbox=False)  # replaced when the stage loads
+        self.limits = Limits(None, 0, 0, has_outbox=False)  # the runner's, once loaded
 
     # ----- lifecycle ----------------------------------------------------------------
 
@@ -119,33 +98,16 @@ class StageActor:
         cancellation every open stream is closed on the stage and the thread is
         joined, shielded and bounded by ``shutdown_timeout_s``.
         """
-        self._has_outbox = limits[0] is not None
+        self._runner = StageRunner(self.spec, self._source, has_outbox=limits[0] is not None)
         self._worker = WorkerThread(f"omnitrio-stage-{self.name}")
         try:
-            await self._worker.run(self._load)
+            await self._worker.run(self._runner.load)
+            self.limits = self._runner.limits
             self._check_limits(*limits)
             task_status.started()
             await self._serve()
         finally:
             await self._shutdown(shutdown_timeout_s)
-
-    def _load(self) -> None:
-        """On the thread: construct the stage (stored here, so that shutdown closes
-        it even when start-up was cancelled while it loaded)."""
-        factory: Any = resolve_impl(self.spec.impl, self._source, f"stage {self.name}.impl")
-        try:
-            stage = factory(name=self.name, device=self.spec.device, **self.spec.params)
-        except Exception as exc:
-            raise StageLoadError(self.name, f"{type(exc).__name__}: {exc}") from exc
-        if not isinstance(stage, Stage):
-            raise StageLoadError(
-                self.name, f"{self.spec.impl} does not implement the Stage protocol"
-            )
-        try:
-            self.limits = Limits.of(stage, has_outbox=self._has_outbox)
-        except ValueError as exc:
-            raise StageLoadError(self.name, str(exc)) from None
-        self._stage = stage
 
     def _check_limits(self, edge_capacity: int | None, client_capacity: int) -> None:
         stage = self.limits
@@ -165,14 +127,14 @@ class StageActor:
             )
 
     async def _shutdown(self, timeout_s: float) -> None:
-        worker = self._worker
-        if worker is None:
+        worker, runner = self._worker, self._runner
+        if worker is None or runner is None:
             return
         deadline = trio.current_time() + timeout_s
         # Queued behind any job still running (a load or a step cut off by
         # cancellation), the final job closes whatever the stage holds by then.
         with trio.CancelScope(shield=True, deadline=deadline):
-            await worker.run(self._close_all)
+            await worker.run(runner.close_all)
         if not await worker.stop(deadline):
             logger.error(
                 "stage %r did not finish its step within %.1f s of shutdown; streams in flight: %s",
@@ -187,7 +149,9 @@ class StageActor:
     # ----- the loop -----------------------------------------------------------------
 
     async def _serve(self) -> None:
-        assert self._worker is not None
+        worker, runner = self._worker, self._runner
+        assert worker is not None
+        assert runner is not None
         while True:
             plan = self._plan()
             if plan is None:
@@ -195,7 +159,7 @@ class StageActor:
                 await self.wakeup.wait()
                 self.counters.idle_s += time.perf_counter() - started
                 continue
-            result = await self._worker.run(partial(self._execute, plan))
+            result = await worker.run(partial(runner.execute, plan))
             self._apply(plan, result)
 
     def add(self, stream: Stream, inbox: Link | None, outbox: Link | None) -> None:
@@ -209,7 +173,7 @@ class StageActor:
         self._ending.add(stream_id)
         self.wakeup.set()
 
-    def _plan(self) -> _Plan | None:
+    def _plan(self) -> Plan | None:
         closes: list[str] = []
         for sid in self._ending:
             slot = self.slots.get(sid)
@@ -229,7 +193,7 @@ class StageActor:
         batch = tuple(self._take_work(self.slots[sid]) for sid in decision.batch)
         if not (closes or opens or batch):
             return None
-        return _Plan(tuple(closes), opens, batch)
+        return Plan(tuple(closes), opens, batch)
 
     def _candidates(self) -> Iterator[Candidate]:
         """Streams with work, least recently stepped first (``slots`` is kept in that order)."""
@@ -252,7 +216,6 @@ class StageActor:
         return slot.outbox is None or slot.outbox.free >= self.limits.max_payloads_per_step
 
     def _take_work(self, slot: _Slot) -> StreamWork:
-        assert self._stage is not None
         slot.stream.client.reserve(self.limits.max_visible_per_step)
         if slot.outbox is not None:
             slot.outbox.reserve(self.limits.max_payloads_per_step)
@@ -261,80 +224,9 @@ class StageActor:
         inputs, closed = slot.inbox.take(self.limits.max_inputs_per_step)
         return StreamWork(slot.stream.id, tuple(inputs), closed)
 
-    # ----- on the worker thread -----------------------------------------------------
-
-    def _close_all(self) -> None:
-        """On the thread, at shutdown: close every stream the stage holds, then the stage."""
-        if self._stage is None:
-            return
-        result = _Result()
-        for sid in sorted(self._held):
-            self._close_on_thread(sid, result)
-        try:
-            self._stage.close()
-        except Exception:
-            logger.exception("stage %r failed to close", self.name, extra={"stage": self.name})
-
-    def _execute(self, plan: _Plan) -> _Result:
-        """Runs on the worker thread: the only place the stage object is called."""
-        assert self._stage is not None
-        stage, result = self._stage, _Result()
-        started = time.perf_counter()
-        for sid in plan.closes:
-            self._close_on_thread(sid, result)
-        for sid, request in plan.opens:
-            try:
-                stage.open_stream(sid, request)
-                self._held.add(sid)
-                result.opened.append(sid)
-            except Exception as exc:
-                result.errors[sid] = exc
-        batch = [w for w in plan.batch if w.stream_id not in result.errors]
-        if batch:
-            try:
-                outputs = stage.step(batch)
-                if not isinstance(outputs, Mapping):
-                    raise ProtocolError(f"step returned a {type(outputs).__name__}, not a mapping")
-            except Exception as exc:
-                result.step_error = exc
-            else:
-                result.outputs, result.stray = self._collect(batch, outputs)
-            for work in batch:
-                output = result.outputs.get(work.stream_id)
-                if result.step_error or (output and (output.done or output.error)):
-                    self._close_on_thread(work.stream_id, result)
-        result.busy_s = time.perf_counter() - started
-        return result
-
-    def _collect(
-        self, batch: list[StreamWork], outputs: Mapping[str, object]
-    ) -> tuple[dict[str, StreamOutput], list[str]]:
-        """Each batched stream's checked output (a missing one means no progress)."""
-        checked = {
-            w.stream_id: check_output(outputs.get(w.stream_id, _NO_PROGRESS), self.limits)
-            for w in batch
-        }
-        return checked, sorted(str(k) for k in outputs if k not in checked)
-
-    def _close_on_thread(self, sid: str, result: _Result) -> None:
-        assert self._stage is not None
-        result.closed.append(sid)
-        if sid not in self._held:
-            return  # already closed: close_stream runs exactly once per stream
-        self._held.discard(sid)
-        try:
-            self._stage.close_stream(sid)
-        except Exception:
-            logger.exception(
-                "stage %r failed to close stream %r",
-                self.name,
-                sid,
-                extra={"stage": self.name, "stream": sid},
-            )
-
     # ----- back in trio -------------------------------------------------------------
 
-    def _apply(self, plan: _Plan, result: _Result) -> None:
+    def _apply(self, plan: Plan, result: Result) -> None:
         counters = self.counters
         counters.busy_s += result.busy_s
         if plan.batch:
@@ -366,7 +258,7 @@ class StageActor:
             if sid in self.slots:
                 self._release(self.slots[sid])
 
-    def _report_step_problems(self, plan: _Plan, result: _Result) -> None:
+    def _report_step_problems(self, plan: Plan, result: Result) -> None:
         streams = ", ".join(w.stream_id for w in plan.batch)
         extra = {"stage": self.name}
         if result.step_error is not None:
@@ -426,6 +318,3 @@ class StageActor:
         if slot.inbox is not None:
             slot.inbox.discard()  # finished early or ended: upstream must not wait on it
         slot.stream.released_by(self.name)
-
-
-_NO_PROGRESS = StreamOutput()

@@ -3,7 +3,7 @@
 Everything here is a frozen value. Edge payloads — the tensors and frames that
 travel from one stage to the next — are deliberately *not* defined here: they are
 private to the pair of stages on an edge, and the runtime refuses to hand them to
-a stream's client (see ``StageActor._check_output``).
+a stream's client (see ``_contract.check_output``).
 """
 
 from __future__ import annotations

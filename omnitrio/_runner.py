@@ -1,0 +1,147 @@
+"""The executing half of a stage actor: everything that runs on its worker thread.
+
+``StageRunner`` owns the stage object. It loads it, runs one turn's closes,
+opens and step, checks each stream's output against the stage's ``Limits``,
+and closes what finished. It tracks which streams the stage holds, so
+``close_stream`` runs exactly once per stream even when a turn's result never
+reaches trio (a turn cut off by shutdown). The deciding half, in trio, is
+``StageActor`` (``_actor.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._config import StageSpec, resolve_impl
+from ._contract import Limits, ProtocolError, check_output
+from ._errors import StageLoadError
+from ._items import Request
+from ._stage import Stage, StreamOutput, StreamWork
+
+logger = logging.getLogger(__name__)
+
+_NO_PROGRESS = StreamOutput()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One turn's work for the thread, decided in trio."""
+
+    closes: tuple[str, ...]
+    opens: tuple[tuple[str, Request], ...]
+    batch: tuple[StreamWork, ...]
+
+
+@dataclass
+class Result:
+    """What the thread did with a ``Plan``."""
+
+    opened: list[str] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+    errors: dict[str, Exception] = field(default_factory=dict)
+    outputs: Mapping[str, StreamOutput] = field(default_factory=dict)
+    stray: list[str] = field(default_factory=list)
+    step_error: Exception | None = None
+    busy_s: float = 0.0
+
+
+class StageRunner:
+    """Calls one stage; every method runs on that stage's worker thread."""
+
+    def __init__(self, spec: StageSpec, source: str, *, has_outbox: bool) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.limits = Limits(None, 0, 0, has_outbox=has_outbox)  # replaced by load()
+        self._source = source
+        self._has_outbox = has_outbox
+        self._stage: Stage | None = None
+        self._held: set[str] = set()
+
+    def load(self) -> None:
+        """Construct the stage (kept even if start-up is cancelled meanwhile, so that
+        ``close_all`` still closes it)."""
+        factory: Any = resolve_impl(self.spec.impl, self._source, f"stage {self.name}.impl")
+        try:
+            stage = factory(name=self.name, device=self.spec.device, **self.spec.params)
+        except Exception as exc:
+            raise StageLoadError(self.name, f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(stage, Stage):
+            raise StageLoadError(
+                self.name, f"{self.spec.impl} does not implement the Stage protocol"
+            )
+        try:
+            self.limits = Limits.of(stage, has_outbox=self._has_outbox)
+        except ValueError as exc:
+            raise StageLoadError(self.name, str(exc)) from None
+        self._stage = stage
+
+    def execute(self, plan: Plan) -> Result:
+        """Closes, then opens, then one batched step, then closes of finished streams."""
+        assert self._stage is not None
+        stage, result = self._stage, Result()
+        started = time.perf_counter()
+        for sid in plan.closes:
+            self._close(sid, result)
+        for sid, request in plan.opens:
+            try:
+                stage.open_stream(sid, request)
+                self._held.add(sid)
+                result.opened.append(sid)
+            except Exception as exc:
+                result.errors[sid] = exc
+        batch = [w for w in plan.batch if w.stream_id not in result.errors]
+        if batch:
+            self._step(batch, result)
+        result.busy_s = time.perf_counter() - started
+        return result
+
+    def _step(self, batch: list[StreamWork], result: Result) -> None:
+        assert self._stage is not None
+        try:
+            outputs = self._stage.step(batch)
+            if not isinstance(outputs, Mapping):
+                raise ProtocolError(f"step returned a {type(outputs).__name__}, not a mapping")
+        except Exception as exc:
+            result.step_error = exc
+        else:
+            result.outputs = {
+                w.stream_id: check_output(outputs.get(w.stream_id, _NO_PROGRESS), self.limits)
+                for w in batch
+            }
+            result.stray = sorted(str(k) for k in outputs if k not in result.outputs)
+        for work in batch:
+            output = result.outputs.get(work.stream_id)
+            if result.step_error or (output and (output.done or output.error)):
+                self._close(work.stream_id, result)
+
+    def close_all(self) -> None:
+        """At shutdown: close every stream the stage holds, then the stage."""
+        if self._stage is None:
+            return
+        result = Result()
+        for sid in sorted(self._held):
+            self._close(sid, result)
+        try:
+            self._stage.close()
+        except Exception:
+            logger.exception("stage %r failed to close", self.name, extra={"stage": self.name})
+
+    def _close(self, sid: str, result: Result) -> None:
+        assert self._stage is not None
+        result.closed.append(sid)
+        if sid not in self._held:
+            return  # already closed: close_stream runs exactly once per stream
+        self._held.discard(sid)
+        try:
+            self._stage.close_stream(sid)
+        except Exception:
+            logger.exception(
+                "stage %r failed to close stream %r",
+                self.name,
+                sid,
+                extra={"stage": self.name, "stream": sid},
+            )
