@@ -101,7 +101,17 @@ class StageActor:
         self._runner = StageRunner(self.spec, self._source, has_outbox=limits[0] is not None)
         self._worker = WorkerThread(f"omnitrio-stage-{self.name}")
         try:
+            started = time.perf_counter()
+            logger.info(
+                "loading stage %r (%s)", self.name, self.spec.impl, extra={"stage": self.name}
+            )
             await self._worker.run(self._runner.load)
+            logger.info(
+                "stage %r ready in %.2f s",
+                self.name,
+                time.perf_counter() - started,
+                extra={"stage": self.name},
+            )
             self.limits = self._runner.limits
             self._check_limits(*limits)
             task_status.started()

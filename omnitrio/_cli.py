@@ -1,8 +1,9 @@
 """The ``omnitrio`` command line.
 
-``omnitrio run`` starts the default pipeline (or ``--config``), sends the given
-prompts as concurrent streams, prints what each stream produces as it arrives
-and a statistics summary. ``omnitrio check-config`` validates a config file.
+``omnitrio run`` serves the default pipeline (or ``--config``) over HTTP and
+WebSocket with the voice-chat page; ``omnitrio prompt`` runs prompts through a
+pipeline in-process and prints what each stream produces and a statistics
+summary; ``omnitrio check-config`` validates a config file.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import logging
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 import trio
@@ -33,7 +34,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = load_config(args.config)
             print(f"{args.config}: ok ({' -> '.join(s.name for s in config.stages)})")
             return 0
-        signum = trio.run(_run_until_signal, args)
+        if args.command == "run":
+            return _serve(args)
+        signum = trio.run(_until_signal, _prompt, args)
         if signum is not None:
             print(f"omnitrio: {signal.Signals(signum).name}; pipeline stopped", file=sys.stderr)
             return 128 + signum
@@ -42,11 +45,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         if any(isinstance(e, KeyboardInterrupt) for e in leaves):
             print("omnitrio: interrupted; pipeline stopped", file=sys.stderr)
             return 130
-        if not all(isinstance(e, OmnitrioError) for e in leaves):
+        if not all(isinstance(e, OmnitrioError | ValueError | OSError) for e in leaves):
             raise
         for error in leaves:
             print(f"omnitrio: {error}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .server import ServerSettings, serve  # the web stack loads only for the server
+
+    settings = ServerSettings.from_env(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        allowed_origins=tuple(args.allow_origin or ()),
+        grace_period_s=args.grace_period_s,
+    )
+
+    async def run() -> int | None:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(serve, args.config, settings)
+            print(f"omnitrio serving {args.config} at {', '.join(binds)}", flush=True)
+            print(f"  voice chat page: {binds[0]}/   realtime: {binds[0]}/v1/realtime", flush=True)
+        return None
+
+    trio.run(run)
+    print("omnitrio: stopped", file=sys.stderr)
     return 0
 
 
@@ -61,19 +87,36 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omnitrio", description=__doc__.split("\n")[0])
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run a pipeline on prompts and print its output")
+    run = commands.add_parser(
+        "run", help="serve a pipeline: OpenAI-compatible HTTP, Realtime WebSocket, voice page"
+    )
     run.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="pipeline YAML")
-    run.add_argument("--prompt", action="append", help="a prompt (repeat for several streams)")
-    run.add_argument("--streams", type=int, default=1, help="concurrent copies of each prompt")
+    run.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    run.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")
+    run.add_argument(
+        "--api-key", help="require this key (or set OMNITRIO_API_KEY); needed off loopback"
+    )
+    run.add_argument(
+        "--allow-origin", action="append", help="another browser origin to allow (repeatable)"
+    )
+    run.add_argument(
+        "--grace-period-s", type=float, default=2.0, help="on SIGINT/SIGTERM, time to finish"
+    )
+    prompt = commands.add_parser("prompt", help="run a pipeline on prompts and print its output")
+    prompt.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="pipeline YAML")
+    prompt.add_argument("--prompt", action="append", help="a prompt (repeat for several streams)")
+    prompt.add_argument("--streams", type=int, default=1, help="concurrent copies of each prompt")
     check = commands.add_parser("check-config", help="validate a pipeline config")
     check.add_argument("config", type=Path)
     return parser
 
 
-async def _run_until_signal(args: argparse.Namespace) -> int | None:
-    """Run until done or until SIGINT/SIGTERM; returns the signal that stopped it.
+async def _until_signal(
+    job: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace
+) -> int | None:
+    """Run ``job`` until done or until SIGINT/SIGTERM; returns the signal that stopped it.
 
     Signals become a cancellation of the run (a clean shutdown through every
     ``finally``), not a KeyboardInterrupt landing at an arbitrary line.
@@ -89,16 +132,16 @@ async def _run_until_signal(args: argparse.Namespace) -> int | None:
                     nursery.cancel_scope.cancel()
 
             nursery.start_soon(stop_on_signal)
-            await _run(args)
+            await job(args)
             nursery.cancel_scope.cancel()
     return stopped_by
 
 
-async def _run(args: argparse.Namespace) -> None:
+async def _prompt(args: argparse.Namespace) -> None:
     prompts = [p for p in (args.prompt or ["Hello, omnitrio!"]) for _ in range(args.streams)]
     async with open_pipeline(args.config) as pipeline:
         stages = " -> ".join(s.name for s in pipeline.config.stages)
-        print(f"pipeline {pipeline.config.pipeline.name!r} ready: {stages}")
+        print(f"pipeline {pipeline.config.pipeline.name!r} ready: {stages}", flush=True)
         async with trio.open_nursery() as nursery:
             for index, prompt in enumerate(prompts):
                 nursery.start_soon(_one_stream, pipeline, index, prompt)

@@ -56,6 +56,11 @@ class Pipeline:
         finally:
             await stream.aclose()
 
+    @property
+    def is_full(self) -> bool:
+        """True when ``open_stream`` would raise ``Overloaded`` (or the pipeline is closing)."""
+        return self._closed or len(self._streams) >= self.config.pipeline.max_streams
+
     @trio.lowlevel.enable_ki_protection
     def _admit(self, request: Request) -> Stream:
         if self._closed:

@@ -20,7 +20,7 @@ def test_run_on_the_default_config(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)
-    assert main(["run", "--streams", "2", "--prompt", "hello"]) == 0
+    assert main(["prompt", "--streams", "2", "--prompt", "hello"]) == 0
     out = capsys.readouterr().out
     assert "pipeline 'synthetic-omni' ready: thinker -> talker -> code2wav" in out
     assert out.count("text: 'thinker:1 thinker:2") == 2
@@ -43,7 +43,16 @@ def test_signals_stop_a_running_pipeline_cleanly(tmp_path: Path, signum: signal.
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "omnitrio._cli", "run", "--config", str(config), "--streams", "8"],
+        [
+            sys.executable,
+            "-m",
+            "omnitrio._cli",
+            "prompt",
+            "--config",
+            str(config),
+            "--streams",
+            "8",
+        ],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,

@@ -1,0 +1,34 @@
+"""The OpenAI Realtime protocol, sans-io: client frames in, server events out.
+
+``RealtimeSession`` is one connection's state machine. It never touches a
+socket; the web server owns the WebSocket and the pipeline streams, and calls
+``receive`` / ``output`` / ``finish`` / ``encode``. See docs/protocol.md.
+"""
+
+from ._config import JSON_SUBPROTOCOL as JSON_SUBPROTOCOL
+from ._config import MSGPACK_SUBPROTOCOL as MSGPACK_SUBPROTOCOL
+from ._config import Dialect as Dialect
+from ._config import Framing as Framing
+from ._config import SessionConfig as SessionConfig
+from ._config import select_subprotocol as select_subprotocol
+from ._errors import LocalProtocolError as LocalProtocolError
+from ._server_events import ServerEvent as ServerEvent
+from ._session import CancelResponse as CancelResponse
+from ._session import RealtimeSession as RealtimeSession
+from ._session import SessionStatistics as SessionStatistics
+from ._session import StartResponse as StartResponse
+
+__all__ = [
+    "JSON_SUBPROTOCOL",
+    "MSGPACK_SUBPROTOCOL",
+    "CancelResponse",
+    "Dialect",
+    "Framing",
+    "LocalProtocolError",
+    "RealtimeSession",
+    "ServerEvent",
+    "SessionConfig",
+    "SessionStatistics",
+    "StartResponse",
+    "select_subprotocol",
+]

@@ -1,0 +1,307 @@
+"""The Realtime connection as a state machine: client frames in, server events out.
+
+Sans-io, like h11: no sockets, no trio. The server feeds each WebSocket message
+to ``receive`` and each pipeline item to ``output``, and sends what they return.
+
+States
+------
+A session is NEW until ``start()`` (which returns session.created), then OPEN
+for the rest of the connection. An OPEN session holds the input audio buffer
+(appended, not committed), the committed audio not yet answered, the
+conversation, the settings, and one response state::
+
+    IDLE --response.create--> ACTIVE --finish()--> IDLE
+                                |
+                          response.cancel
+                                v
+                            CANCELLING --finish()--> IDLE
+
+``_TRANSITIONS`` below is that diagram as data. Everything else the client may
+send in any OPEN state: session.update (applies to the next response),
+input_audio_buffer.append / commit / clear, conversation.item.create.
+
+Refused (an error event; the state does not change): response.create unless
+IDLE (``conversation_already_has_active_response``), response.cancel when IDLE
+(``response_cancel_not_active``). A second response.cancel while CANCELLING
+returns nothing: the cancel is already under way.
+
+In CANCELLING, ``output`` returns nothing (the client asked for no more
+deltas) and ``finish`` reports status ``cancelled`` whatever status it is given.
+Calling ``output`` / ``finish`` for a response that is not ACTIVE or CANCELLING,
+or ``receive`` while NEW, is the server's bug: ``LocalProtocolError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from .._items import AudioInput, Request, VisibleItem
+from ._config import SessionConfig
+from ._conversation import Conversation, Item
+from ._encode import decode_frame, encode_event
+from ._errors import ClientEventError, LocalProtocolError, quote
+from ._events import (
+    AudioAppend,
+    AudioClear,
+    AudioCommit,
+    ClientEvent,
+    ItemCreate,
+    ResponseCancel,
+    ResponseCreate,
+    SessionUpdate,
+    client_event_id,
+    parse_client_event,
+)
+from ._response import STATUSES, ActiveResponse, Status
+from ._server_events import ServerEvent, error_event, new_id
+from ._settings import Settings, default_settings
+from ._shapes import item_events, session_object
+
+ResponseState = Literal["IDLE", "ACTIVE", "CANCELLING"]
+# (state, trigger) -> next state. A trigger missing for a state is refused there.
+_TRANSITIONS: Mapping[tuple[ResponseState, str], ResponseState] = {
+    ("IDLE", "response.create"): "ACTIVE",
+    ("ACTIVE", "output"): "ACTIVE",
+    ("ACTIVE", "response.cancel"): "CANCELLING",
+    ("ACTIVE", "finish"): "IDLE",
+    ("CANCELLING", "output"): "CANCELLING",  # shows nothing
+    ("CANCELLING", "response.cancel"): "CANCELLING",  # already under way: no reply
+    ("CANCELLING", "finish"): "IDLE",
+}
+
+
+@dataclass(frozen=True)
+class StartResponse:
+    """The server must open a pipeline stream for ``request`` and feed its items to output()."""
+
+    response_id: str
+    request: Request
+
+
+@dataclass(frozen=True)
+class CancelResponse:
+    """The server must cancel that response's pipeline stream, then call finish()."""
+
+    response_id: str
+
+
+@dataclass(frozen=True)
+class SessionStatistics:
+    """A snapshot of a session's state, for tests and metrics."""
+
+    input_audio_buffered_s: float  # appended, not committed
+    input_audio_committed_s: float  # committed, not yet handed to a response
+    num_items: int  # conversation items
+    num_responses: int  # responses started
+    num_errors: int  # error events for bad client input
+    response_state: ResponseState
+    active_response_id: str | None
+
+
+class RealtimeSession:
+    """One Realtime WebSocket connection's protocol state. See the module docstring."""
+
+    def __init__(self, config: SessionConfig) -> None:
+        self.config = config
+        self._started = False
+        self._settings: Settings = default_settings(config)
+        self._conversation = Conversation()
+        self._conversation_id = new_id("conv")
+        self._buffer = bytearray()
+        self._committed: list[tuple[str, bytes]] = []  # (user audio item id, PCM16)
+        self._response: ActiveResponse | None = None
+        self._num_responses = 0
+        self._num_errors = 0
+
+    @property
+    def active_response_id(self) -> str | None:
+        """The response that output() and finish() take, until finish() (None when IDLE)."""
+        return None if self._response is None else self._response.id
+
+    def _response_state(self) -> ResponseState:
+        if self._response is None:
+            return "IDLE"
+        return "CANCELLING" if self._response.cancel_requested else "ACTIVE"
+
+    def start(self) -> list[ServerEvent]:
+        """Open the session: [session.created]. Call once, before anything else."""
+        if self._started:
+            raise LocalProtocolError("start() was already called on this session")
+        self._started = True
+        return [self._session_event("session.created")]
+
+    def receive(self, frame: str | bytes) -> list[ServerEvent | StartResponse | CancelResponse]:
+        """Handle one WebSocket message (str: text frame, bytes: binary frame).
+
+        Never raises on anything the peer sends: a bad frame or event gives an
+        ``error`` server event, and the session stays as it was.
+        """
+        if not self._started:
+            raise LocalProtocolError("call start() and send session.created before receive()")
+        message: object = None
+        try:
+            message = decode_frame(frame, self.config.framing, self.config.max_message_bytes)
+            return self._handle(parse_client_event(message, self.config))
+        except ClientEventError as error:
+            self._num_errors += 1
+            return [error_event(error, client_event_id(message))]
+
+    def output(self, response_id: str, item: VisibleItem) -> list[ServerEvent]:
+        """Server events for one pipeline item of the active response.
+
+        Returns nothing once the client cancelled the response, for items the
+        response's modalities do not show (audio in a text-only response) and for
+        Events other than a ``transcript`` (see docs/protocol.md).
+        """
+        response = self._require_response(response_id, "output")
+        if response.cancel_requested:
+            return []
+        return response.output(item, self._conversation)
+
+    def finish(
+        self, response_id: str, status: Status, error: str | None = None
+    ) -> list[ServerEvent]:
+        """Close the response: *.done events with the full text, then response.done.
+
+        ``error`` is shown in ``status_details`` when ``status`` is "failed". After
+        a response.cancel from the client the status is "cancelled" regardless.
+        """
+        if status not in STATUSES:
+            raise LocalProtocolError(f"finish() status must be one of {STATUSES}, not {status!r}")
+        response = self._require_response(response_id, "finish")
+        self._response = None
+        return response.finish(status, error, self._conversation)
+
+    def encode(self, event: ServerEvent) -> str | bytes:
+        """``event`` as a WebSocket message with a fresh ``event_id``: str (JSON) or bytes."""
+        return encode_event(event, new_id("event"), self.config.framing)
+
+    def statistics(self) -> SessionStatistics:
+        rate = self.config.input_sample_rate_hz
+        committed = sum(len(pcm16) for _, pcm16 in self._committed)
+        return SessionStatistics(
+            input_audio_buffered_s=len(self._buffer) / 2 / rate,
+            input_audio_committed_s=committed / 2 / rate,
+            num_items=len(self._conversation),
+            num_responses=self._num_responses,
+            num_errors=self._num_errors,
+            response_state=self._response_state(),
+            active_response_id=self.active_response_id,
+        )
+
+    def _require_response(self, response_id: str, call: str) -> ActiveResponse:
+        allowed = self._transition(call) is not None
+        if not allowed or self._response is None or self._response.id != response_id:
+            raise LocalProtocolError(
+                f"{call}({response_id!r}): the active response is {self.active_response_id!r}; "
+                "call finish() once per response it started"
+            )
+        return self._response
+
+    def _session_event(self, name: str) -> ServerEvent:
+        return ServerEvent(name, {"session": session_object(self._settings, self.config)})
+
+    def _handle(self, event: ClientEvent) -> list[ServerEvent | StartResponse | CancelResponse]:
+        match event:
+            case SessionUpdate(patch):
+                self._settings = self._settings.apply(patch)
+                return [self._session_event("session.updated")]
+            case AudioAppend(pcm16):
+                return self._append(pcm16)
+            case AudioCommit():
+                return list(self._commit())
+            case AudioClear():
+                self._buffer.clear()
+                return [ServerEvent("input_audio_buffer.cleared")]
+            case ItemCreate():
+                item = Item(event.item_id or new_id("item"), event.role, "text", event.text)
+                previous = self._conversation.add(item, event.previous_item_id)
+                return list(item_events(item, previous, self.config.dialect))
+            case ResponseCreate():
+                return self._create_response(event)
+            case ResponseCancel(response_id):
+                return self._cancel(response_id)
+
+    def _append(self, pcm16: bytes) -> list[ServerEvent | StartResponse | CancelResponse]:
+        held = len(self._buffer) + sum(len(audio) for _, audio in self._committed)
+        limit = self.config.max_input_audio_bytes
+        if held + len(pcm16) > limit:
+            total_s = (held + len(pcm16)) / 2 / self.config.input_sample_rate_hz
+            raise ClientEventError(
+                "input_audio_buffer_full",
+                f"input audio would reach {total_s:.1f} s, "
+                f"over the limit of {self.config.max_input_audio_s:g} s; commit it and send "
+                "response.create, or clear it",
+                param="audio",
+            )
+        self._buffer += pcm16
+        return []
+
+    def _commit(self) -> list[ServerEvent]:
+        if not self._buffer:
+            raise ClientEventError(
+                "input_audio_buffer_commit_empty",
+                "the input audio buffer is empty; append audio before committing",
+            )
+        item = Item(new_id("item"), "user", "audio", None)
+        previous = self._conversation.add(item)
+        self._committed.append((item.id, bytes(self._buffer)))
+        self._buffer.clear()
+        committed = ServerEvent(
+            "input_audio_buffer.committed", {"item_id": item.id, "previous_item_id": previous}
+        )
+        return [committed, *item_events(item, previous, self.config.dialect)]
+
+    def _transition(self, trigger: str) -> ResponseState | None:
+        return _TRANSITIONS.get((self._response_state(), trigger))
+
+    def _create_response(
+        self, event: ResponseCreate
+    ) -> list[ServerEvent | StartResponse | CancelResponse]:
+        if self._transition("response.create") is None:
+            raise ClientEventError(
+                "conversation_already_has_active_response",
+                f"response {self.active_response_id} is still active; wait for its "
+                "response.done or send response.cancel",
+            )
+        settings = self._settings.apply(event.patch)
+        audio = b"".join(pcm16 for _, pcm16 in self._committed)
+        request = Request(
+            text=self._conversation.as_text(),
+            audio=AudioInput(audio, self.config.input_sample_rate_hz) if audio else None,
+            options=settings.options(),
+        )
+        response = ActiveResponse(
+            new_id("resp"),
+            request,
+            settings,
+            self.config,
+            conversation_id=self._conversation_id,
+            metadata=event.metadata,
+            audio_item_id=self._committed[-1][0] if self._committed else None,
+        )
+        self._committed.clear()
+        self._response = response
+        self._num_responses += 1
+        return [response.created_event(), StartResponse(response.id, request)]
+
+    def _cancel(
+        self, response_id: str | None
+    ) -> list[ServerEvent | StartResponse | CancelResponse]:
+        response = self._response
+        if self._transition("response.cancel") is None or response is None:
+            raise ClientEventError(
+                "response_cancel_not_active", "there is no active response to cancel"
+            )
+        if response_id not in (None, response.id):
+            raise ClientEventError(
+                "response_cancel_not_active",
+                f"response {quote(response_id)} is not the active response ({response.id})",
+                param="response_id",
+            )
+        if response.cancel_requested:
+            return []  # already CANCELLING
+        response.cancel_requested = True
+        return [CancelResponse(response.id)]

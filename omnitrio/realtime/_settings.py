@@ -1,0 +1,301 @@
+"""Session settings: parsed from session.update / response.create, shown in session.*.
+
+The GA and beta SDKs shape the session differently (GA nests audio settings
+under ``audio.input`` / ``audio.output``; beta has flat ``modalities``,
+``voice``, ``input_audio_format`` ...), so each dialect has its parser and its
+rendering. Both produce and read the same ``Settings``.
+
+Parameters the SDK knows but omnitrio cannot honour (tools, turn detection,
+transcription, other audio formats) are refused with ``unsupported_parameter``
+unless their value asks for nothing (``tools: []``, ``turn_detection: null``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from .._items import Scalar
+from ._config import SessionConfig
+from ._errors import ClientEventError, quote
+from ._fields import Fields, check_text
+
+Modality = Literal["text", "audio"]
+MODALITIES: tuple[Modality, ...] = ("text", "audio")
+MAX_METADATA_PAIRS = 16
+VAD_WHY = "turn detection (server VAD) is not available yet; send null and commit the input audio"
+
+
+def _never(value: object) -> bool:
+    return False
+
+
+def _empty_list(value: object) -> bool:
+    return value == []
+
+
+def _is_one(value: object) -> bool:
+    return not isinstance(value, bool) and value == 1
+
+
+# Parameters accepted only with a value that asks for nothing: (accepts, why not).
+_IGNORABLE: Mapping[str, tuple[Callable[[object], bool], str]] = {
+    "tools": (_empty_list, "tools (function calling) are not available; send []"),
+    "tool_choice": (lambda v: v in ("auto", "none"), "there are no tools; send auto or none"),
+    "tracing": (_never, "tracing is not available; send null"),
+    "include": (_empty_list, "transcription logprobs are not available; send []"),
+    "prompt": (_never, "prompt templates are not available; send instructions"),
+    "reasoning": (_never, "reasoning settings are not available"),
+    "parallel_tool_calls": (lambda v: isinstance(v, bool), "there are no tools"),
+    "truncation": (lambda v: v in ("auto", "disabled"), "omnitrio never truncates"),
+    "speed": (_is_one, "the speech speed is fixed at 1.0"),
+    "noise_reduction": (_never, "input noise reduction is not available; send null"),
+    "transcription": (_never, "input audio transcription is not available; send null"),
+    "input_audio_transcription": (_never, "input audio transcription is not available"),
+    "input_audio_noise_reduction": (_never, "input noise reduction is not available"),
+    "conversation": (lambda v: v == "auto", "out-of-band responses are not available"),
+    "input": (_never, "a response always answers the whole conversation"),
+}
+
+
+def _ignorable(fields: Fields, *keys: str) -> None:
+    for key in keys:
+        accepts, why = _IGNORABLE[key]
+        fields.unsupported_unless(key, accepts, why)
+
+
+@dataclass(frozen=True)
+class SettingsPatch:
+    """What one session.update or response.create changes; ``None`` leaves a setting."""
+
+    output_modalities: tuple[Modality, ...] | None = None
+    instructions: str | None = None
+    voice: str | None = None
+    temperature: float | None = None
+    max_output_tokens: int | Literal["inf"] | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The effective settings of a session, or of one response."""
+
+    output_modalities: tuple[Modality, ...]
+    instructions: str = ""
+    voice: str | None = None  # None: the pipeline's default voice
+    temperature: float | None = None  # None: the pipeline's default
+    max_output_tokens: int | None = None  # None: no limit ("inf" on the wire)
+
+    def apply(self, patch: SettingsPatch) -> Settings:
+        limit = patch.max_output_tokens
+        return Settings(
+            output_modalities=patch.output_modalities or self.output_modalities,
+            instructions=self.instructions if patch.instructions is None else patch.instructions,
+            voice=patch.voice or self.voice,
+            temperature=self.temperature if patch.temperature is None else patch.temperature,
+            max_output_tokens=(
+                self.max_output_tokens if limit is None else None if limit == "inf" else limit
+            ),
+        )
+
+    def options(self) -> dict[str, Scalar]:
+        """The per-response knobs a stage reads from ``Request.options`` (set ones only)."""
+        options: dict[str, Scalar] = {"output_modalities": ",".join(self.output_modalities)}
+        if self.instructions:
+            options["instructions"] = self.instructions
+        if self.voice is not None:
+            options["voice"] = self.voice
+        if self.temperature is not None:
+            options["temperature"] = self.temperature
+        if self.max_output_tokens is not None:
+            options["max_output_tokens"] = self.max_output_tokens
+        return options
+
+
+def default_settings(config: SessionConfig) -> Settings:
+    # The SDKs' own defaults: GA answers in audio (with a transcript); beta in both.
+    return Settings(output_modalities=("audio",) if config.dialect == "ga" else MODALITIES)
+
+
+def _modalities(fields: Fields, key: str) -> tuple[Modality, ...] | None:
+    values = fields.optional_array(key)
+    if values is None:
+        return None
+    chosen = tuple(m for m in MODALITIES if m in values)
+    if not values or len(chosen) != len(values):
+        raise ClientEventError(
+            "invalid_value",
+            f'{fields.param(key)} must be ["text"], ["audio"] or ["text", "audio"]',
+            param=fields.param(key),
+        )
+    return chosen
+
+
+def _max_tokens(fields: Fields, key: str) -> int | Literal["inf"] | None:
+    value = fields.raw(key)
+    if value is None or value == "inf":
+        return None if value is None else "inf"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ClientEventError(
+            "invalid_value",
+            f'{fields.param(key)} must be a positive integer or "inf"',
+            param=fields.param(key),
+        )
+    return value
+
+
+def _temperature(fields: Fields) -> float | None:
+    value = fields.optional_number("temperature")
+    if value is not None and value < 0:
+        raise ClientEventError(
+            "invalid_value",
+            f"{fields.param('temperature')} must be >= 0",
+            param=fields.param("temperature"),
+        )
+    return value
+
+
+def _voice(fields: Fields, key: str, *, allow_id: bool) -> str | None:
+    value = fields.raw(key)
+    if value is None or isinstance(value, str):
+        return value if value is None else check_text(value, fields.param(key))
+    if allow_id and isinstance(value, Mapping):
+        voice = Fields(value, fields.param(key))
+        voice_id = voice.required_str("id")
+        voice.done()
+        return voice_id
+    raise ClientEventError(
+        "invalid_type", f"{fields.param(key)} must be a voice name", param=fields.param(key)
+    )
+
+
+def _pcm_format(fields: Fields | None, rate_hz: int) -> None:
+    """A GA audio format object: only ``{"type": "audio/pcm", "rate": rate_hz}``."""
+    if fields is None:
+        return
+    kind, rate = fields.optional_str("type"), fields.raw("rate")
+    if kind not in (None, "audio/pcm") or (rate is not None and rate != rate_hz):
+        where = fields.param("type") if kind not in (None, "audio/pcm") else fields.param("rate")
+        raise ClientEventError(
+            "unsupported_parameter",
+            f'{where}: the only supported format is {{"type": "audio/pcm", "rate": {rate_hz}}} '
+            "(PCM16 mono little-endian)",
+            param=where,
+        )
+    fields.done()
+
+
+def _beta_format(fields: Fields, key: str) -> None:
+    value = fields.optional_str(key)
+    if value is not None and value != "pcm16":
+        raise ClientEventError(
+            "unsupported_parameter",
+            f"{fields.param(key)} {quote(value)} is not supported; the only format is pcm16",
+            param=fields.param(key),
+        )
+
+
+def parse_session(fields: Fields, config: SessionConfig) -> SettingsPatch:
+    """The ``session`` object of a session.update, in the session's dialect."""
+    if config.dialect == "beta":
+        return _parse_beta_session(fields)
+    kind = fields.optional_str("type")
+    if kind == "transcription":
+        raise ClientEventError(
+            "unsupported_parameter",
+            "session.type transcription is not supported; use realtime",
+            param="session.type",
+        )
+    fields.choice("type", ("realtime",))
+    fields.optional_str("model")  # the pipeline is fixed by the server; the name is ignored
+    voice = None
+    audio = fields.optional_object("audio")
+    if audio is not None:
+        audio_in = audio.optional_object("input")
+        if audio_in is not None:
+            _pcm_format(audio_in.optional_object("format"), config.input_sample_rate_hz)
+            audio_in.unsupported_unless("turn_detection", _never, VAD_WHY)
+            _ignorable(audio_in, "noise_reduction", "transcription")
+            audio_in.done()
+        audio_out = audio.optional_object("output")
+        if audio_out is not None:
+            _pcm_format(audio_out.optional_object("format"), config.output_sample_rate_hz)
+            voice = _voice(audio_out, "voice", allow_id=True)
+            _ignorable(audio_out, "speed")
+            audio_out.done()
+        audio.done()
+    patch = SettingsPatch(
+        output_modalities=_modalities(fields, "output_modalities"),
+        instructions=fields.optional_str("instructions"),
+        voice=voice,
+        temperature=_temperature(fields),
+        max_output_tokens=_max_tokens(fields, "max_output_tokens"),
+    )
+    _ignorable(fields, "tools", "tool_choice", "tracing", "include", "prompt", "reasoning")
+    _ignorable(fields, "parallel_tool_calls", "truncation")
+    return patch
+
+
+def _parse_beta_session(fields: Fields) -> SettingsPatch:
+    fields.optional_str("model")
+    _beta_format(fields, "input_audio_format")
+    _beta_format(fields, "output_audio_format")
+    fields.unsupported_unless("turn_detection", _never, VAD_WHY)
+    _ignorable(fields, "tools", "tool_choice", "tracing", "speed")
+    _ignorable(fields, "input_audio_transcription", "input_audio_noise_reduction")
+    return SettingsPatch(
+        output_modalities=_modalities(fields, "modalities"),
+        instructions=fields.optional_str("instructions"),
+        voice=_voice(fields, "voice", allow_id=False),
+        temperature=_temperature(fields),
+        max_output_tokens=_max_tokens(fields, "max_response_output_tokens"),
+    )
+
+
+def parse_response_params(fields: Fields, config: SessionConfig) -> SettingsPatch:
+    """The ``response`` object of a response.create, in the session's dialect."""
+    _ignorable(fields, "tools", "tool_choice", "conversation", "input")
+    if config.dialect == "beta":
+        _beta_format(fields, "output_audio_format")
+        return SettingsPatch(
+            output_modalities=_modalities(fields, "modalities"),
+            instructions=fields.optional_str("instructions"),
+            voice=_voice(fields, "voice", allow_id=False),
+            temperature=_temperature(fields),
+            max_output_tokens=_max_tokens(fields, "max_response_output_tokens"),
+        )
+    _ignorable(fields, "prompt", "reasoning", "parallel_tool_calls")
+    voice = None
+    audio = fields.optional_object("audio")
+    if audio is not None:
+        audio_out = audio.optional_object("output")
+        if audio_out is not None:
+            _pcm_format(audio_out.optional_object("format"), config.output_sample_rate_hz)
+            voice = _voice(audio_out, "voice", allow_id=True)
+            audio_out.done()
+        audio.done()
+    return SettingsPatch(
+        output_modalities=_modalities(fields, "output_modalities"),
+        instructions=fields.optional_str("instructions"),
+        voice=voice,
+        temperature=_temperature(fields),
+        max_output_tokens=_max_tokens(fields, "max_output_tokens"),
+    )
+
+
+def parse_metadata(fields: Fields) -> tuple[tuple[str, str], ...]:
+    """``metadata``: up to 16 string pairs, echoed in the response object."""
+    metadata = fields.optional_object("metadata")
+    if metadata is None:
+        return ()
+    pairs = tuple(
+        (check_text(key, "response.metadata"), metadata.required_str(key))
+        for key in metadata.keys()  # noqa: SIM118 (Fields is not a mapping)
+    )
+    if len(pairs) > MAX_METADATA_PAIRS:
+        raise ClientEventError(
+            "invalid_value",
+            f"response.metadata has {len(pairs)} pairs; at most {MAX_METADATA_PAIRS} are allowed",
+            param="response.metadata",
+        )
+    return pairs

@@ -1,0 +1,100 @@
+"""The quart-trio application: routes only; the work lives in the modules they call."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from quart import Response, request, send_from_directory, websocket
+from quart_trio import QuartTrio
+
+from ..realtime import RealtimeSession
+from ._guard import key_ok, origin_ok
+from ._openai_http import chat_completions, error_response, speech
+from ._realtime import CLOSE_TRY_AGAIN_LATER, RealtimeConnection, pick_subprotocol, session_config
+from ._state import ServerState
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(state: ServerState) -> QuartTrio:
+    app = QuartTrio(__name__, static_folder=None)
+    app.config["MAX_CONTENT_LENGTH"] = state.settings.max_message_bytes
+    settings = state.settings
+
+    @app.before_request
+    async def guard_http() -> Response | None:
+        if request.path in ("/health", "/") or request.path.startswith("/static/"):
+            return None
+        if not origin_ok(settings, request.headers):
+            return error_response(403, "cross-origin requests are not allowed", "forbidden_origin")
+        if not key_ok(settings, request.headers, []):
+            return error_response(401, "invalid or missing API key", "invalid_api_key")
+        return None
+
+    @app.get("/health")
+    async def health() -> Response:
+        status = "draining" if state.draining else "ok"
+        return Response(f'{{"status": "{status}"}}', mimetype="application/json")
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        body = (
+            f'{{"object": "list", "data": [{{"id": "{state.model_name}", "object": "model", '
+            f'"created": 0, "owned_by": "omnitrio"}}]}}'
+        )
+        return Response(body, mimetype="application/json")
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.registry), mimetype=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> Response:
+        return await chat_completions(state, await _body())
+
+    @app.post("/v1/audio/speech")
+    async def audio_speech() -> Response:
+        return await speech(state, await _body())
+
+    @app.get("/")
+    async def index() -> Response:
+        return await send_from_directory(settings.web_dir, "index.html")
+
+    @app.get("/static/<path:name>")
+    async def static_file(name: str) -> Response:
+        # send_from_directory joins safely: a path escaping web/ is a 404.
+        return await send_from_directory(os.path.join(settings.web_dir, "static"), name)
+
+    @app.websocket("/v1/realtime")
+    async def realtime() -> Response | None:
+        headers, offered = websocket.headers, websocket.requested_subprotocols
+        if not origin_ok(settings, headers):
+            return error_response(403, "cross-origin WebSocket refused", "forbidden_origin")
+        if not key_ok(settings, headers, offered):
+            return error_response(401, "invalid or missing API key", "invalid_api_key")
+        subprotocol, framing = pick_subprotocol(offered)
+        beta = "realtime=v1" in headers.get("OpenAI-Beta", "")
+        try:
+            await websocket.accept(subprotocol=subprotocol)
+        except Exception:
+            # A peer that breaks the handshake (e.g. bytes after the upgrade request)
+            # makes h11 raise here; it costs that connection only.
+            logger.warning("realtime handshake failed", exc_info=True)
+            return None
+        if state.draining or state.pipeline.is_full:
+            state.refusals.labels("draining" if state.draining else "overloaded").inc()
+            await websocket.close(CLOSE_TRY_AGAIN_LATER, "server busy; retry later")
+            return None
+        state.connections.inc()
+        session = RealtimeSession(session_config(state, framing, beta))
+        await RealtimeConnection(state, websocket, session).run()
+        return None
+
+    return app
+
+
+async def _body() -> bytes:
+    data = await request.get_data(as_text=False)
+    return data if isinstance(data, bytes) else data.encode()

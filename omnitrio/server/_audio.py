@@ -1,0 +1,40 @@
+"""PCM16 helpers for the web layer: resampling to the session's rate and WAV framing."""
+
+from __future__ import annotations
+
+import io
+import wave
+
+import numpy as np
+
+
+def resample_pcm16(pcm16: bytes, from_hz: int, to_hz: int) -> bytes:
+    """Linear-interpolation resampling of mono PCM16 (chunk by chunk; good enough for speech
+    previews, not for music)."""
+    if from_hz == to_hz or not pcm16:
+        return pcm16
+    samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32)
+    num_out = max(1, round(len(samples) * to_hz / from_hz))
+    # positions of output samples on the input's time axis
+    positions = np.arange(num_out, dtype=np.float64) * (from_hz / to_hz)
+    out = np.interp(positions, np.arange(len(samples)), samples)
+    return np.clip(np.rint(out), -32768, 32767).astype("<i2").tobytes()
+
+
+def wav_bytes(pcm16: bytes, sample_rate_hz: int) -> bytes:
+    """A complete mono 16-bit WAV file."""
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(sample_rate_hz)
+        wav.writeframes(pcm16)
+    return buffer.getvalue()
+
+
+def wav_header(sample_rate_hz: int) -> bytes:
+    """A WAV header for a stream of unknown length (sizes set to the maximum)."""
+    header = bytearray(wav_bytes(b"", sample_rate_hz))
+    header[4:8] = (0xFFFFFFFF).to_bytes(4, "little")
+    header[40:44] = (0xFFFFFFFF - 36).to_bytes(4, "little")
+    return bytes(header)

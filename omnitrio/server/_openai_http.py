@@ -1,0 +1,246 @@
+"""OpenAI-compatible HTTP endpoints: chat completions (streaming and not) and speech.
+
+Request bodies are validated with pydantic; a bad body is a 400 with an OpenAI-style
+error object naming the field. Every response is one pipeline stream; overload is
+an immediate 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from typing import Any, Literal
+
+import pydantic
+from quart import Response
+
+from .._errors import OmnitrioError, Overloaded
+from .._items import AudioChunk, Request, TextDelta
+from ._audio import resample_pcm16, wav_bytes, wav_header
+from ._state import ServerState, new_id
+
+
+class _Lenient(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+
+class _Message(_Lenient):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class _AudioParams(_Lenient):
+    voice: str = "default"
+    format: Literal["pcm16", "wav"] = "pcm16"
+
+
+class ChatRequest(_Lenient):
+    model: str
+    messages: list[_Message] = pydantic.Field(min_length=1)
+    modalities: list[Literal["text", "audio"]] = ["text"]
+    audio: _AudioParams | None = None
+    stream: bool = False
+    max_tokens: int | None = pydantic.Field(default=None, ge=1)
+    max_completion_tokens: int | None = pydantic.Field(default=None, ge=1)
+    temperature: float | None = pydantic.Field(default=None, ge=0, le=2)
+    top_p: float | None = pydantic.Field(default=None, gt=0, le=1)
+    seed: int | None = None
+
+
+class SpeechRequest(_Lenient):
+    model: str
+    input: str = pydantic.Field(min_length=1, max_length=4096)
+    voice: str = "default"
+    response_format: Literal["pcm", "wav"] = "pcm"
+
+
+def error_response(status: int, message: str, code: str, param: str | None = None) -> Response:
+    body = {
+        "error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}
+    }
+    response = Response(json.dumps(body), status=status, mimetype="application/json")
+    if status == 503:
+        response.headers["Retry-After"] = "1"
+    return response
+
+
+def parse_body(model: type[pydantic.BaseModel], raw: bytes) -> pydantic.BaseModel | Response:
+    try:
+        return model.model_validate_json(raw)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        return error_response(400, f"{where}: {first['msg']}", "invalid_request", where)
+
+
+def _refusal(state: ServerState) -> Response | None:
+    """An immediate 503 when the pipeline is full or the server is draining.
+
+    Checked before the response starts, because a streamed body cannot change its
+    status later; a stream refused in the narrow race after this check ends with
+    an error chunk instead."""
+    if state.draining or state.pipeline.is_full:
+        state.refusals.labels("draining" if state.draining else "overloaded").inc()
+        max_streams = state.pipeline.config.pipeline.max_streams
+        return error_response(503, str(Overloaded(max_streams)), "server_overloaded")
+    return None
+
+
+def _request_of(chat: ChatRequest) -> Request:
+    lines = []
+    for message in chat.messages:
+        content = message.content
+        if isinstance(content, list):  # content parts: keep the text ones
+            content = " ".join(str(p.get("text", "")) for p in content if p.get("type") == "text")
+        lines.append(f"{message.role}: {content or ''}")
+    max_tokens = chat.max_completion_tokens or chat.max_tokens
+    options: dict[str, str | int | float | bool | None] = {
+        "modalities": ",".join(chat.modalities),
+        "voice": chat.audio.voice if chat.audio else None,
+        "max_tokens": max_tokens,
+        "temperature": chat.temperature,
+        "top_p": chat.top_p,
+        "seed": chat.seed,
+    }
+    return Request(
+        text="\n".join(lines), options={k: v for k, v in options.items() if v is not None}
+    )
+
+
+async def chat_completions(state: ServerState, raw: bytes) -> Response:
+    parsed = parse_body(ChatRequest, raw)
+    if isinstance(parsed, Response):
+        return parsed
+    assert isinstance(parsed, ChatRequest)
+    if "audio" in parsed.modalities and parsed.audio is None:
+        return error_response(
+            400, "audio: required when modalities include audio", "invalid_request", "audio"
+        )
+    refusal = _refusal(state)
+    if refusal is not None:
+        return refusal
+    completion = _Completion(state, parsed)
+    request = _request_of(parsed)
+
+    async def items() -> AsyncGenerator[AudioChunk | TextDelta]:
+        async with state.pipeline.open_stream(request) as stream:
+            async for item in stream:
+                if isinstance(item, AudioChunk | TextDelta):
+                    yield item
+
+    if parsed.stream:
+        return Response(completion.sse(items()), mimetype="text/event-stream")
+    return await completion.whole(items())
+
+
+class _Completion:
+    def __init__(self, state: ServerState, chat: ChatRequest) -> None:
+        self.state = state
+        self.chat = chat
+        self.id = new_id("chatcmpl")
+        self.audio_id = new_id("audio")
+        self.created = int(time.time())
+        self.audio = "audio" in chat.modalities
+        self.rate_hz = state.settings.output_sample_rate_hz
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        body = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.state.model_name,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        return f"data: {json.dumps(body)}\n\n".encode()
+
+    async def sse(self, items: AsyncGenerator[AudioChunk | TextDelta]) -> AsyncIterator[bytes]:
+        yield self._chunk({"role": "assistant", "content": "" if not self.audio else None})
+        try:
+            async with aclosing(items):  # the pipeline stream closes with the response
+                async for item in items:
+                    yield self._delta(item)
+        except OmnitrioError as exc:
+            error = {"error": {"message": str(exc), "type": "server_error"}}
+            yield f"data: {json.dumps(error)}\n\n".encode()
+            return
+        yield self._chunk({}, finish="stop")
+        yield b"data: [DONE]\n\n"
+
+    def _delta(self, item: AudioChunk | TextDelta) -> bytes:
+        if isinstance(item, TextDelta):
+            if self.audio:
+                return self._chunk({"audio": {"id": self.audio_id, "transcript": item.text}})
+            return self._chunk({"content": item.text})
+        pcm = resample_pcm16(item.pcm16, item.sample_rate_hz, self.rate_hz)
+        return self._chunk({"audio": {"id": self.audio_id, "data": base64.b64encode(pcm).decode()}})
+
+    async def whole(self, items: AsyncGenerator[AudioChunk | TextDelta]) -> Response:
+        text: list[str] = []
+        pcm = bytearray()
+        try:
+            async with aclosing(items):
+                async for item in items:
+                    if isinstance(item, TextDelta):
+                        text.append(item.text)
+                    else:
+                        pcm += resample_pcm16(item.pcm16, item.sample_rate_hz, self.rate_hz)
+        except OmnitrioError as exc:
+            return error_response(500, str(exc), "pipeline_error")
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": None if self.audio else "".join(text),
+        }
+        if self.audio:
+            assert self.chat.audio is not None
+            audio = (
+                wav_bytes(bytes(pcm), self.rate_hz)
+                if self.chat.audio.format == "wav"
+                else bytes(pcm)
+            )
+            message["audio"] = {
+                "id": self.audio_id,
+                "data": base64.b64encode(audio).decode(),
+                "transcript": "".join(text),
+                "expires_at": self.created + 3600,
+            }
+        body = {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.state.model_name,
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {
+                "prompt_tokens": 0,
+                "completion_tokens": len(text),
+                "total_tokens": len(text),
+            },
+        }
+        return Response(json.dumps(body), mimetype="application/json")
+
+
+async def speech(state: ServerState, raw: bytes) -> Response:
+    parsed = parse_body(SpeechRequest, raw)
+    if isinstance(parsed, Response):
+        return parsed
+    assert isinstance(parsed, SpeechRequest)
+    request = Request(text=parsed.input, options={"voice": parsed.voice, "modalities": "audio"})
+    refusal = _refusal(state)
+    if refusal is not None:
+        return refusal
+    rate_hz = state.settings.output_sample_rate_hz
+
+    async def body() -> AsyncIterator[bytes]:
+        if parsed.response_format == "wav":
+            yield wav_header(rate_hz)
+        async with state.pipeline.open_stream(request) as stream:
+            async for item in stream:
+                if isinstance(item, AudioChunk):
+                    yield resample_pcm16(item.pcm16, item.sample_rate_hz, rate_hz)
+
+    mimetype = "audio/wav" if parsed.response_format == "wav" else "audio/pcm"
+    response = Response(body(), mimetype=mimetype)
+    response.headers["X-Sample-Rate"] = str(rate_hz)
+    return response

@@ -1,0 +1,160 @@
+"""The Realtime WebSocket endpoint: a thin shell around the sans-io ``RealtimeSession``.
+
+One connection is one nursery: a reader task feeding client frames to the session,
+a writer task sending server events (each send bounded by ``send_timeout_s``), and
+one task per active response reading its pipeline stream. Server events pass
+through a bounded channel, so a client that stops reading stops its response's
+reads from the pipeline (its stream's credits run out) and, after the send
+timeout, is disconnected with close code 1008. No other connection notices.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+from quart import Websocket
+
+from .._errors import OmnitrioError, Overloaded
+from .._items import AudioChunk
+from ..realtime import (
+    CancelResponse,
+    RealtimeSession,
+    ServerEvent,
+    SessionConfig,
+    StartResponse,
+)
+from ._audio import resample_pcm16
+from ._state import ServerState, new_id
+
+logger = logging.getLogger(__name__)
+
+MSGPACK_SUBPROTOCOL = "omnitrio.msgpack.v1"
+JSON_SUBPROTOCOL = "omnitrio.json.v1"
+OPENAI_SUBPROTOCOL = "realtime"
+CLOSE_TOO_SLOW = 1008
+CLOSE_TRY_AGAIN_LATER = 1013
+
+
+class _ClientTooSlow(Exception):
+    pass
+
+
+class RealtimeConnection:
+    """One accepted Realtime WebSocket connection."""
+
+    def __init__(self, state: ServerState, ws: Websocket, session: RealtimeSession) -> None:
+        self._state = state
+        self._ws = ws
+        self._session = session
+        self._send, self._outbound = trio.open_memory_channel[ServerEvent](
+            state.settings.outbound_capacity
+        )
+        self._responses: dict[str, trio.CancelScope] = {}
+
+    async def run(self) -> None:
+        """Serve until the client leaves, the session limit passes or the client stalls."""
+        settings = self._state.settings
+        too_slow = False
+        try:
+            with trio.move_on_after(settings.max_session_s) as session_limit:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write)
+                    for event in self._session.start():
+                        await self._send.send(event)
+                    await self._read(nursery)
+                    nursery.cancel_scope.cancel()
+        except* _ClientTooSlow:
+            too_slow = True
+        if too_slow:
+            await self._close(
+                CLOSE_TOO_SLOW, f"client read nothing for {settings.send_timeout_s} s"
+            )
+        elif session_limit.cancelled_caught:
+            await self._close(1008, f"session length limit of {settings.max_session_s} s reached")
+
+    async def _read(self, nursery: trio.Nursery) -> None:
+        while True:
+            frame = await self._ws.receive()
+            for out in self._session.receive(frame):
+                if isinstance(out, ServerEvent):
+                    await self._send.send(out)
+                elif isinstance(out, StartResponse):
+                    await nursery.start(self._respond, out)
+                elif isinstance(out, CancelResponse) and out.response_id in self._responses:
+                    self._responses[out.response_id].cancel()
+
+    async def _write(self) -> None:
+        timeout_s = self._state.settings.send_timeout_s
+        async for event in self._outbound:
+            data = self._session.encode(event)
+            with trio.move_on_after(timeout_s) as waited:
+                await self._ws.send(data)
+            if waited.cancelled_caught:
+                raise _ClientTooSlow
+
+    async def _respond(
+        self, start: StartResponse, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        rid = start.response_id
+        status, error = "completed", None
+        with trio.CancelScope() as scope:
+            self._responses[rid] = scope
+            task_status.started()
+            try:
+                await self._stream(start)
+            except Overloaded as exc:
+                self._state.refusals.labels("overloaded").inc()
+                status, error = "failed", str(exc)
+            except OmnitrioError as exc:
+                status, error = "failed", str(exc)
+        del self._responses[rid]
+        if scope.cancelled_caught:
+            status = "cancelled"
+        for event in self._session.finish(rid, status, error):  # type: ignore[arg-type]
+            await self._send.send(event)
+
+    async def _stream(self, start: StartResponse) -> None:
+        if self._state.draining:
+            raise Overloaded(self._state.pipeline.config.pipeline.max_streams)
+        rate_hz = self._state.settings.output_sample_rate_hz
+        started = trio.current_time()
+        first_audio = True
+        async with self._state.pipeline.open_stream(start.request) as stream:
+            async for item in stream:
+                if isinstance(item, AudioChunk):
+                    if first_audio:
+                        self._state.ttfa_s.observe(trio.current_time() - started)
+                        first_audio = False
+                    pcm = resample_pcm16(item.pcm16, item.sample_rate_hz, rate_hz)
+                    item = AudioChunk(pcm, rate_hz)
+                for event in self._session.output(start.response_id, item):
+                    await self._send.send(event)
+
+    async def _close(self, code: int, reason: str) -> None:
+        logger.info("closing realtime connection: %s (%d)", reason, code)
+        with trio.move_on_after(1.0), trio.CancelScope(shield=True):
+            await self._ws.close(code, reason)
+
+
+def pick_subprotocol(requested: list[str]) -> tuple[str | None, str]:
+    """(subprotocol to accept, framing). Browsers insist we echo one they offered."""
+    if MSGPACK_SUBPROTOCOL in requested:
+        return MSGPACK_SUBPROTOCOL, "msgpack"
+    for name in (JSON_SUBPROTOCOL, OPENAI_SUBPROTOCOL):
+        if name in requested:
+            return name, "json"
+    return None, "json"
+
+
+def session_config(state: ServerState, framing: str, beta: bool) -> SessionConfig:
+    settings = state.settings
+    return SessionConfig(
+        session_id=new_id("sess"),
+        model=state.model_name,
+        framing="msgpack" if framing == "msgpack" else "json",
+        dialect="beta" if beta else "ga",
+        output_sample_rate_hz=settings.output_sample_rate_hz,
+        max_input_audio_s=settings.max_input_audio_s,
+        max_message_bytes=settings.max_message_bytes,
+    )

@@ -1,0 +1,98 @@
+"""What the web layer shares across requests: the pipeline, settings, counters, metrics."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .._pipeline import Pipeline
+from ._settings import ServerSettings
+
+
+@dataclass
+class ServerState:
+    pipeline: Pipeline
+    settings: ServerSettings
+    draining: bool = False
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        self.ttfa_s = Histogram(
+            "omnitrio_time_to_first_audio_seconds",
+            "Time from a response's start to its first audio chunk.",
+            buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0),
+            registry=self.registry,
+        )
+        self.refusals = Counter(
+            "omnitrio_refusals",
+            "Requests or connections refused at once (overload, draining, limits).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.connections = Counter(
+            "omnitrio_websocket_connections",
+            "Realtime WebSocket connections accepted.",
+            registry=self.registry,
+        )
+        self.registry.register(_PipelineCollector(self.pipeline))
+
+    @property
+    def model_name(self) -> str:
+        return self.pipeline.config.pipeline.name
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(8)}"
+
+
+class _PipelineCollector(Collector):
+    """Pipeline statistics, read at scrape time."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self._pipeline = pipeline
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._pipeline.statistics()
+        open_streams = GaugeMetricFamily("omnitrio_open_streams", "Streams admitted, not released.")
+        open_streams.add_metric([], stats.num_open_streams)
+        yield open_streams
+        gauges = {
+            "queue_depth": (
+                "omnitrio_stage_queue_depth",
+                "Payloads waiting on a stage's input edge.",
+            ),
+            "batch": ("omnitrio_stage_last_batch_size", "Streams in the stage's latest step."),
+            "mean_batch": ("omnitrio_stage_mean_batch_size", "Mean streams per step."),
+            "steps": ("omnitrio_stage_steps", "Steps run by the stage."),
+            "busy": (
+                "omnitrio_stage_busy_seconds",
+                "Time the stage's thread spent in stage calls.",
+            ),
+            "step_time": ("omnitrio_stage_mean_step_seconds", "Mean time per step."),
+        }
+        families = {k: GaugeMetricFamily(n, h, labels=["stage"]) for k, (n, h) in gauges.items()}
+        for name, stage in stats.stages.items():
+            families["queue_depth"].add_metric([name], sum(stage.queue_depth.values()))
+            families["batch"].add_metric([name], stage.last_batch_size)
+            families["mean_batch"].add_metric([name], stage.mean_batch_size)
+            families["steps"].add_metric([name], stage.num_steps)
+            families["busy"].add_metric([name], stage.busy_s)
+            mean_step = stage.busy_s / stage.num_steps if stage.num_steps else 0.0
+            families["step_time"].add_metric([name], mean_step)
+        yield from families.values()
+        totals = GaugeMetricFamily(
+            "omnitrio_streams", "Streams by outcome since start.", labels=["outcome"]
+        )
+        for outcome, count in (
+            ("completed", stats.num_completed),
+            ("failed", stats.num_failed),
+            ("cancelled", stats.num_cancelled),
+            ("refused", stats.num_refused),
+        ):
+            totals.add_metric([outcome], count)
+        yield totals

@@ -1,0 +1,121 @@
+"""The server as a process: start-up line, one-line errors, SIGTERM/SIGINT with streams open."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SERVING = re.compile(r"omnitrio serving .* at (http://[\d.]+:\d+)")
+
+
+def _start(*args: str) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "omnitrio._cli", "--log-level", "WARNING", "run", *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if match := SERVING.search(line):
+            return process, match.group(1)
+        if not line and process.poll() is not None:
+            break
+    process.kill()
+    raise AssertionError(f"server did not start: {process.stderr.read() if process.stderr else ''}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_with_streams_open_exits_zero_within_the_grace_period(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    config = tmp_path / "long.yaml"
+    config.write_text(
+        (REPO / "configs" / "synthetic.yaml").read_text().replace("steps: 24", "steps: 100000")
+    )
+    process, url = _start("--config", str(config), "--port", "0", "--grace-period-s", "1")
+    readers: list[threading.Thread] = []
+    try:
+        for _ in range(8):  # 8 endless streaming responses in flight
+
+            def read() -> None:
+                body = json.dumps(
+                    {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+                ).encode()
+                request = urllib.request.Request(
+                    f"{url}/v1/chat/completions",
+                    data=body,
+                    headers={"Content-Type": "application/json"},
+                )
+                try:
+                    with urllib.request.urlopen(request, timeout=30) as response:
+                        while response.read(1024):
+                            pass
+                except (OSError, ValueError, http.client.HTTPException):
+                    pass  # the server ending the response mid-stream is the point
+
+            thread = threading.Thread(target=read, daemon=True)
+            thread.start()
+            readers.append(thread)
+        time.sleep(0.5)  # let the streams start (a process test: no event to wait on)
+        process.send_signal(signum)
+        started = time.monotonic()
+        _, err = process.communicate(timeout=10)
+        elapsed = time.monotonic() - started
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err
+    assert elapsed < 1 + 1.0 + 0.5, elapsed  # grace period + 1 s (+ interpreter exit)
+    assert "omnitrio: stopped" in err
+
+
+def test_port_in_use_is_one_clear_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "omnitrio._cli", "run", "--port", str(port)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.startswith("omnitrio:")]
+    assert len(lines) == 1, result.stderr
+    assert "address already in use" in lines[0].lower(), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_config_is_one_clear_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pipeline: {name: x}\nstages: []\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "omnitrio._cli", "run", "--config", str(bad), "--port", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert f"omnitrio: {bad}: stages: needs at least 1 entry; add one" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,273 @@
+"""The Realtime WebSocket endpoint, driven by the official ``openai`` SDK and by raw peers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import urllib.request
+
+import msgpack
+import openai
+import pytest
+import trio
+import trio_websocket
+import websockets
+import websockets.sync.client
+
+from omnitrio.server import ServerSettings, serve
+from tests.conftest import chain_config
+
+SPEAKING = [
+    {"steps": 6, "service_time_ms": 1.0},
+    {"outputs_per_input": 0, "visible": "audio", "audio_samples": 320},
+]
+ENDLESS = [
+    {"steps": 100_000, "service_time_ms": 2.0},
+    {"outputs_per_input": 0, "visible": "audio", "audio_samples": 320},
+]
+
+
+async def _server(
+    nursery: trio.Nursery, stages: list[dict[str, object]], **settings: object
+) -> str:
+    config = chain_config(stages, max_streams=4)
+    binds = await nursery.start(serve, config, ServerSettings(port=0, **settings))  # type: ignore[arg-type]
+    return str(binds[0])
+
+
+def _open_streams(base_url: str) -> float:
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    match = re.search(r"^omnitrio_open_streams (\S+)$", text, re.MULTILINE)
+    assert match is not None
+    return float(match.group(1))
+
+
+def _healthy(base_url: str) -> bool:
+    with urllib.request.urlopen(f"{base_url}/health", timeout=10) as response:
+        return response.status == 200
+
+
+def _until_done(conn: object) -> tuple[list[str], bytes, str]:
+    """Events of one response: (types, audio bytes, transcript) up to response.done."""
+    types: list[str] = []
+    audio, transcript = b"", ""
+    for event in conn:  # type: ignore[attr-defined]
+        types.append(event.type)
+        if event.type == "response.output_audio.delta":
+            audio += base64.b64decode(event.delta)
+        elif event.type == "response.output_audio_transcript.delta":
+            transcript += event.delta
+        elif event.type == "response.done":
+            return types, audio, transcript
+        elif event.type == "error":
+            raise AssertionError(f"error event: {event.error}")
+    raise AssertionError("connection ended before response.done")
+
+
+async def test_sdk_text_turn_and_audio_turn(nursery: trio.Nursery) -> None:
+    base_url = await _server(nursery, SPEAKING)
+
+    def run() -> None:
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+        with client.realtime.connect(model="test") as conn:
+            assert conn.recv().type == "session.created"
+            conn.session.update(session={"type": "realtime", "output_modalities": ["audio"]})
+            assert conn.recv().type == "session.updated"
+            # A text turn.
+            conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "hello"}],
+                }
+            )
+            conn.response.create()
+            types, audio, transcript = _until_done(conn)
+            assert "response.created" in types
+            assert transcript == "".join(f"a:{i} " for i in range(1, 7))
+            assert len(audio) == 6 * 480 * 2  # 6 chunks, 16 kHz -> 24 kHz
+            # An audio turn: 0.5 s of 24 kHz PCM16 in two appends.
+            pcm = bytes(24000)
+            for half in (pcm[:12000], pcm[12000:]):
+                conn.input_audio_buffer.append(audio=base64.b64encode(half).decode())
+            conn.input_audio_buffer.commit()
+            conn.response.create()
+            types, audio, _ = _until_done(conn)
+            assert "input_audio_buffer.committed" in types
+            assert len(audio) == 6 * 480 * 2
+
+    with trio.fail_after(30):
+        await trio.to_thread.run_sync(run)
+    assert await trio.to_thread.run_sync(_open_streams, base_url) == 0
+
+
+async def test_sdk_cancel_stops_the_deltas_and_the_work(nursery: trio.Nursery) -> None:
+    base_url = await _server(nursery, ENDLESS)
+
+    def run() -> tuple[str, float]:
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+        with client.realtime.connect(model="test") as conn:
+            conn.recv()
+            conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "x"}],
+                }
+            )
+            conn.response.create()
+            for event in conn:
+                if event.type == "response.output_audio.delta":
+                    break
+            during = _open_streams(base_url)
+            conn.response.cancel()
+            for event in conn:
+                if event.type == "response.done":
+                    return event.response.status or "", during
+        raise AssertionError("no response.done")
+
+    with trio.fail_after(30):
+        status, during = await trio.to_thread.run_sync(run)
+    assert (status, during) == ("cancelled", 1.0)
+    assert await trio.to_thread.run_sync(_open_streams, base_url) == 0
+
+
+async def test_msgpack_framing_carries_raw_audio(nursery: trio.Nursery) -> None:
+    base_url = await _server(nursery, SPEAKING)
+    url = base_url.replace("http", "ws") + "/v1/realtime"
+    async with trio_websocket.open_websocket_url(url, subprotocols=["omnitrio.msgpack.v1"]) as ws:
+        assert ws.subprotocol == "omnitrio.msgpack.v1"
+        assert msgpack.unpackb(await ws.get_message())["type"] == "session.created"
+        await ws.send_message(
+            msgpack.packb({"type": "input_audio_buffer.append", "audio": bytes(4800)})
+        )
+        await ws.send_message(msgpack.packb({"type": "input_audio_buffer.commit"}))
+        await ws.send_message(msgpack.packb({"type": "response.create"}))
+        audio = b""
+        with trio.fail_after(10):
+            while True:
+                event = msgpack.unpackb(await ws.get_message())
+                if event["type"] == "response.output_audio.delta":
+                    assert isinstance(event["delta"], bytes)
+                    audio += event["delta"]
+                if event["type"] == "response.done":
+                    break
+        assert len(audio) == 6 * 480 * 2
+
+
+BAD_FRAMES: list[tuple[str | bytes, str]] = [
+    ("{not json", "invalid"),
+    (json.dumps({"type": "no.such.event"}), "no.such.event"),
+    (json.dumps({"type": "input_audio_buffer.append", "audio": 42}), "audio"),
+    (json.dumps({"type": "input_audio_buffer.append", "audio": "%%%not base64"}), "base64"),
+    (b"\x00\xff\x13garbage", "binary"),
+    (json.dumps([1, 2, 3]), "object"),
+]
+
+
+@pytest.mark.parametrize(("frame", "mentions"), BAD_FRAMES)
+async def test_bad_frames_get_an_error_event_and_the_session_goes_on(
+    nursery: trio.Nursery, frame: str | bytes, mentions: str
+) -> None:
+    base_url = await _server(nursery, SPEAKING)
+    url = base_url.replace("http", "ws") + "/v1/realtime"
+    async with trio_websocket.open_websocket_url(url) as ws:
+        json.loads(await ws.get_message())  # session.created
+        await ws.send_message(frame)
+        with trio.fail_after(10):
+            event = json.loads(await ws.get_message())
+        assert event["type"] == "error"
+        assert mentions.lower() in json.dumps(event["error"]).lower()
+        # The same connection still works.
+        await ws.send_message(json.dumps({"type": "response.create"}))
+        with trio.fail_after(10):
+            while json.loads(await ws.get_message())["type"] != "response.done":
+                pass
+    assert await trio.to_thread.run_sync(_healthy, base_url)
+
+
+async def test_oversized_frame_closes_with_1009_and_server_stays_up(nursery: trio.Nursery) -> None:
+    base_url = await _server(nursery, SPEAKING, max_message_bytes=64 * 1024)
+    url = base_url.replace("http", "ws") + "/v1/realtime"
+
+    def send_too_much() -> int | None:
+        with websockets.sync.client.connect(url, open_timeout=10) as ws:
+            ws.recv(timeout=10)  # session.created
+            ws.send("x" * (128 * 1024))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+        return closed.value.rcvd.code if closed.value.rcvd else None
+
+    assert await trio.to_thread.run_sync(send_too_much) == 1009
+    assert await trio.to_thread.run_sync(_healthy, base_url)
+
+
+async def test_disconnect_mid_response_frees_the_stream(nursery: trio.Nursery) -> None:
+    base_url = await _server(nursery, ENDLESS)
+    url = base_url.replace("http", "ws") + "/v1/realtime"
+    async with trio_websocket.open_websocket_url(url) as ws:
+        await ws.get_message()
+        await ws.send_message(json.dumps({"type": "response.create"}))
+        with trio.fail_after(10):
+            while json.loads(await ws.get_message())["type"] != "response.output_audio.delta":
+                pass
+        assert await trio.to_thread.run_sync(_open_streams, base_url) == 1
+    with trio.fail_after(10):
+        while await trio.to_thread.run_sync(_open_streams, base_url) != 0:  # noqa: ASYNC110 - no event crosses the socket
+            await trio.sleep(0.05)  # the server notices the close on its own schedule
+    assert await trio.to_thread.run_sync(_healthy, base_url)
+
+
+async def test_trailing_bytes_after_the_upgrade_cost_only_that_connection(
+    nursery: trio.Nursery,
+) -> None:
+    # hypercorn #225: this used to end hypercorn's serve() for everybody.
+    base_url = await _server(nursery, SPEAKING)
+    host, port = base_url.removeprefix("http://").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    upgrade = (
+        f"GET /v1/realtime HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        "Sec-WebSocket-Version: 13\r\n\r\nX"
+    ).encode()
+    await stream.send_all(upgrade)
+    with trio.move_on_after(2):
+        await stream.receive_some(4096)
+    await stream.aclose()
+    assert await trio.to_thread.run_sync(_healthy, base_url)
+    url = base_url.replace("http", "ws") + "/v1/realtime"
+    async with trio_websocket.open_websocket_url(url) as ws:
+        assert json.loads(await ws.get_message())["type"] == "session.created"
+
+
+async def _upgrade_status(base_url: str, headers: dict[str, str]) -> int:
+    """The HTTP status a WebSocket upgrade request gets (a raw request: no client library)."""
+    host, port = base_url.removeprefix("http://").split(":")
+    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    request = (
+        f"GET /v1/realtime HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        f"Sec-WebSocket-Version: 13\r\n{extra}\r\n"
+    )
+    async with await trio.open_tcp_stream(host, int(port)) as stream:
+        await stream.send_all(request.encode())
+        with trio.fail_after(10):
+            status_line = (await stream.receive_some(4096)).split(b"\r\n", 1)[0]
+    return int(status_line.split()[1])
+
+
+async def test_api_key_and_origin_on_the_websocket(nursery: trio.Nursery) -> None:
+    base_url = await _server(nursery, SPEAKING, api_key="sekrit")
+    assert await _upgrade_status(base_url, {}) == 401
+    assert await _upgrade_status(base_url, {"Authorization": "Bearer wrong"}) == 401
+    evil = {"Authorization": "Bearer sekrit", "Origin": "http://evil.example"}
+    assert await _upgrade_status(base_url, evil) == 403
+    assert await _upgrade_status(base_url, {"Authorization": "Bearer sekrit"}) == 101
+    # Browsers pass the key as a subprotocol.
+    url = base_url.replace("http", "ws") + "/v1/realtime"
+    subprotocols = ["realtime", "openai-insecure-api-key.sekrit"]
+    async with trio_websocket.open_websocket_url(url, subprotocols=subprotocols) as ws:
+        assert ws.subprotocol == "realtime"
+        assert json.loads(await ws.get_message())["type"] == "session.created"

@@ -1,0 +1,167 @@
+"""The voice-chat page in real headless Chromium against a real ``omnitrio run``.
+
+Chromium's fake media flags feed a WAV file as the microphone. The page connects
+over the Realtime WebSocket, answers a text turn and a push-to-talk turn with
+audio, and reports what it saw through ``window.omnitrio``. A screenshot goes to
+``test-artifacts/web_page.png``.
+
+A plain (sync) test: Playwright's sync API runs its own event loop, which must
+not be nested inside trio's.
+"""
+
+from __future__ import annotations
+
+import array
+import math
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOT = REPO / "test-artifacts" / "web_page.png"
+SERVER_START_TIMEOUT_S = 20.0
+SERVER_STOP_TIMEOUT_S = 5.0
+TURN_TIMEOUT_MS = 10_000
+SERVING = re.compile(r"omnitrio serving .* at (https?://[^\s,]+)")
+
+
+@pytest.fixture
+def chromium() -> Path:
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing; install Debian's chromium (scripts/check does)")
+    return CHROMIUM
+
+
+@pytest.fixture
+def server_url(tmp_path: Path) -> Iterator[str]:
+    """``omnitrio run`` on a free port; its output goes to a file, so it never blocks on a pipe."""
+    log_path = tmp_path / "server.log"
+    command = [sys.executable, "-m", "omnitrio._cli", "run"]
+    command += ["--config", "configs/synthetic.yaml", "--port", "0"]
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            command,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    try:
+        yield _wait_until_serving(server, log_path)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=SERVER_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _wait_until_serving(server: subprocess.Popen[bytes], log_path: Path) -> str:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        output = log_path.read_text(errors="replace")
+        if found := SERVING.search(output):
+            return found.group(1)
+        if server.poll() is not None:
+            pytest.fail(f"omnitrio run exited with {server.returncode}:\n{output}")
+        time.sleep(0.05)  # a subprocess's output file has nothing to wait on
+    pytest.fail(f"omnitrio run printed no URL in {SERVER_START_TIMEOUT_S} s:\n{output}")
+
+
+def _microphone_wav(path: Path) -> Path:
+    """2 s of a 440 Hz tone with a little noise: 16-bit mono 48 kHz."""
+    rate_hz, seconds = 48_000, 2.0
+    noise = random.Random(0)
+    samples = array.array(
+        "h",
+        (
+            int(8000 * math.sin(2 * math.pi * 440 * n / rate_hz) + noise.gauss(0, 300))
+            for n in range(int(rate_hz * seconds))
+        ),
+    )
+    if sys.byteorder == "big":
+        samples.byteswap()  # WAV data is little-endian
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate_hz)
+        wav.writeframes(samples.tobytes())
+    return path
+
+
+def test_voice_chat_page(tmp_path: Path, chromium: Path, server_url: str) -> None:
+    from playwright.sync_api import sync_playwright
+
+    wav = _microphone_wav(tmp_path / "microphone.wav")
+    args = [
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav}",
+        "--autoplay-policy=no-user-gesture-required",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+    ]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(chromium), args=args)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(TURN_TIMEOUT_MS)
+            page_errors: list[str] = []
+            page.on("pageerror", lambda error: page_errors.append(str(error)))
+            page.on(
+                "console",
+                lambda msg: page_errors.append(msg.text) if msg.type == "error" else None,
+            )
+
+            page.goto(f"{server_url}/")
+            page.click("#connect")
+            page.wait_for_function("window.omnitrio.state === 'connected'")
+
+            # (a) A text turn: audio and a transcript stream back.
+            page.fill("#text", "Hello from the browser test")
+            page.click("#send")
+            page.wait_for_function(
+                "window.omnitrio.audioSecondsReceived > 0"
+                " && window.omnitrio.transcript.length > 0"
+                " && window.omnitrio.eventCounts['response.done'] === 1"
+            )
+            first_audio_s = page.evaluate("window.omnitrio.audioSecondsReceived")
+
+            # (b) A push-to-talk turn: ~1 s from the fake microphone, then a second reply.
+            page.click("#talk")
+            page.wait_for_function("window.omnitrio.audioSecondsSent >= 1.0")
+            page.click("#talk")
+            page.wait_for_function(
+                f"window.omnitrio.audioSecondsReceived > {first_audio_s}"
+                " && window.omnitrio.eventCounts['response.done'] === 2"
+            )
+            page.wait_for_function("window.omnitrio.audioSecondsPlayed > 0")
+
+            SCREENSHOT.parent.mkdir(exist_ok=True)
+            page.screenshot(path=str(SCREENSHOT), full_page=True)
+            seen = page.evaluate("window.omnitrio")
+        finally:
+            browser.close()
+
+    # (c) Nothing went wrong on the way.
+    assert seen["errors"] == []
+    assert page_errors == []
+    assert seen["state"] == "connected"
+    assert seen["eventCounts"]["session.created"] == 1
+    assert seen["eventCounts"].get("error", 0) == 0
+    assert not seen["recording"]

@@ -1,0 +1,301 @@
+// omnitrio voice chat: a small client of the OpenAI-compatible Realtime WebSocket API.
+// Text and push-to-talk turns go up as Realtime events; the reply's audio deltas are
+// played gaplessly (audio.js) and its transcript streams into the page.
+
+import { Player, base64ToFloat32, openMicrophone, pcm16ToBase64 } from "./audio.js";
+
+const INPUT_RATE_HZ = 24000; // the server expects PCM16 mono at 24 kHz
+const SEND_INTERVAL_MS = 100; // how often recorded audio goes up as input_audio_buffer.append
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  status: $("status"), connectForm: $("connect-form"), apiKey: $("api-key"),
+  connect: $("connect"), transcript: $("transcript"), textForm: $("text-form"),
+  text: $("text"), send: $("send"), talk: $("talk"), stop: $("stop"),
+  latency: $("latency"), errors: $("errors"),
+};
+
+// What the page has seen, for people and for tests (tests/test_web_page.py reads it).
+const omnitrio = (window.omnitrio = {
+  state: "idle", // idle | connecting | connected | closed
+  recording: false,
+  responding: false,
+  audioSecondsSent: 0,
+  audioSecondsReceived: 0,
+  audioSecondsPlayed: 0,
+  transcript: "",
+  errors: [],
+  eventCounts: {},
+});
+
+const player = new Player({
+  onPlayed: (seconds) => {
+    omnitrio.audioSecondsPlayed += seconds;
+    updateStop();
+  },
+});
+
+let ws = null;
+let outputRateHz = 24000; // replaced by session.created's session.audio.output.format.rate
+// The server runs one response at a time. `reply` is ours from our response.create to
+// its response.done: {eventId of the create, id (from response.created), cancelled}.
+let reply = null;
+let createQueued = false; // a response.create waiting for the cancelled reply's response.done
+let numSent = 0; // for our event_ids, which the server quotes in its errors
+const cancelledIds = new Set(); // responses we cancelled: their late deltas are dropped
+let turnStartedAt = null; // performance.now() when we asked for a response
+const replyLines = new Map(); // response id -> its <li> in the transcript
+let mic = null; // the open microphone while recording
+let micStarting = false;
+
+// ---------------------------------------------------------------- page state
+
+function setState(state, detail = "") {
+  omnitrio.state = state;
+  ui.status.dataset.state = state;
+  ui.status.textContent = detail ? `${state} · ${detail}` : state;
+  ui.connect.textContent = ws ? "Disconnect" : "Connect";
+  ui.apiKey.disabled = ws !== null;
+  for (const el of [ui.text, ui.send, ui.talk]) el.disabled = state !== "connected";
+  updateStop();
+}
+
+function updateStop() {
+  ui.stop.disabled = !(omnitrio.responding || player.busy());
+}
+
+function showError(message) {
+  omnitrio.errors.push(message);
+  const li = document.createElement("li");
+  li.textContent = message;
+  ui.errors.append(li);
+}
+
+function addLine(role, text) {
+  const li = document.createElement("li");
+  li.className = role;
+  li.textContent = text;
+  ui.transcript.append(li);
+  li.scrollIntoView({ block: "nearest" });
+  return li;
+}
+
+// ---------------------------------------------------------------- connection
+
+function connect() {
+  const key = ui.apiKey.value.trim();
+  // Browsers cannot set headers on a WebSocket: the key travels as a subprotocol.
+  const protocols = key ? ["realtime", `openai-insecure-api-key.${key}`] : ["realtime"];
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  player.ensure(); // create the AudioContext inside this click, so autoplay allows it
+  const socket = new WebSocket(`${scheme}://${location.host}/v1/realtime`, protocols);
+  ws = socket;
+  setState("connecting");
+  socket.onmessage = (message) => {
+    if (typeof message.data === "string") handle(JSON.parse(message.data));
+  };
+  let opened = false;
+  socket.onopen = () => (opened = true);
+  // A failed socket fires "error" then "close"; the close event says more, so report there.
+  socket.onclose = (e) => {
+    if (ws !== socket) return; // a socket the user already left
+    const why = `code ${e.code}${e.reason ? `, ${e.reason}` : ""}`;
+    if (!opened) {
+      showError("could not connect: server unreachable, or it refused us (is the API key right?)");
+    } else if (e.code !== 1000 && e.code !== 1005) {
+      showError(`connection closed (${why})`);
+    }
+    hangUp("closed", why);
+  };
+}
+
+function hangUp(state, detail) {
+  const socket = ws;
+  ws = null;
+  stopRecording({ commit: false });
+  player.stop();
+  reply = null;
+  createQueued = false;
+  omnitrio.responding = false;
+  if (socket && socket.readyState <= WebSocket.OPEN) socket.close(1000, "bye");
+  setState(state, detail);
+}
+
+function send(event) {
+  if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(event));
+}
+
+function requestResponse() {
+  bargeIn();
+  // The server refuses a response.create while a reply is active, even a cancelled one:
+  // then it goes out when that reply's response.done comes.
+  if (reply) createQueued = true;
+  else sendCreate();
+}
+
+function sendCreate() {
+  createQueued = false;
+  reply = { eventId: `evt_page_${++numSent}`, id: null, cancelled: false };
+  omnitrio.responding = true;
+  send({ type: "response.create", event_id: reply.eventId });
+  turnStartedAt = performance.now();
+  updateStop();
+}
+
+function endReply() {
+  reply = null;
+  omnitrio.responding = false;
+  if (createQueued) sendCreate();
+  updateStop();
+}
+
+// Stop the reply now: cancel it on the server and silence what is already scheduled.
+function bargeIn() {
+  if (reply && !reply.cancelled) {
+    send({ type: "response.cancel", event_id: `evt_page_${++numSent}` });
+    reply.cancelled = true;
+    if (reply.id) cancelledIds.add(reply.id);
+  }
+  player.stop();
+  updateStop();
+}
+
+// ---------------------------------------------------------------- server events
+
+function handle(event) {
+  omnitrio.eventCounts[event.type] = (omnitrio.eventCounts[event.type] || 0) + 1;
+  handlers[event.type]?.(event);
+}
+
+function onSession(event) {
+  const rate = event.session?.audio?.output?.format?.rate;
+  if (Number.isInteger(rate) && rate > 0) outputRateHz = rate;
+  if (event.type === "session.created") setState("connected", `${outputRateHz} Hz audio`);
+}
+
+function onAudioDelta(event) {
+  if (cancelledIds.has(event.response_id)) return;
+  const samples = base64ToFloat32(event.delta);
+  omnitrio.audioSecondsReceived += samples.length / outputRateHz;
+  if (turnStartedAt !== null) {
+    ui.latency.textContent = `first audio: ${Math.round(performance.now() - turnStartedAt)} ms`;
+    turnStartedAt = null;
+  }
+  player.enqueue(samples, outputRateHz);
+  updateStop();
+}
+
+function onTextDelta(event) {
+  if (cancelledIds.has(event.response_id)) return;
+  let li = replyLines.get(event.response_id);
+  if (!li) {
+    li = addLine("assistant", "");
+    replyLines.set(event.response_id, li);
+  }
+  li.textContent += event.delta;
+  omnitrio.transcript += event.delta;
+}
+
+const handlers = {
+  "session.created": onSession,
+  "session.updated": onSession,
+  "response.created": (e) => {
+    if (!reply || reply.id !== null) return; // not one we asked for
+    reply.id = e.response?.id ?? null;
+    if (reply.cancelled) cancelledIds.add(reply.id); // cancelled before we knew its id
+  },
+  "response.done": (e) => {
+    const { id, status } = e.response ?? {};
+    replyLines.get(id)?.classList.add(status ?? "completed"); // e.g. "cancelled" is styled
+    if (status === "failed") {
+      showError(`response failed: ${JSON.stringify(e.response.status_details ?? {})}`);
+    }
+    if (reply && (reply.id === id || reply.id === null)) endReply();
+  },
+  // The GA names, and the older beta names some servers still send.
+  "response.output_audio.delta": onAudioDelta,
+  "response.audio.delta": onAudioDelta,
+  "response.output_audio_transcript.delta": onTextDelta,
+  "response.audio_transcript.delta": onTextDelta,
+  "response.output_text.delta": onTextDelta,
+  "response.text.delta": onTextDelta,
+  "conversation.item.input_audio_transcription.completed": (e) => addLine("user", e.transcript),
+  error: (e) => {
+    const { code, event_id: eventId, message } = e.error ?? {};
+    // A cancel that crossed the reply's response.done on the wire: nothing went wrong.
+    if (code === "response_cancel_not_active" && eventId?.startsWith("evt_page_")) return;
+    showError(message ?? JSON.stringify(e));
+    // Our response.create was refused: no response.done will follow.
+    if (reply && reply.id === null && eventId === reply.eventId) endReply();
+  },
+};
+
+// ---------------------------------------------------------------- push to talk
+
+async function startRecording() {
+  bargeIn(); // talking over the reply interrupts it
+  micStarting = true;
+  try {
+    const opened = await openMicrophone({
+      rateHz: INPUT_RATE_HZ,
+      intervalMs: SEND_INTERVAL_MS,
+      onPcm: (pcm) => {
+        send({ type: "input_audio_buffer.append", audio: pcm16ToBase64(pcm) });
+        omnitrio.audioSecondsSent += pcm.length / INPUT_RATE_HZ;
+      },
+    });
+    if (omnitrio.state !== "connected") return opened.close(); // hung up meanwhile
+    mic = opened;
+  } finally {
+    micStarting = false;
+  }
+  omnitrio.recording = true;
+  ui.talk.setAttribute("aria-pressed", "true");
+  ui.talk.textContent = "● Recording… click to send";
+}
+
+function stopRecording({ commit }) {
+  if (!mic) return;
+  const samples = mic.close(); // sends what is left
+  mic = null;
+  omnitrio.recording = false;
+  ui.talk.setAttribute("aria-pressed", "false");
+  ui.talk.textContent = "Talk";
+  if (!commit) return;
+  if (samples === 0) {
+    showError("no microphone audio was captured");
+    return;
+  }
+  addLine("user", `(spoke for ${(samples / INPUT_RATE_HZ).toFixed(1)} s)`);
+  send({ type: "input_audio_buffer.commit" });
+  requestResponse();
+}
+
+// ---------------------------------------------------------------- controls
+
+ui.connectForm.addEventListener("submit", (e) => {
+  e.preventDefault();
+  if (ws) hangUp("closed", "by you");
+  else connect();
+});
+
+ui.textForm.addEventListener("submit", (e) => {
+  e.preventDefault();
+  const text = ui.text.value.trim();
+  if (!text) return;
+  ui.text.value = "";
+  addLine("user", text);
+  send({
+    type: "conversation.item.create",
+    item: { type: "message", role: "user", content: [{ type: "input_text", text }] },
+  });
+  requestResponse();
+});
+
+ui.talk.addEventListener("click", () => {
+  if (micStarting) return;
+  if (mic) stopRecording({ commit: true });
+  else startRecording().catch((err) => showError(`microphone: ${err.message}`));
+});
+
+ui.stop.addEventListener("click", bargeIn);
