@@ -60,10 +60,15 @@ def test_signals_stop_a_running_pipeline_cleanly(tmp_path: Path, signum: signal.
         text=True,
     )
     assert process.stdout is not None
-    assert "ready" in process.stdout.readline()  # blocks until the pipeline is up
-    process.send_signal(signum)
-    started = time.monotonic()
-    _, err = process.communicate(timeout=10)
+    try:
+        assert "ready" in process.stdout.readline()  # blocks until the pipeline is up
+        process.send_signal(signum)
+        started = time.monotonic()
+        _, err = process.communicate(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
     assert process.returncode == 128 + signum, err
     assert f"{signum.name}; pipeline stopped" in err
     assert time.monotonic() - started < 5

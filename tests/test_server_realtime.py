@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 import urllib.request
 
 import msgpack
@@ -271,3 +272,93 @@ async def test_api_key_and_origin_on_the_websocket(nursery: trio.Nursery) -> Non
     async with trio_websocket.open_websocket_url(url, subprotocols=subprotocols) as ws:
         assert ws.subprotocol == "realtime"
         assert json.loads(await ws.get_message())["type"] == "session.created"
+
+
+async def test_a_client_that_stops_reading_is_closed_and_costs_nobody_else(
+    nursery: trio.Nursery,
+) -> None:
+    # Big audio chunks fill the socket buffers fast; the stalled client's response
+    # stops reading the pipeline, and after send_timeout_s the server hangs up.
+    loud = [
+        {"steps": 100_000, "service_time_ms": 1.0},
+        {"outputs_per_input": 0, "visible": "audio", "audio_samples": 16000},
+    ]
+    base_url = await _server(nursery, loud, send_timeout_s=1.0)
+    url = base_url.replace("http", "ws") + "/v1/realtime"
+
+    def stall_then_read() -> tuple[int | None, int]:
+        with websockets.sync.client.connect(url, open_timeout=10, max_queue=2) as ws:
+            ws.recv(timeout=10)
+            ws.send(json.dumps({"type": "response.create"}))
+            time.sleep(4)  # read nothing: a stalled player (a thread: no event to wait on)
+            num_received = 0
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                while True:
+                    ws.recv(timeout=10)
+                    num_received += 1
+        # A reader that took nothing cannot be handed a close frame either: the
+        # server drops the connection; a close code arrives only if it fit.
+        return (closed.value.rcvd.code if closed.value.rcvd else None), num_received
+
+    other_ok = trio.Event()
+
+    async def meanwhile() -> None:
+        # Another connection on the same server while the first one stalls: it
+        # gets its session and a prompt answer to a request.
+        await trio.sleep(1.5)  # well inside the stall
+        async with trio_websocket.open_websocket_url(url) as ws:
+            assert json.loads(await ws.get_message())["type"] == "session.created"
+            await ws.send_message(json.dumps({"type": "response.cancel"}))  # nothing to cancel
+            with trio.fail_after(2):
+                assert json.loads(await ws.get_message())["type"] == "error"
+        other_ok.set()
+
+    async with trio.open_nursery() as inner:
+        inner.start_soon(meanwhile)
+        with trio.fail_after(30):
+            code, num_received = await trio.to_thread.run_sync(stall_then_read)
+    assert code in (None, 1008)
+    assert num_received < 1000  # what sat in the buffers, not an endless stream
+    assert other_ok.is_set()
+    with trio.fail_after(10):
+        while await trio.to_thread.run_sync(_open_streams, base_url) != 0:  # noqa: ASYNC110 - no event crosses the socket
+            await trio.sleep(0.05)
+
+
+async def test_session_length_limit_closes_the_connection(nursery: trio.Nursery) -> None:
+    base_url = await _server(nursery, SPEAKING, max_session_s=0.5)
+    url = base_url.replace("http", "ws") + "/v1/realtime"
+
+    def wait_for_close() -> tuple[int | None, str]:
+        with websockets.sync.client.connect(url, open_timeout=10) as ws:
+            ws.recv(timeout=10)
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+        rcvd = closed.value.rcvd
+        return (rcvd.code, rcvd.reason) if rcvd else (None, "")
+
+    code, reason = await trio.to_thread.run_sync(wait_for_close)
+    assert code == 1008
+    assert "session length limit" in reason
+
+
+async def test_a_full_pipeline_refuses_new_connections_with_1013(nursery: trio.Nursery) -> None:
+    config = chain_config(ENDLESS, max_streams=1)
+    (base_url, *_) = await nursery.start(serve, config, ServerSettings(port=0))
+    url = base_url.replace("http", "ws") + "/v1/realtime"
+    async with trio_websocket.open_websocket_url(url) as busy:
+        await busy.get_message()
+        await busy.send_message(json.dumps({"type": "response.create"}))
+        while json.loads(await busy.get_message())["type"] != "response.output_audio.delta":
+            pass
+
+        def refused() -> tuple[int | None, str]:
+            with (
+                websockets.sync.client.connect(url, open_timeout=10) as ws,
+                pytest.raises(websockets.ConnectionClosed) as closed,
+            ):
+                ws.recv(timeout=10)
+            rcvd = closed.value.rcvd
+            return (rcvd.code, rcvd.reason) if rcvd else (None, "")
+
+        assert await trio.to_thread.run_sync(refused) == (1013, "server busy; retry later")

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import sync_playwright
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -69,6 +70,7 @@ def server_url(tmp_path: Path) -> Iterator[str]:
 
 def _wait_until_serving(server: subprocess.Popen[bytes], log_path: Path) -> str:
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    output = ""
     while time.monotonic() < deadline:
         output = log_path.read_text(errors="replace")
         if found := SERVING.search(output):
@@ -101,8 +103,6 @@ def _microphone_wav(path: Path) -> Path:
 
 
 def test_voice_chat_page(tmp_path: Path, chromium: Path, server_url: str) -> None:
-    from playwright.sync_api import sync_playwright
-
     wav = _microphone_wav(tmp_path / "microphone.wav")
     args = [
         "--use-fake-ui-for-media-stream",

@@ -261,10 +261,14 @@ class RealtimeSession:
         self, event: ResponseCreate
     ) -> list[ServerEvent | StartResponse | CancelResponse]:
         if self._transition("response.create") is None:
+            advice = (
+                "is being cancelled; wait for its response.done"
+                if self._response_state() == "CANCELLING"
+                else "is still active; wait for its response.done or send response.cancel"
+            )
             raise ClientEventError(
                 "conversation_already_has_active_response",
-                f"response {self.active_response_id} is still active; wait for its "
-                "response.done or send response.cancel",
+                f"response {self.active_response_id} {advice}",
             )
         settings = self._settings.apply(event.patch)
         audio = b"".join(pcm16 for _, pcm16 in self._committed)

@@ -20,7 +20,7 @@ from quart import Response
 from .._errors import OmnitrioError, Overloaded
 from .._items import AudioChunk, Request, TextDelta
 from ._audio import resample_pcm16, wav_bytes, wav_header
-from ._state import ServerState, new_id
+from ._state import ResponseLog, ServerState, new_id
 
 
 class _Lenient(pydantic.BaseModel):
@@ -145,6 +145,7 @@ class _Completion:
         self.created = int(time.time())
         self.audio = "audio" in chat.modalities
         self.rate_hz = state.settings.output_sample_rate_hz
+        self.log = ResponseLog(state, "chat.completion", self.id)
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         body = {
@@ -163,9 +164,11 @@ class _Completion:
                 async for item in items:
                     yield self._delta(item)
         except OmnitrioError as exc:
+            self.log.done("failed")
             error = {"error": {"message": str(exc), "type": "server_error"}}
             yield f"data: {json.dumps(error)}\n\n".encode()
             return
+        self.log.done("completed")
         yield self._chunk({}, finish="stop")
         yield b"data: [DONE]\n\n"
 
@@ -174,6 +177,7 @@ class _Completion:
             if self.audio:
                 return self._chunk({"audio": {"id": self.audio_id, "transcript": item.text}})
             return self._chunk({"content": item.text})
+        self.log.audio()
         pcm = resample_pcm16(item.pcm16, item.sample_rate_hz, self.rate_hz)
         return self._chunk({"audio": {"id": self.audio_id, "data": base64.b64encode(pcm).decode()}})
 
@@ -186,9 +190,12 @@ class _Completion:
                     if isinstance(item, TextDelta):
                         text.append(item.text)
                     else:
+                        self.log.audio()
                         pcm += resample_pcm16(item.pcm16, item.sample_rate_hz, self.rate_hz)
         except OmnitrioError as exc:
+            self.log.done("failed")
             return error_response(500, str(exc), "pipeline_error")
+        self.log.done("completed")
         message: dict[str, Any] = {
             "role": "assistant",
             "content": None if self.audio else "".join(text),

@@ -1,11 +1,14 @@
 """The Realtime WebSocket endpoint: a thin shell around the sans-io ``RealtimeSession``.
 
 One connection is one nursery: a reader task feeding client frames to the session,
-a writer task sending server events (each send bounded by ``send_timeout_s``), and
-one task per active response reading its pipeline stream. Server events pass
-through a bounded channel, so a client that stops reading stops its response's
-reads from the pipeline (its stream's credits run out) and, after the send
-timeout, is disconnected with close code 1008. No other connection notices.
+a writer task sending server events, and one task per active response reading its
+pipeline stream. Server events pass through a bounded queue, so a client that
+reads slowly stops its response's reads from the pipeline (its stream's credits
+run out). If the queue stays full for ``send_timeout_s`` the connection is closed
+with code 1008; a client that reads nothing at all cannot even take the close
+frame, and the HTTP server drops its TCP connection after the same timeout (see
+``_serve._ContainedTCPServer``). Either way the response's stream is freed and no
+other connection notices.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from ..realtime import (
     StartResponse,
 )
 from ._audio import resample_pcm16
-from ._state import ServerState, new_id
+from ._state import ResponseLog, ServerState, new_id
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +64,7 @@ class RealtimeConnection:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._write)
                     for event in self._session.start():
-                        await self._send.send(event)
+                        await self._queue(event)
                     await self._read(nursery)
                     nursery.cancel_scope.cancel()
         except* _ClientTooSlow:
@@ -78,31 +81,34 @@ class RealtimeConnection:
             frame = await self._ws.receive()
             for out in self._session.receive(frame):
                 if isinstance(out, ServerEvent):
-                    await self._send.send(out)
+                    await self._queue(out)
                 elif isinstance(out, StartResponse):
                     await nursery.start(self._respond, out)
                 elif isinstance(out, CancelResponse) and out.response_id in self._responses:
                     self._responses[out.response_id].cancel()
 
     async def _write(self) -> None:
-        timeout_s = self._state.settings.send_timeout_s
         async for event in self._outbound:
-            data = self._session.encode(event)
-            with trio.move_on_after(timeout_s) as waited:
-                await self._ws.send(data)
-            if waited.cancelled_caught:
-                raise _ClientTooSlow
+            await self._ws.send(self._session.encode(event))
+
+    async def _queue(self, event: ServerEvent) -> None:
+        """Queue a server event; a client that lets the queue stay full is too slow."""
+        with trio.move_on_after(self._state.settings.send_timeout_s) as waited:
+            await self._send.send(event)
+        if waited.cancelled_caught:
+            raise _ClientTooSlow
 
     async def _respond(
         self, start: StartResponse, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         rid = start.response_id
         status, error = "completed", None
+        log = ResponseLog(self._state, "realtime", rid)
         with trio.CancelScope() as scope:
             self._responses[rid] = scope
             task_status.started()
             try:
-                await self._stream(start)
+                await self._stream(start, log)
             except Overloaded as exc:
                 self._state.refusals.labels("overloaded").inc()
                 status, error = "failed", str(exc)
@@ -111,25 +117,22 @@ class RealtimeConnection:
         del self._responses[rid]
         if scope.cancelled_caught:
             status = "cancelled"
+        log.done(status)
         for event in self._session.finish(rid, status, error):  # type: ignore[arg-type]
-            await self._send.send(event)
+            await self._queue(event)
 
-    async def _stream(self, start: StartResponse) -> None:
+    async def _stream(self, start: StartResponse, log: ResponseLog) -> None:
         if self._state.draining:
             raise Overloaded(self._state.pipeline.config.pipeline.max_streams)
         rate_hz = self._state.settings.output_sample_rate_hz
-        started = trio.current_time()
-        first_audio = True
         async with self._state.pipeline.open_stream(start.request) as stream:
             async for item in stream:
                 if isinstance(item, AudioChunk):
-                    if first_audio:
-                        self._state.ttfa_s.observe(trio.current_time() - started)
-                        first_audio = False
+                    log.audio()
                     pcm = resample_pcm16(item.pcm16, item.sample_rate_hz, rate_hz)
                     item = AudioChunk(pcm, rate_hz)
                 for event in self._session.output(start.response_id, item):
-                    await self._send.send(event)
+                    await self._queue(event)
 
     async def _close(self, code: int, reason: str) -> None:
         logger.info("closing realtime connection: %s (%d)", reason, code)

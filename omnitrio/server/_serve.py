@@ -10,6 +10,7 @@ from functools import partial
 import hypercorn.trio.run
 import trio
 from hypercorn.config import Config
+from hypercorn.events import Closed, Event, RawData
 from hypercorn.trio import serve as hypercorn_serve
 from hypercorn.trio.tcp_server import TCPServer
 
@@ -21,14 +22,20 @@ from ._state import ServerState
 
 logger = logging.getLogger(__name__)
 
+SEND_TIMEOUT_ATTRIBUTE = "omnitrio_send_timeout_s"
+
 
 class _ContainedTCPServer(TCPServer):
-    """hypercorn's per-connection task, with its failures kept to that connection.
+    """hypercorn's per-connection task, made safe for one bad peer.
 
-    On the trio worker an exception in one connection's task ends ``serve()`` for
-    every client (hypercorn #225: a WebSocket upgrade request followed by extra
-    bytes makes h11 raise while hypercorn finishes the connection). Here it is
-    logged and only that connection is dropped. Cancellation passes through.
+    - On the trio worker an exception in one connection's task ends ``serve()``
+      for every client (hypercorn #225: a WebSocket upgrade request followed by
+      extra bytes makes h11 raise while hypercorn finishes the connection). Here
+      it is logged and only that connection is dropped. Cancellation passes.
+    - hypercorn writes to the socket shielded from cancellation, so a peer that
+      stops reading would hold its connection task (and server shutdown) forever.
+      Here a write that cannot finish within the server's send timeout drops that
+      connection; the application then sees a disconnect and frees its stream.
     """
 
     async def run(self) -> None:
@@ -36,6 +43,24 @@ class _ContainedTCPServer(TCPServer):
             await super().run()
         except Exception:
             logger.warning("a connection failed inside the HTTP server; dropped it", exc_info=True)
+
+    async def protocol_send(self, event: Event) -> None:
+        if not isinstance(event, RawData):
+            await super().protocol_send(event)
+            return
+        timeout_s: float = getattr(self.config, SEND_TIMEOUT_ATTRIBUTE, 10.0)
+        async with self.send_lock:
+            try:
+                # Shielded like hypercorn's own write, but with a deadline of its own.
+                with trio.CancelScope(shield=True), trio.move_on_after(timeout_s) as stalled:
+                    await self.stream.send_all(event.data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.protocol.handle(Closed())
+                return
+        if stalled.cancelled_caught:
+            logger.info("peer read nothing for %.1f s; dropping its connection", timeout_s)
+            await self.stream.aclose()
+            await self.protocol.handle(Closed())
 
 
 hypercorn.trio.run.TCPServer = _ContainedTCPServer  # type: ignore[attr-defined]
@@ -90,4 +115,5 @@ def _hypercorn_config(settings: ServerSettings) -> Config:
     config.graceful_timeout = settings.grace_period_s
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
+    setattr(config, SEND_TIMEOUT_ATTRIBUTE, settings.send_timeout_s)
     return config

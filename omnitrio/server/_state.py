@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .._pipeline import Pipeline
 from ._settings import ServerSettings
+
+logger = logging.getLogger("omnitrio.server")
 
 
 @dataclass
@@ -44,6 +48,26 @@ class ServerState:
     @property
     def model_name(self) -> str:
         return self.pipeline.config.pipeline.name
+
+
+class ResponseLog:
+    """Times one response: feeds the TTFA histogram and logs one line when it ends."""
+
+    def __init__(self, state: ServerState, kind: str, response_id: str) -> None:
+        self._state = state
+        self._what = f"{kind} {response_id}"
+        self._started = trio.current_time()
+        self.first_audio_s: float | None = None
+
+    def audio(self) -> None:
+        if self.first_audio_s is None:
+            self.first_audio_s = trio.current_time() - self._started
+            self._state.ttfa_s.observe(self.first_audio_s)
+
+    def done(self, status: str) -> None:
+        ttfa = "none" if self.first_audio_s is None else f"{self.first_audio_s * 1000:.0f} ms"
+        total_ms = (trio.current_time() - self._started) * 1000
+        logger.info("%s %s: first audio %s, took %.0f ms", self._what, status, ttfa, total_ms)
 
 
 def new_id(prefix: str) -> str:
