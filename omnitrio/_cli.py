@@ -9,6 +9,7 @@ summary; ``omnitrio check-config`` validates a config file.
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import signal
 import sys
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import trio
 
-from ._config import load_config
-from ._errors import OmnitrioError
+from ._config import PipelineConfig, load_config, resolve_impl
+from ._errors import ConfigError, OmnitrioError
 from ._items import AudioChunk, Event, TextDelta
 from ._pipeline import Pipeline, open_pipeline
 
@@ -56,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from .server import ServerSettings, serve  # the web stack loads only for the server
 
+    config = load_config(args.config)
+    if args.model_path is not None:
+        config = _with_model_path(config, args.model_path)
     settings = ServerSettings.from_env(
         host=args.host,
         port=args.port,
@@ -66,14 +70,42 @@ def _serve(args: argparse.Namespace) -> int:
 
     async def run() -> int | None:
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(serve, args.config, settings)
-            print(f"omnitrio serving {args.config} at {', '.join(binds)}", flush=True)
+            binds = await nursery.start(serve, config, settings)
+            stages = " -> ".join(s.name for s in config.stages)
+            print(f"omnitrio serving {config.pipeline.name} ({stages}) at {', '.join(binds)}")
             print(f"  voice chat page: {binds[0]}/   realtime: {binds[0]}/v1/realtime", flush=True)
         return None
 
     trio.run(run)
     print("omnitrio: stopped", file=sys.stderr)
     return 0
+
+
+def _with_model_path(config: PipelineConfig, model_path: Path) -> PipelineConfig:
+    """``config`` with ``params.model_path`` set on every stage that takes one."""
+    if not model_path.is_dir():
+        raise ConfigError(
+            str(model_path), "--model-path", "no such folder; give a local model folder"
+        )
+    takes = [
+        spec
+        for spec in config.stages
+        if "model_path"
+        in inspect.signature(resolve_impl(spec.impl, config.source, "impl")).parameters
+    ]
+    if not takes:
+        raise ConfigError(
+            config.source,
+            "--model-path",
+            f"no stage of pipeline {config.pipeline.name!r} loads a model; drop --model-path",
+        )
+    stages = tuple(
+        s.model_copy(update={"params": {**s.params, "model_path": str(model_path)}})
+        if s in takes
+        else s
+        for s in config.stages
+    )
+    return config.model_copy(update={"stages": stages})
 
 
 def _leaves(exc: BaseException) -> Iterator[BaseException]:
@@ -93,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
         "run", help="serve a pipeline: OpenAI-compatible HTTP, Realtime WebSocket, voice page"
     )
     run.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="pipeline YAML")
+    run.add_argument(
+        "--model-path", type=Path, help="local model folder for the stages that load one"
+    )
     run.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     run.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")
     run.add_argument(

@@ -11,6 +11,8 @@ from types import ModuleType
 import pytest
 import trio
 
+from tests.test_server_process import start_server
+
 REPO = Path(__file__).resolve().parent.parent
 FENCE = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 TEST_REF = re.compile(r"`(test_\w+\.py)?::(test_\w+)`")
@@ -87,10 +89,24 @@ def test_readme_snippet_runs(
 ) -> None:
     # A plain (sync) test: the README's snippet calls trio.run itself.
     monkeypatch.chdir(REPO)
-    blocks = _python_blocks(REPO / "README.md")
+    blocks = [b for b in _python_blocks(REPO / "README.md") if "open_pipeline" in b[1]]
     assert len(blocks) == 1
     line, code = blocks[0]
     exec(compile("\n" * (line - 1) + code, str(REPO / "README.md"), "exec"), {"__name__": "readme"})
     out = capsys.readouterr().out
     assert "TextDelta(text='thinker:1 ')" in out
     assert out.rstrip().endswith("1")
+
+
+def test_readme_client_snippet_runs_against_the_server(capsys: pytest.CaptureFixture[str]) -> None:
+    blocks = [b for b in _python_blocks(REPO / "README.md") if "openai.OpenAI" in b[1]]
+    assert len(blocks) == 1
+    line, code = blocks[0]
+    process, url = start_server("--port", "0")
+    try:
+        code = code.replace("http://127.0.0.1:8000", url)
+        exec(compile("\n" * (line - 1) + code, str(REPO / "README.md"), "exec"), {})
+    finally:
+        process.terminate()
+        process.communicate(timeout=10)
+    assert capsys.readouterr().out.startswith("thinker:1 thinker:2 ")

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 SERVING = re.compile(r"omnitrio serving .* at (http://[\d.]+:\d+)")
 
 
-def _start(*args: str) -> tuple[subprocess.Popen[str], str]:
+def start_server(*args: str) -> tuple[subprocess.Popen[str], str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "omnitrio._cli", "--log-level", "WARNING", "run", *args],
         cwd=REPO,
@@ -50,7 +50,7 @@ def test_signal_with_streams_open_exits_zero_within_the_grace_period(
     config.write_text(
         (REPO / "configs" / "synthetic.yaml").read_text().replace("steps: 24", "steps: 100000")
     )
-    process, url = _start("--config", str(config), "--port", "0", "--grace-period-s", "1")
+    process, url = start_server("--config", str(config), "--port", "0", "--grace-period-s", "1")
     readers: list[threading.Thread] = []
     try:
         for _ in range(8):  # 8 endless streaming responses in flight
@@ -104,6 +104,23 @@ def test_port_in_use_is_one_clear_line() -> None:
     assert len(lines) == 1, result.stderr
     assert "address already in use" in lines[0].lower(), result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_model_path_errors_are_one_clear_line(tmp_path: Path) -> None:
+    for folder, message in [
+        (tmp_path / "missing", "--model-path: no such folder; give a local model folder"),
+        (tmp_path, "--model-path: no stage of pipeline 'synthetic-omni' loads a model"),
+    ]:
+        result = subprocess.run(
+            [sys.executable, "-m", "omnitrio._cli", "run", "--model-path", str(folder)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert result.returncode == 2
+        assert message in result.stderr
+        assert "Traceback" not in result.stderr
 
 
 def test_bad_config_is_one_clear_line(tmp_path: Path) -> None:
