@@ -91,11 +91,7 @@ class Fields:
     def required_str(self, key: str) -> str:
         value = self.optional_str(key)
         if value is None:
-            raise ClientEventError(
-                "missing_required_parameter",
-                f"missing required parameter {self.param(key)}",
-                param=self.param(key),
-            )
+            raise self._missing(key)
         return value
 
     def optional_number(self, key: str) -> float | None:
@@ -125,12 +121,14 @@ class Fields:
     def required_object(self, key: str) -> Fields:
         value = self.optional_object(key)
         if value is None:
-            raise ClientEventError(
-                "missing_required_parameter",
-                f"missing required parameter {self.param(key)}",
-                param=self.param(key),
-            )
+            raise self._missing(key)
         return value
+
+    def _missing(self, key: str) -> ClientEventError:
+        where = self.param(key)
+        return ClientEventError(
+            "missing_required_parameter", f"missing required parameter {where}", param=where
+        )
 
     def choice(self, key: str, allowed: tuple[str, ...]) -> str | None:
         """A string that must be one of ``allowed`` (or absent)."""
