@@ -2,7 +2,9 @@
 
 Chromium's fake media flags feed a WAV file as the microphone. The page connects
 over the Realtime WebSocket, answers a text turn and a push-to-talk turn with
-audio, and reports what it saw through ``window.omnitrio``. A screenshot goes to
+audio, and reports what it saw through ``window.omnitrio``. Barge-in is checked
+both ways (pressing Talk over a playing reply, and Stop): playback must go silent
+at once, i.e. the seconds played stop growing. A screenshot goes to
 ``test-artifacts/web_page.png``.
 
 A plain (sync) test: Playwright's sync API runs its own event loop, which must
@@ -25,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import Page, sync_playwright
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -33,6 +35,10 @@ SCREENSHOT = REPO / "test-artifacts" / "web_page.png"
 SERVER_START_TIMEOUT_S = 20.0
 SERVER_STOP_TIMEOUT_S = 5.0
 TURN_TIMEOUT_MS = 10_000
+STOP_WITHIN_MS = 200  # a barge-in must silence playback this fast
+STILL_STOPPED_MS = 300  # ... and it must stay silent for at least this long after
+MID_PLAYBACK_LEFT_S = 0.2  # barge in while at least this much of the reply is unplayed
+PLAYED_SLACK_S = 0.01  # resampling may drop a sample or so of each reply
 SERVING = re.compile(r"omnitrio serving .* at (https?://[^\s,]+)")
 
 
@@ -142,15 +148,35 @@ def test_voice_chat_page(tmp_path: Path, chromium: Path, server_url: str) -> Non
             )
             first_audio_s = page.evaluate("window.omnitrio.audioSecondsReceived")
 
-            # (b) A push-to-talk turn: ~1 s from the fake microphone, then a second reply.
+            # (b) Talking over the reply barges in: playback stops at once.
+            _wait_until_mid_playback(page, 0.0)
             page.click("#talk")
+            cut_s = _assert_playback_stopped(page)
+
+            # (c) A push-to-talk turn: ~1 s from the fake microphone, then a second reply,
+            # which plays to the end.
             page.wait_for_function("window.omnitrio.audioSecondsSent >= 1.0")
             page.click("#talk")
             page.wait_for_function(
                 f"window.omnitrio.audioSecondsReceived > {first_audio_s}"
                 " && window.omnitrio.eventCounts['response.done'] === 2"
             )
-            page.wait_for_function("window.omnitrio.audioSecondsPlayed > 0")
+            second_audio_s = page.evaluate("window.omnitrio.audioSecondsReceived") - first_audio_s
+            page.wait_for_function(
+                f"window.omnitrio.audioSecondsPlayed >= {cut_s + second_audio_s - PLAYED_SLACK_S}"
+            )
+
+            # (d) A third reply, stopped with the Stop button while it plays.
+            played_s = page.evaluate("window.omnitrio.audioSecondsPlayed")
+            page.fill("#text", "And once more")
+            page.click("#send")
+            # Once the server is done, Stop only has playback to silence; a response.cancel
+            # racing response.done would earn an (ignored but counted) error event.
+            page.wait_for_function("window.omnitrio.eventCounts['response.done'] === 3")
+            _wait_until_mid_playback(page, played_s)
+            page.click("#stop")
+            _assert_playback_stopped(page)
+            page.wait_for_function("document.querySelector('#stop').disabled")
 
             SCREENSHOT.parent.mkdir(exist_ok=True)
             page.screenshot(path=str(SCREENSHOT), full_page=True)
@@ -165,3 +191,28 @@ def test_voice_chat_page(tmp_path: Path, chromium: Path, server_url: str) -> Non
     assert seen["eventCounts"]["session.created"] == 1
     assert seen["eventCounts"].get("error", 0) == 0
     assert not seen["recording"]
+    assert seen["playback"] == "worklet"
+    assert isinstance(seen["underruns"], int)
+    assert len(seen["firstAudioMs"]) == 3
+
+
+def _wait_until_mid_playback(page: Page, played_before_s: float) -> None:
+    """Until the reply is audibly playing with at least MID_PLAYBACK_LEFT_S still to go."""
+    page.wait_for_function(
+        f"window.omnitrio.audioSecondsPlayed > {played_before_s}"
+        " && window.omnitrio.audioSecondsPlayed < window.omnitrio.audioSecondsReceived"
+        f" - {MID_PLAYBACK_LEFT_S}",
+        polling=5,
+    )
+
+
+def _assert_playback_stopped(page: Page) -> float:
+    """After a barge-in, seconds played settle within STOP_WITHIN_MS and stay short of
+    what was received; returns them."""
+    page.wait_for_timeout(STOP_WITHIN_MS)
+    settled_s = page.evaluate("window.omnitrio.audioSecondsPlayed")
+    page.wait_for_timeout(STILL_STOPPED_MS)
+    seen = page.evaluate("window.omnitrio")
+    assert seen["audioSecondsPlayed"] == settled_s, "playback went on after the barge-in"
+    assert settled_s < seen["audioSecondsReceived"] - PLAYED_SLACK_S
+    return settled_s

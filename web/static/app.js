@@ -1,8 +1,9 @@
 // omnitrio voice chat: a small client of the OpenAI-compatible Realtime WebSocket API.
 // Text and push-to-talk turns go up as Realtime events; the reply's audio deltas are
-// played gaplessly (audio.js) and its transcript streams into the page.
+// played gaplessly (player.js) and its transcript streams into the page.
 
-import { Player, base64ToFloat32, openMicrophone, pcm16ToBase64 } from "./audio.js";
+import { base64ToFloat32, openMicrophone, pcm16ToBase64 } from "./audio.js";
+import { createPlayer } from "./player.js";
 
 const INPUT_RATE_HZ = 24000; // the server expects PCM16 mono at 24 kHz
 const SEND_INTERVAL_MS = 100; // how often recorded audio goes up as input_audio_buffer.append
@@ -18,22 +19,21 @@ const ui = {
 // What the page has seen, for people and for tests (tests/test_web_page.py reads it).
 const omnitrio = (window.omnitrio = {
   state: "idle", // idle | connecting | connected | closed
-  recording: false,
-  responding: false,
-  audioSecondsSent: 0,
-  audioSecondsReceived: 0,
-  audioSecondsPlayed: 0,
-  transcript: "",
-  errors: [],
-  eventCounts: {},
+  recording: false, responding: false,
+  audioSecondsSent: 0, audioSecondsReceived: 0,
+  audioSecondsPlayed: 0, // heard: counted by the playback worklet as it plays
+  underruns: 0, // times playback ran dry mid-reply
+  firstAudioMs: [], // time to first audio, per turn
+  playback: "", // "worklet", or "scheduled" where the browser lacks AudioWorklet
+  transcript: "", errors: [], eventCounts: {},
 });
 
-const player = new Player({
-  onPlayed: (seconds) => {
-    omnitrio.audioSecondsPlayed += seconds;
-    updateStop();
-  },
+const player = createPlayer({
+  onPlayed: (seconds) => (omnitrio.audioSecondsPlayed += seconds),
+  onUnderrun: (total) => (omnitrio.underruns = total),
+  onChange: updateStop, onError: showError,
 });
+omnitrio.playback = player.kind;
 
 let ws = null;
 let outputRateHz = 24000; // replaced by session.created's session.audio.output.format.rate
@@ -76,7 +76,7 @@ function addLine(role, text) {
   li.className = role;
   li.textContent = text;
   ui.transcript.append(li);
-  li.scrollIntoView({ block: "nearest" });
+  ui.transcript.scrollTop = ui.transcript.scrollHeight; // the newest line in view
   return li;
 }
 
@@ -149,7 +149,7 @@ function endReply() {
   updateStop();
 }
 
-// Stop the reply now: cancel it on the server and silence what is already scheduled.
+// Stop the reply now: cancel it on the server and silence what is already queued.
 function bargeIn() {
   if (reply && !reply.cancelled) {
     send({ type: "response.cancel", event_id: `evt_page_${++numSent}` });
@@ -178,7 +178,9 @@ function onAudioDelta(event) {
   const samples = base64ToFloat32(event.delta);
   omnitrio.audioSecondsReceived += samples.length / outputRateHz;
   if (turnStartedAt !== null) {
-    ui.latency.textContent = `first audio: ${Math.round(performance.now() - turnStartedAt)} ms`;
+    const ms = Math.round(performance.now() - turnStartedAt);
+    omnitrio.firstAudioMs.push(ms);
+    ui.latency.textContent = `first audio: ${ms} ms`;
     turnStartedAt = null;
   }
   player.enqueue(samples, outputRateHz);
@@ -193,6 +195,7 @@ function onTextDelta(event) {
     replyLines.set(event.response_id, li);
   }
   li.textContent += event.delta;
+  ui.transcript.scrollTop = ui.transcript.scrollHeight; // follow it as it grows
   omnitrio.transcript += event.delta;
 }
 
@@ -210,8 +213,11 @@ const handlers = {
     if (status === "failed") {
       showError(`response failed: ${JSON.stringify(e.response.status_details ?? {})}`);
     }
+    player.end(); // a short last burst below the jitter threshold plays out now
     if (reply && (reply.id === id || reply.id === null)) endReply();
   },
+  "response.output_audio.done": () => player.end(),
+  "response.audio.done": () => player.end(),
   // The GA names, and the older beta names some servers still send.
   "response.output_audio.delta": onAudioDelta,
   "response.audio.delta": onAudioDelta,
@@ -299,3 +305,5 @@ ui.talk.addEventListener("click", () => {
 });
 
 ui.stop.addEventListener("click", bargeIn);
+// Escape stops the reply from anywhere on the page, as the Stop button does.
+document.addEventListener("keydown", (e) => e.key === "Escape" && !ui.stop.disabled && bargeIn());

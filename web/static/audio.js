@@ -1,64 +1,6 @@
-// Audio for the voice chat page: gapless playback of PCM16 chunks, microphone capture
-// to PCM16 at a fixed rate, and the PCM16 <-> base64 conversions of the Realtime API.
-
-const PLAYBACK_LEAD_S = 0.05; // jitter buffer: a fresh burst of audio starts this far ahead
-
-// ---------------------------------------------------------------- playback
-
-// Each chunk becomes an AudioBuffer at the session's rate (WebAudio resamples it to the
-// device's rate) and is scheduled to start exactly where the previous one ends, so the
-// chunks join without gaps. After an underrun (or for the first chunk) playback restarts
-// PLAYBACK_LEAD_S ahead of now, which gives the following chunks that long to arrive.
-export class Player {
-  constructor({ onPlayed }) {
-    this.onPlayed = onPlayed; // called with seconds actually played (whole or cut chunks)
-    this.ctx = null;
-    this.nextStartS = 0; // AudioContext time where the next chunk starts
-    this.scheduled = new Map(); // AudioBufferSourceNode -> {startS, durationS}
-  }
-
-  // Call from a user gesture (a click) first, so the autoplay policy lets it play.
-  ensure() {
-    this.ctx ??= new AudioContext();
-    if (this.ctx.state === "suspended") this.ctx.resume();
-    return this.ctx;
-  }
-
-  busy() {
-    return this.scheduled.size > 0;
-  }
-
-  enqueue(samples, rateHz) {
-    const ctx = this.ensure();
-    const buffer = ctx.createBuffer(1, samples.length, rateHz);
-    buffer.copyToChannel(samples, 0);
-    const source = ctx.createBufferSource();
-    source.buffer = buffer;
-    source.connect(ctx.destination);
-    if (this.nextStartS < ctx.currentTime) this.nextStartS = ctx.currentTime + PLAYBACK_LEAD_S;
-    source.start(this.nextStartS);
-    this.scheduled.set(source, { startS: this.nextStartS, durationS: buffer.duration });
-    this.nextStartS += buffer.duration;
-    source.onended = () => {
-      this.scheduled.delete(source);
-      this.onPlayed(buffer.duration);
-    };
-  }
-
-  // Barge-in: silence everything scheduled at once, counting only what was heard.
-  stop() {
-    if (!this.ctx) return;
-    const now = this.ctx.currentTime;
-    for (const [source, { startS, durationS }] of this.scheduled) {
-      source.onended = null;
-      source.stop();
-      source.disconnect();
-      this.onPlayed(Math.min(durationS, Math.max(0, now - startS)));
-    }
-    this.scheduled.clear();
-    this.nextStartS = 0;
-  }
-}
+// Audio helpers for the voice chat page: microphone capture to PCM16 at a fixed rate,
+// a streaming resampler, and the PCM16 <-> base64 conversions of the Realtime API.
+// Reply playback lives in player.js (and playback-worklet.js).
 
 // ---------------------------------------------------------------- capture
 
@@ -126,8 +68,10 @@ function concat(chunks) {
 // Streaming linear-interpolation resampler. Output sample k sits at input position
 // k * step (step = fromHz / toHz). `pos` is the next output's position relative to the
 // current chunk; index -1 is the previous chunk's last sample, so interpolation runs
-// across chunk boundaries without clicks. (No low-pass filter before downsampling:
-// fine for speech, which has little energy above 12 kHz.)
+// across chunk boundaries without clicks. E.g. 48 kHz -> 24 kHz: step 2, every other
+// input sample; 16 kHz -> 48 kHz: step 1/3, two interpolated samples between inputs.
+// (No low-pass filter before downsampling: fine for speech, which has little energy
+// above 12 kHz; upsampling by interpolation leaves faint images above the old Nyquist.)
 export class Resampler {
   constructor(fromHz, toHz) {
     this.step = fromHz / toHz;
