@@ -71,6 +71,8 @@ def _serve(args: argparse.Namespace) -> int:
     async def run() -> int | None:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(serve, config, settings)
+            if not binds:
+                return None  # stopped by a signal while the stages loaded
             stages = " -> ".join(s.name for s in config.stages)
             print(f"omnitrio serving {config.pipeline.name} ({stages}) at {', '.join(binds)}")
             print(f"  voice chat page: {binds[0]}/   realtime: {binds[0]}/v1/realtime", flush=True)

@@ -914,3 +914,24 @@ def test_protocol_doc_snippets_run() -> None:
     namespace: dict[str, object] = {"__name__": "protocol_md"}
     for line, code in blocks:
         exec(compile("\n" * (line - 1) + code, str(path), "exec"), namespace)
+
+
+def test_the_conversation_is_bounded() -> None:
+    config = SessionConfig(session_id="sess_1", model="m", max_conversation_bytes=2000)
+    session = RealtimeSession(config)
+    session.start()
+    item = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "x" * 900}],
+    }
+    for _ in range(2):
+        events = session.receive(json.dumps({"type": "conversation.item.create", "item": item}))
+        assert all(e.type != "error" for e in events if isinstance(e, ServerEvent))
+    (error,) = session.receive(json.dumps({"type": "conversation.item.create", "item": item}))
+    assert isinstance(error, ServerEvent)
+    assert error.type == "error"
+    assert error.fields["error"]["code"] == "conversation_too_large"  # type: ignore[index]
+    # The session goes on: a response still starts.
+    outs = session.receive(json.dumps({"type": "response.create"}))
+    assert any(isinstance(o, StartResponse) for o in outs)

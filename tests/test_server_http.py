@@ -213,3 +213,37 @@ async def test_static_files_cannot_escape_web(base_url: str) -> None:
         status, body, _ = await trio.to_thread.run_sync(_get, f"{base_url}{path}")
         assert status == 404, path
         assert b"omnitrio" not in body
+
+
+async def test_dns_rebinding_names_are_refused(base_url: str) -> None:
+    port = base_url.rsplit(":", 1)[1]
+    rebound = {"Host": f"attacker.example:{port}", "Origin": f"http://attacker.example:{port}"}
+    status, _, _ = await trio.to_thread.run_sync(_get, f"{base_url}/v1/models", rebound)
+    assert status == 421
+    status, _, _ = await trio.to_thread.run_sync(_get, f"{base_url}/", rebound)
+    assert status == 421
+    same_site = {"Host": f"localhost:{port}", "Origin": f"http://localhost:{port}"}
+    status, _, _ = await trio.to_thread.run_sync(_get, f"{base_url}/v1/models", same_site)
+    assert status == 200
+
+
+async def test_chat_input_audio_reaches_the_pipeline_or_is_refused(base_url: str) -> None:
+    from omnitrio.server._audio import wav_bytes
+
+    def ask(part: dict[str, object]) -> str | int:
+        try:
+            reply = _client(base_url).chat.completions.create(
+                model="test",
+                messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}, part]}],  # type: ignore[list-item]
+            )
+        except openai.BadRequestError as exc:
+            return exc.status_code
+        return reply.choices[0].message.content or ""
+
+    wav = base64.b64encode(wav_bytes(bytes(3200), 16000)).decode()
+    ok = {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}
+    assert await trio.to_thread.run_sync(ask, ok) == "".join(f"a:{i} " for i in range(1, 7))
+    mp3 = {"type": "input_audio", "input_audio": {"data": wav, "format": "mp3"}}
+    assert await trio.to_thread.run_sync(ask, mp3) == 400
+    junk = {"type": "input_audio", "input_audio": {"data": "bm90IGEgd2F2", "format": "wav"}}
+    assert await trio.to_thread.run_sync(ask, junk) == 400

@@ -50,13 +50,22 @@ class SessionConfig:
     output_sample_rate_hz: int = 24000
     max_input_audio_s: float = 60.0
     max_message_bytes: int = 1 << 20
+    max_conversation_items: int = 1024
+    max_conversation_bytes: int = 1 << 20
+    """Text (and transcripts) a conversation may hold: it is sent with every response."""
 
     def __post_init__(self) -> None:
         if self.framing not in ("json", "msgpack"):
             raise ValueError(f"framing must be 'json' or 'msgpack', not {self.framing!r}")
         if self.dialect not in ("ga", "beta"):
             raise ValueError(f"dialect must be 'ga' or 'beta', not {self.dialect!r}")
-        for name in ("input_sample_rate_hz", "output_sample_rate_hz", "max_message_bytes"):
+        for name in (
+            "input_sample_rate_hz",
+            "output_sample_rate_hz",
+            "max_message_bytes",
+            "max_conversation_items",
+            "max_conversation_bytes",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, not {value!r}")

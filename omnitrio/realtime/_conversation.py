@@ -25,10 +25,15 @@ class Item:
 
 
 class Conversation:
-    """Items in conversation order. Small (one item per turn), so lookups are linear."""
+    """Items in conversation order, bounded in count and text size (the whole
+    conversation is sent with every response, so it must not grow without bound)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_items: int = 1024, max_bytes: int = 1 << 20) -> None:
         self._items: list[Item] = []
+        self._by_id: dict[str, Item] = {}
+        self._max_items = max_items
+        self._max_bytes = max_bytes
+        self._num_bytes = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -38,7 +43,18 @@ class Conversation:
         return self._items[-1].id if self._items else None
 
     def get(self, item_id: str) -> Item | None:
-        return next((item for item in self._items if item.id == item_id), None)
+        return self._by_id.get(item_id)
+
+    def _check_room(self, adding: Item, removing: Item | None = None) -> None:
+        num_items = len(self._items) + (0 if removing else 1)
+        num_bytes = self._num_bytes + _size(adding) - (_size(removing) if removing else 0)
+        if num_items > self._max_items or num_bytes > self._max_bytes:
+            raise ClientEventError(
+                "conversation_too_large",
+                f"the conversation would hold {num_items} items and {num_bytes} bytes of text, "
+                f"above its limit of {self._max_items} items and {self._max_bytes} bytes; "
+                "start a new session",
+            )
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Insert ``item`` after ``previous_item_id`` (the end if None, the start if "root").
@@ -64,14 +80,20 @@ class Conversation:
                     param="previous_item_id",
                 )
             index = found[0] + 1
+        self._check_room(item)
         self._items.insert(index, item)
+        self._by_id[item.id] = item
+        self._num_bytes += _size(item)
         return self._items[index - 1].id if index > 0 else None
 
     def replace(self, item: Item) -> None:
         """Put ``item`` in the place of the item with its id."""
         for index, old in enumerate(self._items):
             if old.id == item.id:
+                self._check_room(item, removing=old)
                 self._items[index] = item
+                self._by_id[item.id] = item
+                self._num_bytes += _size(item) - _size(old)
                 return
         raise KeyError(item.id)
 
@@ -83,3 +105,7 @@ class Conversation:
         return "\n".join(
             f"{item.role}: {item.text}" for item in self._items if item.text is not None
         )
+
+
+def _size(item: Item) -> int:
+    return len(item.text.encode()) if item.text else 0

@@ -35,6 +35,7 @@ ErrorCode = Literal[
     "response_cancel_not_active",
     "item_not_found",
     "duplicate_item_id",
+    "conversation_too_large",
 ]
 
 MAX_ECHO_CHARS = 64

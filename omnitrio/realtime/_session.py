@@ -107,7 +107,9 @@ class RealtimeSession:
         self.config = config
         self._started = False
         self._settings: Settings = default_settings(config)
-        self._conversation = Conversation()
+        self._conversation = Conversation(
+            config.max_conversation_items, config.max_conversation_bytes
+        )
         self._conversation_id = new_id("conv")
         self._buffer = bytearray()
         self._committed: list[tuple[str, bytes]] = []  # (user audio item id, PCM16)

@@ -10,7 +10,7 @@ from quart import Response, request, send_from_directory, websocket
 from quart_trio import QuartTrio
 
 from ..realtime import RealtimeSession
-from ._guard import key_ok, origin_ok
+from ._guard import host_ok, key_ok, origin_ok
 from ._openai_http import chat_completions, error_response, speech
 from ._realtime import CLOSE_TRY_AGAIN_LATER, RealtimeConnection, pick_subprotocol, session_config
 from ._state import ServerState
@@ -21,10 +21,14 @@ logger = logging.getLogger(__name__)
 def create_app(state: ServerState) -> QuartTrio:
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = state.settings.max_message_bytes
+    # quart cuts every response at 60 s by default; long streams end with the session limit.
+    app.config["RESPONSE_TIMEOUT"] = state.settings.max_session_s
     settings = state.settings
 
     @app.before_request
     async def guard_http() -> Response | None:
+        if not host_ok(settings, request.headers):
+            return error_response(421, "unknown Host; use a loopback address", "misdirected")
         if request.path in ("/health", "/") or request.path.startswith("/static/"):
             return None
         if not origin_ok(settings, request.headers):
@@ -70,6 +74,8 @@ def create_app(state: ServerState) -> QuartTrio:
     @app.websocket("/v1/realtime")
     async def realtime() -> Response | None:
         headers, offered = websocket.headers, websocket.requested_subprotocols
+        if not host_ok(settings, headers):
+            return error_response(421, "unknown Host; use a loopback address", "misdirected")
         if not origin_ok(settings, headers):
             return error_response(403, "cross-origin WebSocket refused", "forbidden_origin")
         if not key_ok(settings, headers, offered):

@@ -38,3 +38,14 @@ def wav_header(sample_rate_hz: int) -> bytes:
     header[4:8] = (0xFFFFFFFF).to_bytes(4, "little")
     header[40:44] = (0xFFFFFFFF - 36).to_bytes(4, "little")
     return bytes(header)
+
+
+def pcm16_from_wav(data: bytes) -> tuple[bytes, int]:
+    """(PCM16 samples, sample rate) of a mono 16-bit WAV file; ``ValueError`` otherwise."""
+    try:
+        with wave.open(io.BytesIO(data), "rb") as wav:
+            if wav.getnchannels() != 1 or wav.getsampwidth() != 2:
+                raise ValueError("the WAV must be mono 16-bit PCM")
+            return wav.readframes(wav.getnframes()), wav.getframerate()
+    except (wave.Error, EOFError) as exc:
+        raise ValueError(f"not a readable WAV file ({exc})") from None

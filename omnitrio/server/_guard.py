@@ -28,10 +28,27 @@ def key_ok(settings: ServerSettings, headers: Headers, subprotocols: list[str]) 
     return any(hmac.compare_digest(k.encode(), expected) for k in offered if k)
 
 
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def host_ok(settings: ServerSettings, headers: Headers) -> bool:
+    """Without an API key the server only answers to its loopback names.
+
+    A page on another site can point its own DNS name at 127.0.0.1 (DNS
+    rebinding); its requests then carry that name in ``Host`` and in ``Origin``,
+    so comparing the two proves nothing. Checking ``Host`` against the names
+    this server is known by does. With an API key (any non-loopback bind has
+    one) the key is the gate.
+    """
+    if settings.api_key is not None:
+        return True
+    hostname = urlsplit(f"//{headers.get('Host', '')}").hostname or ""
+    return hostname in LOOPBACK_NAMES or hostname == settings.host
+
+
 def origin_ok(settings: ServerSettings, headers: Headers) -> bool:
     """Browser requests (they send Origin) must come from this server or an allowed origin."""
     origin = headers.get("Origin")
     if origin is None or "*" in settings.allowed_origins or origin in settings.allowed_origins:
         return True
-    host = headers.get("Host", "")
-    return urlsplit(origin).netloc == host
+    return host_ok(settings, headers) and urlsplit(origin).netloc == headers.get("Host", "")

@@ -8,6 +8,7 @@ an immediate 503 with Retry-After.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -18,8 +19,8 @@ import pydantic
 from quart import Response
 
 from .._errors import OmnitrioError, Overloaded
-from .._items import AudioChunk, Request, TextDelta
-from ._audio import resample_pcm16, wav_bytes, wav_header
+from .._items import AudioChunk, AudioInput, Request, TextDelta
+from ._audio import pcm16_from_wav, resample_pcm16, wav_bytes, wav_header
 from ._state import ResponseLog, ServerState, new_id
 
 
@@ -89,12 +90,31 @@ def _refusal(state: ServerState) -> Response | None:
     return None
 
 
+class _BadContent(ValueError):
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}")
+        self.where = where
+
+
 def _request_of(chat: ChatRequest) -> Request:
+    """The pipeline request: the messages as ``role: text`` lines, the audio of the last
+    ``input_audio`` part (WAV, PCM16 mono), and the knobs as options. Raises
+    ``_BadContent`` for content the pipeline cannot take."""
     lines = []
-    for message in chat.messages:
+    audio: AudioInput | None = None
+    for index, message in enumerate(chat.messages):
         content = message.content
-        if isinstance(content, list):  # content parts: keep the text ones
-            content = " ".join(str(p.get("text", "")) for p in content if p.get("type") == "text")
+        if isinstance(content, list):
+            texts = []
+            for part_index, part in enumerate(content):
+                where = f"messages.{index}.content.{part_index}"
+                if part.get("type") == "text":
+                    texts.append(str(part.get("text", "")))
+                elif part.get("type") == "input_audio":
+                    audio = _input_audio(part.get("input_audio"), where)
+                else:
+                    raise _BadContent(where, f"content type {part.get('type')!r} is not supported")
+            content = " ".join(texts)
         lines.append(f"{message.role}: {content or ''}")
     max_tokens = chat.max_completion_tokens or chat.max_tokens
     options: dict[str, str | int | float | bool | None] = {
@@ -106,8 +126,20 @@ def _request_of(chat: ChatRequest) -> Request:
         "seed": chat.seed,
     }
     return Request(
-        text="\n".join(lines), options={k: v for k, v in options.items() if v is not None}
+        text="\n".join(lines),
+        audio=audio,
+        options={k: v for k, v in options.items() if v is not None},
     )
+
+
+def _input_audio(part: object, where: str) -> AudioInput:
+    if not isinstance(part, dict) or part.get("format") != "wav":
+        raise _BadContent(f"{where}.input_audio", "only format 'wav' (PCM16 mono) is supported")
+    try:
+        pcm16, rate_hz = pcm16_from_wav(base64.b64decode(str(part.get("data", "")), validate=True))
+    except (ValueError, binascii.Error) as exc:
+        raise _BadContent(f"{where}.input_audio.data", str(exc)) from None
+    return AudioInput(pcm16, rate_hz)
 
 
 async def chat_completions(state: ServerState, raw: bytes) -> Response:
@@ -122,8 +154,11 @@ async def chat_completions(state: ServerState, raw: bytes) -> Response:
     refusal = _refusal(state)
     if refusal is not None:
         return refusal
+    try:
+        request = _request_of(parsed)
+    except _BadContent as exc:
+        return error_response(400, str(exc), "unsupported_content", exc.where)
     completion = _Completion(state, parsed)
-    request = _request_of(parsed)
 
     async def items() -> AsyncGenerator[AudioChunk | TextDelta]:
         async with state.pipeline.open_stream(request) as stream:

@@ -20,6 +20,7 @@ from quart import Websocket
 
 from .._errors import OmnitrioError, Overloaded
 from .._items import AudioChunk
+from .._stream import Stream
 from ..realtime import (
     CancelResponse,
     RealtimeSession,
@@ -79,7 +80,8 @@ class RealtimeConnection:
     async def _read(self, nursery: trio.Nursery) -> None:
         while True:
             frame = await self._ws.receive()
-            for out in self._session.receive(frame):
+            # quart hands an empty binary frame over as None; it is still a frame.
+            for out in self._session.receive(b"" if frame is None else frame):
                 if isinstance(out, ServerEvent):
                     await self._queue(out)
                 elif isinstance(out, StartResponse):
@@ -101,42 +103,47 @@ class RealtimeConnection:
     async def _respond(
         self, start: StartResponse, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        """Run one response. A cancel stops only the reading: the stream is then closed
+        and released in every stage *before* response.done goes out, so the client's
+        next response.create finds its admission slot free (barge-in)."""
         rid = start.response_id
         status, error = "completed", None
         log = ResponseLog(self._state, "realtime", rid)
-        with trio.CancelScope() as scope:
-            self._responses[rid] = scope
-            task_status.started()
-            try:
-                await self._stream(start, log)
-            except Overloaded as exc:
-                self._state.refusals.labels("overloaded").inc()
-                status, error = "failed", str(exc)
-            except OmnitrioError as exc:
-                status, error = "failed", str(exc)
-        del self._responses[rid]
-        if scope.cancelled_caught:
+        reading = trio.CancelScope()
+        self._responses[rid] = reading
+        task_status.started()
+        try:
+            if self._state.draining:
+                raise Overloaded(self._state.pipeline.config.pipeline.max_streams)
+            async with self._state.pipeline.open_stream(start.request) as stream:
+                with reading:
+                    await self._forward(rid, stream, log)
+        except Overloaded as exc:
+            self._state.refusals.labels("overloaded").inc()
+            status, error = "failed", str(exc)
+        except OmnitrioError as exc:
+            status, error = "failed", str(exc)
+        finally:
+            del self._responses[rid]
+        if reading.cancelled_caught:
             status = "cancelled"
         log.done(status)
         for event in self._session.finish(rid, status, error):  # type: ignore[arg-type]
             await self._queue(event)
 
-    async def _stream(self, start: StartResponse, log: ResponseLog) -> None:
-        if self._state.draining:
-            raise Overloaded(self._state.pipeline.config.pipeline.max_streams)
+    async def _forward(self, rid: str, stream: Stream, log: ResponseLog) -> None:
         rate_hz = self._state.settings.output_sample_rate_hz
-        async with self._state.pipeline.open_stream(start.request) as stream:
-            async for item in stream:
-                if isinstance(item, AudioChunk):
-                    log.audio()
-                    pcm = resample_pcm16(item.pcm16, item.sample_rate_hz, rate_hz)
-                    item = AudioChunk(pcm, rate_hz)
-                for event in self._session.output(start.response_id, item):
-                    await self._queue(event)
+        async for item in stream:
+            if isinstance(item, AudioChunk):
+                log.audio()
+                item = AudioChunk(resample_pcm16(item.pcm16, item.sample_rate_hz, rate_hz), rate_hz)
+            for event in self._session.output(rid, item):
+                await self._queue(event)
 
     async def _close(self, code: int, reason: str) -> None:
         logger.info("closing realtime connection: %s (%d)", reason, code)
-        with trio.move_on_after(1.0), trio.CancelScope(shield=True):
+        # Shielded (the connection is being torn down) but never longer than 1 s.
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
             await self._ws.close(code, reason)
 
 

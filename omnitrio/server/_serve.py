@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 from functools import partial
@@ -22,7 +23,7 @@ from ._state import ServerState
 
 logger = logging.getLogger(__name__)
 
-SEND_TIMEOUT_ATTRIBUTE = "omnitrio_send_timeout_s"
+WRITES_ATTRIBUTE = "omnitrio_write_deadlines"
 
 
 class _ContainedTCPServer(TCPServer):
@@ -48,17 +49,21 @@ class _ContainedTCPServer(TCPServer):
         if not isinstance(event, RawData):
             await super().protocol_send(event)
             return
-        timeout_s: float = getattr(self.config, SEND_TIMEOUT_ATTRIBUTE, 10.0)
+        writes: _WriteDeadlines = getattr(self.config, WRITES_ATTRIBUTE)
         async with self.send_lock:
+            # Shielded like hypercorn's own write, but with a deadline of its own.
+            stalled = writes.scope()
+            writes.track(stalled)
             try:
-                # Shielded like hypercorn's own write, but with a deadline of its own.
-                with trio.CancelScope(shield=True), trio.move_on_after(timeout_s) as stalled:
+                with stalled:
                     await self.stream.send_all(event.data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 await self.protocol.handle(Closed())
                 return
+            finally:
+                writes.untrack(stalled)
         if stalled.cancelled_caught:
-            logger.info("peer read nothing for %.1f s; dropping its connection", timeout_s)
+            logger.info("a peer is not reading (or the server is stopping); dropping it")
             await self.stream.aclose()
             await self.protocol.handle(Closed())
 
@@ -75,45 +80,81 @@ async def serve(
     """Serve until SIGINT/SIGTERM (returned) or cancellation.
 
     The pipeline starts first (its stages load); then the server binds and
-    ``task_status.started()`` reports its URLs. On a signal the server stops
-    accepting, in-flight work gets ``grace_period_s`` to finish, then the rest is
-    cancelled, the server closes and the pipeline stops.
+    ``task_status.started()`` reports its URLs (an empty list if a signal came
+    first: a signal while stages load stops the loading at once). On a signal
+    the server stops accepting, in-flight work gets ``grace_period_s`` to finish,
+    then everything left — socket writes to clients that stopped reading included
+    — is cut, the server closes and the pipeline stops.
     """
     stopped_by: int | None = None
+    stop = trio.Event()
+    writes = _WriteDeadlines(settings.send_timeout_s)
+    states: list[ServerState] = []
+    started = False
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with open_pipeline(config) as pipeline:
-            state = ServerState(pipeline, settings)
-            app = create_app(state)
-            stop = trio.Event()
-            async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as outer:
 
-                async def on_signal() -> None:
-                    nonlocal stopped_by
-                    async for signum in signals:
-                        stopped_by = signum
+            async def on_signal() -> None:
+                nonlocal stopped_by
+                async for signum in signals:
+                    stopped_by = signum
+                    stop.set()
+                    if not states:  # still loading: nothing in flight to wait for
+                        outer.cancel_scope.cancel()
+                    for state in states:
                         state.draining = True
-                        stop.set()
-                        nursery.cancel_scope.deadline = (
-                            trio.current_time() + settings.grace_period_s
-                        )
-                        return
+                    hard_stop_at = trio.current_time() + settings.grace_period_s
+                    outer.cancel_scope.deadline = hard_stop_at
+                    writes.stop_by(hard_stop_at)
+                    return
 
-                nursery.start_soon(on_signal)
-                hyper = _hypercorn_config(settings)
-                binds = await nursery.start(
-                    partial(hypercorn_serve, app, hyper, shutdown_trigger=stop.wait)
-                )
-                task_status.started(binds)
-                await stop.wait()
+            outer.start_soon(on_signal)
+            async with open_pipeline(config) as pipeline:
+                state = ServerState(pipeline, settings)
+                states.append(state)
+                hyper = _hypercorn_config(settings, writes)
+                serve_http = partial(hypercorn_serve, create_app(state), hyper)
+                async with trio.open_nursery() as server:  # ends before the pipeline does
+                    binds = await server.start(partial(serve_http, shutdown_trigger=stop.wait))
+                    task_status.started(binds)
+                    started = True
+            outer.cancel_scope.cancel()
+    if not started:
+        task_status.started([])
     return stopped_by
 
 
-def _hypercorn_config(settings: ServerSettings) -> Config:
+class _WriteDeadlines:
+    """The deadlines of socket writes in progress; a shutdown pulls them in."""
+
+    def __init__(self, send_timeout_s: float) -> None:
+        self.send_timeout_s = send_timeout_s
+        self._hard_stop_at = math.inf
+        self._scopes: set[trio.CancelScope] = set()
+
+    def scope(self) -> trio.CancelScope:
+        """A shielded scope for one write: cancelled only by its own deadline."""
+        deadline = min(trio.current_time() + self.send_timeout_s, self._hard_stop_at)
+        return trio.CancelScope(shield=True, deadline=deadline)
+
+    def track(self, scope: trio.CancelScope) -> None:
+        self._scopes.add(scope)
+
+    def untrack(self, scope: trio.CancelScope) -> None:
+        self._scopes.discard(scope)
+
+    def stop_by(self, when: float) -> None:
+        self._hard_stop_at = when
+        for scope in self._scopes:
+            scope.deadline = min(scope.deadline, when)
+
+
+def _hypercorn_config(settings: ServerSettings, writes: _WriteDeadlines) -> Config:
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]
     config.websocket_max_message_size = settings.max_message_bytes
     config.graceful_timeout = settings.grace_period_s
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
-    setattr(config, SEND_TIMEOUT_ATTRIBUTE, settings.send_timeout_s)
+    setattr(config, WRITES_ATTRIBUTE, writes)
     return config
