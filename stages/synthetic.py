@@ -14,6 +14,8 @@ trace event with timings). The service time is ``service_time_ms`` per step
 plus ``per_stream_ms`` per stream in the batch, slept (GIL released, like a GPU
 kernel) or busy-waited (``cpu_bound``, GIL held).
 
+``load_time_ms`` makes construction slow, like loading weights.
+
 Faults on purpose: ``fail_after_units`` (per stream; request option
 ``<stage>.fail_after_units`` targets one stream), ``fail_step_at`` (the whole
 Nth step raises), request option ``<stage>.fail_open`` (``open_stream`` raises),
@@ -132,6 +134,7 @@ class SyntheticStage:
         fail_after_units: int | None = None,
         fail_step_at: int | None = None,
         gate: str | None = None,
+        load_time_ms: float = 0.0,
     ) -> None:
         for label, value in (
             ("inputs_per_step", inputs_per_step),
@@ -156,6 +159,7 @@ class SyntheticStage:
         self.fail_after_units = fail_after_units
         self.fail_step_at = fail_step_at
         self.gate = Gate.named(gate) if gate else None
+        time.sleep(load_time_ms / 1000)  # stands for loading weights
         self.max_inputs_per_step: int | None = inputs_per_step
         self.max_payloads_per_step = max(1, (1 if steps else inputs_per_step) * outputs_per_input)
         self.max_visible_per_step = 1 if visible_every else 0

@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import websockets.sync.client
 
 REPO = Path(__file__).resolve().parent.parent
 SERVING = re.compile(r"omnitrio serving .* at (http://[\d.]+:\d+)")
@@ -85,6 +86,66 @@ def test_signal_with_streams_open_exits_zero_within_the_grace_period(
     assert process.returncode == 0, err
     assert elapsed < 1 + 1.0 + 0.5, elapsed  # grace period + 1 s (+ interpreter exit)
     assert "omnitrio: stopped" in err
+
+
+def test_sigterm_with_a_stalled_websocket_client_is_bounded(tmp_path: Path) -> None:
+    config = tmp_path / "loud.yaml"
+    config.write_text(
+        (REPO / "configs" / "synthetic.yaml")
+        .read_text()
+        .replace("steps: 24", "steps: 100000")
+        .replace("audio_samples: 1280", "audio_samples: 64000")
+    )
+    process, url = start_server("--config", str(config), "--port", "0", "--grace-period-s", "1")
+    ws_url = url.replace("http", "ws") + "/v1/realtime"
+    try:
+        with websockets.sync.client.connect(ws_url, max_queue=1) as ws:
+            ws.recv(timeout=10)
+            ws.send(json.dumps({"type": "response.create"}))
+            time.sleep(1.0)  # never read again: the server's writes to us stall
+            process.send_signal(signal.SIGTERM)
+            started = time.monotonic()
+            _, err = process.communicate(timeout=15)
+            elapsed = time.monotonic() - started
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, err
+    assert elapsed < 1 + 1.0 + 0.5, elapsed
+
+
+def test_a_signal_while_stages_load_stops_at_once(tmp_path: Path) -> None:
+    config = tmp_path / "slow.yaml"
+    config.write_text(
+        (REPO / "configs" / "synthetic.yaml")
+        .read_text()
+        .replace("steps: 24", "steps: 24\n      load_time_ms: 8000")
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "omnitrio._cli", "run", "--config", str(config), "--port", "0"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        while "loading stage 'thinker'" not in process.stderr.readline():
+            pass
+        process.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        out, _ = process.communicate(timeout=15)
+        elapsed = time.monotonic() - started
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0
+    assert "serving" not in out  # it never bound a port
+    # The load itself (a thread) cannot be interrupted: the pipeline waits for it
+    # up to shutdown_timeout_s (5 s), far less than the 8 s load.
+    assert elapsed < 5 + 1.0, elapsed
 
 
 def test_port_in_use_is_one_clear_line() -> None:

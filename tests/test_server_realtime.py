@@ -165,6 +165,7 @@ BAD_FRAMES: list[tuple[str | bytes, str]] = [
     (json.dumps({"type": "input_audio_buffer.append", "audio": "%%%not base64"}), "base64"),
     (b"\x00\xff\x13garbage", "binary"),
     (json.dumps([1, 2, 3]), "object"),
+    (b"", "binary"),  # quart hands an empty binary frame over as None
 ]
 
 
@@ -362,3 +363,25 @@ async def test_a_full_pipeline_refuses_new_connections_with_1013(nursery: trio.N
             return (rcvd.code, rcvd.reason) if rcvd else (None, "")
 
         assert await trio.to_thread.run_sync(refused) == (1013, "server busy; retry later")
+
+
+async def test_barge_in_frees_the_slot_before_response_done(nursery: trio.Nursery) -> None:
+    config = chain_config(ENDLESS, max_streams=1)
+    (base_url, *_) = await nursery.start(serve, config, ServerSettings(port=0))
+    url = base_url.replace("http", "ws") + "/v1/realtime"
+
+    async def until(ws: trio_websocket.WebSocketConnection, kind: str) -> dict[str, object]:
+        while True:
+            event: dict[str, object] = json.loads(await ws.get_message())
+            if event["type"] == kind:
+                return event
+
+    async with trio_websocket.open_websocket_url(url) as ws:
+        await ws.get_message()
+        with trio.fail_after(10):
+            for _ in range(3):  # speak over the reply, again and again
+                await ws.send_message(json.dumps({"type": "response.create"}))
+                await until(ws, "response.output_audio.delta")
+                await ws.send_message(json.dumps({"type": "response.cancel"}))
+                done = await until(ws, "response.done")
+                assert done["response"]["status"] == "cancelled"  # type: ignore[index]
