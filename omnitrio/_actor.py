@@ -16,10 +16,12 @@ freed credit, new stream and ended stream sets: no polling, no timeouts.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
+from typing import NoReturn
 
 import trio
 
@@ -78,6 +80,7 @@ class StageActor:
         self._unopened: list[str] = []
         self._ending: set[str] = set()
         self.limits = Limits(None, 0, 0, has_outbox=False)  # the runner's, once loaded
+        self.hung = False
 
     # ----- lifecycle ----------------------------------------------------------------
 
@@ -169,8 +172,32 @@ class StageActor:
                 await self.wakeup.wait()
                 self.counters.idle_s += time.perf_counter() - started
                 continue
-            result = await worker.run(partial(runner.execute, plan))
+            with trio.move_on_after(self.spec.step_timeout_s or math.inf) as watchdog:
+                result = await worker.run(partial(runner.execute, plan))
+            if watchdog.cancelled_caught:
+                await self._hung(plan)
             self._apply(plan, result)
+
+    async def _hung(self, plan: Plan) -> NoReturn:
+        """The worker thread did not return within ``step_timeout_s``: it cannot be
+        interrupted, so the stage is out of service. Its streams fail with a
+        ``StageError`` naming it; streams that arrive later fail at once; the
+        rest of the pipeline serves on. Never returns (cancelled at shutdown)."""
+        self.hung = True
+        in_flight = [w.stream_id for w in plan.batch] + [sid for sid, _ in plan.opens]
+        logger.error(
+            "stage %r is hung: a step has not returned for %.1f s; streams in flight: %s",
+            self.name,
+            self.spec.step_timeout_s,
+            ", ".join(in_flight) or "none",
+            extra={"stage": self.name},
+        )
+        problem = f"step did not return within step_timeout_s={self.spec.step_timeout_s}"
+        while True:
+            for slot in list(self.slots.values()):
+                self._fail(slot.stream.id, "watchdog", TimeoutError(problem))
+                self._release(slot)  # its state stays with the stuck thread
+            await self.wakeup.wait()
 
     def add(self, stream: Stream, inbox: Link | None, outbox: Link | None) -> None:
         """A new stream: its state is opened on the stage at the next turn."""

@@ -25,6 +25,7 @@ DEFAULT_CLIENT_CAPACITY = 16
 """User-visible items one stream may have waiting for its client."""
 DEFAULT_MAX_STREAMS = 64
 DEFAULT_MAX_BATCH_SIZE = 32
+DEFAULT_STEP_TIMEOUT_S = 60.0
 
 
 class _Strict(pydantic.BaseModel):
@@ -43,6 +44,9 @@ class StageSpec(_Strict):
     impl: str = pydantic.Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     device: str = "cpu"
     max_batch_size: int = pydantic.Field(default=DEFAULT_MAX_BATCH_SIZE, ge=1)
+    step_timeout_s: float | None = pydantic.Field(default=DEFAULT_STEP_TIMEOUT_S, gt=0)
+    """Watchdog: a turn on the worker thread (closes, opens, one step) that takes
+    longer marks the stage hung (None: no watchdog)."""
     params: dict[str, Any] = pydantic.Field(default_factory=dict)
 
 

@@ -154,6 +154,7 @@ def _stage_statistics(actor: StageActor) -> StageStatistics:
         num_step_failures=c.num_step_failures,
         busy_s=c.busy_s,
         idle_s=c.idle_s,
+        hung=actor.hung,
     )
 
 

@@ -31,6 +31,8 @@ class StageStatistics:
     """Time the worker thread spent in stage calls."""
     idle_s: float
     """Time the actor waited with nothing ready."""
+    hung: bool = False
+    """A step outlived the stage's ``step_timeout_s``: the stage is out of service."""
 
 
 @dataclass(frozen=True)

@@ -222,3 +222,61 @@ async def test_body_errors_keep_their_context() -> None:
             except KeyError:
                 raise ValueError("second")  # noqa: B904 - the implicit context is the point
     assert isinstance(caught.value.__context__, KeyError)
+
+
+async def test_a_hung_stage_is_reported_and_fails_only_its_streams(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = Gate.named("test-hung-stage")
+    gate.close()
+    config = omnitrio.parse_config(
+        {
+            "pipeline": {"name": "hang", "shutdown_timeout_s": 0.5},
+            "stages": [
+                {"name": "a", "impl": "stages.synthetic:SyntheticStage", "params": {"steps": 3}},
+                {
+                    "name": "b",
+                    "impl": "stages.synthetic:SyntheticStage",
+                    "step_timeout_s": 0.3,
+                    "params": {"outputs_per_input": 0, "gate": "test-hung-stage"},
+                },
+            ],
+            "edges": [{"from": "a", "to": "b"}],
+        }
+    )
+    try:
+        async with omnitrio.open_pipeline(config) as pipeline:
+            with trio.fail_after(10):
+                _, error = await _outcome(pipeline, omnitrio.Request("x"))
+                assert isinstance(error, omnitrio.StageError)
+                assert error.stage == "b"
+                assert "watchdog raised TimeoutError: step did not return within" in str(error)
+                assert pipeline.statistics().stages["b"].hung
+                # Later streams fail at once at the hung stage instead of waiting forever.
+                _, later = await _outcome(pipeline, omnitrio.Request("y"))
+                assert isinstance(later, omnitrio.StageError)
+                assert pipeline.statistics().num_open_streams == 0
+        hung_logs = [r for r in caplog.records if "is hung" in r.getMessage()]
+        assert hung_logs
+        assert "streams in flight: s0" in hung_logs[0].getMessage()
+    finally:
+        gate.open()
+        for thread in stage_threads():  # the stuck step ends now; let its thread finish
+            await trio.to_thread.run_sync(thread.join, 5.0)
+
+
+async def test_a_stream_whose_downstream_stage_fails_stops_upstream_too() -> None:
+    # The edge's receiver goes away: the upstream stage drops the stream at its
+    # next step boundary instead of producing into the void.
+    config = chain_config([{"steps": 100_000}, {"fail_after_units": 2, "outputs_per_input": 0}])
+    async with omnitrio.open_pipeline(config) as pipeline:
+        with trio.fail_after(10):
+            _, error = await _outcome(pipeline, omnitrio.Request("x"))
+            assert isinstance(error, omnitrio.StageError)
+            assert error.stage == "b"
+            stats = pipeline.statistics()
+            assert stats.num_open_streams == 0
+            assert stats.stages["a"].num_steps < 100  # it did not run on
+            # A short stream (below b's failure point) still completes.
+            _, error = await _outcome(pipeline, omnitrio.Request("y", options={"steps": 1}))
+            assert error is None

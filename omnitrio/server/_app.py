@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -39,8 +40,10 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.get("/health")
     async def health() -> Response:
-        status = "draining" if state.draining else "ok"
-        return Response(f'{{"status": "{status}"}}', mimetype="application/json")
+        hung = [s.name for s in state.pipeline.statistics().stages.values() if s.hung]
+        status = "draining" if state.draining else "degraded" if hung else "ok"
+        body = json.dumps({"status": status, "hung_stages": hung} if hung else {"status": status})
+        return Response(body, status=503 if hung else 200, mimetype="application/json")
 
     @app.get("/v1/models")
     async def models() -> Response:

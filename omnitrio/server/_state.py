@@ -98,6 +98,7 @@ class _PipelineCollector(Collector):
                 "Time the stage's thread spent in stage calls.",
             ),
             "step_time": ("omnitrio_stage_mean_step_seconds", "Mean time per step."),
+            "hung": ("omnitrio_stage_hung", "1 when a step outlived the stage's step_timeout_s."),
         }
         families = {k: GaugeMetricFamily(n, h, labels=["stage"]) for k, (n, h) in gauges.items()}
         for name, stage in stats.stages.items():
@@ -108,6 +109,7 @@ class _PipelineCollector(Collector):
             families["busy"].add_metric([name], stage.busy_s)
             mean_step = stage.busy_s / stage.num_steps if stage.num_steps else 0.0
             families["step_time"].add_metric([name], mean_step)
+            families["hung"].add_metric([name], 1.0 if stage.hung else 0.0)
         yield from families.values()
         totals = GaugeMetricFamily(
             "omnitrio_streams", "Streams by outcome since start.", labels=["outcome"]
