@@ -22,11 +22,13 @@ REPO = Path(__file__).resolve().parent.parent
 SERVING = re.compile(r"omnitrio serving .* at (http://[\d.]+:\d+)")
 
 
-def start_server(*args: str) -> tuple[subprocess.Popen[str], str]:
+def start_server(
+    *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "omnitrio._cli", "--log-level", "WARNING", "run", *args],
         cwd=REPO,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -51,10 +53,21 @@ def test_signal_with_streams_open_exits_zero_within_the_grace_period(
     config.write_text(
         (REPO / "configs" / "synthetic.yaml").read_text().replace("steps: 24", "steps: 100000")
     )
-    process, url = start_server("--config", str(config), "--port", "0", "--grace-period-s", "1")
+    server_tmp = tmp_path / "server-tmp"  # the server's TMPDIR: must stay empty
+    server_tmp.mkdir()
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    process, url = start_server(
+        "--config",
+        str(config),
+        "--port",
+        "0",
+        "--grace-period-s",
+        "1",
+        env={"TMPDIR": str(server_tmp)},
+    )
     readers: list[threading.Thread] = []
     try:
-        for _ in range(8):  # 8 endless streaming responses in flight
+        for _ in range(64):  # 64 endless streaming responses in flight (max_streams)
 
             def read() -> None:
                 body = json.dumps(
@@ -75,7 +88,8 @@ def test_signal_with_streams_open_exits_zero_within_the_grace_period(
             thread = threading.Thread(target=read, daemon=True)
             thread.start()
             readers.append(thread)
-        time.sleep(0.5)  # let the streams start (a process test: no event to wait on)
+        _wait_for_open_streams(url, 64)
+        assert _child_processes(process.pid) == []
         process.send_signal(signum)
         started = time.monotonic()
         _, err = process.communicate(timeout=10)
@@ -86,6 +100,27 @@ def test_signal_with_streams_open_exits_zero_within_the_grace_period(
     assert process.returncode == 0, err
     assert elapsed < 1 + 1.0 + 0.5, elapsed  # grace period + 1 s (+ interpreter exit)
     assert "omnitrio: stopped" in err
+    assert list(server_tmp.iterdir()) == []
+    shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    assert shm_after - shm_before == set()
+
+
+def _child_processes(pid: int) -> list[str]:
+    children: list[str] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += (task / "children").read_text().split()
+    return children
+
+
+def _wait_for_open_streams(url: str, count: int) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # a process test: no event to wait on
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        if f"omnitrio_open_streams {float(count)}" in text:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{count} streams never opened")
 
 
 def test_sigterm_with_a_stalled_websocket_client_is_bounded(tmp_path: Path) -> None:
