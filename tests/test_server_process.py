@@ -232,3 +232,18 @@ def test_bad_config_is_one_clear_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert f"omnitrio: {bad}: stages: needs at least 1 entry; add one" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_non_loopback_bind_without_a_key_refuses_to_start() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OMNITRIO_API_KEY"}
+    result = subprocess.run(
+        [sys.executable, "-m", "omnitrio._cli", "run", "--host", "0.0.0.0", "--port", "0"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "is not a loopback address, so an API key is required" in result.stderr
+    assert "Traceback" not in result.stderr
