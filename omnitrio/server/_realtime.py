@@ -123,6 +123,9 @@ class RealtimeConnection:
             status, error = "failed", str(exc)
         except OmnitrioError as exc:
             status, error = "failed", str(exc)
+        except trio.Cancelled:
+            log.done("disconnected")  # the connection went away mid-response
+            raise
         finally:
             del self._responses[rid]
         if reading.cancelled_caught:
