@@ -79,12 +79,23 @@ def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(source, "<file>", f"cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            source, "<file>", f"not UTF-8 text (byte {exc.start}); save it as UTF-8"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f"line {where.line + 1}" if where is not None else "<file>"
         raise ConfigError(source, line, f"not valid YAML ({exc}); fix the syntax") from None
+    except RecursionError:
+        raise ConfigError(source, "<file>", "nested too deeply to read; flatten it") from None
+    except Exception as exc:
+        # PyYAML's constructors raise plain errors (ValueError, KeyError, IndexError,
+        # AttributeError, ...) for tagged scalars they cannot build, e.g. `!!int x`.
+        problem = f"a value cannot be read ({type(exc).__name__}: {exc}); fix it"
+        raise ConfigError(source, "<file>", problem) from None
     return parse_config(data, source=source)
 
 

@@ -100,6 +100,10 @@ class Fields:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self._wrong_type(key, value, "a number")
+        if isinstance(value, int) and abs(value) > 2**53:  # float() would overflow or round
+            raise ClientEventError(
+                "invalid_value", f"{self.param(key)} is out of range", param=self.param(key)
+            )
         if not math.isfinite(value):
             raise ClientEventError(
                 "invalid_value", f"{self.param(key)} must be finite", param=self.param(key)

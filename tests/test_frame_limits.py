@@ -1,0 +1,485 @@
+"""Hostile WebSocket frames: oversized, compressed bombs, lying lengths, unnegotiated bits.
+
+The promise (issue 7, security checks): a frame or message over
+``ServerSettings.max_message_bytes`` is refused with close code 1009 before it is
+buffered, a compressed frame is refused before it is inflated past the limit,
+and the connection that sent it is the only one to notice.
+
+Most tests speak raw WebSocket over a TCP socket (``RawWebSocket`` below), so
+that they can send what no client library would: a frame header that lies about
+its length, a compressed frame on a connection that did not negotiate
+compression, a deflate bomb built by hand. The server runs in-process, as in
+tests/test_server_realtime.py; memory is measured with ``tracemalloc`` (the
+inflated bytes and the message buffers are Python objects, so it sees them).
+
+Tests marked ``xfail(strict=True)`` state promises the server does not keep
+yet; each names the bug. A fix makes them XPASS, which fails the suite: remove
+the mark then.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import tracemalloc
+import urllib.request
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+import msgpack
+import pytest
+import trio
+import websockets
+import websockets.sync.client
+
+from omnitrio.server import ServerSettings, serve
+from tests.conftest import chain_config
+
+LIMIT = 64 * 1024  # max_message_bytes of every server here
+SPEAKING = [
+    {"steps": 2, "service_time_ms": 1.0},
+    {"outputs_per_input": 0, "visible": "audio", "audio_samples": 320},
+]
+TEXT, BINARY, CONTINUATION, CLOSE = 0x1, 0x2, 0x0, 0x8
+MSGPACK = "omnitrio.msgpack.v1"
+MESSAGE_TOO_BIG, PROTOCOL_ERROR = 1009, 1002
+# Buffering one message of LIMIT bytes, and what a server has in flight besides,
+# stays far under this; holding an inflated bomb or an oversized frame does not.
+MEMORY_BOUND = 8 * 1024 * 1024
+# pytest-trio reports a failing test as an ExceptionGroup.
+FAILS_AN_ASSERTION = pytest.RaisesGroup(AssertionError, flatten_subgroups=True)
+
+
+async def _server(nursery: trio.Nursery, **settings: object) -> str:
+    config = chain_config(SPEAKING, max_streams=4)
+    server_settings = ServerSettings(port=0, max_message_bytes=LIMIT, **settings)  # type: ignore[arg-type]
+    binds = await nursery.start(serve, config, server_settings)
+    return str(binds[0])
+
+
+class RawWebSocket:
+    """A client WebSocket written by hand: frames exactly as the test builds them."""
+
+    def __init__(self, stream: trio.SocketStream, headers: dict[str, str], buffered: bytes):
+        self.stream = stream
+        self.headers = headers
+        self._buffer = bytearray(buffered)
+        # The server compresses what it sends once permessage-deflate is negotiated.
+        self._inflater = zlib.decompressobj(-15)
+
+    @classmethod
+    async def connect(
+        cls, base_url: str, *, deflate: bool = False, subprotocol: str | None = None
+    ) -> RawWebSocket:
+        host, port = base_url.removeprefix("http://").split(":")
+        extra = ""
+        if deflate:
+            extra += "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"
+        if subprotocol:
+            extra += f"Sec-WebSocket-Protocol: {subprotocol}\r\n"
+        request = (
+            f"GET /v1/realtime HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            f"Sec-WebSocket-Version: 13\r\n{extra}\r\n"
+        )
+        stream = await trio.open_tcp_stream(host, int(port))
+        try:
+            await stream.send_all(request.encode())
+            response = b""
+            while b"\r\n\r\n" not in response:
+                data = await stream.receive_some(4096)
+                assert data, "the server closed the connection during the handshake"
+                response += data
+            head, buffered = response.split(b"\r\n\r\n", 1)
+            status, *lines = head.decode("latin-1").split("\r\n")
+            assert status.split()[1] == "101", status
+        except BaseException:
+            await stream.aclose()
+            raise
+        headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+        return cls(stream, headers, buffered)
+
+    @staticmethod
+    def frame(
+        opcode: int,
+        payload: bytes,
+        *,
+        fin: bool = True,
+        rsv1: bool = False,
+        declared_length: int | None = None,
+    ) -> bytes:
+        """One client frame. The masking key is all zeros (legal), so the payload is as is."""
+        first = (0x80 if fin else 0) | (0x40 if rsv1 else 0) | opcode
+        length = len(payload) if declared_length is None else declared_length
+        if length < 126:
+            header = struct.pack("!BB", first, 0x80 | length)
+        elif length < 1 << 16:
+            header = struct.pack("!BBH", first, 0x80 | 126, length)
+        else:
+            header = struct.pack("!BBQ", first, 0x80 | 127, length)
+        return header + b"\0\0\0\0" + payload
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def _fill(self, size: int) -> bool:
+        while len(self._buffer) < size:
+            try:
+                data = await self.stream.receive_some(65536)
+            except trio.BrokenResourceError:  # reset by the server
+                data = b""
+            if not data:
+                return False
+            self._buffer += data
+        return True
+
+    async def next_frame(self) -> tuple[int, bytes] | None:
+        """The server's next frame as (opcode, payload); None when the TCP connection ends."""
+        if not await self._fill(2):
+            return None
+        offset, length = 2, self._buffer[1] & 0x7F
+        if length in (126, 127):
+            offset = 4 if length == 126 else 10
+            if not await self._fill(offset):
+                return None
+            length = int.from_bytes(self._buffer[2:offset], "big")
+        if not await self._fill(offset + length):
+            return None
+        opcode, payload = self._buffer[0] & 0x0F, bytes(self._buffer[offset : offset + length])
+        if self._buffer[0] & 0x40:  # RSV1: compressed (the server sends whole messages)
+            payload = self._inflater.decompress(payload + b"\x00\x00\xff\xff")
+        del self._buffer[: offset + length]
+        return opcode, payload
+
+    async def next_event(self) -> dict[str, object]:
+        frame = await self.next_frame()
+        assert frame is not None, "the connection ended"
+        assert frame[0] in (TEXT, BINARY), frame
+        event = json.loads(frame[1]) if frame[0] == TEXT else msgpack.unpackb(frame[1])
+        assert isinstance(event, dict)
+        return event
+
+    async def close_code(self) -> tuple[int | None, list[dict[str, object]]]:
+        """Read to the end: (the close frame's code or None if the TCP connection just
+        ended, the events received before it)."""
+        events: list[dict[str, object]] = []
+        while (frame := await self.next_frame()) is not None:
+            opcode, payload = frame
+            if opcode == CLOSE:
+                return (struct.unpack("!H", payload[:2])[0] if payload else None), events
+            if opcode == TEXT:
+                events.append(json.loads(payload))
+            elif opcode == BINARY:
+                events.append(msgpack.unpackb(payload))
+        return None, events
+
+    async def __aenter__(self) -> RawWebSocket:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stream.aclose()
+
+
+def _healthy(base_url: str) -> bool:
+    with urllib.request.urlopen(f"{base_url}/health", timeout=10) as response:
+        return bool(response.status == 200)
+
+
+async def _still_serving(base_url: str) -> None:
+    """The server answers HTTP and a new WebSocket gets its session.created."""
+    assert await trio.to_thread.run_sync(_healthy, base_url)
+    async with await RawWebSocket.connect(base_url) as ws:
+        assert (await ws.next_event())["type"] == "session.created"
+
+
+@contextmanager
+def traced_peak() -> Iterator[list[int]]:
+    """Python memory allocated at the peak of the block, above its start: ``[bytes]``
+    once the block ends."""
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    start = tracemalloc.get_traced_memory()[0]
+    peak = [0]
+    try:
+        yield peak
+    finally:
+        peak[0] = tracemalloc.get_traced_memory()[1] - start
+        tracemalloc.stop()
+
+
+def _event_of_size(size: int, binary: bool) -> bytes:
+    """A valid input_audio_buffer.clear event of exactly ``size`` bytes (padded event_id)."""
+    encode = (
+        (lambda e: msgpack.packb(e, use_bin_type=True))
+        if binary
+        else (lambda e: json.dumps(e).encode())
+    )
+    base = len(encode({"type": "input_audio_buffer.clear", "event_id": ""}))
+    pad = size - base
+    for guess in (pad, pad - 1, pad - 2, pad - 4):  # msgpack's str header grows with the length
+        data: bytes = encode({"type": "input_audio_buffer.clear", "event_id": "x" * guess})
+        if len(data) == size:
+            return data
+    raise AssertionError(f"cannot build an event of {size} bytes")
+
+
+# --- oversized frames -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+async def test_a_frame_at_the_limit_passes_and_one_byte_more_is_refused_with_1009(
+    nursery: trio.Nursery, binary: bool
+) -> None:
+    base_url = await _server(nursery)
+    opcode = BINARY if binary else TEXT
+    with trio.fail_after(20):
+        async with await RawWebSocket.connect(
+            base_url, subprotocol=MSGPACK if binary else None
+        ) as ws:
+            assert (await ws.next_event())["type"] == "session.created"
+            await ws.send(ws.frame(opcode, _event_of_size(LIMIT, binary)))
+            assert (await ws.next_event())["type"] == "input_audio_buffer.cleared"
+            await ws.send(ws.frame(opcode, _event_of_size(LIMIT + 1, binary)))
+            code, events = await ws.close_code()
+        assert (code, events) == (MESSAGE_TOO_BIG, [])
+        await _still_serving(base_url)
+
+
+async def test_an_oversized_message_in_fragments_is_refused_with_1009(
+    nursery: trio.Nursery,
+) -> None:
+    base_url = await _server(nursery)
+    with trio.fail_after(20):
+        async with await RawWebSocket.connect(base_url) as ws:
+            await ws.next_event()
+            fragment = b" " * (8 * 1024)
+            frames = [ws.frame(TEXT, fragment, fin=False)]
+            frames += [ws.frame(CONTINUATION, fragment, fin=False) for _ in range(15)]
+            frames.append(ws.frame(CONTINUATION, b"{}", fin=True))  # 128 KiB in all
+            with trio.move_on_after(5):  # the server may stop reading once it refused
+                with suppress(trio.BrokenResourceError):  # the server may hang up
+                    await ws.send(b"".join(frames))
+            code, events = await ws.close_code()
+        assert (code, events) == (MESSAGE_TOO_BIG, [])
+        await _still_serving(base_url)
+
+
+@pytest.mark.xfail(
+    raises=FAILS_AN_ASSERTION,
+    strict=True,
+    reason="bug: after its 1009 hypercorn keeps reading the frame into the same message "
+    "buffer (WebsocketBuffer is never cleared after FrameTooLargeError), so the whole "
+    "oversized frame is buffered",
+)
+async def test_an_oversized_frame_is_not_buffered(nursery: trio.Nursery) -> None:
+    base_url = await _server(nursery)
+    frame = RawWebSocket.frame(TEXT, b" " * (32 * 1024 * 1024))  # 512 times the limit
+    with trio.fail_after(60):
+        async with await RawWebSocket.connect(base_url) as ws:
+            await ws.next_event()
+            with traced_peak() as peak:
+                with trio.move_on_after(20):
+                    with suppress(trio.BrokenResourceError):  # the server may hang up
+                        await ws.send(frame)
+                code, _ = await ws.close_code()
+        await _still_serving(base_url)
+    assert code == MESSAGE_TOO_BIG
+    assert peak[0] < MEMORY_BOUND, f"{peak[0] / 2**20:.0f} MiB allocated for a refused frame"
+
+
+@pytest.mark.xfail(
+    raises=FAILS_AN_ASSERTION,
+    strict=True,
+    reason="bug: hypercorn's WSStream._handle_events breaks out of wsproto's event loop on "
+    "FrameTooLargeError, so a close frame that arrives in the same read as the tail of the "
+    "oversized frame stays unparsed until more data comes (never): the connection hangs until "
+    "the client gives up (websockets: close_timeout, 10 s by default)",
+)
+async def test_the_close_handshake_after_a_1009_ends(nursery: trio.Nursery) -> None:
+    base_url = await _server(nursery)
+    with trio.fail_after(20):
+        async with await RawWebSocket.connect(base_url) as ws:
+            await ws.next_event()
+            # What a well-behaved client does: the whole message, and the close reply to
+            # the 1009 as soon as it comes (here at once, so both arrive together).
+            oversized = ws.frame(TEXT, b" " * (4 * LIMIT))
+            await ws.send(oversized + ws.frame(CLOSE, struct.pack("!H", MESSAGE_TOO_BIG)))
+            code, ended = None, False
+            with trio.move_on_after(3):
+                code, _ = await ws.close_code()  # the server's close frame, then EOF
+                ended = await ws.next_frame() is None
+        await _still_serving(base_url)
+    assert code == MESSAGE_TOO_BIG
+    assert ended, "the server did not close the TCP connection after the close handshake"
+
+
+# --- lying frame headers --------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    raises=FAILS_AN_ASSERTION,
+    strict=True,
+    reason="bug: the declared length is not checked; hypercorn waits for the payload and "
+    "only counts what arrives, so the connection stays open",
+)
+async def test_a_frame_declaring_a_huge_length_is_refused_at_once(nursery: trio.Nursery) -> None:
+    base_url = await _server(nursery)
+    with trio.fail_after(20):
+        async with await RawWebSocket.connect(base_url) as ws:
+            await ws.next_event()
+            await ws.send(ws.frame(TEXT, b'{"ty', declared_length=2**62))
+            code = None
+            with trio.move_on_after(3):
+                code, _ = await ws.close_code()
+        await _still_serving(base_url)
+    assert code == MESSAGE_TOO_BIG
+
+
+async def test_an_impossible_64_bit_length_fails_the_connection(nursery: trio.Nursery) -> None:
+    # RFC 6455 5.2: the most significant bit of a 64-bit length must be 0.
+    base_url = await _server(nursery)
+    with trio.fail_after(20):
+        async with await RawWebSocket.connect(base_url) as ws:
+            await ws.next_event()
+            await ws.send(ws.frame(TEXT, b"{}", declared_length=2**63))
+            code, events = await ws.close_code()
+        assert code in (PROTOCOL_ERROR, None)  # a close frame, or the TCP connection dropped
+        assert events == []
+        await _still_serving(base_url)
+
+
+# --- compressed frames ----------------------------------------------------------------------
+
+
+def _deflate(data: bytes) -> bytes:
+    """``data`` as one permessage-deflate payload (RFC 7692: raw deflate, no tail)."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    compressed = compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH)
+    assert compressed.endswith(b"\x00\x00\xff\xff")
+    return compressed[:-4]
+
+
+async def test_a_standard_client_offering_deflate_gets_1009_for_a_bomb(
+    nursery: trio.Nursery,
+) -> None:
+    base_url = await _server(nursery)
+    url = base_url.replace("http", "ws") + "/v1/realtime"
+
+    def send_bomb() -> tuple[str, int | None]:
+        # websockets offers permessage-deflate by default and, when the server accepts
+        # it (hypercorn 0.18 does), compresses what it sends: 16 MiB of spaces as ~16 KB.
+        # close_timeout: the 1009 is what matters here, not how soon the server closes
+        # TCP after the close handshake (see test_the_close_handshake_after_a_1009_ends).
+        with websockets.sync.client.connect(url, open_timeout=10, close_timeout=1) as ws:
+            assert ws.response is not None
+            negotiated = ws.response.headers.get("Sec-WebSocket-Extensions", "")
+            ws.recv(timeout=10)  # session.created
+            with suppress(websockets.ConnectionClosed):
+                ws.send(" " * (16 * 1024 * 1024))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+        return negotiated, closed.value.rcvd.code if closed.value.rcvd else None
+
+    with trio.fail_after(30):
+        negotiated, code = await trio.to_thread.run_sync(send_bomb)
+        # Compressed or not (a server may decline the offer), the message is too big.
+        assert negotiated in ("", "permessage-deflate") or negotiated.startswith(
+            "permessage-deflate;"
+        )
+        assert code == MESSAGE_TOO_BIG
+        await _still_serving(base_url)
+
+
+@pytest.mark.xfail(
+    raises=FAILS_AN_ASSERTION,
+    strict=True,
+    reason="bug: wsproto inflates each received chunk with no output limit (64 KiB in, up to "
+    "64 MiB out) and hypercorn counts the message only after that, then keeps appending the "
+    "rest of the frame to the same buffer",
+)
+async def test_a_deflate_bomb_is_refused_before_it_is_inflated(nursery: trio.Nursery) -> None:
+    base_url = await _server(nursery)
+    inflated = 128 * 1024 * 1024
+    bomb = _deflate(b" " * inflated)
+    assert len(bomb) < inflated // 500  # ~128 KB on the wire
+    frame = RawWebSocket.frame(TEXT, bomb, rsv1=True)
+    with trio.fail_after(60):
+        async with await RawWebSocket.connect(base_url, deflate=True) as ws:
+            negotiated = ws.headers.get("sec-websocket-extensions", "")
+            assert (await ws.next_event())["type"] == "session.created"
+            with traced_peak() as peak:
+                with trio.move_on_after(10):
+                    with suppress(trio.BrokenResourceError):  # the server may hang up
+                        await ws.send(frame)
+                code, events = await ws.close_code()
+        await _still_serving(base_url)
+    assert events == []
+    if negotiated.startswith("permessage-deflate"):
+        assert code == MESSAGE_TOO_BIG
+    else:  # declined: a compressed frame is a protocol error (see the next test)
+        assert code in (PROTOCOL_ERROR, MESSAGE_TOO_BIG, None)
+    assert peak[0] < MEMORY_BOUND, f"{peak[0] / 2**20:.0f} MiB allocated for a refused frame"
+
+
+async def test_a_compressed_frame_without_deflate_negotiated_fails_the_connection(
+    nursery: trio.Nursery,
+) -> None:
+    base_url = await _server(nursery)
+    with trio.fail_after(20):
+        async with await RawWebSocket.connect(base_url, deflate=False) as ws:
+            assert "sec-websocket-extensions" not in ws.headers
+            await ws.next_event()
+            event = _deflate(json.dumps({"type": "input_audio_buffer.clear"}).encode())
+            await ws.send(ws.frame(TEXT, event, rsv1=True))
+            code, events = await ws.close_code()
+        # RFC 6455 5.2: RSV1 without an extension that defines it fails the connection.
+        # hypercorn drops the TCP connection without a close frame; 1002 would do as well.
+        assert code in (PROTOCOL_ERROR, None)
+        assert events == []  # the frame never reached the session
+        await _still_serving(base_url)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        RawWebSocket.frame(CLOSE, b"\x03\xe8", rsv1=True),  # control frames are never compressed
+        RawWebSocket.frame(TEXT, b"{", fin=False)
+        + RawWebSocket.frame(CONTINUATION, b"}", rsv1=True),
+        RawWebSocket.frame(TEXT, b"\xff\xff\xff\xff", rsv1=True),  # not deflate data
+    ],
+    ids=["compressed close", "compressed continuation", "corrupt deflate"],
+)
+async def test_malformed_compressed_frames_fail_only_their_connection(
+    nursery: trio.Nursery, frame: bytes
+) -> None:
+    base_url = await _server(nursery)
+    with trio.fail_after(20):
+        async with await RawWebSocket.connect(base_url, deflate=True) as ws:
+            await ws.next_event()
+            await ws.send(frame)
+            code, events = await ws.close_code()
+        assert code in (PROTOCOL_ERROR, 1007, None)  # 1007: invalid frame payload data
+        assert events == []
+        await _still_serving(base_url)
+
+
+# --- hostile content in a well-formed frame -------------------------------------------------
+
+
+async def test_a_huge_integer_gets_an_error_event_and_the_session_goes_on(
+    nursery: trio.Nursery,
+) -> None:
+    base_url = await _server(nursery)
+    with trio.fail_after(20):
+        async with await RawWebSocket.connect(base_url) as ws:
+            await ws.next_event()
+            event = '{"type": "session.update", "session": {"temperature": 1%s}}' % ("0" * 400)
+            await ws.send(ws.frame(TEXT, event.encode()))
+            reply = await ws.next_frame()
+        await _still_serving(base_url)
+    assert reply is not None
+    assert reply[0] == TEXT, reply
+    error = json.loads(reply[1])
+    assert error["type"] == "error"
+    assert error["error"]["code"] == "invalid_value"
