@@ -483,3 +483,39 @@ async def test_a_huge_integer_gets_an_error_event_and_the_session_goes_on(
     error = json.loads(reply[1])
     assert error["type"] == "error"
     assert error["error"]["code"] == "invalid_value"
+
+
+async def test_a_full_conversation_still_ends_its_response_and_the_session_goes_on(
+    nursery: trio.Nursery,
+) -> None:
+    base_url = await _server(nursery)
+    item = {
+        "type": "conversation.item.create",
+        "item": {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "hi"}],
+        },
+    }
+    with trio.fail_after(30):
+        async with await RawWebSocket.connect(base_url) as ws:
+            await ws.next_event()
+            limit = 1024  # SessionConfig.max_conversation_items, the server's default
+            await ws.send(b"".join(ws.frame(TEXT, json.dumps(item).encode()) for _ in range(limit)))
+            await ws.send(ws.frame(TEXT, b'{"type": "response.create"}'))
+            await ws.send(ws.frame(TEXT, b'{"type": "input_audio_buffer.clear"}'))
+            types: list[object] = []
+            errors: list[str] = []
+            with trio.move_on_after(10):
+                while "input_audio_buffer.cleared" not in types:
+                    frame = await ws.next_frame()
+                    if frame is None or frame[0] != TEXT:
+                        break
+                    event = json.loads(frame[1])
+                    types.append(event["type"])
+                    if event["type"] == "error":
+                        errors.append(event["error"]["code"])
+        await _still_serving(base_url)
+    # A full conversation refuses the new response with a clear error; the session goes on.
+    assert errors == ["conversation_too_large"], errors
+    assert "input_audio_buffer.cleared" in types, types[-5:]

@@ -56,7 +56,24 @@ class Conversation:
                 "start a new session",
             )
 
-    def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
+    @property
+    def is_full(self) -> bool:
+        return len(self._items) >= self._max_items or self._num_bytes >= self._max_bytes
+
+    def check_room_for_response(self) -> None:
+        """Refuse a new response when the conversation is full (its own items are
+        added unchecked, so a conversation overshoots by at most one response)."""
+        if self.is_full:
+            raise ClientEventError(
+                "conversation_too_large",
+                f"the conversation holds {len(self._items)} items and {self._num_bytes} bytes "
+                f"of text, its limit ({self._max_items} items, {self._max_bytes} bytes); "
+                "start a new session",
+            )
+
+    def add(
+        self, item: Item, previous_item_id: str | None = None, *, checked: bool = True
+    ) -> str | None:
         """Insert ``item`` after ``previous_item_id`` (the end if None, the start if "root").
 
         Returns the id of the item now before it.
@@ -80,17 +97,17 @@ class Conversation:
                     param="previous_item_id",
                 )
             index = found[0] + 1
-        self._check_room(item)
+        if checked:
+            self._check_room(item)
         self._items.insert(index, item)
         self._by_id[item.id] = item
         self._num_bytes += _size(item)
         return self._items[index - 1].id if index > 0 else None
 
     def replace(self, item: Item) -> None:
-        """Put ``item`` in the place of the item with its id."""
+        """Put ``item`` in the place of the item with its id (server-made: unchecked)."""
         for index, old in enumerate(self._items):
             if old.id == item.id:
-                self._check_room(item, removing=old)
                 self._items[index] = item
                 self._by_id[item.id] = item
                 self._num_bytes += _size(item) - _size(old)

@@ -107,7 +107,7 @@ class ActiveResponse:
         kind: Literal["text", "audio"] = "audio" if self._with_audio else "text"
         item = Item(new_id("item"), "assistant", kind, None, status="in_progress")
         self._item = item
-        self._previous_item_id = conversation.add(item)
+        self._previous_item_id = conversation.add(item, checked=False)
         dialect = self._config.dialect
         added: dict[str, JsonValue] = {
             "response_id": self.id,

@@ -262,6 +262,7 @@ class RealtimeSession:
     def _create_response(
         self, event: ResponseCreate
     ) -> list[ServerEvent | StartResponse | CancelResponse]:
+        self._conversation.check_room_for_response()
         if self._transition("response.create") is None:
             advice = (
                 "is being cancelled; wait for its response.done"
