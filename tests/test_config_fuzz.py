@@ -7,10 +7,10 @@ other exception. The properties here run with a fixed seed (``derandomize``) so
 the suite is deterministic; ``reliability/fuzz.py --target config`` runs the
 same strategies with random seeds and many more examples.
 
-Open bugs the fuzzing found are listed in ``KNOWN_BUGS``: the properties
-tolerate exactly those failures (so they keep guarding everything else), and
-``test_known_bug`` pins each one with its reproducer as a strict xfail. When a
-fix lands that test XPASSes, which fails the suite: delete the entry then.
+Open bugs go in ``KNOWN_BUGS``: the properties tolerate exactly those failures
+(so they keep guarding everything else) while a test pins the bug's reproducer.
+None is open: the bugs the fuzzing found are fixed and ``test_fixed_bug`` keeps
+their reproducers (``REPRODUCERS``) as regression tests.
 """
 
 from __future__ import annotations
