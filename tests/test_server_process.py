@@ -90,10 +90,7 @@ def test_signal_with_streams_open_exits_zero_within_the_grace_period(
             readers.append(thread)
         _wait_for_open_streams(url, 64)
         assert _child_processes(process.pid) == []
-        process.send_signal(signum)
-        started = time.monotonic()
-        _, err = process.communicate(timeout=10)
-        elapsed = time.monotonic() - started
+        _, err, elapsed = _signal_and_wait(process, signum)
     finally:
         if process.poll() is None:
             process.kill()
@@ -103,6 +100,16 @@ def test_signal_with_streams_open_exits_zero_within_the_grace_period(
     assert list(server_tmp.iterdir()) == []
     shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     assert shm_after - shm_before == set()
+
+
+def _signal_and_wait(
+    process: subprocess.Popen[str], signum: signal.Signals
+) -> tuple[str, str, float]:
+    """Send ``signum``; return (stdout, stderr, seconds until the process exited)."""
+    process.send_signal(signum)
+    started = time.monotonic()
+    out, err = process.communicate(timeout=15)
+    return out, err, time.monotonic() - started
 
 
 def _child_processes(pid: int) -> list[str]:
@@ -138,10 +145,7 @@ def test_sigterm_with_a_stalled_websocket_client_is_bounded(tmp_path: Path) -> N
             ws.recv(timeout=10)
             ws.send(json.dumps({"type": "response.create"}))
             time.sleep(1.0)  # never read again: the server's writes to us stall
-            process.send_signal(signal.SIGTERM)
-            started = time.monotonic()
-            _, err = process.communicate(timeout=15)
-            elapsed = time.monotonic() - started
+            _, err, elapsed = _signal_and_wait(process, signal.SIGTERM)
     finally:
         if process.poll() is None:
             process.kill()
@@ -168,10 +172,7 @@ def test_a_signal_while_stages_load_stops_at_once(tmp_path: Path) -> None:
         assert process.stderr is not None
         while "loading stage 'thinker'" not in process.stderr.readline():
             pass
-        process.send_signal(signal.SIGTERM)
-        started = time.monotonic()
-        out, _ = process.communicate(timeout=15)
-        elapsed = time.monotonic() - started
+        out, _, elapsed = _signal_and_wait(process, signal.SIGTERM)
     finally:
         if process.poll() is None:
             process.kill()
