@@ -12,7 +12,10 @@ For every unit it emits ``outputs_per_input`` payloads to the next stage
 ``visible_every`` units, one user-visible item (``visible``: text, audio or a
 trace event with timings). The service time is ``service_time_ms`` per step
 plus ``per_stream_ms`` per stream in the batch, slept (GIL released, like a GPU
-kernel) or busy-waited (``cpu_bound``, GIL held).
+kernel) or busy-waited (``cpu_bound``, GIL held). In source mode a stream's first
+step also costs ``prefill_ms`` plus ``prefill_ms_per_word`` per word of the
+request's text, like a prompt's prefill; request options ``max_tokens`` or
+``max_output_tokens`` (as the server passes them) cap the number of units.
 
 ``load_time_ms`` makes construction slow, like loading weights.
 
@@ -131,6 +134,8 @@ class SyntheticStage:
         service_time_ms: float = 0.0,
         per_stream_ms: float = 0.0,
         cpu_bound: bool = False,
+        prefill_ms: float = 0.0,
+        prefill_ms_per_word: float = 0.0,
         fail_after_units: int | None = None,
         fail_step_at: int | None = None,
         gate: str | None = None,
@@ -156,6 +161,8 @@ class SyntheticStage:
         self.service_time_s = service_time_ms / 1000
         self.per_stream_s = per_stream_ms / 1000
         self.cpu_bound = cpu_bound
+        self.prefill_s = prefill_ms / 1000
+        self.prefill_per_word_s = prefill_ms_per_word / 1000
         self.fail_after_units = fail_after_units
         self.fail_step_at = fail_step_at
         self.gate = Gate.named(gate) if gate else None
@@ -175,6 +182,10 @@ class SyntheticStage:
         if request.options.get(f"{self.name}.fail_open"):
             raise SyntheticFailure(f"open_stream of {stream_id} failed on purpose")
         steps = request.options.get("steps", self.steps) if self.steps is not None else None
+        for cap in ("max_tokens", "max_output_tokens"):
+            limit = request.options.get(cap)
+            if steps is not None and isinstance(limit, int):
+                steps = min(int(steps), limit)
         fail_after = request.options.get(f"{self.name}.fail_after_units", self.fail_after_units)
         self._streams[stream_id] = _StreamState(
             request,
@@ -193,10 +204,18 @@ class SyntheticStage:
         self.num_steps += 1
         if self.gate is not None:
             self.gate.pass_through()
-        self._spend(self.service_time_s + self.per_stream_s * len(batch))
+        self._spend(self.service_time_s + self.per_stream_s * len(batch) + self._prefill_s(batch))
         if self.fail_step_at is not None and self.num_steps == self.fail_step_at:
             raise SyntheticFailure(f"step {self.num_steps} of {self.name} failed on purpose")
         return {work.stream_id: self._step_one(work) for work in batch}
+
+    def _prefill_s(self, batch: Sequence[StreamWork]) -> float:
+        """Prefill time of the batch's streams that have not made a unit yet (source mode)."""
+        if self.steps is None or not (self.prefill_s or self.prefill_per_word_s):
+            return 0.0
+        fresh = [self._streams[w.stream_id] for w in batch if self._streams[w.stream_id].units == 0]
+        words = sum(len(state.request.text.split()) for state in fresh)
+        return self.prefill_s * len(fresh) + self.prefill_per_word_s * words
 
     def _step_one(self, work: StreamWork) -> StreamOutput:
         state = self._streams[work.stream_id]
