@@ -3,7 +3,8 @@
 ``omnitrio run`` serves the default pipeline (or ``--config``) over HTTP and
 WebSocket with the voice-chat page; ``omnitrio prompt`` runs prompts through a
 pipeline in-process and prints what each stream produces and a statistics
-summary; ``omnitrio check-config`` validates a config file.
+summary; ``omnitrio bench`` measures a pipeline or a server against baselines
+(see ``omnitrio.bench``); ``omnitrio check-config`` validates a config file.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ._config import PipelineConfig, load_config, resolve_impl
 from ._errors import ConfigError, OmnitrioError
 from ._items import AudioChunk, Event, TextDelta
 from ._pipeline import Pipeline, open_pipeline
+from .bench import _cli as bench
 
 # The repository's default pipeline (found from a checkout's editable install too).
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "synthetic.yaml"
@@ -37,7 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "run":
             return _serve(args)
-        signum = trio.run(_until_signal, _prompt, args)
+        job = bench.bench if args.command == "bench" else _prompt
+        signum = trio.run(_until_signal, job, args)
         if signum is not None:
             print(f"omnitrio: {signal.Signals(signum).name}; pipeline stopped", file=sys.stderr)
             return 128 + signum
@@ -145,6 +148,7 @@ def _parser() -> argparse.ArgumentParser:
     prompt.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="pipeline YAML")
     prompt.add_argument("--prompt", action="append", help="a prompt (repeat for several streams)")
     prompt.add_argument("--streams", type=int, default=1, help="concurrent copies of each prompt")
+    bench.add_parser(commands)
     check = commands.add_parser("check-config", help="validate a pipeline config")
     check.add_argument("config", type=Path)
     return parser

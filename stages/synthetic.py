@@ -12,9 +12,9 @@ For every unit it emits ``outputs_per_input`` payloads to the next stage
 ``visible_every`` units, one user-visible item (``visible``: text, audio or a
 trace event with timings). The service time is ``service_time_ms`` per step
 plus ``per_stream_ms`` per stream in the batch, slept (GIL released, like a GPU
-kernel) or busy-waited (``cpu_bound``, GIL held). In source mode a stream's first
-step also costs ``prefill_ms`` plus ``prefill_ms_per_word`` per word of the
-request's text, like a prompt's prefill; request options ``max_tokens`` or
+kernel) or busy-waited (``cpu_bound``, GIL held). In source mode a step that holds
+streams' first units also costs ``prefill_ms`` once plus ``prefill_ms_per_word``
+per word of their requests' text, like a batched prefill; request options ``max_tokens`` or
 ``max_output_tokens`` (as the server passes them) cap the number of units.
 
 ``load_time_ms`` makes construction slow, like loading weights.
@@ -210,12 +210,12 @@ class SyntheticStage:
         return {work.stream_id: self._step_one(work) for work in batch}
 
     def _prefill_s(self, batch: Sequence[StreamWork]) -> float:
-        """Prefill time of the batch's streams that have not made a unit yet (source mode)."""
+        """Prefill time of the streams in the batch that have no unit yet (source mode)."""
         if self.steps is None or not (self.prefill_s or self.prefill_per_word_s):
             return 0.0
         fresh = [self._streams[w.stream_id] for w in batch if self._streams[w.stream_id].units == 0]
         words = sum(len(state.request.text.split()) for state in fresh)
-        return self.prefill_s * len(fresh) + self.prefill_per_word_s * words
+        return (self.prefill_s if fresh else 0.0) + self.prefill_per_word_s * words
 
     def _step_one(self, work: StreamWork) -> StreamOutput:
         state = self._streams[work.stream_id]

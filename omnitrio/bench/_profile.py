@@ -31,6 +31,7 @@ class StageProfile:
     step_s: float  # service time of one step, whatever the batch
     per_stream_s: float  # added per stream in the batch
     prefill_s: float  # added to a stream's first step (source mode)
+    prefill_per_word_s: float  # and this per word of its prompt
     steps: int | None  # units per stream at a source stage
     inputs_per_step: int
     outputs_per_input: int
@@ -60,6 +61,7 @@ def synthetic_profiles(config: PipelineConfig) -> list[StageProfile] | None:
                 step_s=params["service_time_ms"] / 1000,
                 per_stream_s=params["per_stream_ms"] / 1000,
                 prefill_s=params["prefill_ms"] / 1000,
+                prefill_per_word_s=params["prefill_ms_per_word"] / 1000,
                 steps=params["steps"],
                 inputs_per_step=params["inputs_per_step"],
                 outputs_per_input=params["outputs_per_input"],
@@ -73,17 +75,20 @@ def synthetic_profiles(config: PipelineConfig) -> list[StageProfile] | None:
     return profiles
 
 
-def ideal_first_audio_s(profiles: Sequence[StageProfile], steps: int) -> float | None:
+def ideal_first_audio_s(
+    profiles: Sequence[StageProfile], steps: int, num_words: int = 0
+) -> float | None:
     """When one stream's first audio chunk leaves the first audio stage with no overhead.
 
-    ``steps`` is the stream's length at the source stage. None if no stage
-    emits audio within those steps.
+    ``steps`` is the stream's length at the source stage and ``num_words`` its
+    prompt's length. None if no stage emits audio within those steps.
     """
     arrivals: list[float] = []  # when each payload reaches the stage being walked
     for index, stage in enumerate(profiles):
         unit_s = stage.step_s + stage.per_stream_s
         if index == 0:  # source mode: one unit per step, back to back
-            step_ends = [[stage.prefill_s + unit_s * (k + 1)] for k in range(steps)]
+            prefill_s = stage.prefill_s + stage.prefill_per_word_s * num_words
+            step_ends = [[prefill_s + unit_s * (k + 1)] for k in range(steps)]
         else:
             step_ends = _greedy_steps(arrivals, stage)
         outputs: list[float] = []

@@ -52,6 +52,10 @@ class Timeline:
     text_at_s: list[float] = field(default_factory=list)
     audio: list[AudioArrival] = field(default_factory=list)
 
+    def restart(self) -> None:
+        """Count from now: for transports whose set-up is not part of the request."""
+        self.sent_s = time.perf_counter()
+
     def text(self) -> None:
         self.text_at_s.append(time.perf_counter() - self.sent_s)
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -44,6 +44,7 @@ class ServerState:
             registry=self.registry,
         )
         self.registry.register(_PipelineCollector(self.pipeline))
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and the like
 
     @property
     def model_name(self) -> str:

@@ -1,0 +1,212 @@
+"""``omnitrio bench``: run a workload against omnitrio and baselines, side by side, and report."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import random
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from .._config import PipelineConfig, load_config
+from ._http import Endpoint
+from ._inprocess import open_pipeline_target
+from ._monolithic import SEQUENTIAL, open_monolithic
+from ._profile import (
+    capacity_requests_per_s,
+    ideal_first_audio_s,
+    max_continuous_streams,
+    synthetic_profiles,
+)
+from ._report import RunReport, markdown_table, ratio_table, report_run, to_json, wave_table
+from ._runner import LoadSettings, default_progress_stream, run_load
+from ._seed_orchestrator import open_seed_orchestrator
+from ._server import ChatTarget, RealtimeTarget, wait_until_serving
+from ._target import Prompt, Target
+
+REPO = Path(__file__).resolve().parent.parent.parent
+DEFAULT_CONFIG = REPO / "configs" / "bench-omni.yaml"
+BASELINES = ("seed-orchestrator", "pipecat", "sequential")
+OpenTarget = Callable[[], AbstractAsyncContextManager[Target]]
+
+
+def add_parser(commands: Any) -> None:
+    bench = commands.add_parser(
+        "bench", help="benchmark a pipeline or server against baselines (streaming metrics)"
+    )
+    what = bench.add_argument_group("what to drive")
+    what.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="pipeline YAML")
+    what.add_argument("--url", help="drive a running server (http://127.0.0.1:PORT) instead")
+    what.add_argument("--api", choices=("realtime", "chat"), default="realtime")
+    what.add_argument("--framing", choices=("json", "msgpack"), default="msgpack")
+    what.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --url")
+    what.add_argument(
+        "--baseline", action="append", choices=BASELINES, default=[], help="repeatable"
+    )
+    what.add_argument("--monolithic", help="a module:factory for a monolithic generate baseline")
+    what.add_argument("--cpu-bound", action="store_true", help="synthetic stages hold the GIL")
+    load = bench.add_argument_group("load")
+    load.add_argument("--num-prompts", type=int, help="per run (default 4 x concurrency)")
+    load.add_argument("--max-concurrency", type=int, default=4)
+    load.add_argument("--sweep", help="concurrency levels, e.g. 1,4,16,64,128")
+    load.add_argument("--request-rate", type=float, default=math.inf, help="req/s (inf: all)")
+    load.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1: Poisson)")
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--warmup", type=int, default=0, help="unmeasured prompts per run")
+    load.add_argument("--input-len", type=int, default=32, help="words per prompt")
+    load.add_argument("--output-len", type=int, default=32, help="text tokens per answer")
+    load.add_argument("--time-limit-s", type=float, default=120.0, help="bound on each run")
+    out = bench.add_argument_group("output")
+    out.add_argument("--json", type=Path, help="write every record and aggregate here")
+    out.add_argument("--markdown", type=Path, help="write the tables here")
+    out.add_argument("--plots", type=Path, help="write PNG plots to this folder (matplotlib)")
+    out.add_argument("--no-progress", action="store_true")
+
+
+def make_prompts(count: int, input_len: int, output_len: int, seed: int) -> list[Prompt]:
+    rng = random.Random(seed)
+    return [
+        Prompt(i, " ".join(f"w{rng.randrange(10000)}" for _ in range(input_len)), output_len)
+        for i in range(count)
+    ]
+
+
+def with_cpu_bound(config: PipelineConfig) -> PipelineConfig:
+    """``config`` with every synthetic stage busy-waiting instead of sleeping."""
+    stages = tuple(
+        s.model_copy(update={"params": {**s.params, "cpu_bound": True}})
+        if s.impl == "stages.synthetic:SyntheticStage"
+        else s
+        for s in config.stages
+    )
+    return config.model_copy(update={"stages": stages})
+
+
+def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarget]:
+    targets: list[OpenTarget] = []
+    if args.url:
+        endpoint = Endpoint.parse(args.url, allow_remote=args.allow_remote)
+
+        @asynccontextmanager
+        async def server() -> AsyncIterator[Target]:
+            await wait_until_serving(endpoint, 10.0)
+            yield (
+                RealtimeTarget(endpoint, args.framing)
+                if args.api == "realtime"
+                else ChatTarget(endpoint)
+            )
+
+        targets.append(server)
+    else:
+        targets.append(lambda: open_pipeline_target(config))
+    for name in dict.fromkeys(args.baseline):
+        if name == "seed-orchestrator":
+            targets.append(lambda: open_seed_orchestrator(config))
+        elif name == "sequential":
+            targets.append(lambda: open_monolithic(config, SEQUENTIAL))
+        elif name == "pipecat":
+            from ._pipecat import open_pipecat  # an optional extra: imported only when asked
+
+            targets.append(lambda: open_pipecat(config))
+    if args.monolithic:
+        targets.append(lambda: open_monolithic(config, args.monolithic))
+    return targets
+
+
+def _context(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
+    profiles = synthetic_profiles(config)
+    workload: dict[str, Any] = {"config": str(args.config), "pipeline": config.pipeline.name}
+    if profiles is not None:
+        workload |= {
+            "ideal_ttfa_s": ideal_first_audio_s(profiles, args.output_len, args.input_len),
+            "capacity_requests_per_s": capacity_requests_per_s(profiles, args.output_len),
+            "max_continuous_streams": max_continuous_streams(profiles),
+            "max_streams": config.pipeline.max_streams,
+        }
+    return {
+        "command": ["omnitrio", "bench", *sys.argv[2:]],
+        "machine": {
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "commit": _commit(),
+        },
+        "workload": workload,
+    }
+
+
+def _commit() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        )
+    except OSError:
+        return None
+    return done.stdout.strip() or None
+
+
+async def bench(args: argparse.Namespace) -> None:
+    config = load_config(args.config)
+    if args.cpu_bound:
+        config = with_cpu_bound(config)
+    levels = [int(c) for c in args.sweep.split(",")] if args.sweep else [args.max_concurrency]
+    context = _context(args, config)
+    ideal = context["workload"].get("ideal_ttfa_s")
+    progress = None if args.no_progress else default_progress_stream()
+    reports: list[RunReport] = []
+    targets = _targets(args, config)
+    for level in levels:
+        count = args.num_prompts or 4 * level
+        prompts = make_prompts(count, args.input_len, args.output_len, args.seed)
+        warmup = make_prompts(args.warmup, args.input_len, args.output_len, args.seed + 1)
+        settings = LoadSettings(
+            max_concurrency=level,
+            request_rate=args.request_rate,
+            burstiness=args.burstiness,
+            seed=args.seed,
+            time_limit_s=args.time_limit_s,
+        )
+        for open_target in targets:
+            async with open_target() as target:
+                run = await run_load(
+                    target, prompts, settings, warmup=warmup, progress_out=progress
+                )
+            reports.append(report_run(run, ideal if not args.url else None))
+    _write(args, reports, context)
+
+
+def _write(args: argparse.Namespace, reports: list[RunReport], context: dict[str, Any]) -> None:
+    subject = reports[0].run.target
+    sections = [
+        "## Results (times in ms)\n\n" + markdown_table(reports),
+        "## TTFA per wave, median (ms)\n\n" + wave_table(reports),
+    ]
+    ratios = ratio_table(reports, subject)
+    if ratios:
+        sections.append(f"## {subject} / baseline (below 1 is better for times)\n\n" + ratios)
+    workload = context["workload"]
+    if "ideal_ttfa_s" in workload:
+        sections.append(
+            "## Workload\n\n"
+            f"- ideal TTFA (stages only, one stream): {workload['ideal_ttfa_s'] * 1000:.1f} ms\n"
+            f"- bottleneck capacity: {workload['capacity_requests_per_s']:.1f} req/s\n"
+            f"- most streams that keep real time: {workload['max_continuous_streams']} "
+            f"(max_streams {workload['max_streams']})"
+        )
+    text = "\n\n".join(sections) + "\n"
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text)
+    if args.json:
+        args.json.write_text(to_json(reports, context))
+    if args.plots:
+        from ._plots import write_plots  # matplotlib is an optional extra
+
+        for path in write_plots(reports, args.plots):
+            print(f"wrote {path}")
