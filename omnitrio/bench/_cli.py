@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import platform
@@ -69,6 +70,12 @@ def add_parser(commands: Any) -> None:
     out.add_argument("--no-progress", action="store_true")
 
 
+def _levels(args: argparse.Namespace) -> list[int]:
+    if not args.sweep:
+        return [args.max_concurrency]
+    return [int(level) for level in args.sweep.split(",")]
+
+
 def make_prompts(count: int, input_len: int, output_len: int, seed: int) -> list[Prompt]:
     rng = random.Random(seed)
     return [
@@ -92,6 +99,8 @@ def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarge
     targets: list[OpenTarget] = []
     if args.url:
         endpoint = Endpoint.parse(args.url, allow_remote=args.allow_remote)
+        if args.api == "realtime" and importlib.util.find_spec("trio_websocket") is None:
+            raise ValueError("--api realtime needs trio-websocket: pip install -e '.[bench]'")
 
         @asynccontextmanager
         async def server() -> AsyncIterator[Target]:
@@ -111,8 +120,15 @@ def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarge
         elif name == "sequential":
             targets.append(lambda: open_monolithic(config, SEQUENTIAL))
         elif name == "pipecat":
-            from ._pipecat import open_pipecat  # an optional extra: imported only when asked
-
+            try:  # an optional extra: imported only when asked for
+                from ._pipecat import open_pipecat
+            except ImportError as exc:
+                print(
+                    f"omnitrio bench: skipping the pipecat baseline ({exc}); "
+                    "install it with: pip install -e '.[bench]'",
+                    file=sys.stderr,
+                )
+                continue
             targets.append(lambda: open_pipecat(config))
     if args.monolithic:
         targets.append(lambda: open_monolithic(config, args.monolithic))
@@ -124,7 +140,10 @@ def _context(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]
     workload: dict[str, Any] = {"config": str(args.config), "pipeline": config.pipeline.name}
     if profiles is not None:
         workload |= {
-            "ideal_ttfa_s": ideal_first_audio_s(profiles, args.output_len, args.input_len),
+            "ideal_ttfa_s": {
+                level: ideal_first_audio_s(profiles, args.output_len, args.input_len, level)
+                for level in _levels(args)
+            },
             "capacity_requests_per_s": capacity_requests_per_s(profiles, args.output_len),
             "max_continuous_streams": max_continuous_streams(profiles),
             "max_streams": config.pipeline.max_streams,
@@ -155,9 +174,9 @@ async def bench(args: argparse.Namespace) -> None:
     config = load_config(args.config)
     if args.cpu_bound:
         config = with_cpu_bound(config)
-    levels = [int(c) for c in args.sweep.split(",")] if args.sweep else [args.max_concurrency]
+    levels = _levels(args)
     context = _context(args, config)
-    ideal = context["workload"].get("ideal_ttfa_s")
+    ideal = context["workload"].get("ideal_ttfa_s", {})
     progress = None if args.no_progress else default_progress_stream()
     reports: list[RunReport] = []
     targets = _targets(args, config)
@@ -177,7 +196,7 @@ async def bench(args: argparse.Namespace) -> None:
                 run = await run_load(
                     target, prompts, settings, warmup=warmup, progress_out=progress
                 )
-            reports.append(report_run(run, ideal if not args.url else None))
+            reports.append(report_run(run, None if args.url else ideal.get(level)))
     _write(args, reports, context)
 
 
@@ -194,7 +213,13 @@ def _write(args: argparse.Namespace, reports: list[RunReport], context: dict[str
     if "ideal_ttfa_s" in workload:
         sections.append(
             "## Workload\n\n"
-            f"- ideal TTFA (stages only, one stream): {workload['ideal_ttfa_s'] * 1000:.1f} ms\n"
+            "- ideal TTFA (stages only, streams started together): "
+            + ", ".join(
+                f"{level} streams {ideal * 1000:.1f} ms"
+                for level, ideal in workload["ideal_ttfa_s"].items()
+                if ideal is not None
+            )
+            + "\n"
             f"- bottleneck capacity: {workload['capacity_requests_per_s']:.1f} req/s\n"
             f"- most streams that keep real time: {workload['max_continuous_streams']} "
             f"(max_streams {workload['max_streams']})"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 import urllib.parse
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 
 import h11
@@ -76,7 +76,9 @@ async def http_request(
         event = await _next_event(stream, conn)
         if not isinstance(event, h11.Response):
             raise ConnectionError(f"expected an HTTP response, got {type(event).__name__}")
-        yield Response(event.status_code, _body(stream, conn))
+        pieces = _body(stream, conn)
+        async with aclosing(pieces):
+            yield Response(event.status_code, pieces)
 
 
 async def _next_event(stream: trio.SocketStream, conn: h11.Connection) -> object:
@@ -87,7 +89,7 @@ async def _next_event(stream: trio.SocketStream, conn: h11.Connection) -> object
         conn.receive_data(await stream.receive_some(65536))
 
 
-async def _body(stream: trio.SocketStream, conn: h11.Connection) -> AsyncIterator[bytes]:
+async def _body(stream: trio.SocketStream, conn: h11.Connection) -> AsyncGenerator[bytes]:
     while True:
         event = await _next_event(stream, conn)
         if isinstance(event, h11.Data):
@@ -102,7 +104,7 @@ async def get_text(endpoint: Endpoint, path: str) -> tuple[int, str]:
     return response.status, body.decode("utf-8", "replace")
 
 
-async def sse_events(pieces: AsyncIterator[bytes]) -> AsyncIterator[str]:
+async def sse_events(pieces: AsyncIterator[bytes]) -> AsyncGenerator[str]:
     """The ``data:`` payloads of a server-sent event stream, one per event."""
     buffer = b""
     async for piece in pieces:

@@ -47,7 +47,8 @@ def write_plots(reports: Sequence[RunReport], folder: Path) -> list[Path]:
             )
     axes.set_xlabel("wave (request index // concurrency)")
     axes.set_ylabel("median TTFA (ms)")
-    axes.legend(fontsize=7)
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend(fontsize=7)
     written.append(_save(figure, folder / "ttfa_per_wave.png"))
 
     busiest = max(r.run.max_concurrency for r in reports)

@@ -3,9 +3,9 @@
 When every stage of a config is ``stages.synthetic:SyntheticStage``, its service
 times are known, so the benchmark can say what the stages alone cost:
 
-- ``ideal_first_audio_s``: one stream on an idle pipeline, each stage stepping
-  the moment its input is there (a discrete-event walk of the chain). Measured
-  TTFA minus this is the *runtime-added* TTFA.
+- ``ideal_first_audio_s``: streams started together on an idle pipeline, each
+  stage stepping the moment its input is there (a discrete-event walk of the
+  chain). Measured TTFA minus this is the *runtime-added* TTFA.
 - ``capacity_requests_per_s``: the bottleneck stage's rate with full batches.
 - ``max_continuous_streams``: the most concurrent streams for which every
   stage still keeps up with real-time audio (beyond it, underruns are the
@@ -76,21 +76,28 @@ def synthetic_profiles(config: PipelineConfig) -> list[StageProfile] | None:
 
 
 def ideal_first_audio_s(
-    profiles: Sequence[StageProfile], steps: int, num_words: int = 0
+    profiles: Sequence[StageProfile], steps: int, num_words: int = 0, streams: int = 1
 ) -> float | None:
-    """When one stream's first audio chunk leaves the first audio stage with no overhead.
+    """When the first audio chunk leaves the first audio stage with no runtime overhead.
 
-    ``steps`` is the stream's length at the source stage and ``num_words`` its
-    prompt's length. None if no stage emits audio within those steps.
+    ``streams`` streams of ``steps`` units and ``num_words``-word prompts start
+    together and move in lockstep: each stage step costs a full round for all of
+    them (``ceil(streams / max_batch_size)`` batches). None if no stage emits
+    audio within those steps.
     """
     arrivals: list[float] = []  # when each payload reaches the stage being walked
     for index, stage in enumerate(profiles):
-        unit_s = stage.step_s + stage.per_stream_s
-        if index == 0:  # source mode: one unit per step, back to back
-            prefill_s = stage.prefill_s + stage.prefill_per_word_s * num_words
-            step_ends = [[prefill_s + unit_s * (k + 1)] for k in range(steps)]
+        num_batches = math.ceil(streams / stage.max_batch_size)
+        round_s = num_batches * (
+            stage.step_s + stage.per_stream_s * min(streams, stage.max_batch_size)
+        )
+        if index == 0:  # source mode: one unit per round, back to back, after the prefill
+            prefill_s = (
+                stage.prefill_s * num_batches + stage.prefill_per_word_s * num_words * streams
+            )
+            step_ends = [[prefill_s + round_s * (k + 1)] for k in range(steps)]
         else:
-            step_ends = _greedy_steps(arrivals, stage)
+            step_ends = _greedy_steps(arrivals, stage, round_s)
         outputs: list[float] = []
         count = 0
         for group in step_ends:
@@ -105,7 +112,7 @@ def ideal_first_audio_s(
     return None
 
 
-def _greedy_steps(arrivals: list[float], stage: StageProfile) -> list[list[float]]:
+def _greedy_steps(arrivals: list[float], stage: StageProfile, step_s: float) -> list[list[float]]:
     """Step ends of an input-mode stage fed at ``arrivals`` (sorted): each step starts when
     the previous one ended and an input is there, and takes up to ``inputs_per_step`` of
     the inputs waiting then. One list per step, one entry (its end) per input taken."""
@@ -115,7 +122,7 @@ def _greedy_steps(arrivals: list[float], stage: StageProfile) -> list[list[float
     while i < len(arrivals):
         start = max(free_at, arrivals[i])
         taken = [a for a in arrivals[i : i + stage.inputs_per_step] if a <= start]
-        end = start + stage.step_s + stage.per_stream_s
+        end = start + step_s
         groups.append([end] * len(taken))
         i += len(taken)
         free_at = end

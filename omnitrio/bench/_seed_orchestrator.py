@@ -61,6 +61,7 @@ class _RawOutput:
 class _Client:
     send: trio.MemorySendChannel[VisibleItem | BaseException | None]
     accumulated: dict[int, list[bytes]] = field(default_factory=dict)
+    stages_done: set[int] = field(default_factory=set)
 
 
 class _StageWorker:
@@ -256,11 +257,11 @@ class SeedOrchestrator:
                 except queue.Empty:
                     continue
                 idle = False
-                self._process(worker.index, raw, last=worker.downstream is None)
+                self._process(worker.index, raw)
             if idle:
                 time.sleep(IDLE_SLEEP_S)
 
-    def _process(self, stage_index: int, raw: _RawOutput, last: bool) -> None:
+    def _process(self, stage_index: int, raw: _RawOutput) -> None:
         for stream_id, out in raw.outputs.items():
             with self._clients_lock:
                 client = self._clients.get(stream_id)
@@ -274,7 +275,8 @@ class SeedOrchestrator:
                 self._deliver(client, out.error)
             elif out.done:
                 b"".join(client.accumulated.pop(stage_index, []))  # finish-time consolidation
-                if last:
+                client.stages_done.add(stage_index)
+                if len(client.stages_done) == len(self._workers):  # every output stage finished
                     self._deliver(client, None)
 
     def _deliver(self, client: _Client, item: VisibleItem | BaseException | None) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from contextlib import aclosing
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
@@ -87,10 +88,11 @@ class ChatTarget(_ServerTarget):
                     raise Refused("HTTP 503")
                 if response.status != 200:
                     raise TargetError(f"HTTP {response.status}")
-                async for data in sse_events(response.body):
-                    if data == "[DONE]":
-                        return
-                    _chat_chunk(json.loads(data), timeline, rate_hz)
+                async with aclosing(sse_events(response.body)) as events:
+                    async for data in events:
+                        if data == "[DONE]":
+                            return
+                        _chat_chunk(json.loads(data), timeline, rate_hz)
         except OSError as exc:
             raise TargetError(f"connection failed: {exc}") from exc
         raise TargetError("the stream ended without [DONE]")

@@ -1,0 +1,163 @@
+"""``omnitrio bench`` end to end on a fast synthetic pipeline: it runs and reports (no timing
+thresholds: the machines are shared, so performance is measured by the benchmark, not here)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from omnitrio._cli import main
+from tests.test_server_process import _signal_and_wait, start_server
+
+FAST = """
+pipeline: {name: bench-smoke, max_streams: 8}
+stages:
+  - name: thinker
+    impl: stages.synthetic:SyntheticStage
+    params: {steps: 64, payload_bytes: 256, prefill_ms: 1.0, service_time_ms: 0.5}
+  - name: talker
+    impl: stages.synthetic:SyntheticStage
+    params: {visible_every: 0, service_time_ms: 0.5}
+  - name: code2wav
+    impl: stages.synthetic:SyntheticStage
+    params:
+      inputs_per_step: 4
+      outputs_per_input: 0
+      visible_every: 4
+      visible: audio
+      audio_samples: 480
+      sample_rate_hz: 24000
+      service_time_ms: 0.5
+edges:
+  - {from: thinker, to: talker}
+  - {from: talker, to: code2wav}
+"""
+
+
+@pytest.fixture
+def fast_config(tmp_path: Path) -> Path:
+    path = tmp_path / "fast.yaml"
+    path.write_text(FAST)
+    return path
+
+
+def run_bench(tmp_path: Path, *args: str) -> tuple[dict[str, object], str]:
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    code = main(
+        [
+            "--log-level",
+            "WARNING",
+            "bench",
+            "--num-prompts",
+            "4",
+            "--output-len",
+            "8",
+            "--input-len",
+            "4",
+            "--time-limit-s",
+            "60",
+            "--no-progress",
+            "--json",
+            str(out_json),
+            "--markdown",
+            str(out_md),
+            *args,
+        ]
+    )
+    assert code == 0
+    return json.loads(out_json.read_text()), out_md.read_text()
+
+
+def check_runs(report: dict[str, object], targets: list[str], levels: list[int]) -> None:
+    runs = report["runs"]
+    assert isinstance(runs, list)
+    assert [(r["target"], r["max_concurrency"]) for r in runs] == [
+        (t, level) for level in levels for t in targets
+    ]
+    for run in runs:
+        requests = run["requests"]
+        assert len([r for r in requests if not r["warmup"]]) == 4, run["target"]
+        for record in requests:
+            assert record["outcome"] == "completed", (run["target"], record)
+            assert len(record["text_at_s"]) == 8  # one text delta per token
+            assert len(record["audio"]) == 2  # a window of 4 frames per chunk
+        aggregates = run["aggregates"]
+        assert aggregates["num_completed"] == 4
+        assert aggregates["ttfa_s"]["count"] == 4
+        assert aggregates["throughput"]["requests_per_s"] > 0
+
+
+def test_bench_in_process_with_the_built_in_baselines(tmp_path: Path, fast_config: Path) -> None:
+    report, markdown = run_bench(
+        tmp_path,
+        "--config",
+        str(fast_config),
+        "--sweep",
+        "1,2",
+        "--baseline",
+        "seed-orchestrator",
+        "--baseline",
+        "sequential",
+        "--warmup",
+        "1",
+    )
+    check_runs(report, ["omnitrio", "seed-orchestrator", "sequential"], [1, 2])
+    workload = report["workload"]
+    assert isinstance(workload, dict)
+    assert set(workload["ideal_ttfa_s"]) == {"1", "2"}  # JSON keys
+    assert "| omnitrio | 1 |" in markdown
+    assert "## omnitrio / baseline" in markdown
+    assert "| seed-orchestrator | 2 |" in markdown
+
+
+def test_bench_plots(tmp_path: Path, fast_config: Path) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib is in the optional bench extra")
+    report, _ = run_bench(
+        tmp_path, "--config", str(fast_config), "--sweep", "1,2", "--plots", str(tmp_path / "p")
+    )
+    check_runs(report, ["omnitrio"], [1, 2])
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [
+        "audio_chunk_timeline.png",
+        "ttfa_per_wave.png",
+        "ttfa_throughput_vs_concurrency.png",
+    ]
+
+
+def test_bench_with_the_pipecat_baseline(tmp_path: Path, fast_config: Path) -> None:
+    pytest.importorskip("pipecat", reason="pipecat-ai is in the optional bench extra")
+    report, _ = run_bench(tmp_path, "--config", str(fast_config), "--baseline", "pipecat")
+    check_runs(report, ["omnitrio", "pipecat"], [4])
+
+
+@pytest.mark.parametrize(
+    ("api", "framing", "name"),
+    [
+        ("realtime", "msgpack", "omnitrio-realtime-msgpack"),
+        ("realtime", "json", "omnitrio-realtime-json"),
+        ("chat", "json", "omnitrio-chat-sse"),
+    ],
+)
+def test_bench_against_a_running_server(
+    tmp_path: Path, fast_config: Path, api: str, framing: str, name: str
+) -> None:
+    process, url = start_server("--config", str(fast_config), "--port", "0")
+    try:
+        report, _ = run_bench(
+            tmp_path,
+            *("--url", url, "--config", str(fast_config), "--api", api, "--framing", framing),
+            *("--max-concurrency", "2"),
+        )
+    finally:
+        _signal_and_wait(process, signal.SIGTERM)
+    check_runs(report, [name], [2])
+    samples = report["runs"][0]["samples"]  # type: ignore[index]
+    assert samples, "the server's /metrics was sampled"
+    assert samples[-1]["rss_bytes"] > 0
+
+
+def test_bench_refuses_a_remote_url_unless_allowed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--url", "http://192.0.2.1:8000", "--no-progress"]) == 2
+    assert "not a loopback address; pass --allow-remote" in capsys.readouterr().err
