@@ -27,13 +27,14 @@ and ``gate``: a named ``Gate`` every step waits on while it is closed.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
+
+import numpy
 
 from omnitrio import AudioChunk, Event, Request, StreamOutput, StreamWork, TextDelta, VisibleItem
 
@@ -248,9 +249,10 @@ class SyntheticStage:
         if self.visible == "text":
             return TextDelta(f"{self.name}:{unit} ")
         if self.visible == "audio":
-            wave = (int(8000 * math.sin(i * 0.1 * unit)) for i in range(self.audio_samples))
-            pcm = b"".join(v.to_bytes(2, "little", signed=True) for v in wave)
-            return AudioChunk(pcm, self.sample_rate_hz)
+            # Vectorized, as a real vocoder's output is a tensor: a GPU-like stage
+            # must not spend GIL-holding Python time per sample.
+            wave = 8000 * numpy.sin(numpy.arange(self.audio_samples) * (0.1 * unit))
+            return AudioChunk(wave.astype("<i2").tobytes(), self.sample_rate_hz)
         upstream_s = cause.produced_s if isinstance(cause, SyntheticPayload) else None
         return Event(
             "trace",

@@ -103,6 +103,8 @@ def test_bench_in_process_with_the_built_in_baselines(tmp_path: Path, fast_confi
         "sequential",
         "--warmup",
         "1",
+        "--set",
+        "talker.service_time_ms=0.25",
     )
     check_runs(report, ["omnitrio", "seed-orchestrator", "sequential"], [1, 2])
     workload = report["workload"]
@@ -161,3 +163,10 @@ def test_bench_against_a_running_server(
 def test_bench_refuses_a_remote_url_unless_allowed(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--url", "http://192.0.2.1:8000", "--no-progress"]) == 2
     assert "not a loopback address; pass --allow-remote" in capsys.readouterr().err
+
+
+def test_bench_set_names_a_stage_parameter(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--set", "nobody.x=1", "--no-progress"]) == 2
+    assert "give STAGE.PARAM=VALUE with a stage of the config" in capsys.readouterr().err
+    assert main(["bench", "--set", "thinker.nope=1", "--no-progress"]) == 2
+    assert "has no parameter 'nope'" in capsys.readouterr().err

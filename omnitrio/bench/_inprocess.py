@@ -28,6 +28,7 @@ class PipelineTarget:
                         timeline.text()
                     elif isinstance(item, AudioChunk):
                         timeline.audio_chunk(item.duration_s)
+                        await timeline.consume(item.duration_s)
         except Overloaded as exc:
             raise Refused(str(exc)) from exc
         except OmnitrioError as exc:

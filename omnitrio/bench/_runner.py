@@ -34,6 +34,7 @@ class LoadSettings:
     time_limit_s: float = 120.0
     sample_interval_s: float = 0.1
     retry_after_s: float = 0.05
+    read_speed: float | None = None  # clients play audio at this x real time (None: read at once)
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ async def _one(
 ) -> None:
     await trio.sleep_until(send_at)
     async with limiter:
-        timeline = Timeline()
+        timeline = Timeline(read_speed=settings.read_speed)
         num_refusals = 0
         outcome = "failed"
         error: str | None = "time limit reached"

@@ -230,6 +230,7 @@ class SeedOrchestrator:
                         timeline.text()
                     elif isinstance(item, AudioChunk):
                         timeline.audio_chunk(item.duration_s)
+                        await timeline.consume(item.duration_s)
         finally:
             with self._clients_lock:
                 del self._clients[stream_id]

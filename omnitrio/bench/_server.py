@@ -92,13 +92,14 @@ class ChatTarget(_ServerTarget):
                     async for data in events:
                         if data == "[DONE]":
                             return
-                        _chat_chunk(json.loads(data), timeline, rate_hz)
+                        await timeline.consume(_chat_chunk(json.loads(data), timeline, rate_hz))
         except OSError as exc:
             raise TargetError(f"connection failed: {exc}") from exc
         raise TargetError("the stream ended without [DONE]")
 
 
-def _chat_chunk(chunk: dict[str, Any], timeline: Timeline, rate_hz: int) -> None:
+def _chat_chunk(chunk: dict[str, Any], timeline: Timeline, rate_hz: int) -> float:
+    """Record one SSE chunk; returns the seconds of audio it carried."""
     if "error" in chunk:
         raise TargetError(str(chunk["error"].get("message", chunk["error"])))
     delta = chunk["choices"][0]["delta"]
@@ -107,8 +108,11 @@ def _chat_chunk(chunk: dict[str, Any], timeline: Timeline, rate_hz: int) -> None
     audio = delta.get("audio") or {}
     if audio.get("transcript"):
         timeline.text()
-    if audio.get("data"):
-        timeline.audio_chunk(len(base64.b64decode(audio["data"])) / 2 / rate_hz)
+    if not audio.get("data"):
+        return 0.0
+    duration_s = len(base64.b64decode(audio["data"])) / 2 / rate_hz
+    timeline.audio_chunk(duration_s)
+    return duration_s
 
 
 class RealtimeTarget(_ServerTarget):
@@ -142,8 +146,11 @@ class RealtimeTarget(_ServerTarget):
                     self._encode({"type": "response.create", "response": response})
                 )
                 while True:
-                    if self._on_event(self._decode(await ws.get_message()), timeline, rate_hz):
+                    event = self._decode(await ws.get_message())
+                    if self._on_event(event, timeline, rate_hz):
                         return
+                    if timeline.audio and event.get("type") == "response.output_audio.delta":
+                        await timeline.consume(timeline.audio[-1].duration_s)
         except ConnectionClosed as exc:
             if exc.reason is not None and exc.reason.code == 1013:
                 raise Refused("close 1013") from exc

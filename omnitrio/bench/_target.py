@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import trio
+
 from ._record import AudioArrival
 
 
@@ -49,6 +51,7 @@ class Timeline:
     """Arrivals of one request, stamped with ``time.perf_counter`` as they come in."""
 
     sent_s: float = field(default_factory=time.perf_counter)
+    read_speed: float | None = None  # a client playing audio at this x real time
     text_at_s: list[float] = field(default_factory=list)
     audio: list[AudioArrival] = field(default_factory=list)
 
@@ -62,6 +65,11 @@ class Timeline:
     def audio_chunk(self, duration_s: float) -> None:
         if duration_s > 0:
             self.audio.append(AudioArrival(time.perf_counter() - self.sent_s, duration_s))
+
+    async def consume(self, duration_s: float) -> None:
+        """A slow reader: take ``duration_s / read_speed`` before reading on (no-op if unset)."""
+        if self.read_speed is not None and duration_s > 0:
+            await trio.sleep(duration_s / self.read_speed)
 
 
 class Target(Protocol):
