@@ -57,10 +57,13 @@ def write_plots(reports: Sequence[RunReport], folder: Path) -> list[Path]:
     for pane, r in zip(panes[:, 0], runs, strict=True):
         for row, record in enumerate(r.run.records[:32]):
             start = record.sent_at_s
-            pane.broken_barh([(start + c.at_s, c.duration_s) for c in record.audio], (row, 0.8))
+            end = start + (record.done_at_s or (record.audio[-1].at_s if record.audio else 0.0))
+            pane.plot([start, end], [row, row], color="0.8", lw=1)
+            arrivals = [start + c.at_s for c in record.audio]
+            pane.scatter(arrivals, [row] * len(arrivals), marker="|", s=40, color="C0")
         pane.set_title(f"{r.run.target} c={busiest}: audio chunks per request", fontsize=8)
         pane.set_ylabel("request")
-    panes[-1, 0].set_xlabel("seconds since the run started (bar: chunk arrival, audio length)")
+    panes[-1, 0].set_xlabel("seconds since the run started (grey: sent to done; tick: a chunk)")
     written.append(_save(figure, folder / "audio_chunk_timeline.png"))
     return written
 
