@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import NoReturn
@@ -85,6 +85,10 @@ class StageActor:
     # ----- lifecycle ----------------------------------------------------------------
 
     @trio.lowlevel.enable_ki_protection
+    def model_statistics(self) -> Mapping[str, float]:
+        """The stage's own figures (see ``StageStatistics.model``)."""
+        return {} if self._runner is None else self._runner.model_statistics()
+
     async def run(
         self,
         limits: tuple[int | None, int],

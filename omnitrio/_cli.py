@@ -37,6 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "run":
             return _serve(args)
+        if args.command == "make-tiny-model":
+            return _make_tiny_model(args)
         signum = trio.run(_until_signal, _prompt, args)
         if signum is not None:
             print(f"omnitrio: {signal.Signals(signum).name}; pipeline stopped", file=sys.stderr)
@@ -59,7 +61,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     if args.model_path is not None:
-        config = _with_model_path(config, args.model_path)
+        config = with_model_path(config, args.model_path)
     settings = ServerSettings.from_env(
         host=args.host,
         port=args.port,
@@ -83,7 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_model_path(config: PipelineConfig, model_path: Path) -> PipelineConfig:
+def with_model_path(config: PipelineConfig, model_path: Path) -> PipelineConfig:
     """``config`` with ``params.model_path`` set on every stage that takes one."""
     if not model_path.is_dir():
         raise ConfigError(
@@ -145,9 +147,34 @@ def _parser() -> argparse.ArgumentParser:
     prompt.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="pipeline YAML")
     prompt.add_argument("--prompt", action="append", help="a prompt (repeat for several streams)")
     prompt.add_argument("--streams", type=int, default=1, help="concurrent copies of each prompt")
+    prompt.add_argument(
+        "--model-path", type=Path, help="local model folder for the stages that load one"
+    )
     check = commands.add_parser("check-config", help="validate a pipeline config")
     check.add_argument("config", type=Path)
+    tiny = commands.add_parser(
+        "make-tiny-model", help="write a tiny random-init checkpoint (for tests and demos)"
+    )
+    tiny.add_argument("directory", type=Path)
+    tiny.add_argument("--family", choices=sorted(TINY_MODEL_BUILDERS), default="qwen3-omni")
+    tiny.add_argument("--seed", type=int, default=0, help="random-init seed (default 0)")
     return parser
+
+
+# Model families whose stage packages can build a tiny checkpoint: module with make_tiny_checkpoint.
+TINY_MODEL_BUILDERS = {
+    "qwen3-omni": "stages.qwen3_omni.tiny",
+    "qwen2.5-omni": "stages.qwen2_5_omni",
+}
+
+
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    import importlib  # the model stack (torch) loads only for this command
+
+    builder = importlib.import_module(TINY_MODEL_BUILDERS[args.family])
+    builder.make_tiny_checkpoint(args.directory, seed=args.seed)
+    print(f"omnitrio: wrote a tiny {args.family} checkpoint to {args.directory}")
+    return 0
 
 
 async def _until_signal(
@@ -176,7 +203,10 @@ async def _until_signal(
 
 async def _prompt(args: argparse.Namespace) -> None:
     prompts = [p for p in (args.prompt or ["Hello, omnitrio!"]) for _ in range(args.streams)]
-    async with open_pipeline(args.config) as pipeline:
+    config = load_config(args.config)
+    if args.model_path is not None:
+        config = with_model_path(config, args.model_path)
+    async with open_pipeline(config) as pipeline:
         stages = " -> ".join(s.name for s in pipeline.config.stages)
         print(f"pipeline {pipeline.config.pipeline.name!r} ready: {stages}", flush=True)
         async with trio.open_nursery() as nursery:
