@@ -49,7 +49,8 @@ def stack(streams: list[StreamKV]) -> tuple[DynamicCache, torch.Tensor]:
         keys = [_left_pad(stream.layers[layer][0], longest) for stream in streams]
         values = [_left_pad(stream.layers[layer][1], longest) for stream in streams]
         data.append((torch.cat(keys), torch.cat(values)))  # each [B, H, longest, D]
-    mask = torch.zeros((len(streams), longest + 1), dtype=torch.long)
+    device = streams[0].layers[0][0].device
+    mask = torch.zeros((len(streams), longest + 1), dtype=torch.long, device=device)
     for row, stream in enumerate(streams):
         mask[row, longest - stream.length :] = 1
     return DynamicCache(ddp_cache_data=data), mask

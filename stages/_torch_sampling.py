@@ -102,7 +102,7 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, history: torch.Tensor) -> int:
         """``logits``: [vocab] for one position; ``history``: [n] ids generated so far."""
-        scores = self._processors(history.view(1, -1), logits.view(1, -1).float())  # [1, V]
+        scores = self._processors(history.view(1, -1), logits.view(1, -1).float().cpu())  # [1, V]
         if self.params.temperature == 0:
             return int(scores.argmax(dim=-1))
         probs = torch.softmax(scores, dim=-1)

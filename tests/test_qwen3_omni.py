@@ -135,6 +135,35 @@ async def test_one_stream_matches_generate(checkpoint: Path, reference) -> None:
     assert len(frames) == 39  # 40 talker tokens, the last one's residual codes never drawn
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+async def test_one_stream_matches_generate_on_gpu(checkpoint: Path) -> None:
+    reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(checkpoint).eval().to("cuda")
+    config = recorder_config(checkpoint)
+    stages = tuple(
+        spec.model_copy(update={"device": "cuda"}) if spec.name != "code2wav" else spec
+        for spec in config.stages
+    )
+    options = {**GREEDY, "max_tokens": 12, "talker_max_tokens": 40}
+    [(text, frames, _)] = await run_streams(
+        config.model_copy(update={"stages": stages}),
+        [omnitrio.Request("hello there", options=options)],
+    )
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hello there"}], add_generation_prompt=True, tokenize=False
+    )
+    ref_text, ref_codes, _ = reference_run(
+        reference,
+        checkpoint,
+        "",
+        12,
+        40,
+        input_ids=torch.tensor([tokenizer(ids)["input_ids"]], device="cuda"),
+    )
+    assert text == ref_text
+    assert frames == frames_of(ref_codes.cpu())
+
+
 async def test_eight_concurrent_streams_each_match_generate(checkpoint: Path, reference) -> None:  # type: ignore[no-untyped-def]
     prompts = [
         "hi",

@@ -198,7 +198,7 @@ class Qwen3OmniTalker:
         )
         stream.kv = StreamKV.from_cache(out.past_key_values)
         stream.last_hidden = out.hidden_states[0][-1][0, -1]
-        self._sample(stream, out.logits[0, -1])
+        self._sample(stream, out.logits[0, -1].float().cpu())
 
     def _prompt_embeds(
         self, stream: _Stream, prompt: TalkerPrompt
@@ -261,9 +261,10 @@ class Qwen3OmniTalker:
             generation_step=0,  # the talker's own text bookkeeping, unused here
         )
         append_last(kvs, out.past_key_values)  # type: ignore[arg-type]
+        logits = out.logits[:, -1].float().cpu()  # one device -> host copy per step
         for row, stream in enumerate(streams):
             stream.last_hidden = out.hidden_states[0][-1][row, -1]
-            self._sample(stream, out.logits[row, -1])
+            self._sample(stream, logits[row])
         return list(frames.cpu())
 
     def _residual_codes(self, streams: list[_Stream], last_codes: torch.Tensor) -> torch.Tensor:
@@ -275,8 +276,9 @@ class Qwen3OmniTalker:
         out = predictor(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
         codes = []
         for group in range(1, self.config.num_code_groups):
+            logits = out.logits[:, -1].float().cpu()  # [B, codebook]
             picked = [
-                s.residual_sampler.sample(out.logits[row, -1], torch.tensor(codes_row))
+                s.residual_sampler.sample(logits[row], torch.tensor(codes_row))
                 for row, (s, codes_row) in enumerate(
                     zip(streams, _rows(codes, len(streams)), strict=True)
                 )

@@ -174,7 +174,7 @@ class Qwen3OmniThinker:
         stream.features = {}
         # states: [2, S, H] — layer 0 (embeddings, audio merged) and the accept layer
         states = torch.stack((out.hidden_states[0][0], out.hidden_states[self.accept_layer][0]))
-        return out.logits[0, -1], states
+        return out.logits[0, -1].float().cpu(), states
 
     def _decode(self, streams: list[_Stream]) -> torch.Tensor:
         """One forward for every decoding stream; returns logits [B, V]."""
@@ -193,7 +193,7 @@ class Qwen3OmniThinker:
             use_cache=True,
         )
         append_last(kvs, out.past_key_values)  # type: ignore[arg-type]
-        return out.logits[:, -1]
+        return out.logits[:, -1].float().cpu()  # one device -> host copy per step
 
     def _sample(self, stream: _Stream, logits: torch.Tensor) -> int:
         started = time.perf_counter()
@@ -239,6 +239,7 @@ class Qwen3OmniThinker:
         self, stream: _Stream, ids: list[int], states: torch.Tensor, last: bool
     ) -> TalkerPrompt:
         prompt = torch.tensor(ids[:-1])  # [S]
+        states = states.cpu()
         user = _user_positions(prompt, self.im_start_id, self.user_id)  # [U]
         multimodal = torch.isin(prompt[user], self.multimodal_ids)
         vectors = torch.where(multimodal[:, None], states[1][user], states[0][user])  # [U, H]
