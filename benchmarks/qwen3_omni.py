@@ -107,7 +107,9 @@ def main() -> None:
         ours, theirs = [], []
         for _ in range(args.repeats):
             for prompt in PROMPTS:
-                ttfa, _, _ = trio.run(pipelined, config, [omnitrio.Request(prompt, options=options)])
+                ttfa, _, _ = trio.run(
+                    pipelined, config, [omnitrio.Request(prompt, options=options)]
+                )
                 ours += ttfa
                 theirs.append(
                     monolithic_ttfa(model, tokenizer, prompt, args.max_tokens, args.max_frames)

@@ -21,6 +21,8 @@ class StepClock:
         self.gap_s = 0.0
         self.max_gap_s = 0.0
         self._step_started: float | None = None
+        self._first_step: float | None = None
+        self.num_tokens = 0
 
     def start_step(self) -> None:
         now = time.perf_counter()
@@ -29,10 +31,13 @@ class StepClock:
             self.gap_s += gap
             self.max_gap_s = max(self.max_gap_s, gap)
         self._step_started = now
+        if self._first_step is None:
+            self._first_step = now
         self.num_steps += 1
 
-    def add_sampling(self, seconds: float) -> None:
+    def add_sampling(self, seconds: float, num_tokens: int = 1) -> None:
         self.sampling_s += seconds
+        self.num_tokens += num_tokens
 
     def end_compute(self) -> None:
         assert self._step_started is not None
@@ -40,7 +45,10 @@ class StepClock:
 
     def snapshot(self, packaging: _Packaging) -> dict[str, float]:
         steps = max(self.num_steps, 1)
+        running_s = time.perf_counter() - self._first_step if self._first_step else 0.0
         return {
+            "num_tokens": self.num_tokens,
+            "tokens_per_s": self.num_tokens / running_s if running_s else 0.0,
             "num_steps": self.num_steps,
             "forward_ms_mean": 1000 * (self.compute_s - self.sampling_s) / steps,
             "sampling_ms_mean": 1000 * self.sampling_s / steps,

@@ -304,3 +304,66 @@ def test_slow_packaging_does_not_hold_back_the_steps(checkpoint: Path) -> None:
     finally:
         release.set()
         thinker.close()
+
+
+async def test_a_bad_option_fails_only_that_stream_naming_the_option(checkpoint: Path) -> None:
+    config = with_model_path(omnitrio.load_config(CONFIG), checkpoint)
+    async with omnitrio.open_pipeline(config) as pipeline:
+        bad = omnitrio.Request("hi", options={"temperature": "hot"})
+        with pytest.raises(omnitrio.StageError, match=r"'thinker'.*option 'temperature'"):
+            async with pipeline.open_stream(bad) as stream:
+                [item async for item in stream]
+        unknown_speaker = omnitrio.Request("hi", options={"speaker": "nobody"})
+        with pytest.raises(omnitrio.StageError, match=r"'talker'.*unknown speaker 'nobody'"):
+            async with pipeline.open_stream(unknown_speaker) as stream:
+                [item async for item in stream]
+        fine = omnitrio.Request("hi", options={**GREEDY, "max_tokens": 3, "talker_max_tokens": 6})
+        async with pipeline.open_stream(fine) as stream:
+            assert [item async for item in stream]
+
+
+async def test_sampling_is_per_stream_and_seeded(checkpoint: Path) -> None:
+    def request(seed: int) -> omnitrio.Request:
+        options = {
+            "temperature": 1.0,
+            "top_k": 50,
+            "seed": seed,
+            "talker_temperature": 1.0,
+            "talker_seed": seed,
+            "max_tokens": 16,
+            "talker_max_tokens": 12,
+        }
+        return omnitrio.Request("hello there", options=options)
+
+    results = await run_streams(
+        recorder_config(checkpoint), [request(1), request(1), request(2), request(3)]
+    )
+    assert results[0][:2] == results[1][:2]  # same seed, run concurrently: same answer
+    assert len({r[0] for r in results}) > 1  # other seeds: other answers
+
+
+async def test_cancelling_mid_answer_frees_every_stage(checkpoint: Path) -> None:
+    config = with_model_path(omnitrio.load_config(CONFIG), checkpoint)
+    options = {**GREEDY, "max_tokens": 200, "talker_max_tokens": 400}
+    async with omnitrio.open_pipeline(config) as pipeline:
+        async with pipeline.open_stream(omnitrio.Request("hello", options=options)) as stream:
+            async for item in stream:
+                if isinstance(item, omnitrio.AudioChunk):
+                    break  # leave mid-answer: the stream is cancelled
+        stats = pipeline.statistics()
+        assert stats.num_cancelled == 1
+        for name in ("thinker", "talker", "code2wav"):
+            assert stats.stages[name].num_open_streams == 0
+            assert stats.stages[name].model["num_active_streams"] == 0
+        assert stats.stages["thinker"].model["kv_bytes"] == 0
+        assert stats.stages["talker"].model["kv_bytes"] == 0
+
+
+def test_make_tiny_model_command(tmp_path: Path) -> None:
+    from omnitrio._cli import main
+
+    assert main(["make-tiny-model", str(tmp_path / "m"), "--seed", "3"]) == 0
+    for part in ("thinker", "talker", "code2wav"):
+        assert (tmp_path / "m" / part / "model.safetensors").is_file()
+    assert (tmp_path / "m" / "thinker" / "tokenizer.json").is_file()
+    assert (tmp_path / "m" / "thinker" / "preprocessor_config.json").is_file()
