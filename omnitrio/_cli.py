@@ -15,6 +15,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -39,6 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "make-tiny-model":
             return _make_tiny_model(args)
+        if args.command == "split-checkpoint":
+            return _split_checkpoint(args)
         signum = trio.run(_until_signal, _prompt, args)
         if signum is not None:
             print(f"omnitrio: {signal.Signals(signum).name}; pipeline stopped", file=sys.stderr)
@@ -158,6 +161,12 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("directory", type=Path)
     tiny.add_argument("--family", choices=sorted(TINY_MODEL_BUILDERS), default="qwen3-omni")
     tiny.add_argument("--seed", type=int, default=0, help="random-init seed (default 0)")
+    split = commands.add_parser(
+        "split-checkpoint", help="split a published checkpoint into one folder per stage"
+    )
+    split.add_argument("source", type=Path, help="the composite checkpoint folder")
+    split.add_argument("destination", type=Path, help="where thinker/, talker/, ... go")
+    split.add_argument("--family", choices=sorted(TINY_MODEL_BUILDERS), default="qwen3-omni")
     return parser
 
 
@@ -169,12 +178,26 @@ TINY_MODEL_BUILDERS = {
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
-    import importlib  # the model stack (torch) loads only for this command
-
-    builder = importlib.import_module(TINY_MODEL_BUILDERS[args.family])
-    builder.make_tiny_checkpoint(args.directory, seed=args.seed)
+    _family_module(args.family).make_tiny_checkpoint(args.directory, seed=args.seed)
     print(f"omnitrio: wrote a tiny {args.family} checkpoint to {args.directory}")
     return 0
+
+
+def _split_checkpoint(args: argparse.Namespace) -> int:
+    if not (args.source / "config.json").is_file():
+        raise ConfigError(str(args.source), "source", "no config.json: not a checkpoint folder")
+    split = getattr(_family_module(args.family), "split_checkpoint", None)
+    if split is None:
+        raise ConfigError(args.family, "--family", "this family has no split step; serve as is")
+    split(args.source, args.destination)
+    print(f"omnitrio: wrote the stages of {args.source} to {args.destination}")
+    return 0
+
+
+def _family_module(family: str) -> Any:
+    import importlib  # the model stack (torch) loads only for these commands
+
+    return importlib.import_module(TINY_MODEL_BUILDERS[family])
 
 
 async def _until_signal(

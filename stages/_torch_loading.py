@@ -18,6 +18,12 @@ class WeightsError(RuntimeError):
 def load_pretrained(model_class: Any, folder: str | Path, *, stage: str, **kwargs: Any) -> Any:
     """``model_class.from_pretrained(folder)`` in eval mode; any key mismatch is an error."""
     path = Path(folder)
+    if not path.is_dir() and (path.parent / "config.json").is_file():
+        raise WeightsError(
+            f"stage {stage!r}: {str(path.parent)!r} has no {path.name}/ folder; a published "
+            "(composite) checkpoint is split into one folder per stage once with "
+            f"`omnitrio split-checkpoint {path.parent} DEST`, then served with --model-path DEST"
+        )
     if not path.is_dir():
         raise WeightsError(
             f"stage {stage!r}: {str(folder)!r} is not a local folder; omnitrio never downloads "

@@ -367,3 +367,23 @@ def test_make_tiny_model_command(tmp_path: Path) -> None:
         assert (tmp_path / "m" / part / "model.safetensors").is_file()
     assert (tmp_path / "m" / "thinker" / "tokenizer.json").is_file()
     assert (tmp_path / "m" / "thinker" / "preprocessor_config.json").is_file()
+
+
+async def test_a_published_checkpoint_is_split_then_served(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    from omnitrio._cli import main
+
+    composite = tmp_path / "published"
+    composite.mkdir()
+    for file in checkpoint.iterdir():  # the composite's files, not the stage folders
+        if file.is_file():
+            (composite / file.name).write_bytes(file.read_bytes())
+    with pytest.raises(WeightsError, match="omnitrio split-checkpoint"):
+        Qwen3OmniThinker(name="thinker", model_path=str(composite))
+    assert main(["split-checkpoint", str(composite), str(tmp_path / "split")]) == 0
+    options = {**GREEDY, "max_tokens": 6, "talker_max_tokens": 10}
+    request = omnitrio.Request("hello there", options=options)
+    [ours] = await run_streams(recorder_config(tmp_path / "split"), [request])
+    [original] = await run_streams(recorder_config(checkpoint), [request])
+    assert ours[:2] == original[:2]

@@ -11,7 +11,8 @@ size (hidden 64, 2 layers, 8 code groups, ~7 MB):
 
 Each stage folder is written by the stage model's own ``save_pretrained`` so it
 loads back with ``from_pretrained`` and a complete key set (loading a stage class
-straight from the composite folder would silently random-initialise it). The
+straight from the composite folder would silently random-initialise it).
+``split_checkpoint`` does the same for a real, published composite checkpoint. The
 sizes obey the constraints transformers 5.23 assumes but does not check; see
 the comments in ``tiny_config``.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    AutoTokenizer,
     Qwen3OmniMoeConfig,
     Qwen3OmniMoeForConditionalGeneration,
     WhisperFeatureExtractor,
@@ -195,12 +197,27 @@ def make_tiny_checkpoint(directory: Path, *, seed: int = 0) -> None:
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(tiny_config()).eval()
     directory.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
-    features = build_feature_extractor()
     model.save_pretrained(directory)
-    for part in (directory, directory / "thinker"):
-        tokenizer.save_pretrained(part)
-        features.save_pretrained(part)
-    model.thinker.save_pretrained(directory / "thinker")
-    model.talker.save_pretrained(directory / "talker")
-    model.code2wav.save_pretrained(directory / "code2wav")
+    build_tokenizer().save_pretrained(directory)
+    build_feature_extractor().save_pretrained(directory)
+    split_checkpoint(directory, directory, model=model)
+
+
+def split_checkpoint(
+    source: Path, destination: Path, *, model: Qwen3OmniMoeForConditionalGeneration | None = None
+) -> None:
+    """Write a composite checkpoint's stages to ``destination``/{thinker,talker,code2wav}.
+
+    The composite class loads (and fuses) the published weights correctly; each
+    stage model then saves itself, so each stage folder loads on its own with a
+    complete key set. The tokenizer and feature extractor go with the thinker.
+    """
+    if model is None:
+        model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(source).eval()
+    for name in ("thinker", "talker", "code2wav"):
+        getattr(model, name).save_pretrained(destination / name)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer.save_pretrained(destination / "thinker")
+    WhisperFeatureExtractor.from_pretrained(source).save_pretrained(destination / "thinker")
+    if destination != source:
+        (destination / "config.json").write_text((source / "config.json").read_text())
