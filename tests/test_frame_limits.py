@@ -12,9 +12,9 @@ compression, a deflate bomb built by hand. The server runs in-process, as in
 tests/test_server_realtime.py; memory is measured with ``tracemalloc`` (the
 inflated bytes and the message buffers are Python objects, so it sees them).
 
-Tests marked ``xfail(strict=True)`` state promises the server does not keep
-yet; each names the bug. A fix makes them XPASS, which fails the suite: remove
-the mark then.
+hypercorn 0.18 and wsproto alone keep none of the first promise (they count a
+message after it is buffered and inflated); ``omnitrio/server/_ws_stream.py``
+and ``_frame_limits.py`` make them keep it.
 """
 
 from __future__ import annotations
@@ -47,8 +47,6 @@ MESSAGE_TOO_BIG, PROTOCOL_ERROR = 1009, 1002
 # Buffering one message of LIMIT bytes, and what a server has in flight besides,
 # stays far under this; holding an inflated bomb or an oversized frame does not.
 MEMORY_BOUND = 8 * 1024 * 1024
-# pytest-trio reports a failing test as an ExceptionGroup.
-FAILS_AN_ASSERTION = pytest.RaisesGroup(AssertionError, flatten_subgroups=True)
 
 
 async def _server(nursery: trio.Nursery, **settings: object) -> str:
@@ -265,13 +263,6 @@ async def test_an_oversized_message_in_fragments_is_refused_with_1009(
         await _still_serving(base_url)
 
 
-@pytest.mark.xfail(
-    raises=FAILS_AN_ASSERTION,
-    strict=True,
-    reason="bug: after its 1009 hypercorn keeps reading the frame into the same message "
-    "buffer (WebsocketBuffer is never cleared after FrameTooLargeError), so the whole "
-    "oversized frame is buffered",
-)
 async def test_an_oversized_frame_is_not_buffered(nursery: trio.Nursery) -> None:
     base_url = await _server(nursery)
     frame = RawWebSocket.frame(TEXT, b" " * (32 * 1024 * 1024))  # 512 times the limit
@@ -288,14 +279,6 @@ async def test_an_oversized_frame_is_not_buffered(nursery: trio.Nursery) -> None
     assert peak[0] < MEMORY_BOUND, f"{peak[0] / 2**20:.0f} MiB allocated for a refused frame"
 
 
-@pytest.mark.xfail(
-    raises=FAILS_AN_ASSERTION,
-    strict=True,
-    reason="bug: hypercorn's WSStream._handle_events breaks out of wsproto's event loop on "
-    "FrameTooLargeError, so a close frame that arrives in the same read as the tail of the "
-    "oversized frame stays unparsed until more data comes (never): the connection hangs until "
-    "the client gives up (websockets: close_timeout, 10 s by default)",
-)
 async def test_the_close_handshake_after_a_1009_ends(nursery: trio.Nursery) -> None:
     base_url = await _server(nursery)
     with trio.fail_after(20):
@@ -318,12 +301,6 @@ async def test_the_close_handshake_after_a_1009_ends(nursery: trio.Nursery) -> N
 # --- lying frame headers --------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    raises=FAILS_AN_ASSERTION,
-    strict=True,
-    reason="bug: the declared length is not checked; hypercorn waits for the payload and "
-    "only counts what arrives, so the connection stays open",
-)
 async def test_a_frame_declaring_a_huge_length_is_refused_at_once(nursery: trio.Nursery) -> None:
     base_url = await _server(nursery)
     with trio.fail_after(20):
@@ -392,13 +369,6 @@ async def test_a_standard_client_offering_deflate_gets_1009_for_a_bomb(
         await _still_serving(base_url)
 
 
-@pytest.mark.xfail(
-    raises=FAILS_AN_ASSERTION,
-    strict=True,
-    reason="bug: wsproto inflates each received chunk with no output limit (64 KiB in, up to "
-    "64 MiB out) and hypercorn counts the message only after that, then keeps appending the "
-    "rest of the frame to the same buffer",
-)
 async def test_a_deflate_bomb_is_refused_before_it_is_inflated(nursery: trio.Nursery) -> None:
     base_url = await _server(nursery)
     inflated = 128 * 1024 * 1024
