@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -51,8 +52,10 @@ class ServerSettings:
             "max_input_audio_s",
             "max_session_s",
         ):
-            if getattr(self, name) <= 0:
-                raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
+            if not 0 < getattr(self, name) < math.inf:  # NaN fails too
+                raise SettingsError(
+                    f"{name} must be positive and finite, not {getattr(self, name)}"
+                )
 
     @classmethod
     def from_env(cls, **overrides: object) -> ServerSettings:
