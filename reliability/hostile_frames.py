@@ -142,9 +142,7 @@ def _scenarios(base_url: str, runs: int) -> list[Callable[[], Awaitable[Result]]
         lambda: _raw(base_url, "handshake 256 KiB", frame(TEXT, b" " * (256 * 1024)) + reply),
     ]
     for compression in ("deflate", None) * runs:
-        scenarios.append(
-            lambda c=compression: trio.to_thread.run_sync(_standard_client, url, c)  # type: ignore[misc]
-        )
+        scenarios.append(lambda c=compression: trio.to_thread.run_sync(_standard_client, url, c))
     return scenarios
 
 
