@@ -28,6 +28,9 @@ from transformers import (
     Qwen3OmniMoeForConditionalGeneration,
     WhisperFeatureExtractor,
 )
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+    Qwen3OmniMoeTalkerTextExperts,
+)
 
 from stages.tiny_tokenizer import NUM_BYTE_TOKENS, build_byte_tokenizer
 
@@ -196,11 +199,24 @@ def make_tiny_checkpoint(directory: Path, *, seed: int = 0) -> None:
     """Write a tiny random-init checkpoint to ``directory`` (see the module docstring)."""
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(tiny_config()).eval()
+    _initialise_talker_experts(model)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     build_tokenizer().save_pretrained(directory)
     build_feature_extractor().save_pretrained(directory)
     split_checkpoint(directory, directory, model=model)
+
+
+def _initialise_talker_experts(model: Qwen3OmniMoeForConditionalGeneration) -> None:
+    """transformers 5.23 leaves the talker's MoE expert weights as ``torch.empty``
+    (whatever was in memory: tiny denormals in one process, NaN in another), so a
+    random-init checkpoint would differ run to run. Initialise them like the rest."""
+    std = model.config.talker_config.initializer_range
+    with torch.no_grad():
+        for module in model.talker.modules():
+            if isinstance(module, Qwen3OmniMoeTalkerTextExperts):
+                module.gate_up_proj.normal_(0.0, std)
+                module.down_proj.normal_(0.0, std)
 
 
 def split_checkpoint(
