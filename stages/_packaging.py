@@ -51,8 +51,8 @@ class Packager:
         self._num_pending = 0
         self.num_jobs = 0
         self.packaging_s = 0.0
+        # Started by the first job, so a stage that fails to load leaves no thread.
         self._thread = threading.Thread(target=self._run, name=f"omnitrio-pack-{name}", daemon=True)
-        self._thread.start()
 
     def open(self, stream_id: str) -> None:
         with self._done:
@@ -64,6 +64,8 @@ class Packager:
         """Queue a job making results for ``stream_ids``; waits while the queue is full."""
         with self._done:
             self._num_pending += 1
+            if not self._thread.is_alive() and self._thread.ident is None:
+                self._thread.start()
         self._jobs.put(_Job(stream_ids, build))
 
     def take(self, stream_id: str, max_payloads: int, max_visible: int) -> tuple[Packed, bool]:
@@ -107,8 +109,9 @@ class Packager:
             self._failed.pop(stream_id, None)
 
     def close(self) -> None:
-        self._jobs.put(None)
-        self._thread.join()
+        if self._thread.ident is not None:
+            self._jobs.put(None)
+            self._thread.join()
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:

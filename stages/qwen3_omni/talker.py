@@ -22,11 +22,11 @@ import torch
 from transformers import DynamicCache, Qwen3OmniMoeTalkerForConditionalGeneration
 
 from omnitrio import Request, StreamOutput, StreamWork
-from stages._packaging import Packager, Packed
+from stages._packaging import Packed
 from stages._torch_kv import StreamKV, append_last, stack
 from stages._torch_loading import load_pretrained
 from stages._torch_sampling import OptionError, Sampler, SamplingParams
-from stages._torch_timing import StepClock
+from stages._torch_stage import AutoregressiveStage
 from stages.qwen3_omni.payloads import CodecFrame, TalkerPrompt, TextToken
 
 # generate(return_audio=True)'s talker defaults.
@@ -50,7 +50,7 @@ class _Stream:
     finished: bool = False
 
 
-class Qwen3OmniTalker:
+class Qwen3OmniTalker(AutoregressiveStage):
     max_inputs_per_step = None
     max_payloads_per_step = 4
     max_visible_per_step = 0
@@ -66,10 +66,9 @@ class Qwen3OmniTalker:
         torch_threads: int | None = None,
         packaging_queue: int = 4,
     ) -> None:
-        if torch_threads is not None:
-            torch.set_num_threads(torch_threads)
-        self.name = name
-        self.device = torch.device(device)
+        super().__init__(
+            name=name, device=device, torch_threads=torch_threads, packaging_queue=packaging_queue
+        )
         self.model = load_pretrained(
             Qwen3OmniMoeTalkerForConditionalGeneration, Path(model_path) / "talker", stage=name
         ).to(self.device)
@@ -83,8 +82,6 @@ class Qwen3OmniTalker:
         self.default_speaker = speaker
         self.tts_pad_token_id = _composite_value(Path(model_path), "tts_pad_token_id")
         self.streams: dict[str, _Stream] = {}
-        self.clock = StepClock()
-        self.packager = Packager(name, capacity=packaging_queue)
 
     # -- the stage protocol ------------------------------------------------------
 
@@ -140,21 +137,6 @@ class Qwen3OmniTalker:
                 },
             )
         return {sid: self._deliver(sid) for sid in streams}
-
-    def close_stream(self, stream_id: str) -> None:
-        self.streams.pop(stream_id, None)
-        self.packager.forget(stream_id)
-
-    def close(self) -> None:
-        self.packager.close()
-
-    def stage_statistics(self) -> Mapping[str, float]:
-        kv_bytes = sum(s.kv.num_bytes for s in self.streams.values() if s.kv is not None)
-        return {
-            **self.clock.snapshot(self.packager),
-            "num_active_streams": len(self.streams),
-            "kv_bytes": kv_bytes,
-        }
 
     # -- inputs ----------------------------------------------------------------------
 

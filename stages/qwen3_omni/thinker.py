@@ -27,11 +27,11 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 from omnitrio import Request, StreamOutput, StreamWork, TextDelta
-from stages._packaging import Packager, Packed
+from stages._packaging import Packed
 from stages._torch_kv import StreamKV, append_last, stack
 from stages._torch_loading import load_pretrained
 from stages._torch_sampling import Sampler, SamplingParams
-from stages._torch_timing import StepClock
+from stages._torch_stage import AutoregressiveStage
 from stages.qwen3_omni.payloads import TalkerPrompt, TextToken
 
 AUDIO_INPUT_SAMPLE_RATE_HZ = 16_000
@@ -52,7 +52,7 @@ class _Stream:
     text_sent: str = ""
 
 
-class Qwen3OmniThinker:
+class Qwen3OmniThinker(AutoregressiveStage):
     max_inputs_per_step = None
     max_payloads_per_step = 8
     max_visible_per_step = 8
@@ -68,11 +68,10 @@ class Qwen3OmniThinker:
         torch_threads: int | None = None,
         packaging_queue: int = 4,
     ) -> None:
-        if torch_threads is not None:
-            torch.set_num_threads(torch_threads)
+        super().__init__(
+            name=name, device=device, torch_threads=torch_threads, packaging_queue=packaging_queue
+        )
         folder = Path(model_path) / "thinker"
-        self.name = name
-        self.device = torch.device(device)
         self.model = load_pretrained(
             Qwen3OmniMoeThinkerForConditionalGeneration, folder, stage=name
         ).to(self.device)
@@ -91,8 +90,6 @@ class Qwen3OmniThinker:
             [self.config.audio_token_id, self.config.image_token_id, self.config.video_token_id]
         )
         self.streams: dict[str, _Stream] = {}
-        self.clock = StepClock()
-        self.packager = Packager(name, capacity=packaging_queue)
 
     # -- the stage protocol ------------------------------------------------------
 
@@ -127,21 +124,6 @@ class Qwen3OmniThinker:
         elif not live:
             self.packager.wait(timeout_s=1.0)  # only deliveries left: let packaging catch up
         return {sid: self._deliver(sid, s) for sid, s in streams.items()}
-
-    def close_stream(self, stream_id: str) -> None:
-        self.streams.pop(stream_id, None)
-        self.packager.forget(stream_id)
-
-    def close(self) -> None:
-        self.packager.close()
-
-    def stage_statistics(self) -> Mapping[str, float]:
-        kv_bytes = sum(s.kv.num_bytes for s in self.streams.values() if s.kv is not None)
-        return {
-            **self.clock.snapshot(self.packager),
-            "num_active_streams": len(self.streams),
-            "kv_bytes": kv_bytes,
-        }
 
     # -- the critical path ---------------------------------------------------------
 
