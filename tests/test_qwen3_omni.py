@@ -516,3 +516,54 @@ def test_a_tiny_checkpoint_is_a_function_of_its_seed(checkpoint: Path, tmp_path:
         assert torch.isfinite(tensor).all(), key
         if tensor.dim() == 2 and "experts" in key:
             assert tensor.std() > 1e-3, key  # drawn, not left at ~0
+
+
+async def test_a_text_only_request_skips_the_talker_and_keeps_all_its_text(
+    checkpoint: Path,
+    reference,  # type: ignore[no-untyped-def]
+) -> None:
+    config = with_model_path(omnitrio.load_config(CONFIG), checkpoint)
+    options = {**GREEDY, "max_tokens": 12, "modalities": "text"}
+    statistics: list[omnitrio.PipelineStatistics] = []
+    [(text, _, audio)] = await run_streams(
+        config, [omnitrio.Request("hello there", options=options)], statistics
+    )
+    ref_text, _, _ = reference_run(reference, checkpoint, "hello there", 12, 4)
+    assert text == ref_text
+    assert len(audio) == 0
+    assert statistics[0].stages["talker"].model["num_tokens"] == 0
+
+
+def test_the_server_serves_the_tiny_model_to_the_openai_sdk(checkpoint: Path) -> None:
+    import base64
+
+    import openai
+
+    from tests.test_server_process import start_server
+
+    process, base_url = start_server(
+        "--config", str(CONFIG), "--model-path", str(checkpoint), "--port", "0"
+    )
+    try:
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+        stream = client.chat.completions.create(
+            model="qwen3-omni-tiny",
+            messages=[{"role": "user", "content": "hello there"}],
+            modalities=["text", "audio"],
+            audio={"voice": "alloy", "format": "pcm16"},
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+        )
+        transcript, audio = "", b""
+        for chunk in stream:
+            delta = chunk.choices[0].delta
+            if delta.audio is not None:
+                transcript += delta.audio.transcript or ""
+                audio += base64.b64decode(delta.audio.data or "")
+        assert transcript
+        assert len(audio) > 0
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr

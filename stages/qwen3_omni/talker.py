@@ -89,10 +89,7 @@ class Qwen3OmniTalker(AutoregressiveStage):
         params = SamplingParams.from_options(
             request.options, prefix="talker_", defaults=self.defaults
         )
-        speaker = str(request.options.get("speaker") or self.default_speaker).lower()
-        if speaker not in self.config.speaker_id:
-            known = ", ".join(sorted(self.config.speaker_id))
-            raise OptionError(f"unknown speaker {speaker!r}; this model has: {known}")
+        speaker = self._speaker(request.options)
         # The code predictor samples (top-k 50, top-p 0.8) exactly when the talker does.
         residual = SamplingParams(
             temperature=1.0 if params.temperature > 0 else 0.0,
@@ -105,7 +102,24 @@ class Qwen3OmniTalker(AutoregressiveStage):
             Sampler(residual),
             self.config.speaker_id[speaker],
         )
+        modalities = request.options.get("modalities")
+        if isinstance(modalities, str) and "audio" not in modalities.split(","):
+            self.streams[stream_id].finished = True  # a text-only answer: no talker work
         self.packager.open(stream_id)
+
+    def _speaker(self, options: Mapping[str, object]) -> str:
+        """``speaker`` must name one of the model's speakers; an OpenAI ``voice`` (alloy,
+        ...) that is not one of them gets the default speaker."""
+        known = self.config.speaker_id
+        if options.get("speaker") is not None:
+            speaker = str(options["speaker"]).lower()
+            if speaker not in known:
+                raise OptionError(
+                    f"unknown speaker {speaker!r}; this model has: {', '.join(sorted(known))}"
+                )
+            return speaker
+        voice = str(options.get("voice") or "").lower()
+        return voice if voice in known else self.default_speaker
 
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
         self.clock.start_step()
