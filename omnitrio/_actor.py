@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import NoReturn
@@ -85,6 +85,10 @@ class StageActor:
     # ----- lifecycle ----------------------------------------------------------------
 
     @trio.lowlevel.enable_ki_protection
+    def model_statistics(self) -> Mapping[str, float]:
+        """The stage's own figures (see ``StageStatistics.model``)."""
+        return {} if self._runner is None else self._runner.model_statistics()
+
     async def run(
         self,
         limits: tuple[int | None, int],
@@ -285,7 +289,7 @@ class StageActor:
             num_visible = 0
             if result.step_error is not None:
                 self._fail(work.stream_id, "step", result.step_error)
-            else:
+            elif work.stream_id not in result.errors:  # (an open failure was reported above)
                 num_visible = self._deliver(slot, work, result.outputs[work.stream_id])
             # Unused client credit goes back, and the stream's other stages hear of it.
             slot.stream.client.settle(self.limits.max_visible_per_step, num_visible)

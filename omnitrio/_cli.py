@@ -16,6 +16,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -39,6 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "run":
             return _serve(args)
+        if args.command == "make-tiny-model":
+            return _make_tiny_model(args)
+        if args.command == "split-checkpoint":
+            return _split_checkpoint(args)
         job = bench.bench if args.command == "bench" else _prompt
         signum = trio.run(_until_signal, job, args)
         if signum is not None:
@@ -62,7 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     if args.model_path is not None:
-        config = _with_model_path(config, args.model_path)
+        config = with_model_path(config, args.model_path)
     settings = ServerSettings.from_env(
         host=args.host,
         port=args.port,
@@ -86,7 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_model_path(config: PipelineConfig, model_path: Path) -> PipelineConfig:
+def with_model_path(config: PipelineConfig, model_path: Path) -> PipelineConfig:
     """``config`` with ``params.model_path`` set on every stage that takes one."""
     if not model_path.is_dir():
         raise ConfigError(
@@ -148,10 +153,55 @@ def _parser() -> argparse.ArgumentParser:
     prompt.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="pipeline YAML")
     prompt.add_argument("--prompt", action="append", help="a prompt (repeat for several streams)")
     prompt.add_argument("--streams", type=int, default=1, help="concurrent copies of each prompt")
+    prompt.add_argument(
+        "--model-path", type=Path, help="local model folder for the stages that load one"
+    )
     bench.add_parser(commands)
     check = commands.add_parser("check-config", help="validate a pipeline config")
     check.add_argument("config", type=Path)
+    tiny = commands.add_parser(
+        "make-tiny-model", help="write a tiny random-init checkpoint (for tests and demos)"
+    )
+    tiny.add_argument("directory", type=Path)
+    tiny.add_argument("--family", choices=sorted(TINY_MODEL_BUILDERS), default="qwen3-omni")
+    tiny.add_argument("--seed", type=int, default=0, help="random-init seed (default 0)")
+    split = commands.add_parser(
+        "split-checkpoint", help="split a published checkpoint into one folder per stage"
+    )
+    split.add_argument("source", type=Path, help="the composite checkpoint folder")
+    split.add_argument("destination", type=Path, help="where thinker/, talker/, ... go")
+    split.add_argument("--family", choices=sorted(TINY_MODEL_BUILDERS), default="qwen3-omni")
     return parser
+
+
+# Model families whose stage packages can build a tiny checkpoint: module with make_tiny_checkpoint.
+TINY_MODEL_BUILDERS = {
+    "qwen3-omni": "stages.qwen3_omni.tiny",
+    "qwen2.5-omni": "stages.qwen2_5_omni",
+}
+
+
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    _family_module(args.family).make_tiny_checkpoint(args.directory, seed=args.seed)
+    print(f"omnitrio: wrote a tiny {args.family} checkpoint to {args.directory}")
+    return 0
+
+
+def _split_checkpoint(args: argparse.Namespace) -> int:
+    if not (args.source / "config.json").is_file():
+        raise ConfigError(str(args.source), "source", "no config.json: not a checkpoint folder")
+    split = getattr(_family_module(args.family), "split_checkpoint", None)
+    if split is None:
+        raise ConfigError(args.family, "--family", "this family has no split step; serve as is")
+    split(args.source, args.destination)
+    print(f"omnitrio: wrote the stages of {args.source} to {args.destination}")
+    return 0
+
+
+def _family_module(family: str) -> Any:
+    import importlib  # the model stack (torch) loads only for these commands
+
+    return importlib.import_module(TINY_MODEL_BUILDERS[family])
 
 
 async def _until_signal(
@@ -180,7 +230,10 @@ async def _until_signal(
 
 async def _prompt(args: argparse.Namespace) -> None:
     prompts = [p for p in (args.prompt or ["Hello, omnitrio!"]) for _ in range(args.streams)]
-    async with open_pipeline(args.config) as pipeline:
+    config = load_config(args.config)
+    if args.model_path is not None:
+        config = with_model_path(config, args.model_path)
+    async with open_pipeline(config) as pipeline:
         stages = " -> ".join(s.name for s in pipeline.config.stages)
         print(f"pipeline {pipeline.config.pipeline.name!r} ready: {stages}", flush=True)
         async with trio.open_nursery() as nursery:

@@ -36,7 +36,7 @@ class PipelineSection(_Strict):
     name: str = pydantic.Field(min_length=1)
     max_streams: int = pydantic.Field(default=DEFAULT_MAX_STREAMS, ge=1)
     client_capacity: int = pydantic.Field(default=DEFAULT_CLIENT_CAPACITY, ge=1)
-    shutdown_timeout_s: float = pydantic.Field(default=5.0, gt=0)
+    shutdown_timeout_s: float = pydantic.Field(default=5.0, gt=0, allow_inf_nan=False)
 
 
 class StageSpec(_Strict):
@@ -44,7 +44,9 @@ class StageSpec(_Strict):
     impl: str = pydantic.Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     device: str = "cpu"
     max_batch_size: int = pydantic.Field(default=DEFAULT_MAX_BATCH_SIZE, ge=1)
-    step_timeout_s: float | None = pydantic.Field(default=DEFAULT_STEP_TIMEOUT_S, gt=0)
+    step_timeout_s: float | None = pydantic.Field(
+        default=DEFAULT_STEP_TIMEOUT_S, gt=0, allow_inf_nan=False
+    )
     """Watchdog: a turn on the worker thread (closes, opens, one step) that takes
     longer marks the stage hung (None: no watchdog)."""
     params: dict[str, Any] = pydantic.Field(default_factory=dict)
@@ -83,6 +85,8 @@ def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
         raise ConfigError(
             source, "<file>", f"not UTF-8 text (byte {exc.start}); save it as UTF-8"
         ) from None
+    except ValueError:  # the OS cannot take the path: a NUL byte in it
+        raise ConfigError(source, "<file>", "cannot read it (a NUL byte in the path)") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -135,6 +139,8 @@ def _problem(error: Mapping[str, Any]) -> str:
         return "required key is missing; add it"
     if kind == "tuple_type":
         return "should be a list; fix the value"
+    if kind == "finite_number":
+        return "should be a finite number; fix the value"
     if kind == "too_short":
         return f"needs at least {error['ctx']['min_length']} entry; add one"
     return f"{error['msg'].lower()}; fix the value"

@@ -155,6 +155,7 @@ def _stage_statistics(actor: StageActor) -> StageStatistics:
         busy_s=c.busy_s,
         idle_s=c.idle_s,
         hung=actor.hung,
+        model=MappingProxyType(actor.model_statistics()),
     )
 
 

@@ -61,6 +61,17 @@ class StageRunner:
         self._stage: Stage | None = None
         self._held: set[str] = set()
 
+    def model_statistics(self) -> Mapping[str, float]:
+        """The stage's own figures (``stage_statistics()``, optional), or none.
+
+        Called from the trio thread: a stage's ``stage_statistics`` must be cheap and
+        only read plain attributes (a snapshot, not a computation under a lock).
+        """
+        report = getattr(self._stage, "stage_statistics", None)
+        if report is None:
+            return {}
+        return {str(k): float(v) for k, v in report().items()}
+
     def load(self) -> None:
         """Construct the stage (kept even if start-up is cancelled meanwhile, so that
         ``close_all`` still closes it)."""

@@ -7,7 +7,7 @@ seconds (``*_s``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,9 @@ class StageStatistics:
     """Time the actor waited with nothing ready."""
     hung: bool = False
     """A step outlived the stage's ``step_timeout_s``: the stage is out of service."""
+    model: Mapping[str, float] = field(default_factory=dict)
+    """The stage's own figures, if it reports any (``stage_statistics()``): e.g. forward,
+    sampling and packaging time per step, tokens made, KV bytes in use."""
 
 
 @dataclass(frozen=True)

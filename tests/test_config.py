@@ -110,6 +110,14 @@ BAD = [
         "edges[1].from: stage 'a' already has an outgoing edge; pipelines are chains, "
         "so give each stage at most one",
     ),
+    (
+        GOOD.replace("pipeline: {name: t}", "pipeline: {name: t, shutdown_timeout_s: .inf}"),
+        "pipeline.shutdown_timeout_s: should be a finite number; fix the value",
+    ),
+    (
+        GOOD.replace("name: a,", "name: a, step_timeout_s: .inf,"),
+        "stages[1].step_timeout_s: should be a finite number; fix the value",
+    ),
     ("pipeline: [\n", "line 2: not valid YAML"),
     ("- just\n- a list\n", "<top>: a config must be a mapping with pipeline, stages, edges"),
 ]
@@ -126,6 +134,13 @@ def test_invalid_configs_name_file_key_and_fix(tmp_path: Path, text: str, messag
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(omnitrio.ConfigError, match="<file>: cannot read it"):
         omnitrio.load_config(tmp_path / "nope.yaml")
+
+
+def test_a_nul_byte_in_the_path_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(
+        omnitrio.ConfigError, match=r"<file>: cannot read it \(a NUL byte in the path\)"
+    ):
+        omnitrio.load_config(f"{tmp_path}/pipe\x00line.yaml")
 
 
 def test_required_stage_parameter(tmp_path: Path) -> None:

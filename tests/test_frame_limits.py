@@ -12,9 +12,9 @@ compression, a deflate bomb built by hand. The server runs in-process, as in
 tests/test_server_realtime.py; memory is measured with ``tracemalloc`` (the
 inflated bytes and the message buffers are Python objects, so it sees them).
 
-Tests marked ``xfail(strict=True)`` state promises the server does not keep
-yet; each names the bug. A fix makes them XPASS, which fails the suite: remove
-the mark then.
+hypercorn 0.18 and wsproto alone keep none of the first promise (they count a
+message after it is buffered and inflated); ``omnitrio/server/_ws_stream.py``
+and ``_frame_limits.py`` make them keep it.
 """
 
 from __future__ import annotations
@@ -43,12 +43,10 @@ SPEAKING = [
 ]
 TEXT, BINARY, CONTINUATION, CLOSE = 0x1, 0x2, 0x0, 0x8
 MSGPACK = "omnitrio.msgpack.v1"
-MESSAGE_TOO_BIG, PROTOCOL_ERROR = 1009, 1002
+MESSAGE_TOO_BIG, PROTOCOL_ERROR, INVALID_PAYLOAD = 1009, 1002, 1007
 # Buffering one message of LIMIT bytes, and what a server has in flight besides,
 # stays far under this; holding an inflated bomb or an oversized frame does not.
 MEMORY_BOUND = 8 * 1024 * 1024
-# pytest-trio reports a failing test as an ExceptionGroup.
-FAILS_AN_ASSERTION = pytest.RaisesGroup(AssertionError, flatten_subgroups=True)
 
 
 async def _server(nursery: trio.Nursery, **settings: object) -> str:
@@ -265,13 +263,6 @@ async def test_an_oversized_message_in_fragments_is_refused_with_1009(
         await _still_serving(base_url)
 
 
-@pytest.mark.xfail(
-    raises=FAILS_AN_ASSERTION,
-    strict=True,
-    reason="bug: after its 1009 hypercorn keeps reading the frame into the same message "
-    "buffer (WebsocketBuffer is never cleared after FrameTooLargeError), so the whole "
-    "oversized frame is buffered",
-)
 async def test_an_oversized_frame_is_not_buffered(nursery: trio.Nursery) -> None:
     base_url = await _server(nursery)
     frame = RawWebSocket.frame(TEXT, b" " * (32 * 1024 * 1024))  # 512 times the limit
@@ -288,16 +279,9 @@ async def test_an_oversized_frame_is_not_buffered(nursery: trio.Nursery) -> None
     assert peak[0] < MEMORY_BOUND, f"{peak[0] / 2**20:.0f} MiB allocated for a refused frame"
 
 
-@pytest.mark.xfail(
-    raises=FAILS_AN_ASSERTION,
-    strict=True,
-    reason="bug: hypercorn's WSStream._handle_events breaks out of wsproto's event loop on "
-    "FrameTooLargeError, so a close frame that arrives in the same read as the tail of the "
-    "oversized frame stays unparsed until more data comes (never): the connection hangs until "
-    "the client gives up (websockets: close_timeout, 10 s by default)",
-)
 async def test_the_close_handshake_after_a_1009_ends(nursery: trio.Nursery) -> None:
-    base_url = await _server(nursery)
+    # A linger far past the 3 s allowed here: only the client's close reply can end it.
+    base_url = await _server(nursery, close_linger_s=60.0)
     with trio.fail_after(20):
         async with await RawWebSocket.connect(base_url) as ws:
             await ws.next_event()
@@ -315,15 +299,27 @@ async def test_the_close_handshake_after_a_1009_ends(nursery: trio.Nursery) -> N
     assert ended, "the server did not close the TCP connection after the close handshake"
 
 
+async def test_a_client_that_never_answers_the_1009_is_hung_up_after_the_linger(
+    nursery: trio.Nursery,
+) -> None:
+    base_url = await _server(nursery, close_linger_s=0.5)
+    with trio.fail_after(20):
+        async with await RawWebSocket.connect(base_url) as ws:
+            await ws.next_event()
+            await ws.send(ws.frame(TEXT, b" ", declared_length=2**40))  # never finished
+            code, _ = await ws.close_code()
+            closed_at = trio.current_time()
+            ended = await ws.next_frame() is None  # no reply from us: the server hangs up
+            waited_s = trio.current_time() - closed_at
+        await _still_serving(base_url)
+    assert code == MESSAGE_TOO_BIG
+    assert ended
+    assert 0.3 < waited_s < 3.0, waited_s
+
+
 # --- lying frame headers --------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    raises=FAILS_AN_ASSERTION,
-    strict=True,
-    reason="bug: the declared length is not checked; hypercorn waits for the payload and "
-    "only counts what arrives, so the connection stays open",
-)
 async def test_a_frame_declaring_a_huge_length_is_refused_at_once(nursery: trio.Nursery) -> None:
     base_url = await _server(nursery)
     with trio.fail_after(20):
@@ -345,7 +341,7 @@ async def test_an_impossible_64_bit_length_fails_the_connection(nursery: trio.Nu
             await ws.next_event()
             await ws.send(ws.frame(TEXT, b"{}", declared_length=2**63))
             code, events = await ws.close_code()
-        assert code in (PROTOCOL_ERROR, None)  # a close frame, or the TCP connection dropped
+        assert code == PROTOCOL_ERROR
         assert events == []
         await _still_serving(base_url)
 
@@ -361,18 +357,23 @@ def _deflate(data: bytes) -> bytes:
     return compressed[:-4]
 
 
-async def test_a_standard_client_offering_deflate_gets_1009_for_a_bomb(
-    nursery: trio.Nursery,
+@pytest.mark.parametrize("compression", ["deflate", None], ids=["deflate", "uncompressed"])
+async def test_a_standard_client_gets_1009_for_16_mib(
+    nursery: trio.Nursery, compression: str | None
 ) -> None:
     base_url = await _server(nursery)
     url = base_url.replace("http", "ws") + "/v1/realtime"
 
     def send_bomb() -> tuple[str, int | None]:
         # websockets offers permessage-deflate by default and, when the server accepts
-        # it (hypercorn 0.18 does), compresses what it sends: 16 MiB of spaces as ~16 KB.
+        # it, compresses what it sends: 16 MiB of spaces as ~16 KB. Uncompressed, the
+        # client is still sending when the 1009 comes: the server must read on (and
+        # drop) until the client reads it, or the client gets a reset instead.
         # close_timeout: the 1009 is what matters here, not how soon the server closes
         # TCP after the close handshake (see test_the_close_handshake_after_a_1009_ends).
-        with websockets.sync.client.connect(url, open_timeout=10, close_timeout=1) as ws:
+        with websockets.sync.client.connect(
+            url, open_timeout=10, close_timeout=1, compression=compression
+        ) as ws:
             assert ws.response is not None
             negotiated = ws.response.headers.get("Sec-WebSocket-Extensions", "")
             ws.recv(timeout=10)  # session.created
@@ -384,21 +385,11 @@ async def test_a_standard_client_offering_deflate_gets_1009_for_a_bomb(
 
     with trio.fail_after(30):
         negotiated, code = await trio.to_thread.run_sync(send_bomb)
-        # Compressed or not (a server may decline the offer), the message is too big.
-        assert negotiated in ("", "permessage-deflate") or negotiated.startswith(
-            "permessage-deflate;"
-        )
+        assert negotiated.startswith("permessage-deflate") == (compression is not None)
         assert code == MESSAGE_TOO_BIG
         await _still_serving(base_url)
 
 
-@pytest.mark.xfail(
-    raises=FAILS_AN_ASSERTION,
-    strict=True,
-    reason="bug: wsproto inflates each received chunk with no output limit (64 KiB in, up to "
-    "64 MiB out) and hypercorn counts the message only after that, then keeps appending the "
-    "rest of the frame to the same buffer",
-)
 async def test_a_deflate_bomb_is_refused_before_it_is_inflated(nursery: trio.Nursery) -> None:
     base_url = await _server(nursery)
     inflated = 128 * 1024 * 1024
@@ -415,11 +406,8 @@ async def test_a_deflate_bomb_is_refused_before_it_is_inflated(nursery: trio.Nur
                         await ws.send(frame)
                 code, events = await ws.close_code()
         await _still_serving(base_url)
-    assert events == []
-    if negotiated.startswith("permessage-deflate"):
-        assert code == MESSAGE_TOO_BIG
-    else:  # declined: a compressed frame is a protocol error (see the next test)
-        assert code in (PROTOCOL_ERROR, MESSAGE_TOO_BIG, None)
+    assert negotiated.startswith("permessage-deflate")
+    assert (code, events) == (MESSAGE_TOO_BIG, [])
     assert peak[0] < MEMORY_BOUND, f"{peak[0] / 2**20:.0f} MiB allocated for a refused frame"
 
 
@@ -435,24 +423,27 @@ async def test_a_compressed_frame_without_deflate_negotiated_fails_the_connectio
             await ws.send(ws.frame(TEXT, event, rsv1=True))
             code, events = await ws.close_code()
         # RFC 6455 5.2: RSV1 without an extension that defines it fails the connection.
-        # hypercorn drops the TCP connection without a close frame; 1002 would do as well.
-        assert code in (PROTOCOL_ERROR, None)
+        assert code == PROTOCOL_ERROR
         assert events == []  # the frame never reached the session
         await _still_serving(base_url)
 
 
 @pytest.mark.parametrize(
-    "frame",
+    ("frame", "expected_code"),
     [
-        RawWebSocket.frame(CLOSE, b"\x03\xe8", rsv1=True),  # control frames are never compressed
-        RawWebSocket.frame(TEXT, b"{", fin=False)
-        + RawWebSocket.frame(CONTINUATION, b"}", rsv1=True),
-        RawWebSocket.frame(TEXT, b"\xff\xff\xff\xff", rsv1=True),  # not deflate data
+        # Control frames are never compressed; only a message's first frame has RSV1.
+        (RawWebSocket.frame(CLOSE, b"\x03\xe8", rsv1=True), PROTOCOL_ERROR),
+        (
+            RawWebSocket.frame(TEXT, b"{", fin=False)
+            + RawWebSocket.frame(CONTINUATION, b"}", rsv1=True),
+            PROTOCOL_ERROR,
+        ),
+        (RawWebSocket.frame(TEXT, b"\xff\xff\xff\xff", rsv1=True), INVALID_PAYLOAD),
     ],
     ids=["compressed close", "compressed continuation", "corrupt deflate"],
 )
 async def test_malformed_compressed_frames_fail_only_their_connection(
-    nursery: trio.Nursery, frame: bytes
+    nursery: trio.Nursery, frame: bytes, expected_code: int
 ) -> None:
     base_url = await _server(nursery)
     with trio.fail_after(20):
@@ -460,7 +451,7 @@ async def test_malformed_compressed_frames_fail_only_their_connection(
             await ws.next_event()
             await ws.send(frame)
             code, events = await ws.close_code()
-        assert code in (PROTOCOL_ERROR, 1007, None)  # 1007: invalid frame payload data
+        assert code == expected_code
         assert events == []
         await _still_serving(base_url)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -176,6 +177,13 @@ def test_non_loopback_bind_needs_a_key() -> None:
     with pytest.raises(SettingsError, match="API key is required"):
         ServerSettings(host="0.0.0.0")
     ServerSettings(host="0.0.0.0", api_key="k")
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan])
+@pytest.mark.parametrize("name", ["grace_period_s", "send_timeout_s", "close_linger_s"])
+def test_time_settings_must_be_positive_and_finite(name: str, value: float) -> None:
+    with pytest.raises(SettingsError, match=f"{name} must be positive and finite"):
+        ServerSettings(**{name: value})  # type: ignore[arg-type]
 
 
 async def test_overload_is_an_immediate_503(nursery: trio.Nursery) -> None:

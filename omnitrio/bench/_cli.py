@@ -10,7 +10,7 @@ import platform
 import random
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from .._config import PipelineConfig, load_config, parse_config
+from .._items import Scalar
 from ._http import Endpoint
 from ._inprocess import open_pipeline_target
 from ._monolithic import SEQUENTIAL, open_monolithic
@@ -53,6 +54,9 @@ def add_parser(commands: Any) -> None:
         "--baseline", action="append", choices=BASELINES, default=[], help="repeatable"
     )
     what.add_argument("--monolithic", help="a module:factory for a monolithic generate baseline")
+    what.add_argument(
+        "--model-path", type=Path, help="local model folder for the stages that load one"
+    )
     what.add_argument("--cpu-bound", action="store_true", help="synthetic stages hold the GIL")
     what.add_argument(
         "--set",
@@ -72,6 +76,13 @@ def add_parser(commands: Any) -> None:
     load.add_argument("--input-len", type=int, default=32, help="words per prompt")
     load.add_argument("--output-len", type=int, default=32, help="text tokens per answer")
     load.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a request option for in-process targets, e.g. temperature=0 (repeatable)",
+    )
+    load.add_argument(
         "--read-speed", type=float, help="clients play audio at this x real time (0.5: slow)"
     )
     load.add_argument("--time-limit-s", type=float, default=120.0, help="bound on each run")
@@ -88,12 +99,23 @@ def _levels(args: argparse.Namespace) -> list[int]:
     return [int(level) for level in args.sweep.split(",")]
 
 
-def make_prompts(count: int, input_len: int, output_len: int, seed: int) -> list[Prompt]:
+def make_prompts(
+    count: int, input_len: int, output_len: int, seed: int, options: Sequence[str] = ()
+) -> list[Prompt]:
     rng = random.Random(seed)
+    pairs = tuple(_option(text) for text in options)
     return [
-        Prompt(i, " ".join(f"w{rng.randrange(10000)}" for _ in range(input_len)), output_len)
+        Prompt(i, " ".join(f"w{rng.randrange(10000)}" for _ in range(input_len)), output_len, pairs)
         for i in range(count)
     ]
+
+
+def _option(text: str) -> tuple[str, Scalar]:
+    key, sep, raw = text.partition("=")
+    value = yaml.safe_load(raw) if sep else None
+    if not sep or not key or not isinstance(value, str | int | float | bool):
+        raise ValueError(f"--option {text!r}: give KEY=VALUE with a plain value")
+    return key, value
 
 
 def with_params(path: Path, settings: list[str]) -> PipelineConfig:
@@ -208,6 +230,10 @@ async def bench(args: argparse.Namespace) -> None:
     config = load_config(args.config)  # the file's own errors first
     if args.set:
         config = with_params(args.config, args.set)
+    if args.model_path is not None:
+        from .._cli import with_model_path  # the command line module imports this one
+
+        config = with_model_path(config, args.model_path)
     if args.cpu_bound:
         config = with_cpu_bound(config)
     levels = _levels(args)
@@ -218,8 +244,10 @@ async def bench(args: argparse.Namespace) -> None:
     targets = _targets(args, config)
     for level in levels:
         count = args.num_prompts or 4 * level
-        prompts = make_prompts(count, args.input_len, args.output_len, args.seed)
-        warmup = make_prompts(args.warmup, args.input_len, args.output_len, args.seed + 1)
+        prompts = make_prompts(count, args.input_len, args.output_len, args.seed, args.option)
+        warmup = make_prompts(
+            args.warmup, args.input_len, args.output_len, args.seed + 1, args.option
+        )
         settings = LoadSettings(
             max_concurrency=level,
             request_rate=args.request_rate,

@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from .._config import PipelineConfig
 from .._errors import OmnitrioError, Overloaded
-from .._items import AudioChunk, Request, TextDelta
+from .._items import AudioChunk, TextDelta
 from .._pipeline import Pipeline, open_pipeline
 from ._target import Prompt, Refused, Sample, TargetError, Timeline, rss_bytes_of_self
 
@@ -20,7 +20,7 @@ class PipelineTarget:
         self._pipeline = pipeline
 
     async def request(self, prompt: Prompt, timeline: Timeline) -> None:
-        request = Request(prompt.text, options={"steps": prompt.output_len})
+        request = prompt.request()
         try:
             async with self._pipeline.open_stream(request) as stream:
                 async for item in stream:

@@ -88,7 +88,7 @@ class MonolithicTarget:
         self._num_waiting = 0
 
     async def request(self, prompt: Prompt, timeline: Timeline) -> None:
-        request = Request(prompt.text, options={"steps": prompt.output_len})
+        request = prompt.request()
         self._num_waiting += 1
         try:
             items = await trio.to_thread.run_sync(

@@ -127,7 +127,7 @@ class PipecatTarget:
 
     async def request(self, prompt: Prompt, timeline: Timeline) -> None:
         sid = f"pc{next(self._ids)}"
-        request = Request(prompt.text, options={"steps": prompt.output_len})
+        request = prompt.request()
         processors = [
             StageProcessor(stage, executor, sid, first=index == 0)
             for index, (stage, executor) in enumerate(

@@ -214,7 +214,7 @@ class SeedOrchestrator:
         send, receive = trio.open_memory_channel[VisibleItem | BaseException | None](math.inf)
         with self._clients_lock:
             self._clients[stream_id] = _Client(send)
-        request = Request(prompt.text, options={"steps": prompt.output_len})
+        request = prompt.request()
         for worker in self._workers:  # stage 0 plus the prewarmed downstream stages
             worker.submit(stream_id, request)
         finished = False

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import trio
 
+from .._items import Request, Scalar
 from ._record import AudioArrival
 
 
@@ -29,10 +30,17 @@ class Prompt:
     index: int
     text: str
     output_len: int  # text units (tokens) to generate
+    options: tuple[tuple[str, Scalar], ...] = ()  # more request options (``--option``)
 
     @property
     def num_words(self) -> int:
         return len(self.text.split())
+
+    def request(self) -> Request:
+        """The pipeline request: the length as ``steps`` (synthetic stages) and
+        ``max_tokens`` (model stages and the server's name for it), then ``options``."""
+        limits: dict[str, Scalar] = {"steps": self.output_len, "max_tokens": self.output_len}
+        return Request(self.text, options=limits | dict(self.options))
 
 
 @dataclass(frozen=True)

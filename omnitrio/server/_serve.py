@@ -8,6 +8,8 @@ import os
 import signal
 from functools import partial
 
+import hypercorn.protocol.h2
+import hypercorn.protocol.h11
 import hypercorn.trio.run
 import trio
 from hypercorn.config import Config
@@ -20,6 +22,7 @@ from .._pipeline import open_pipeline
 from ._app import create_app
 from ._settings import ServerSettings
 from ._state import ServerState
+from ._ws_stream import LINGER_ATTRIBUTE, LimitedWSStream
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +72,9 @@ class _ContainedTCPServer(TCPServer):
 
 
 hypercorn.trio.run.TCPServer = _ContainedTCPServer  # type: ignore[attr-defined]
+# WebSocket messages bounded while they are parsed (hypercorn counts them afterwards).
+hypercorn.protocol.h11.WSStream = LimitedWSStream  # type: ignore[attr-defined]
+hypercorn.protocol.h2.WSStream = LimitedWSStream  # type: ignore[attr-defined]
 
 
 async def serve(
@@ -157,4 +163,5 @@ def _hypercorn_config(settings: ServerSettings, writes: _WriteDeadlines) -> Conf
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     setattr(config, WRITES_ATTRIBUTE, writes)
+    setattr(config, LINGER_ATTRIBUTE, settings.close_linger_s)
     return config

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -25,6 +26,10 @@ class ServerSettings:
     send_timeout_s: float = 10.0
     """A client that reads nothing for this long is disconnected (close code 1008)."""
     max_message_bytes: int = 1 << 20
+    """A WebSocket message over this is refused with close 1009 before it is buffered."""
+    close_linger_s: float = 2.0
+    """After the server fails a WebSocket (1009, protocol error): how long it reads and
+    discards, waiting for the client's close reply, before it hangs up."""
     max_input_audio_s: float = 60.0
     max_session_s: float = 3600.0
     output_sample_rate_hz: int = 24000
@@ -40,9 +45,17 @@ class ServerSettings:
             )
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"--port {self.port} is not a TCP port (0-65535)")
-        for name in ("grace_period_s", "send_timeout_s", "max_input_audio_s", "max_session_s"):
-            if getattr(self, name) <= 0:
-                raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
+        for name in (
+            "grace_period_s",
+            "send_timeout_s",
+            "close_linger_s",
+            "max_input_audio_s",
+            "max_session_s",
+        ):
+            if not 0 < getattr(self, name) < math.inf:  # NaN fails too
+                raise SettingsError(
+                    f"{name} must be positive and finite, not {getattr(self, name)}"
+                )
 
     @classmethod
     def from_env(cls, **overrides: object) -> ServerSettings:

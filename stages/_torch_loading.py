@@ -1,0 +1,47 @@
+"""Loading a stage's weights from a local folder, loudly.
+
+``from_pretrained`` quietly random-initialises any weight it does not find; a
+serving stage must refuse that instead. A model id instead of a folder fails
+with a message saying how to supply a local path (no hub access at run time).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class WeightsError(RuntimeError):
+    """A stage's checkpoint folder is missing, or does not match the model's weights."""
+
+
+def load_pretrained(model_class: Any, folder: str | Path, *, stage: str, **kwargs: Any) -> Any:
+    """``model_class.from_pretrained(folder)`` in eval mode; any key mismatch is an error."""
+    path = Path(folder)
+    if not path.is_dir() and (path.parent / "config.json").is_file():
+        raise WeightsError(
+            f"stage {stage!r}: {str(path.parent)!r} has no {path.name}/ folder; a published "
+            "(composite) checkpoint is split into one folder per stage once with "
+            f"`omnitrio split-checkpoint {path.parent} DEST`, then served with --model-path DEST"
+        )
+    if not path.is_dir():
+        raise WeightsError(
+            f"stage {stage!r}: {str(folder)!r} is not a local folder; omnitrio never downloads "
+            "weights: give the path of a checkpoint folder (e.g. --model-path DIR), or make a "
+            "tiny one with `omnitrio make-tiny-model DIR`"
+        )
+    if not (path / "config.json").is_file():
+        raise WeightsError(f"stage {stage!r}: {str(path)!r} has no config.json")
+    model, info = model_class.from_pretrained(path, output_loading_info=True, **kwargs)
+    problems = []
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        keys = sorted(str(key) for key in info.get(kind) or ())
+        if keys:
+            shown = ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+            problems.append(f"{kind.replace('_', ' ')}: {shown}")
+    if problems:
+        raise WeightsError(
+            f"stage {stage!r}: checkpoint {str(path)!r} does not match "
+            f"{model_class.__name__}: " + "; ".join(problems)
+        )
+    return model.eval()

@@ -1,0 +1,43 @@
+"""What the autoregressive model stages share: device, threads, packaging, statistics.
+
+A subclass keeps its per-stream state in ``self.streams`` (objects with a ``kv``
+attribute: a ``StreamKV`` or ``None``) and its step timing in ``self.clock``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from stages._packaging import Packager
+from stages._torch_timing import StepClock
+
+
+class AutoregressiveStage:
+    def __init__(
+        self, *, name: str, device: str, torch_threads: int | None, packaging_queue: int
+    ) -> None:
+        if torch_threads is not None:
+            torch.set_num_threads(torch_threads)  # process-wide: set the same in every stage
+        self.name = name
+        self.device = torch.device(device)
+        self.streams: dict[str, Any] = {}
+        self.clock = StepClock()
+        self.packager = Packager(name, capacity=packaging_queue)
+
+    def close_stream(self, stream_id: str) -> None:
+        self.streams.pop(stream_id, None)  # its KV cache goes with it
+        self.packager.forget(stream_id)
+
+    def close(self) -> None:
+        self.packager.close()
+
+    def stage_statistics(self) -> Mapping[str, float]:
+        streams = list(self.streams.values())
+        return {
+            **self.clock.snapshot(self.packager),
+            "num_active_streams": len(streams),
+            "kv_bytes": sum(s.kv.num_bytes for s in streams if s.kv is not None),
+        }

@@ -1,0 +1,326 @@
+"""Qwen3-Omni talker stage: thinker token embeddings in, codec frames out.
+
+The talker starts a stream as soon as the thinker's first answer token arrives
+(seed 004): its prefill needs the prompt's user part, ``<|im_start|>assistant\\n``
+and that first token. Each later step g reads text entry g — the embedding of
+answer token g + 1, ``tts_eos`` for the thinker's final token, ``tts_pad`` after
+it — so a stream whose next text entry has not arrived yet simply waits.
+
+One step: prefill new streams (one at a time); then for every other ready stream,
+batched: the code predictor draws the residual code groups of the previous
+frame, the frame goes out, and one talker forward samples the next group-0 code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache, Qwen3OmniMoeTalkerForConditionalGeneration
+
+from omnitrio import Request, StreamOutput, StreamWork
+from stages._packaging import Packed
+from stages._torch_kv import StreamKV, append_last, stack
+from stages._torch_loading import load_pretrained
+from stages._torch_sampling import OptionError, Sampler, SamplingParams
+from stages._torch_stage import AutoregressiveStage
+from stages.qwen3_omni.payloads import CodecFrame, TalkerPrompt, TextToken
+
+# generate(return_audio=True)'s talker defaults.
+TALKER_DEFAULTS = SamplingParams(
+    temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_tokens=4096
+)
+
+
+@dataclass
+class _Stream:
+    sampler: Sampler
+    residual_sampler: Sampler
+    speaker_id: int
+    prompt: TalkerPrompt | None = None
+    text: list[torch.Tensor] = field(default_factory=list)  # projected entries 0, 1, ...
+    text_complete: bool = False
+    kv: StreamKV | None = None
+    rope_delta: int = 0
+    codes: list[int] = field(default_factory=list)  # group-0 codes sampled so far
+    last_hidden: torch.Tensor | None = None  # [H] talker output at the last position
+    finished: bool = False
+
+
+class Qwen3OmniTalker(AutoregressiveStage):
+    max_inputs_per_step = None
+    max_payloads_per_step = 4
+    max_visible_per_step = 0
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        device: str = "cpu",
+        model_path: str,
+        max_frames: int = 1024,
+        speaker: str = "ethan",
+        torch_threads: int | None = None,
+        packaging_queue: int = 4,
+    ) -> None:
+        super().__init__(
+            name=name, device=device, torch_threads=torch_threads, packaging_queue=packaging_queue
+        )
+        self.model = load_pretrained(
+            Qwen3OmniMoeTalkerForConditionalGeneration, Path(model_path) / "talker", stage=name
+        ).to(self.device)
+        self.config = self.model.config
+        self.embed = self.model.get_input_embeddings()
+        self.residual_embeds = self.model.code_predictor.get_input_embeddings()
+        vocab = self.config.text_config.vocab_size
+        self.eos_id = self.config.codec_eos_token_id
+        self.suppress_ids = [i for i in range(vocab - 1024, vocab) if i != self.eos_id]
+        self.defaults = SamplingParams(**{**TALKER_DEFAULTS.__dict__, "max_tokens": max_frames})
+        self.default_speaker = speaker
+        self.tts_pad_token_id = _composite_value(Path(model_path), "tts_pad_token_id")
+        self.streams: dict[str, _Stream] = {}
+
+    # -- the stage protocol ------------------------------------------------------
+
+    def open_stream(self, stream_id: str, request: Request) -> None:
+        params = SamplingParams.from_options(
+            request.options, prefix="talker_", defaults=self.defaults
+        )
+        speaker = self._speaker(request.options)
+        # The code predictor samples (top-k 50, top-p 0.8) exactly when the talker does.
+        residual = SamplingParams(
+            temperature=1.0 if params.temperature > 0 else 0.0,
+            top_k=50,
+            top_p=0.8,
+            seed=params.seed,
+        )
+        self.streams[stream_id] = _Stream(
+            Sampler(params, suppress_ids=self.suppress_ids),
+            Sampler(residual),
+            self.config.speaker_id[speaker],
+        )
+        modalities = request.options.get("modalities")
+        if isinstance(modalities, str) and "audio" not in modalities.split(","):
+            self.streams[stream_id].finished = True  # a text-only answer: no talker work
+        self.packager.open(stream_id)
+
+    def _speaker(self, options: Mapping[str, object]) -> str:
+        """``speaker`` must name one of the model's speakers; an OpenAI ``voice`` (alloy,
+        ...) that is not one of them gets the default speaker."""
+        known = self.config.speaker_id
+        if options.get("speaker") is not None:
+            speaker = str(options["speaker"]).lower()
+            if speaker not in known:
+                raise OptionError(
+                    f"unknown speaker {speaker!r}; this model has: {', '.join(sorted(known))}"
+                )
+            return speaker
+        voice = str(options.get("voice") or "").lower()
+        return voice if voice in known else self.default_speaker
+
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        self.clock.start_step()
+        streams = {work.stream_id: self.streams[work.stream_id] for work in batch}
+        for work in batch:
+            self._receive(streams[work.stream_id], work.inputs)
+        frames: dict[str, list[torch.Tensor]] = {}
+        finished: set[str] = set()
+        with torch.no_grad():
+            for s in streams.values():
+                if not s.finished and s.kv is None and s.prompt is not None:
+                    self._prefill(s)
+            ready = [sid for sid, s in streams.items() if _ready(s) and s.codes]
+            if ready:
+                for sid, frame in zip(
+                    ready, self._decode([streams[i] for i in ready]), strict=True
+                ):
+                    frames[sid] = [frame]
+        for sid, s in streams.items():
+            if s.finished:
+                finished.add(sid)
+        self.clock.end_compute()
+        if frames or finished:
+            self.packager.submit(
+                tuple(frames.keys() | finished),
+                lambda: {
+                    sid: Packed([CodecFrame(f) for f in frames.get(sid, [])], [], sid in finished)
+                    for sid in frames.keys() | finished
+                },
+            )
+        return {sid: self._deliver(sid) for sid in streams}
+
+    # -- inputs ----------------------------------------------------------------------
+
+    def _receive(self, stream: _Stream, inputs: tuple[object, ...]) -> None:
+        project = self.model.text_projection
+        with torch.no_grad():
+            for item in inputs:
+                if isinstance(item, TalkerPrompt):
+                    stream.prompt = item
+                    stream.text_complete = item.first_is_last
+                    self.special = project(item.special_vectors.to(self.device))  # [3, H]
+                elif isinstance(item, TextToken):
+                    if item.last:
+                        stream.text.append(self.special[1])  # tts_eos
+                        stream.text_complete = True
+                    else:
+                        stream.text.append(project(item.vector.to(self.device)))
+
+    # -- the critical path ---------------------------------------------------------
+
+    def _prefill(self, stream: _Stream) -> None:
+        prompt = stream.prompt
+        assert prompt is not None
+        embeds, talker_ids, audio_lengths = self._prompt_embeds(stream, prompt)  # [1, L, H]
+        mask = torch.ones(talker_ids.shape, dtype=torch.long, device=self.device)
+        self.model.rope_deltas = None
+        positions = self.model.compute_3d_position_ids(
+            embeds,
+            talker_input_ids=talker_ids,
+            attention_mask=mask,
+            audio_feature_lengths=audio_lengths,
+        )
+        stream.rope_delta = int(self.model.rope_deltas[0, 0])
+        out = self.model(
+            inputs_embeds=embeds,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=DynamicCache(),
+            use_cache=True,
+            output_hidden_states=True,
+        )
+        stream.kv = StreamKV.from_cache(out.past_key_values)
+        stream.last_hidden = out.hidden_states[0][-1][0, -1]
+        self._sample(stream, out.logits[0, -1].float().cpu())
+
+    def _prompt_embeds(
+        self, stream: _Stream, prompt: TalkerPrompt
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The prefill input, as the reference builds it: user part, then assistant part."""
+        vectors = prompt.user_vectors.to(self.device)
+        user = torch.where(
+            prompt.user_multimodal[:, None].to(self.device),
+            self.model.hidden_projection(vectors),
+            self.model.text_projection(vectors),
+        )  # [U, H]
+        assistant = self.model.text_projection(prompt.assistant_vectors.to(self.device))  # [3|4, H]
+        bos, _, pad = self.special
+        first_text = assistant[3:4] if len(assistant) > 3 else self.special[1:2]
+        text_part = torch.cat((assistant[:3], pad.expand(4, -1), bos[None], first_text))  # [9, H]
+        codec_ids = torch.tensor(
+            [
+                self.config.codec_nothink_id,
+                self.config.codec_think_bos_id,
+                self.config.codec_think_eos_id,
+                stream.speaker_id,
+                self.config.codec_pad_id,
+                self.config.codec_bos_id,
+            ],
+            device=self.device,
+        )
+        codec_part = torch.cat((torch.zeros_like(text_part[:3]), self.embed(codec_ids)))  # [9, H]
+        embeds = torch.cat((user, text_part + codec_part))[None]  # [1, U + 9, H]
+        assistant_ids = torch.full((9,), self.tts_pad_token_id, device=self.device)
+        talker_ids = torch.cat((prompt.user_ids.to(self.device), assistant_ids))[None]
+        lengths = prompt.audio_feature_lengths
+        return embeds, talker_ids, None if lengths is None else lengths.to(self.device)
+
+    def _decode(self, streams: list[_Stream]) -> list[torch.Tensor]:
+        """Finish each stream's previous frame and sample its next group-0 code."""
+        last_codes = torch.tensor([[s.codes[-1]] for s in streams], device=self.device)  # [B, 1]
+        residuals = self._residual_codes(streams, last_codes)  # [B, G - 1]
+        frames = torch.cat((last_codes, residuals), dim=1)  # [B, G]
+        embeds = self.embed(last_codes)[:, 0] + sum(
+            self.residual_embeds[i](residuals[:, i]) for i in range(residuals.shape[1])
+        )  # [B, H]
+        text = torch.stack([self._text_entry(s) for s in streams])  # [B, H]
+        kvs = [s.kv for s in streams]
+        cache, mask = stack(kvs)  # type: ignore[arg-type]
+        positions = (
+            torch.tensor(
+                [kv.length + s.rope_delta for kv, s in zip(kvs, streams, strict=True)],  # type: ignore[union-attr]
+                device=self.device,
+            )
+            .view(1, -1, 1)
+            .expand(3, -1, -1)
+        )  # [3, B, 1]
+        out = self.model(
+            inputs_embeds=(embeds + text)[:, None],
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=True,
+            generation_step=0,  # the talker's own text bookkeeping, unused here
+        )
+        append_last(kvs, out.past_key_values)  # type: ignore[arg-type]
+        logits = out.logits[:, -1].float().cpu()  # one device -> host copy per step
+        for row, stream in enumerate(streams):
+            stream.last_hidden = out.hidden_states[0][-1][row, -1]
+            self._sample(stream, logits[row])
+        return list(frames.cpu())
+
+    def _residual_codes(self, streams: list[_Stream], last_codes: torch.Tensor) -> torch.Tensor:
+        """The code predictor's groups 1 .. G-1 for each stream's last group-0 code."""
+        predictor = self.model.code_predictor
+        hidden = torch.stack([s.last_hidden for s in streams])[:, None]  # [B, 1, H]
+        embeds = torch.cat((hidden, self.embed(last_codes)), dim=1)  # [B, 2, H]
+        cache = DynamicCache()
+        out = predictor(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
+        codes = []
+        for group in range(1, self.config.num_code_groups):
+            logits = out.logits[:, -1].float().cpu()  # [B, codebook]
+            picked = [
+                s.residual_sampler.sample(logits[row], torch.tensor(codes_row))
+                for row, (s, codes_row) in enumerate(
+                    zip(streams, _rows(codes, len(streams)), strict=True)
+                )
+            ]
+            codes.append(picked)
+            if group < self.config.num_code_groups - 1:
+                tokens = torch.tensor(picked, device=self.device)[:, None]  # [B, 1]
+                out = predictor(
+                    input_ids=tokens, generation_steps=group, past_key_values=cache, use_cache=True
+                )
+        return torch.tensor(codes, device=self.device).T  # [B, G - 1]
+
+    def _text_entry(self, stream: _Stream) -> torch.Tensor:
+        index = len(stream.codes) - 1  # generation step since the prefill
+        if index < len(stream.text):
+            return stream.text[index]
+        return self.special[2]  # tts_pad once the text has run out
+
+    def _sample(self, stream: _Stream, logits: torch.Tensor) -> None:
+        started = time.perf_counter()
+        code = stream.sampler.sample(logits, torch.tensor(stream.codes, dtype=torch.long))
+        self.clock.add_sampling(time.perf_counter() - started)
+        if code == self.eos_id:
+            stream.finished = True
+            return
+        stream.codes.append(code)
+        # As generate: the last of max_tokens codes ends the stream without a frame.
+        stream.finished = len(stream.codes) >= stream.sampler.params.max_tokens
+
+    def _deliver(self, stream_id: str) -> StreamOutput:
+        packed, last = self.packager.take(stream_id, self.max_payloads_per_step, 0)
+        return StreamOutput(payloads=tuple(packed.payloads), more=not last, done=last)
+
+
+def _ready(stream: _Stream) -> bool:
+    """Prefilled, not finished, and the text entry for the next step is known."""
+    if stream.kv is None or stream.finished:
+        return False
+    return stream.text_complete or len(stream.codes) - 1 < len(stream.text)
+
+
+def _rows(codes: list[list[int]], num_rows: int) -> list[list[int]]:
+    return [[group[row] for group in codes] for row in range(num_rows)]
+
+
+def _composite_value(model_path: Path, key: str) -> int:
+    import json
+
+    return int(json.loads((model_path / "config.json").read_text())[key])

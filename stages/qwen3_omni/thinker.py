@@ -1,0 +1,309 @@
+"""Qwen3-Omni thinker stage: text and audio in, text deltas out, token embeddings to the talker.
+
+Each step: prefill the streams admitted since the last step (one at a time), then
+one batched decode forward for every other active stream, then sample each row
+with the stream's own parameters. That is the critical path. The rest — text
+deltas, the talker's vectors — is built on the packaging thread (seed 002).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import (
+    AutoTokenizer,
+    DynamicCache,
+    Qwen3OmniMoeThinkerForConditionalGeneration,
+    WhisperFeatureExtractor,
+)
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+    _get_feat_extract_output_lengths,
+)
+
+from omnitrio import Request, StreamOutput, StreamWork, TextDelta
+from stages._packaging import Packed
+from stages._torch_kv import StreamKV, append_last, stack
+from stages._torch_loading import load_pretrained
+from stages._torch_sampling import Sampler, SamplingParams
+from stages._torch_stage import AutoregressiveStage
+from stages.qwen3_omni.payloads import TalkerPrompt, TextToken
+
+AUDIO_INPUT_SAMPLE_RATE_HZ = 16_000
+
+
+@dataclass
+class _Stream:
+    ids: list[int]  # prompt then answer
+    num_prompt: int
+    sampler: Sampler
+    features: dict[str, torch.Tensor] = field(default_factory=dict)
+    audio_lengths: torch.Tensor | None = None  # [num_audios] feature frames
+    kv: StreamKV | None = None
+    rope_delta: int = 0
+    num_answer: int = 0
+    finished: bool = False
+    delivered: bool = False
+    text_sent: str = ""
+
+
+class Qwen3OmniThinker(AutoregressiveStage):
+    max_inputs_per_step = None
+    max_payloads_per_step = 8
+    max_visible_per_step = 8
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        device: str = "cpu",
+        model_path: str,
+        max_tokens: int = 256,
+        system_prompt: str = "",
+        torch_threads: int | None = None,
+        packaging_queue: int = 4,
+    ) -> None:
+        super().__init__(
+            name=name, device=device, torch_threads=torch_threads, packaging_queue=packaging_queue
+        )
+        folder = Path(model_path) / "thinker"
+        self.model = load_pretrained(
+            Qwen3OmniMoeThinkerForConditionalGeneration, folder, stage=name
+        ).to(self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.features = WhisperFeatureExtractor.from_pretrained(folder)
+        self.config = self.model.config
+        self.eos_ids = {self.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        self.defaults = SamplingParams(max_tokens=max_tokens)
+        self.system_prompt = system_prompt
+        self.accept_layer = _accept_layer(Path(model_path))
+        token_id = self.tokenizer.convert_tokens_to_ids
+        self.im_start_id = token_id("<|im_start|>")
+        self.user_id = token_id("user")
+        self.special_ids = [token_id(t) for t in ("<|tts_bos|>", "<|tts_eos|>", "<|tts_pad|>")]
+        self.multimodal_ids = torch.tensor(
+            [self.config.audio_token_id, self.config.image_token_id, self.config.video_token_id]
+        )
+        self.streams: dict[str, _Stream] = {}
+
+    # -- the stage protocol ------------------------------------------------------
+
+    def open_stream(self, stream_id: str, request: Request) -> None:
+        params = SamplingParams.from_options(request.options, defaults=self.defaults)
+        ids, features = self._prompt(request)
+        lengths = features.get("feature_attention_mask")
+        self.streams[stream_id] = _Stream(
+            ids, len(ids), Sampler(params), features, None if lengths is None else lengths.sum(-1)
+        )
+        self.packager.open(stream_id)
+
+    @torch.no_grad()
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        self.clock.start_step()
+        streams = {work.stream_id: self.streams[work.stream_id] for work in batch}
+        live = {sid: s for sid, s in streams.items() if not s.finished}
+        new = [sid for sid, s in live.items() if s.kv is None]
+        decoding = [sid for sid, s in live.items() if s.kv is not None]
+        sampled: dict[str, int] = {}
+        prompts: dict[str, torch.Tensor] = {}
+        for sid in new:
+            logits, prompts[sid] = self._prefill(live[sid])
+            sampled[sid] = self._sample(live[sid], logits)
+        if decoding:
+            logits = self._decode([live[sid] for sid in decoding])
+            for row, sid in enumerate(decoding):
+                sampled[sid] = self._sample(live[sid], logits[row])
+        self.clock.end_compute()
+        if sampled:
+            self._package(sampled, prompts)
+        elif not live:
+            self.packager.wait(timeout_s=1.0)  # only deliveries left: let packaging catch up
+        return {sid: self._deliver(sid, s) for sid, s in streams.items()}
+
+    # -- the critical path ---------------------------------------------------------
+
+    def _prefill(self, stream: _Stream) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the prompt; returns the last logits and the layer-0 / accept-layer states."""
+        ids = torch.tensor([stream.ids], device=self.device)  # [1, S]
+        mask = torch.ones_like(ids)
+        audio_lengths = stream.features.get("feature_attention_mask")
+        positions, deltas = self.model.get_rope_index(
+            ids,
+            None,
+            None,
+            mask,
+            False,
+            None if audio_lengths is None else audio_lengths.sum(-1),
+            None,
+        )
+        text_positions = torch.arange(ids.shape[1], device=self.device).view(1, 1, -1)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=torch.cat((text_positions, positions)),  # [4, 1, S]
+            past_key_values=DynamicCache(),
+            use_cache=True,
+            output_hidden_states=True,
+            **stream.features,
+        )
+        stream.kv = StreamKV.from_cache(out.past_key_values)
+        stream.rope_delta = int(deltas[0, 0])
+        stream.features = {}
+        # states: [2, S, H] — layer 0 (embeddings, audio merged) and the accept layer
+        states = torch.stack((out.hidden_states[0][0], out.hidden_states[self.accept_layer][0]))
+        return out.logits[0, -1].float().cpu(), states
+
+    def _decode(self, streams: list[_Stream]) -> torch.Tensor:
+        """One forward for every decoding stream; returns logits [B, V]."""
+        kvs = [s.kv for s in streams]
+        cache, mask = stack(kvs)  # type: ignore[arg-type]
+        tokens = torch.tensor([[s.ids[-1]] for s in streams], device=self.device)  # [B, 1]
+        positions = torch.tensor(
+            [[kv.length + s.rope_delta] for kv, s in zip(kvs, streams, strict=True)],  # type: ignore[union-attr]
+            device=self.device,
+        ).view(1, -1, 1)  # [1, B, 1]
+        out = self.model(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        append_last(kvs, out.past_key_values)  # type: ignore[arg-type]
+        return out.logits[:, -1].float().cpu()  # one device -> host copy per step
+
+    def _sample(self, stream: _Stream, logits: torch.Tensor) -> int:
+        started = time.perf_counter()
+        history = torch.tensor(stream.ids)
+        token = stream.sampler.sample(logits, history)
+        stream.ids.append(token)
+        stream.num_answer += 1
+        stream.finished = (
+            token in self.eos_ids or stream.num_answer >= stream.sampler.params.max_tokens
+        )
+        self.clock.add_sampling(time.perf_counter() - started)
+        return token
+
+    # -- off the critical path -------------------------------------------------------
+
+    def _package(self, sampled: dict[str, int], prompts: dict[str, torch.Tensor]) -> None:
+        jobs = [
+            (sid, stream, len(stream.ids), stream.finished, prompts.get(sid))
+            for sid, stream in ((sid, self.streams[sid]) for sid in sampled)
+        ]
+        self.packager.submit(tuple(sampled), lambda: {j[0]: self._pack(*j[1:]) for j in jobs})
+
+    def _pack(
+        self, stream: _Stream, length: int, last: bool, prompt_states: torch.Tensor | None
+    ) -> Packed:
+        ids = stream.ids[:length]
+        index = length - stream.num_prompt - 1  # answer token index
+        packed = Packed(last=last)
+        if prompt_states is not None:
+            packed.payloads.append(self._talker_prompt(stream, ids, prompt_states, last))
+        elif last:
+            packed.payloads.append(TextToken(index, torch.empty(0), last=True))
+        else:
+            packed.payloads.append(TextToken(index, self._embed(ids[-1]), last=False))
+        text = self.tokenizer.decode(ids[stream.num_prompt :], skip_special_tokens=True)
+        if not text.endswith("\ufffd") or last:
+            delta, stream.text_sent = text[len(stream.text_sent) :], text
+            if delta:
+                packed.visible.append(TextDelta(delta))
+        return packed
+
+    def _talker_prompt(
+        self, stream: _Stream, ids: list[int], states: torch.Tensor, last: bool
+    ) -> TalkerPrompt:
+        prompt = torch.tensor(ids[:-1])  # [S]
+        states = states.cpu()
+        user = _user_positions(prompt, self.im_start_id, self.user_id)  # [U]
+        multimodal = torch.isin(prompt[user], self.multimodal_ids)
+        vectors = torch.where(multimodal[:, None], states[1][user], states[0][user])  # [U, H]
+        first = [] if last else [self._embed(ids[-1])[None]]
+        return TalkerPrompt(
+            user_vectors=vectors,
+            user_multimodal=multimodal,
+            user_ids=prompt[user],
+            audio_feature_lengths=stream.audio_lengths,
+            assistant_vectors=torch.cat((states[0][-3:], *first)),
+            special_vectors=self._embed_many(self.special_ids),
+            first_is_last=last,
+        )
+
+    def _embed(self, token: int) -> torch.Tensor:
+        return self._embed_many([token])[0]
+
+    def _embed_many(self, tokens: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return self.model.get_input_embeddings()(torch.tensor(tokens, device=self.device)).cpu()
+
+    def _deliver(self, stream_id: str, stream: _Stream) -> StreamOutput:
+        packed, last = self.packager.take(
+            stream_id, self.max_payloads_per_step, self.max_visible_per_step
+        )
+        return StreamOutput(
+            payloads=tuple(packed.payloads),
+            visible=tuple(packed.visible),  # type: ignore[arg-type]
+            more=not last,
+            done=last,
+        )
+
+    # -- prompts -------------------------------------------------------------------
+
+    def _prompt(self, request: Request) -> tuple[list[int], dict[str, torch.Tensor]]:
+        """Token ids of the chat prompt and, for audio input, the encoder's features."""
+        content, features = request.text, {}
+        if request.audio is not None:
+            pcm = np.frombuffer(request.audio.pcm16, dtype="<i2").astype(np.float32) / 32768.0
+            pcm = _resample(pcm, request.audio.sample_rate_hz, AUDIO_INPUT_SAMPLE_RATE_HZ)
+            extracted = self.features(
+                pcm,
+                sampling_rate=AUDIO_INPUT_SAMPLE_RATE_HZ,
+                padding="longest",
+                return_attention_mask=True,
+                return_tensors="pt",
+            )
+            mask = extracted["attention_mask"]  # [1, frames]
+            num_audio = int(_get_feat_extract_output_lengths(mask.sum(-1))[0])
+            content = "<|audio_start|>" + "<|audio_pad|>" * num_audio + "<|audio_end|>" + content
+            features = {
+                "input_features": extracted["input_features"].to(self.device),
+                "feature_attention_mask": mask.to(self.device),
+            }
+        messages = [{"role": "user", "content": content}]
+        if self.system_prompt:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        return list(self.tokenizer(text)["input_ids"]), features
+
+
+def _user_positions(prompt: torch.Tensor, im_start_id: int, user_id: int) -> torch.Tensor:
+    """Positions of the prompt inside user turns, as the reference talker input takes them."""
+    positions = torch.arange(len(prompt))
+    starts = torch.where(prompt == im_start_id, positions, torch.full_like(positions, -1))
+    previous_start = torch.cummax(starts, dim=0).values.clamp_min(0)
+    roles = prompt[(previous_start + 1).clamp_max(len(prompt) - 1)]
+    return positions[roles == user_id]
+
+
+def _resample(pcm: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
+    if from_hz == to_hz:
+        return pcm
+    num_out = round(len(pcm) * to_hz / from_hz)
+    return np.interp(np.arange(num_out) * from_hz / to_hz, np.arange(len(pcm)), pcm).astype(
+        np.float32
+    )
+
+
+def _accept_layer(model_path: Path) -> int:
+    """The thinker layer whose hidden states the talker reads (from the talker's config)."""
+    config = json.loads((model_path / "talker" / "config.json").read_text())
+    return int(config["accept_hidden_layer"])

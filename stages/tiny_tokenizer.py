@@ -1,0 +1,78 @@
+"""A byte-level tokenizer for tiny checkpoints, built in code (no hub download).
+
+Real Qwen-Omni checkpoints ship their own tokenizer files; tiny random-init
+checkpoints made by ``omnitrio make-tiny-model`` get this one instead so the text
+path (chat template, special tokens, streaming detokenization) is the real one:
+a ``PreTrainedTokenizerFast`` saved beside the weights and loaded back with
+``AutoTokenizer.from_pretrained``.
+
+Ids 0-255 are the 256 bytes (GPT-2 byte-to-unicode alphabet, so any text
+round-trips); the named tokens follow, in the order given, from id 256. Role
+words such as ``user`` and ``assistant`` are single tokens, as in Qwen's own
+vocabulary, because ``generate`` finds the prompt's segments by their ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+NUM_BYTE_TOKENS = 256
+
+# Qwen's chat template, reduced to the text and audio turns the tiny models use.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_byte_tokenizer(
+    special_tokens: Sequence[str], words: Sequence[str] = ()
+) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer: bytes, then ``special_tokens``, then ``words``.
+
+    ``special_tokens`` are never split and are skipped by ``decode(...,
+    skip_special_tokens=True)``; ``words`` (e.g. ``user``, ``assistant``) are
+    matched whole in text but decode as text.
+    """
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {symbol: index for index, symbol in enumerate(sorted(alphabet, key=_byte_order))}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer)
+    fast.add_special_tokens({"additional_special_tokens": list(special_tokens)})
+    fast.add_tokens(list(words))
+    fast.chat_template = CHAT_TEMPLATE
+    if "<|im_end|>" in special_tokens:
+        fast.eos_token = "<|im_end|>"
+        fast.pad_token = "<|im_end|>"
+    return fast
+
+
+def _byte_order(symbol: str) -> int:
+    """Order the byte-level alphabet by the byte each symbol stands for."""
+    return _UNICODE_TO_BYTE[symbol]
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's reversible byte -> printable character map (what ByteLevel uses).
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    mapping = {byte: chr(byte) for byte in printable}
+    extra = 0
+    for byte in range(NUM_BYTE_TOKENS):
+        if byte not in mapping:
+            mapping[byte] = chr(NUM_BYTE_TOKENS + extra)
+            extra += 1
+    return mapping
+
+
+_UNICODE_TO_BYTE = {char: byte for byte, char in _bytes_to_unicode().items()}
