@@ -12,6 +12,8 @@ import pytest
 from omnitrio._cli import main
 from tests.test_server_process import _signal_and_wait, start_server
 
+REPO = Path(__file__).resolve().parent.parent
+
 FAST = """
 pipeline: {name: bench-smoke, max_streams: 8}
 stages:
@@ -170,3 +172,36 @@ def test_bench_set_names_a_stage_parameter(capsys: pytest.CaptureFixture[str]) -
     assert "give STAGE.PARAM=VALUE with a stage of the config" in capsys.readouterr().err
     assert main(["bench", "--set", "thinker.nope=1", "--no-progress"]) == 2
     assert "has no parameter 'nope'" in capsys.readouterr().err
+
+
+def test_bench_tiny_qwen3_omni_against_monolithic_generate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch", reason="the model stages need the models extra")
+    import tqdm
+
+    from stages.qwen3_omni.tiny import make_tiny_checkpoint
+
+    # transformers' "Loading weights" bars would start tqdm's monitor thread, which
+    # outlives the test (the leak check counts it); the bars work without it.
+    monkeypatch.setattr(tqdm.tqdm, "monitor_interval", 0)
+
+    make_tiny_checkpoint(tmp_path / "tiny")
+    report, markdown = run_bench(
+        tmp_path,
+        *("--config", str(REPO / "configs" / "qwen3-omni-tiny.yaml")),
+        *("--model-path", str(tmp_path / "tiny")),
+        *("--monolithic", "stages.qwen3_omni.reference:monolithic", "--max-concurrency", "2"),
+        *("--option", "temperature=0", "--option", "talker_temperature=0"),
+        *("--option", "talker_max_tokens=8"),
+    )
+    runs = report["runs"]
+    assert isinstance(runs, list)
+    assert [r["target"] for r in runs] == [
+        "omnitrio",
+        "monolithic:stages.qwen3_omni.reference:monolithic",
+    ]
+    for run in runs:
+        assert run["aggregates"]["num_completed"] == 4, run["target"]
+        assert run["aggregates"]["ttfa_s"]["count"] == 4, run["target"]
+    assert "## omnitrio / baseline" in markdown
