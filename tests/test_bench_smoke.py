@@ -165,6 +165,8 @@ def test_bench_against_a_running_server(
 def test_bench_refuses_a_remote_url_unless_allowed(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--url", "http://192.0.2.1:8000", "--no-progress"]) == 2
     assert "not a loopback address; pass --allow-remote" in capsys.readouterr().err
+    assert main(["bench", "--url", "http://127.0.0.1:1", "--no-progress"]) == 2
+    assert "no omnitrio server at 127.0.0.1:1" in capsys.readouterr().err
 
 
 def test_bench_set_names_a_stage_parameter(capsys: pytest.CaptureFixture[str]) -> None:

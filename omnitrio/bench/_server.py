@@ -190,12 +190,13 @@ class RealtimeTarget(_ServerTarget):
 
 
 async def wait_until_serving(endpoint: Endpoint, timeout_s: float) -> None:
-    """Return once ``/health`` answers; raise ``TargetError`` after ``timeout_s``."""
+    """Return once ``/health`` answers 200; raise ``ConnectionError`` otherwise."""
+    where = f"{endpoint.host}:{endpoint.port}"
+    status: int | None = None
     with trio.move_on_after(timeout_s):
         try:
             status, _ = await get_text(endpoint, "/health")
         except OSError as exc:
-            raise TargetError(f"no server at {endpoint.host}:{endpoint.port} ({exc})") from exc
-        if status == 200:
-            return
-    raise TargetError(f"server at {endpoint.host}:{endpoint.port} is not healthy")
+            raise ConnectionError(f"no omnitrio server at {where} ({exc})") from exc
+    if status != 200:
+        raise ConnectionError(f"the server at {where} is not healthy (GET /health: {status})")
