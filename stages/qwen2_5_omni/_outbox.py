@@ -1,0 +1,45 @@
+"""Turning a stream's packaged pieces into the ``StreamOutput`` of one step."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from omnitrio import StreamOutput, TextDelta, VisibleItem
+
+from ._packaging import Packager
+
+
+@dataclass
+class Outbox:
+    """Pieces collected for one stream but not yet handed on (over a step's limit)."""
+
+    payloads: deque[object] = field(default_factory=deque)
+
+
+def step_output(
+    packager: Packager,
+    stream_id: str,
+    outbox: Outbox,
+    *,
+    computing: bool,
+    can_continue: bool,
+    max_payloads: int,
+) -> StreamOutput:
+    """This step's output for one stream.
+
+    ``computing``: the stream still has model work (its last token is not sampled);
+    only when it has none does this wait for its packaging. ``can_continue``: the
+    stage can step it again without new input. Text pieces merge into one delta.
+    """
+    texts: list[str] = []
+    for piece in packager.collect(stream_id, wait=not computing):
+        outbox.payloads.extend(piece.payloads)
+        texts += [v.text for v in piece.visible if isinstance(v, TextDelta)]
+    payloads = tuple(
+        outbox.payloads.popleft() for _ in range(min(max_payloads, len(outbox.payloads)))
+    )
+    visible: tuple[VisibleItem, ...] = (TextDelta("".join(texts)),) if any(texts) else ()
+    done = not computing and not outbox.payloads and packager.idle(stream_id)
+    more = not done and (can_continue or bool(outbox.payloads) or not computing)
+    return StreamOutput(payloads=payloads, visible=visible, more=more, done=done)

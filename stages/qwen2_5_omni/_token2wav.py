@@ -1,0 +1,244 @@
+"""token2wav: codec codes -> 24 kHz PCM16, decoded in windows as the codes arrive.
+
+transformers' ``Qwen2_5OmniToken2WavModel`` has no streaming path: it runs the
+DiT's ODE (10-step RK4 by default, classifier-free guidance) over the whole code
+sequence from one noise tensor, then BigVGAN over the whole mel. Here each window
+of codes is decoded the same way with three changes:
+
+- a window is ``first_chunk_frames`` codes, then ``chunk_frames`` codes; it is
+  decoded with ``left_context_frames`` codes before it and ``right_context_frames``
+  after it (it waits for those, except at the end), and only its own samples are
+  kept;
+- the ODE's starting noise is cut from one per-stream noise tensor drawn up front
+  from the stream's ``seed`` (``torch.randn`` of [1, max_codes * repeats, mel] from
+  a generator seeded like ``torch.manual_seed(seed)``), at the window's own
+  positions — so a window that spans the whole utterance is exactly the
+  reference's decode (CPU ``randn`` fills blocks of 16 values in order, so a
+  prefix equals a shorter draw when mel is a multiple of 16);
+- windows of different streams are decoded one after another within a step (the
+  DiT is not batched across streams here).
+
+The DiT's attention reaches one 24-frame block ahead/behind per layer and the ODE
+repeats it at every evaluation, so a window's edges differ from the whole-utterance
+decode; context trims that. Measured differences are in the parity test.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import Qwen2_5OmniToken2WavModel
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
+
+from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
+
+from ._loading import load_speakers, load_stage_model, speaker_of, stage_folder
+from ._payloads import CodecCodes
+
+
+@dataclass
+class _Stream:
+    noise: torch.Tensor  # [1, max_codes * repeats, mel]
+    conditioning: torch.Tensor  # [1, enc_emb_dim]
+    reference_mel: torch.Tensor  # [1, T, mel]
+    codes: list[int] = field(default_factory=list)
+    num_emitted: int = 0  # codes whose audio was sent
+
+
+@dataclass(frozen=True, slots=True)
+class Token2WavStatistics:
+    num_windows: int
+    num_codes_decoded: int  # context included
+    decode_mean_s: float  # per window
+    audio_s: float
+    real_time_factor: float  # decode time / audio time
+
+
+class Token2WavStage:
+    """Qwen2.5-Omni token2wav (DiT + BigVGAN) as an omnitrio stage."""
+
+    max_inputs_per_step: int | None = None
+    max_payloads_per_step = 0
+
+    def __init__(
+        self,
+        name: str,
+        device: str = "cpu",
+        *,
+        checkpoint: str,
+        chunk_frames: int = 24,
+        first_chunk_frames: int = 12,
+        left_context_frames: int = 24,
+        right_context_frames: int = 0,
+        max_windows_per_step: int = 2,
+        max_codes: int = 4096,
+        sample_rate_hz: int = 24000,
+        num_ode_steps: int = 10,
+        guidance_scale: float = 0.5,
+        sway_coefficient: float = -1.0,
+        seed: int = 0,
+        speaker: str = "Chelsie",
+        torch_threads: int | None = None,
+    ) -> None:
+        if torch_threads is not None:
+            torch.set_num_threads(torch_threads)
+        for label, value in (
+            ("chunk_frames", chunk_frames),
+            ("first_chunk_frames", first_chunk_frames),
+        ):
+            if value < 1:
+                raise ValueError(f"{label} must be at least 1, got {value}")
+        if left_context_frames < 0 or right_context_frames < 0:
+            raise ValueError("context frames must be at least 0")
+        self.name = name
+        folder = stage_folder(checkpoint, "token2wav")
+        self.model = load_stage_model(Qwen2_5OmniToken2WavModel, folder, name).float()
+        self.model.to(device)
+        self.speakers = load_speakers(folder, name)
+        self.default_speaker = speaker_of({"speaker": speaker}, self.speakers, speaker)
+        self.chunk_frames = chunk_frames
+        self.first_chunk_frames = first_chunk_frames
+        self.left_context_frames = left_context_frames
+        self.right_context_frames = right_context_frames
+        self.max_codes = max_codes
+        self.sample_rate_hz = sample_rate_hz
+        self.ode = {
+            "num_steps": num_ode_steps,
+            "guidance": guidance_scale,
+            "sway": sway_coefficient,
+        }
+        self.seed = seed
+        self.max_visible_per_step = max_windows_per_step
+        dit = self.model.code2wav_dit_model
+        self.repeats = int(dit.repeats)
+        self.samples_per_code = self.repeats * math.prod(
+            self.model.config.bigvgan_config.upsample_rates
+        )
+        self._streams: dict[str, _Stream] = {}
+        self._counts = {"windows": 0, "codes": 0, "samples": 0}
+        self._decode_s = 0.0
+
+    def open_stream(self, stream_id: str, request: Request) -> None:
+        speaker = self.speakers[speaker_of(request.options, self.speakers, self.default_speaker)]
+        seed = request.options.get(f"{self.name}.seed", request.options.get("seed", self.seed))
+        generator = torch.Generator().manual_seed(int(seed or 0))
+        mel_dim = self.model.code2wav_dit_model.mel_dim
+        noise = torch.randn([1, self.max_codes * self.repeats, mel_dim], generator=generator)
+        self._streams[stream_id] = _Stream(
+            noise, speaker["cond"].float(), speaker["ref_mel"].float()
+        )
+
+    def close_stream(self, stream_id: str) -> None:
+        del self._streams[stream_id]
+
+    def close(self) -> None:
+        self._streams.clear()
+
+    @torch.no_grad()
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        return {work.stream_id: self._step_one(work) for work in batch}
+
+    def statistics(self) -> Token2WavStatistics:
+        audio_s = self._counts["samples"] / self.sample_rate_hz
+        return Token2WavStatistics(
+            num_windows=self._counts["windows"],
+            num_codes_decoded=self._counts["codes"],
+            decode_mean_s=self._decode_s / self._counts["windows"]
+            if self._counts["windows"]
+            else 0.0,
+            audio_s=audio_s,
+            real_time_factor=self._decode_s / audio_s if audio_s else 0.0,
+        )
+
+    def _step_one(self, work: StreamWork) -> StreamOutput:
+        stream = self._streams[work.stream_id]
+        for item in work.inputs:
+            if not isinstance(item, CodecCodes):
+                raise TypeError(f"token2wav got a {type(item).__name__} from the talker")
+            stream.codes.extend(item.codes)
+        if len(stream.codes) > self.max_codes:
+            raise ValueError(f"more than max_codes={self.max_codes} codes; raise max_codes")
+        chunks: list[AudioChunk] = []
+        while len(chunks) < self.max_visible_per_step:
+            end = self._next_window_end(stream, work.input_closed)
+            if end is None:
+                break
+            chunks.append(self._decode_window(stream, end))
+        more = self._next_window_end(stream, work.input_closed) is not None
+        done = work.input_closed and not more
+        return StreamOutput(visible=tuple(chunks), more=more, done=done)
+
+    def _next_window_end(self, stream: _Stream, input_closed: bool) -> int | None:
+        """Where the next window ends (exclusive, in codes), or None if it is not ready."""
+        start, have = stream.num_emitted, len(stream.codes)
+        size = self.first_chunk_frames if start == 0 else self.chunk_frames
+        if have >= start + size + self.right_context_frames:
+            return start + size
+        if input_closed and have > start:
+            return min(have, start + size)
+        return None
+
+    def _decode_window(self, stream: _Stream, end: int) -> AudioChunk:
+        started = time.perf_counter()
+        start = stream.num_emitted
+        left = max(0, start - self.left_context_frames)
+        right = min(len(stream.codes), end + self.right_context_frames)
+        codes = torch.tensor([stream.codes[left:right]])  # [1, n]
+        noise = stream.noise[:, left * self.repeats : right * self.repeats]  # [1, n * repeats, mel]
+        mel = self._mel(stream, codes, noise)  # [1, mel, n * repeats]
+        wave = self.model.code2wav_bigvgan_model(mel).reshape(-1)  # [n * samples_per_code]
+        keep = wave[(start - left) * self.samples_per_code : (end - left) * self.samples_per_code]
+        stream.num_emitted = end
+        self._decode_s += time.perf_counter() - started
+        self._counts["windows"] += 1
+        self._counts["codes"] += right - left
+        self._counts["samples"] += keep.numel()
+        return AudioChunk(to_pcm16(keep), self.sample_rate_hz)
+
+    def _mel(self, stream: _Stream, codes: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """The DiT's ``sample`` with a given starting noise (same operations, same order)."""
+        dit: Any = self.model.code2wav_dit_model
+        guidance, duration = self.ode["guidance"], noise.shape[1]
+        conditioning = stream.conditioning.unsqueeze(1).repeat(1, duration, 1)  # [1, n*r, E]
+        reference_mel = stream.reference_mel
+
+        def velocity(time_step: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+            if guidance < 1e-5:
+                return dit(
+                    hidden_states=state,
+                    speaker_embedding=conditioning,
+                    condition_vector=reference_mel,
+                    quantized_code=codes,
+                    time_step=time_step,
+                    drop_audio_conditioning=False,
+                    drop_code=False,
+                    apply_cfg=False,
+                )
+            out = dit(
+                hidden_states=state,
+                quantized_code=codes,
+                speaker_embedding=conditioning,
+                condition_vector=reference_mel,
+                time_step=time_step,
+                apply_cfg=True,
+            )
+            guided, null = torch.chunk(out, 2, dim=0)
+            return guided + (guided - null) * guidance
+
+        times = torch.linspace(0, 1, int(self.ode["num_steps"]), dtype=conditioning.dtype)
+        sway = self.ode["sway"]
+        if sway is not None:
+            times += sway * (torch.cos(torch.pi / 2 * times) - 1 + times)
+        solver = RungeKutta4ODESolver(function=velocity, initial_value=noise)
+        return solver.integrate(times)[-1].permute(0, 2, 1)
+
+
+def to_pcm16(wave: torch.Tensor) -> bytes:
+    """[-1, 1] float samples -> PCM16 little-endian bytes."""
+    samples = (wave.clamp(-1.0, 1.0) * 32767.0).round().to(torch.int16)
+    return samples.numpy().astype("<i2").tobytes()
