@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from omnitrio import StreamOutput, TextDelta, VisibleItem
+from omnitrio import Event, StreamOutput, TextDelta, VisibleItem
 
 from ._packaging import Packager
 
@@ -30,16 +30,26 @@ def step_output(
 
     ``computing``: the stream still has model work (its last token is not sampled);
     only when it has none does this wait for its packaging. ``can_continue``: the
-    stage can step it again without new input. Text pieces merge into one delta.
+    stage can step it again without new input. Text pieces merge into one delta,
+    events of one name into one event (their tuple fields concatenated).
     """
     texts: list[str] = []
+    events: dict[str, dict[str, tuple[object, ...]]] = {}
     for piece in packager.collect(stream_id, wait=not computing):
         outbox.payloads.extend(piece.payloads)
-        texts += [v.text for v in piece.visible if isinstance(v, TextDelta)]
+        for item in piece.visible:
+            if isinstance(item, TextDelta):
+                texts.append(item.text)
+            elif isinstance(item, Event):
+                merged = events.setdefault(item.name, {})
+                for key, value in item.data.items():
+                    assert isinstance(value, tuple)
+                    merged[key] = merged.get(key, ()) + value
     payloads = tuple(
         outbox.payloads.popleft() for _ in range(min(max_payloads, len(outbox.payloads)))
     )
-    visible: tuple[VisibleItem, ...] = (TextDelta("".join(texts)),) if any(texts) else ()
+    visible: list[VisibleItem] = [TextDelta("".join(texts))] if any(texts) else []
+    visible += [Event(name, data) for name, data in events.items()]  # type: ignore[arg-type]
     done = not computing and not outbox.payloads and packager.idle(stream_id)
     more = not done and (can_continue or bool(outbox.payloads) or not computing)
-    return StreamOutput(payloads=payloads, visible=visible, more=more, done=done)
+    return StreamOutput(payloads=payloads, visible=tuple(visible), more=more, done=done)

@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, Qwen2_5OmniTalkerForConditionalGeneration
 
-from omnitrio import Request, StreamOutput, StreamWork
+from omnitrio import Event, Request, StreamOutput, StreamWork
 
 from ._kv import batched_decode, cache_length, cache_nbytes
 from ._loading import load_stage_model, stage_folder
 from ._outbox import Outbox, step_output
 from ._packaging import Packager, Piece
 from ._payloads import CodecCodes, ReplyEnd, ReplyStart, ReplyToken
+from ._registry import register
 from ._sampling import Sampler, SamplingParams
 from ._stats import ARStageStatistics, StepClock
 
@@ -70,12 +71,19 @@ class _Stream:
         )
 
 
+CODES_EVENT = "talker.codes"
+
+
 class TalkerStage:
-    """The Qwen2.5-Omni talker as an omnitrio stage (see the module docstring)."""
+    """The Qwen2.5-Omni talker as an omnitrio stage (see the module docstring).
+
+    ``emit_codes``: also send each codec code to the client as an
+    ``Event("talker.codes", {"codes": [...]})`` (for parity checks and tracing).
+    """
 
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 4
-    max_visible_per_step = 0
+    max_visible_per_step: int
 
     def __init__(
         self,
@@ -90,6 +98,7 @@ class TalkerStage:
         repetition_penalty: float = 1.05,
         seed: int = 0,
         prefill_codec_embeds: bool = False,
+        emit_codes: bool = False,
         torch_threads: int | None = None,
         packaging_queue_jobs: int = 8,
     ) -> None:
@@ -104,6 +113,8 @@ class TalkerStage:
         )
         self.defaults.check()
         self.prefill_codec_embeds = prefill_codec_embeds
+        self.emit_codes = emit_codes
+        self.max_visible_per_step = 1 if emit_codes else 0
         model = self.model
         # generate() stops the talker at the codec pad or end code (its default eos list).
         self.stop_codes = frozenset([model.codec_pad_token, model.codec_eos_token])
@@ -114,6 +125,7 @@ class TalkerStage:
         self._streams: dict[str, _Stream] = {}
         self._clock = StepClock()
         self._packager = Packager(f"omnitrio-{name}", max_queued_jobs=packaging_queue_jobs)
+        register(self)
 
     # ----- the stage protocol ---------------------------------------------------------
 
@@ -232,7 +244,8 @@ class TalkerStage:
         self._clock.num_samplings += 1
         self._clock.num_tokens += len(logits)
         if sent:
-            self._packager.submit(tuple(sent), lambda: _codes_pieces(sent))
+            emit = self.emit_codes
+            self._packager.submit(tuple(sent), lambda: _codes_pieces(sent, emit=emit))
 
     def _output(self, sid: str) -> StreamOutput:
         stream = self._streams[sid]
@@ -246,6 +259,12 @@ class TalkerStage:
         )
 
 
-def _codes_pieces(codes: dict[str, int]) -> dict[str, Piece]:
-    """Packaging thread: one ``CodecCodes`` payload per stream."""
-    return {sid: Piece(payloads=(CodecCodes((code,)),)) for sid, code in codes.items()}
+def _codes_pieces(codes: dict[str, int], *, emit: bool) -> dict[str, Piece]:
+    """Packaging thread: one ``CodecCodes`` payload per stream (and its trace event)."""
+    return {
+        sid: Piece(
+            payloads=(CodecCodes((code,)),),
+            visible=(Event(CODES_EVENT, {"codes": (code,)}),) if emit else (),
+        )
+        for sid, code in codes.items()
+    }

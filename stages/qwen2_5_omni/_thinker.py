@@ -23,7 +23,7 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from omnitrio import Request, StreamOutput, StreamWork, TextDelta
+from omnitrio import Event, Request, StreamOutput, StreamWork, TextDelta, VisibleItem
 
 from ._kv import batched_decode, cache_length, cache_nbytes
 from ._loading import load_speakers, load_stage_model, speaker_of, stage_folder
@@ -31,6 +31,7 @@ from ._outbox import Outbox, step_output
 from ._packaging import Packager, Piece
 from ._payloads import ReplyEnd, ReplyStart, ReplyToken
 from ._prompt import Prompt, build_prompt
+from ._registry import register
 from ._sampling import Sampler, SamplingParams
 from ._stats import ARStageStatistics, StepClock
 
@@ -48,8 +49,15 @@ class _Stream:
     outbox: Outbox = field(default_factory=Outbox)
 
 
+TEXT_IDS_EVENT = "thinker.text_ids"
+
+
 class ThinkerStage:
-    """The Qwen2.5-Omni thinker as an omnitrio stage (see the module docstring)."""
+    """The Qwen2.5-Omni thinker as an omnitrio stage (see the module docstring).
+
+    ``emit_ids``: also send each sampled token id to the client as an
+    ``Event("thinker.text_ids", {"ids": [...]})`` (for parity checks and tracing).
+    """
 
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 4
@@ -69,6 +77,7 @@ class ThinkerStage:
         seed: int = 0,
         speaker: str = "Chelsie",
         system_prompt: str | None = None,
+        emit_ids: bool = False,
         torch_threads: int | None = None,
         packaging_queue_jobs: int = 8,
     ) -> None:
@@ -88,6 +97,8 @@ class ThinkerStage:
         self.defaults.check()
         self.default_speaker = speaker_of({"speaker": speaker}, self.speakers, speaker)
         self.system_prompt = system_prompt
+        self.emit_ids = emit_ids
+        self.max_visible_per_step = 2 if emit_ids else 1
         self.eos_token_ids = _eos_ids(self.model)
         self.audio_token_id = self.model.config.audio_token_index
         embed = self.model.get_input_embeddings()
@@ -101,6 +112,7 @@ class ThinkerStage:
         self._streams: dict[str, _Stream] = {}
         self._clock = StepClock()
         self._packager = Packager(f"omnitrio-{name}", max_queued_jobs=packaging_queue_jobs)
+        register(self)
 
     # ----- the stage protocol ---------------------------------------------------------
 
@@ -245,7 +257,10 @@ class ThinkerStage:
         text = stream.detok.add(news.token, final=news.final)
         if news.final:
             payloads += (ReplyEnd(news.num_generated),)
-        return Piece(payloads, (TextDelta(text),) if text else ())
+        visible: tuple[VisibleItem, ...] = (TextDelta(text),) if text else ()
+        if self.emit_ids:
+            visible += (Event(TEXT_IDS_EVENT, {"ids": (news.token,)}),)
+        return Piece(payloads, visible)
 
     def _output(self, sid: str) -> StreamOutput:
         stream = self._streams[sid]

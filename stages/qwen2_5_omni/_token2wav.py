@@ -39,6 +39,7 @@ from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
 
 from ._loading import load_speakers, load_stage_model, speaker_of, stage_folder
 from ._payloads import CodecCodes
+from ._registry import register
 
 
 @dataclass
@@ -122,6 +123,7 @@ class Token2WavStage:
         self._streams: dict[str, _Stream] = {}
         self._counts = {"windows": 0, "codes": 0, "samples": 0}
         self._decode_s = 0.0
+        register(self)
 
     def open_stream(self, stream_id: str, request: Request) -> None:
         speaker = self.speakers[speaker_of(request.options, self.speakers, self.default_speaker)]
