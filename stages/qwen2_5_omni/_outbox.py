@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from omnitrio import Event, StreamOutput, TextDelta, VisibleItem
 
-from ._packaging import Packager
+from ._packaging import Packager, PackagingError
 
 
 @dataclass
@@ -35,7 +35,11 @@ def step_output(
     """
     texts: list[str] = []
     events: dict[str, dict[str, tuple[object, ...]]] = {}
-    for piece in packager.collect(stream_id, wait=not computing):
+    try:
+        pieces = packager.collect(stream_id, wait=not computing)
+    except PackagingError as exc:
+        return StreamOutput(error=exc)
+    for piece in pieces:
         outbox.payloads.extend(piece.payloads)
         for item in piece.visible:
             if isinstance(item, TextDelta):

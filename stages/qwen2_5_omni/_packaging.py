@@ -11,7 +11,6 @@ to compute (its end), so packaging never delays the next forward.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 import time
@@ -20,8 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from omnitrio import VisibleItem
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +32,16 @@ class Piece:
 Job = Callable[[], dict[str, Piece]]
 
 
+class PackagingError(RuntimeError):
+    """A packaging job failed; the streams it was packaging fail with this."""
+
+
 @dataclass
 class _Ledger:
     pending: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     ready: dict[str, deque[Piece]] = field(default_factory=lambda: defaultdict(deque))
     dropped: set[str] = field(default_factory=set)
-    error: BaseException | None = None
+    errors: dict[str, Exception] = field(default_factory=dict)
     packaging_s_total: float = 0.0
     packaging_s_last: float = 0.0
     num_jobs: int = 0
@@ -59,21 +60,25 @@ class Packager:
     def submit(self, stream_ids: tuple[str, ...], job: Job) -> None:
         """Queue ``job`` (it makes pieces for ``stream_ids``); blocks while the queue is full."""
         with self._changed:
-            self._raise_if_failed()
             for sid in stream_ids:
                 self._ledger.pending[sid] += 1
         self._jobs.put((stream_ids, job))
 
     def collect(self, stream_id: str, *, wait: bool) -> list[Piece]:
-        """The stream's finished pieces in order; with ``wait``, first its pending jobs."""
+        """The stream's finished pieces in order; with ``wait``, first its pending jobs.
+
+        Raises ``PackagingError`` if a job for this stream failed.
+        """
         with self._changed:
+            ledger = self._ledger
             if wait:
                 self._changed.wait_for(
-                    lambda: self._ledger.pending[stream_id] == 0 or self._ledger.error is not None
+                    lambda: ledger.pending[stream_id] == 0 or stream_id in ledger.errors
                 )
-            self._raise_if_failed()
-            ready = self._ledger.ready.pop(stream_id, deque())
-            return list(ready)
+            if stream_id in ledger.errors:
+                error = ledger.errors[stream_id]
+                raise PackagingError(f"packaging failed: {error}") from error
+            return list(ledger.ready.pop(stream_id, deque()))
 
     def idle(self, stream_id: str) -> bool:
         """No job for the stream is queued or running."""
@@ -84,6 +89,7 @@ class Packager:
         """The stream is closed: discard its pieces, now and from jobs still queued."""
         with self._changed:
             self._ledger.ready.pop(stream_id, None)
+            self._ledger.errors.pop(stream_id, None)
             if self._ledger.pending.get(stream_id):
                 self._ledger.dropped.add(stream_id)
             else:
@@ -100,25 +106,22 @@ class Packager:
         self._jobs.put(None)
         self._thread.join()
 
-    def _raise_if_failed(self) -> None:
-        if self._ledger.error is not None:
-            raise RuntimeError("packaging failed") from self._ledger.error
-
     def _main(self) -> None:
         while (item := self._jobs.get()) is not None:
             stream_ids, job = item
             started = time.perf_counter()
             try:
                 pieces = job()
-            except Exception as exc:  # handed to the stage's thread on its next call
-                logger.exception("packaging job failed for streams %s", ", ".join(stream_ids))
+            except Exception as exc:  # the streams' next step fails them with it
                 pieces, error = {}, exc
             else:
                 error = None
             elapsed_s = time.perf_counter() - started
             with self._changed:
                 ledger = self._ledger
-                ledger.error = ledger.error or error
+                if error is not None:
+                    live = [sid for sid in stream_ids if sid not in ledger.dropped]
+                    ledger.errors.update(dict.fromkeys(live, error))
                 ledger.packaging_s_last = elapsed_s
                 ledger.packaging_s_total += elapsed_s
                 ledger.num_jobs += 1

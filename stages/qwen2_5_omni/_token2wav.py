@@ -161,10 +161,12 @@ class Token2WavStage:
         stream = self._streams[work.stream_id]
         for item in work.inputs:
             if not isinstance(item, CodecCodes):
-                raise TypeError(f"token2wav got a {type(item).__name__} from the talker")
+                problem = f"token2wav got a {type(item).__name__} from the talker"
+                return StreamOutput(error=TypeError(problem))
             stream.codes.extend(item.codes)
         if len(stream.codes) > self.max_codes:
-            raise ValueError(f"more than max_codes={self.max_codes} codes; raise max_codes")
+            problem = f"more than max_codes={self.max_codes} codes; raise max_codes"
+            return StreamOutput(error=ValueError(problem))
         chunks: list[AudioChunk] = []
         while len(chunks) < self.max_visible_per_step:
             end = self._next_window_end(stream, work.input_closed)
