@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 
 from transformers import DynamicCache  # noqa: E402
 
-from stages.qwen2_5_omni import ThinkerStage, live_stage  # noqa: E402
+from omnitrio import StreamWork  # noqa: E402
+from stages.qwen2_5_omni import CodecCodes, ThinkerStage, Token2WavStage, live_stage  # noqa: E402
 from stages.qwen2_5_omni._kv import batched_decode  # noqa: E402
 
 BATCHED_LOGITS_ATOL = 1e-5
@@ -138,3 +139,34 @@ async def test_slow_packaging_leaves_the_step_cadence_unchanged(
         f"forward {stats.forward_mean_s * 1000:.1f} ms, "
         f"packaging {stats.packaging_mean_s * 1000:.1f} ms"
     )
+
+
+def test_token2wav_sends_a_smaller_first_window_then_full_windows(
+    tiny_checkpoint: pathlib.Path,  # noqa: F811
+) -> None:
+    stage = Token2WavStage(
+        "token2wav",
+        checkpoint=str(tiny_checkpoint),
+        first_chunk_frames=6,
+        chunk_frames=12,
+        left_context_frames=12,
+        right_context_frames=6,
+    )
+    stage.open_stream("s", omnitrio.Request("x"))
+    codes = CodecCodes(tuple(range(30)))
+    first = stage.step([StreamWork("s", (codes,), False)])["s"]
+    rest = stage.step([StreamWork("s", (), True)])["s"]
+    stage.close_stream("s")
+    stage.close()
+    samples_per_code = 2 * 240  # DiT repeats x BigVGAN upsampling
+    # Open input: 30 codes cover windows [0, 6) and [6, 18) with 6 codes of lookahead;
+    # [18, 30) needs 6 more or the end of input.
+    assert [len(c.pcm16) // 2 for c in first.visible] == [
+        6 * samples_per_code,
+        12 * samples_per_code,
+    ]
+    assert first.more is False
+    assert first.done is False
+    assert [len(c.pcm16) // 2 for c in rest.visible] == [12 * samples_per_code]
+    assert rest.done is True
+    assert {c.sample_rate_hz for c in (*first.visible, *rest.visible)} == {24000}
