@@ -285,7 +285,7 @@ class StageActor:
             num_visible = 0
             if result.step_error is not None:
                 self._fail(work.stream_id, "step", result.step_error)
-            else:
+            elif work.stream_id in result.outputs:  # absent: its open_stream failed above
                 num_visible = self._deliver(slot, work, result.outputs[work.stream_id])
             # Unused client credit goes back, and the stream's other stages hear of it.
             slot.stream.client.settle(self.limits.max_visible_per_step, num_visible)

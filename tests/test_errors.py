@@ -77,12 +77,15 @@ async def test_a_whole_step_failure_fails_its_batch_and_the_stage_serves_on() ->
         assert len(texts(items)) == 15
 
 
-async def test_open_stream_failure_fails_that_stream() -> None:
+@pytest.mark.parametrize("stage", ["a", "c"])
+async def test_open_stream_failure_fails_that_stream(stage: str) -> None:
+    # The first stage opens and steps a new stream in the same turn; a later one does not.
     async with omnitrio.open_pipeline(chain_config(THREE)) as pipeline:
-        _, error = await _outcome(pipeline, omnitrio.Request("x", options={"c.fail_open": True}))
+        request = omnitrio.Request("x", options={f"{stage}.fail_open": True})
+        _, error = await _outcome(pipeline, request)
         assert isinstance(error, omnitrio.StageError)
         assert (error.stage, "open_stream raised SyntheticFailure") == (
-            "c",
+            stage,
             error.problem.split(":")[0],
         )
         _, error = await _outcome(pipeline, omnitrio.Request("y"))
