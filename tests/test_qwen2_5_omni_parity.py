@@ -90,13 +90,22 @@ def reference(tiny_checkpoint: pathlib.Path) -> Reference:  # noqa: F811
 async def _run(
     config: omnitrio.PipelineConfig, requests: list[omnitrio.Request]
 ) -> tuple[list[Output], dict[str, ARStageStatistics]]:
-    """Every request as a concurrent stream; their outputs and the AR stages' statistics."""
+    """The requests as concurrent streams, each opened when the one before has sent its
+    first item (so streams join while others decode); outputs and the AR stages' stats."""
     results: dict[int, Output] = {}
+    started = [trio.Event() for _ in requests]
     async with omnitrio.open_pipeline(config) as pipeline:
 
         async def one(index: int, request: omnitrio.Request) -> None:
+            if index:
+                await started[index - 1].wait()
+            items = []
             async with pipeline.open_stream(request) as stream:
-                results[index] = collect_output([item async for item in stream])
+                async for item in stream:
+                    items.append(item)
+                    started[index].set()
+            started[index].set()
+            results[index] = collect_output(items)
 
         async with trio.open_nursery() as nursery:
             for index, request in enumerate(requests):

@@ -170,3 +170,28 @@ def test_token2wav_sends_a_smaller_first_window_then_full_windows(
     assert [len(c.pcm16) // 2 for c in rest.visible] == [12 * samples_per_code]
     assert rest.done is True
     assert {c.sample_rate_hz for c in (*first.visible, *rest.visible)} == {24000}
+
+
+@pytest.mark.parametrize(
+    ("request_", "problem"),
+    [
+        (omnitrio.Request("hi", audio=omnitrio.AudioInput(b"\0\0" * 800, 8000)), "16000 Hz"),
+        (omnitrio.Request("hi", options={"speaker": "Nobody"}), "unknown speaker"),
+        (omnitrio.Request("hi", options={"top_p": 2.0}), "bad sampling parameters"),
+    ],
+)
+async def test_bad_input_fails_its_stream_with_a_clear_error_and_others_go_on(
+    tiny_checkpoint: pathlib.Path,  # noqa: F811
+    request_: omnitrio.Request,
+    problem: str,
+) -> None:
+    config = tiny_config(tiny_checkpoint)
+    good = omnitrio.Request("hello there", options={"max_tokens": 3, "talker.max_tokens": 6})
+    async with omnitrio.open_pipeline(config) as pipeline:
+        async with pipeline.open_stream(request_) as bad:
+            with pytest.raises(omnitrio.StageError, match=problem) as failure:
+                [item async for item in bad]
+        async with pipeline.open_stream(good) as stream:
+            items = [item async for item in stream]
+    assert failure.value.stage == "thinker"
+    assert any(isinstance(i, omnitrio.AudioChunk) for i in items)
