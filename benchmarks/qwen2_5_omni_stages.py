@@ -33,7 +33,9 @@ import omnitrio
 from stages.qwen2_5_omni import build_prompt, live_stage, make_tiny_checkpoint
 from tests.qwen2_5_omni_helpers import tiny_config
 
-PROMPT = "hello there"  # on the tiny weights its talker runs to TALKER_CODES (2.4 s of audio)
+# A prompt whose reply on the tiny weights runs the talker to TALKER_CODES (2.4 s of audio):
+# first audio only means something when there is more than one window of it.
+PROMPT = "The quick brown fox jumps over the lazy dog."
 THINKER_TOKENS = 32
 TALKER_CODES = 120
 OPTIONS = {"thinker.max_tokens": THINKER_TOKENS, "talker.max_tokens": TALKER_CODES}

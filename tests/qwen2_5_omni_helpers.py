@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -10,7 +11,12 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
+# Threads that come and go on their own trip the leaked-thread check of
+# tests/conftest.py: tqdm's monitor (progress bars) and from_pretrained's loading
+# pool (shut down without waiting for its threads).
+transformers.utils.logging.disable_progress_bar()
+os.environ["HF_DEACTIVATE_ASYNC_LOAD"] = "1"
 
 import omnitrio  # noqa: E402
 from stages.qwen2_5_omni import (  # noqa: E402

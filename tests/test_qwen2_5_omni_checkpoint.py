@@ -93,3 +93,11 @@ def test_a_weight_key_problem_names_the_stage_and_the_key(
 def test_a_missing_folder_says_how_to_make_one(tmp_path: pathlib.Path) -> None:
     with pytest.raises(FileNotFoundError, match="make-tiny-model"):
         TalkerStage("talker", checkpoint=str(tmp_path / "nowhere"))
+
+
+def test_a_device_other_than_cpu_is_refused_clearly(
+    tiny_checkpoint: pathlib.Path,  # noqa: F811
+) -> None:
+    for stage in (ThinkerStage, TalkerStage, Token2WavStage):
+        with pytest.raises(ValueError, match="device 'cuda' is not supported yet"):
+            stage("x", "cuda", checkpoint=str(tiny_checkpoint))

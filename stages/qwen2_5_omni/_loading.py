@@ -35,6 +35,15 @@ def stage_folder(checkpoint: str | pathlib.Path, stage: str) -> pathlib.Path:
     return folder
 
 
+def check_device(stage: str, device: str) -> None:
+    """The Qwen2.5-Omni stages build their step tensors on the CPU; other devices are refused."""
+    if device != "cpu":
+        raise ValueError(
+            f"stage {stage!r}: device {device!r} is not supported yet by the Qwen2.5-Omni "
+            "stages (they run on cpu); set device: cpu"
+        )
+
+
 def load_stage_model(model_class: type[M], folder: pathlib.Path, stage: str) -> M:
     """``model_class.from_pretrained(folder)`` in eval mode; any key problem is an error."""
     loaded: Any = model_class.from_pretrained(  # type: ignore[attr-defined]

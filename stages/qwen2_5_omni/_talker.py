@@ -27,7 +27,7 @@ from transformers import DynamicCache, Qwen2_5OmniTalkerForConditionalGeneration
 from omnitrio import Event, Request, StreamOutput, StreamWork
 
 from ._kv import batched_decode, cache_length, cache_nbytes
-from ._loading import load_stage_model, stage_folder
+from ._loading import check_device, load_stage_model, stage_folder
 from ._outbox import Outbox, step_output
 from ._packaging import Packager, Piece
 from ._payloads import CodecCodes, ReplyEnd, ReplyStart, ReplyToken
@@ -104,10 +104,10 @@ class TalkerStage:
     ) -> None:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
+        check_device(name, device)
         self.name = name
         folder = stage_folder(checkpoint, "talker")
         self.model = load_stage_model(Qwen2_5OmniTalkerForConditionalGeneration, folder, name)
-        self.model.to(device)
         self.defaults = SamplingParams(
             temperature, top_p, top_k, repetition_penalty, max_tokens, seed
         )

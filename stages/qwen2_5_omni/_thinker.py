@@ -26,7 +26,7 @@ from transformers import (
 from omnitrio import Event, Request, StreamOutput, StreamWork, TextDelta, VisibleItem
 
 from ._kv import batched_decode, cache_length, cache_nbytes
-from ._loading import load_speakers, load_stage_model, speaker_of, stage_folder
+from ._loading import check_device, load_speakers, load_stage_model, speaker_of, stage_folder
 from ._outbox import Outbox, step_output
 from ._packaging import Packager, Piece
 from ._payloads import ReplyEnd, ReplyStart, ReplyToken
@@ -83,10 +83,10 @@ class ThinkerStage:
     ) -> None:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
+        check_device(name, device)
         self.name = name
         folder = stage_folder(checkpoint, "thinker")
         self.model = load_stage_model(Qwen2_5OmniThinkerForConditionalGeneration, folder, name)
-        self.model.to(device)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.features = WhisperFeatureExtractor.from_pretrained(folder)
         self.speakers = load_speakers(folder, name)
@@ -106,8 +106,8 @@ class ThinkerStage:
             ids = [talker.tts_text_end_token_id, talker.tts_text_pad_token_id]
             self._text_eos, self._text_pad = embed(torch.tensor(ids)).unbind(0)  # [D] each
             self._text_bos = {
-                name: embed(torch.tensor(int(spk["bos_token"])))
-                for name, spk in self.speakers.items()
+                speaker_name: embed(torch.tensor(int(spk["bos_token"])))
+                for speaker_name, spk in self.speakers.items()
             }
         self._streams: dict[str, _Stream] = {}
         self._clock = StepClock()
@@ -293,7 +293,7 @@ class _Detokenizer:
 
     def add(self, token: int, *, final: bool) -> str:
         self._tokens.append(token)
-        text = self._tokenizer.decode(self._tokens, skip_special_tokens=True)
+        text = str(self._tokenizer.decode(self._tokens, skip_special_tokens=True))
         if text.endswith("\ufffd") and not final:
             return ""  # an incomplete UTF-8 sequence: wait for its next byte
         delta, self._sent = text[len(self._sent) :], text

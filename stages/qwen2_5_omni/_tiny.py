@@ -58,7 +58,9 @@ def make_tiny_checkpoint(directory: pathlib.Path, *, seed: int = 0) -> None:
     """Build a tiny random-init Qwen2.5-Omni; save it whole and per stage under ``directory``."""
     directory = pathlib.Path(directory)
     tokenizer = build_byte_tokenizer(SPECIAL_TOKENS, WORDS)
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in (*SPECIAL_TOKENS, *WORDS)}
+    ids = {
+        token: int(tokenizer.convert_tokens_to_ids(token)) for token in (*SPECIAL_TOKENS, *WORDS)
+    }
     config = _config(ids, vocab_size=len(tokenizer))
     torch.manual_seed(seed)
     model = Qwen2_5OmniForConditionalGeneration(config).eval()

@@ -40,7 +40,7 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4OD
 
 from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
 
-from ._loading import load_speakers, load_stage_model, speaker_of, stage_folder
+from ._loading import check_device, load_speakers, load_stage_model, speaker_of, stage_folder
 from ._payloads import CodecCodes
 from ._registry import register
 
@@ -99,10 +99,10 @@ class Token2WavStage:
                 raise ValueError(f"{label} must be at least 1, got {value}")
         if left_context_frames < 0 or right_context_frames < 0:
             raise ValueError("context frames must be at least 0")
+        check_device(name, device)
         self.name = name
         folder = stage_folder(checkpoint, "token2wav")
         self.model = load_stage_model(Qwen2_5OmniToken2WavModel, folder, name).float()
-        self.model.to(device)
         self.speakers = load_speakers(folder, name)
         self.default_speaker = speaker_of({"speaker": speaker}, self.speakers, speaker)
         self.chunk_frames = chunk_frames
@@ -189,7 +189,7 @@ class Token2WavStage:
 
     def _plan(self, stream_id: str, input_closed: bool) -> list[_Window]:
         """The stream's windows that are ready, up to ``max_windows_per_step``, in order."""
-        stream, windows = self._streams[stream_id], []
+        stream, windows = self._streams[stream_id], list[_Window]()
         while len(windows) < self.max_visible_per_step:
             end = self._next_window_end(stream, input_closed)
             if end is None:
