@@ -161,3 +161,17 @@ async def test_eight_concurrent_streams_each_equal_generate(
     print(f"chunked waveform vs reference: max abs {worst_abs:.4f}, rms {worst_rms:.5f}")
     assert worst_abs <= CHUNKED_MAX_ABS
     assert worst_rms <= CHUNKED_RMS
+
+
+async def test_a_talker_that_ends_before_the_thinker_still_equals_generate(
+    tiny_checkpoint: pathlib.Path,  # noqa: F811
+    reference: Reference,
+) -> None:
+    """The talker reaches its code budget while the thinker is still writing."""
+    options = {"max_tokens": 40, "talker.max_tokens": 3, "talker.temperature": 0.0}
+    request = omnitrio.Request("tell me a story", options=options)
+    [got], _ = await _run(_config(tiny_checkpoint, CHUNKED), [request])
+    want = reference.run(request, thinker_max_tokens=40, talker_max_tokens=3, seed=0)
+    assert len(got.text_ids) > len(got.codes)
+    assert (got.text_ids, got.text, got.codes) == (want.text_ids, want.text, want.codes)
+    assert got.pcm16 == want.pcm16  # 3 codes: one window
