@@ -7,9 +7,10 @@ import time
 from typing import Any
 
 import pytest
+import trio
 
 import omnitrio
-from tests.qwen2_5_omni_helpers import tiny_checkpoint, tiny_config  # noqa: F401
+from tests.qwen2_5_omni_helpers import collect_output, tiny_checkpoint, tiny_config  # noqa: F401
 
 torch = pytest.importorskip("torch")
 
@@ -209,3 +210,28 @@ async def test_bad_input_fails_its_stream_with_a_clear_error_and_others_go_on(
             items = [item async for item in stream]
     assert failure.value.stage in stages
     assert any(isinstance(i, omnitrio.AudioChunk) for i in items)
+
+
+async def test_sampling_with_a_seed_reproduces(tiny_checkpoint: pathlib.Path) -> None:  # noqa: F811
+    """Per-stream generators: the same seed gives the same text and codes, alone or not."""
+    config = tiny_config(tiny_checkpoint, thinker={"emit_ids": True}, talker={"emit_codes": True})
+    options = {"temperature": 0.9, "top_p": 0.9, "top_k": 50, "seed": 7, "max_tokens": 12}
+    sampled = omnitrio.Request("tell me a story", options={**options, "talker.max_tokens": 30})
+    other = omnitrio.Request("hello there", options={"max_tokens": 8, "talker.max_tokens": 30})
+    runs = []
+    async with omnitrio.open_pipeline(config) as pipeline:
+        for company in ((), (other,)):
+            async with trio.open_nursery() as nursery:
+                for request in company:
+                    nursery.start_soon(_drain, pipeline, request)
+                async with pipeline.open_stream(sampled) as stream:
+                    runs.append(collect_output([item async for item in stream]))
+    assert runs[0].text_ids == runs[1].text_ids
+    assert runs[0].codes == runs[1].codes
+    assert len(runs[0].text_ids) > 0
+
+
+async def _drain(pipeline: omnitrio.Pipeline, request: omnitrio.Request) -> None:
+    async with pipeline.open_stream(request) as stream:
+        async for _ in stream:
+            pass
