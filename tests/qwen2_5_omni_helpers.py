@@ -46,7 +46,7 @@ def tiny_config(
 
     data = yaml.safe_load(CONFIG.read_text())
     for stage in data["stages"]:
-        stage["params"]["checkpoint"] = str(checkpoint)
+        stage["params"]["model_path"] = str(checkpoint)
         stage["params"].update(stage_params.get(stage["name"], {}))
     return omnitrio.parse_config(data, source=str(CONFIG))
 

@@ -61,9 +61,9 @@ def test_the_composite_model_generates_text_and_audio(
 
 def test_each_stage_loads_its_own_folder(tiny_checkpoint: pathlib.Path) -> None:  # noqa: F811
     stages = [
-        ThinkerStage("thinker", checkpoint=str(tiny_checkpoint)),
-        TalkerStage("talker", checkpoint=str(tiny_checkpoint)),
-        Token2WavStage("token2wav", checkpoint=str(tiny_checkpoint)),
+        ThinkerStage("thinker", model_path=str(tiny_checkpoint)),
+        TalkerStage("talker", model_path=str(tiny_checkpoint)),
+        Token2WavStage("token2wav", model_path=str(tiny_checkpoint)),
     ]
     for stage in stages:
         stage.close()
@@ -87,12 +87,12 @@ def test_a_weight_key_problem_names_the_stage_and_the_key(
         tensors[key] = torch.zeros(2)
     safetensors_torch.save_file(tensors, weights, metadata={"format": "pt"})
     with pytest.raises(StageWeightsError, match=rf"stage 'voice'.*{change} keys: {key}"):
-        TalkerStage("voice", checkpoint=str(broken))
+        TalkerStage("voice", model_path=str(broken))
 
 
 def test_a_missing_folder_says_how_to_make_one(tmp_path: pathlib.Path) -> None:
     with pytest.raises(FileNotFoundError, match="make-tiny-model"):
-        TalkerStage("talker", checkpoint=str(tmp_path / "nowhere"))
+        TalkerStage("talker", model_path=str(tmp_path / "nowhere"))
 
 
 def test_a_device_other_than_cpu_is_refused_clearly(
@@ -100,4 +100,4 @@ def test_a_device_other_than_cpu_is_refused_clearly(
 ) -> None:
     for stage in (ThinkerStage, TalkerStage, Token2WavStage):
         with pytest.raises(ValueError, match="device 'cuda' is not supported yet"):
-            stage("x", "cuda", checkpoint=str(tiny_checkpoint))
+            stage("x", "cuda", model_path=str(tiny_checkpoint))

@@ -28,7 +28,7 @@ def test_batched_decode_logits_equal_single_stream_under_teacher_forcing(
     tiny_checkpoint: pathlib.Path,  # noqa: F811
 ) -> None:
     """Four streams of different lengths, fed the same forced tokens, batched and one by one."""
-    stage = ThinkerStage("thinker", checkpoint=str(tiny_checkpoint))
+    stage = ThinkerStage("thinker", model_path=str(tiny_checkpoint))
     model = stage.model
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (1, n), generator=generator) for n in (3, 9, 17, 30)]
@@ -112,7 +112,7 @@ async def test_slow_packaging_leaves_the_step_cadence_unchanged(
                     "name": "thinker",
                     "impl": f"{__name__}:SlowThinker",
                     "params": {
-                        "checkpoint": str(tiny_checkpoint),
+                        "model_path": str(tiny_checkpoint),
                         "delay_ms": delay_ms,
                         "slow_packaging": slow_packaging,
                         "max_tokens": 16,
@@ -147,7 +147,7 @@ def test_token2wav_sends_a_smaller_first_window_then_full_windows(
 ) -> None:
     stage = Token2WavStage(
         "token2wav",
-        checkpoint=str(tiny_checkpoint),
+        model_path=str(tiny_checkpoint),
         first_chunk_frames=6,
         chunk_frames=12,
         left_context_frames=12,

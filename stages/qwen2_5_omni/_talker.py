@@ -90,7 +90,7 @@ class TalkerStage:
         name: str,
         device: str = "cpu",
         *,
-        checkpoint: str,
+        model_path: str,
         max_tokens: int = 4096,
         temperature: float = 0.9,
         top_p: float = 0.8,
@@ -106,7 +106,7 @@ class TalkerStage:
             torch.set_num_threads(torch_threads)
         check_device(name, device)
         self.name = name
-        folder = stage_folder(checkpoint, "talker")
+        folder = stage_folder(model_path, "talker")
         self.model = load_stage_model(Qwen2_5OmniTalkerForConditionalGeneration, folder, name)
         self.defaults = SamplingParams(
             temperature, top_p, top_k, repetition_penalty, max_tokens, seed

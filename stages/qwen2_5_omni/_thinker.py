@@ -68,7 +68,7 @@ class ThinkerStage:
         name: str,
         device: str = "cpu",
         *,
-        checkpoint: str,
+        model_path: str,
         max_tokens: int = 256,
         temperature: float = 0.0,
         top_p: float = 1.0,
@@ -85,12 +85,12 @@ class ThinkerStage:
             torch.set_num_threads(torch_threads)
         check_device(name, device)
         self.name = name
-        folder = stage_folder(checkpoint, "thinker")
+        folder = stage_folder(model_path, "thinker")
         self.model = load_stage_model(Qwen2_5OmniThinkerForConditionalGeneration, folder, name)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.features = WhisperFeatureExtractor.from_pretrained(folder)
         self.speakers = load_speakers(folder, name)
-        talker = Qwen2_5OmniTalkerConfig.from_pretrained(stage_folder(checkpoint, "talker"))
+        talker = Qwen2_5OmniTalkerConfig.from_pretrained(stage_folder(model_path, "talker"))
         self.defaults = SamplingParams(
             temperature, top_p, top_k, repetition_penalty, max_tokens, seed
         )

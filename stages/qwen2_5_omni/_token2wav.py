@@ -74,7 +74,7 @@ class Token2WavStage:
         name: str,
         device: str = "cpu",
         *,
-        checkpoint: str,
+        model_path: str,
         chunk_frames: int = 24,
         first_chunk_frames: int = 12,
         left_context_frames: int = 24,
@@ -101,7 +101,7 @@ class Token2WavStage:
             raise ValueError("context frames must be at least 0")
         check_device(name, device)
         self.name = name
-        folder = stage_folder(checkpoint, "token2wav")
+        folder = stage_folder(model_path, "token2wav")
         self.model = load_stage_model(Qwen2_5OmniToken2WavModel, folder, name).float()
         self.speakers = load_speakers(folder, name)
         self.default_speaker = speaker_of({"speaker": speaker}, self.speakers, speaker)
