@@ -1,0 +1,135 @@
+"""Off the critical path: a stage's packaging thread and its per-step statistics.
+
+An autoregressive step needs only the sampled tokens to start the next step.
+Everything else — slicing hidden states for the next stage, detokenizing, building
+``StreamOutput`` pieces — is a job handed to a ``Packager``: one thread per stage
+fed by a bounded queue (a full queue holds the step back, so memory stays
+bounded). Finished pieces wait per stream until that stream's next step collects
+them; the step blocks on a stream's pieces only when the stream has nothing left
+to compute (its end), so packaging never delays the next forward.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from omnitrio import VisibleItem
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """What one packaging job made for one stream."""
+
+    payloads: tuple[object, ...] = ()
+    visible: tuple[VisibleItem, ...] = ()
+
+
+Job = Callable[[], dict[str, Piece]]
+
+
+class PackagingError(RuntimeError):
+    """A packaging job failed; the streams it was packaging fail with this."""
+
+
+@dataclass
+class _Ledger:
+    pending: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    ready: dict[str, deque[Piece]] = field(default_factory=lambda: defaultdict(deque))
+    dropped: set[str] = field(default_factory=set)
+    errors: dict[str, Exception] = field(default_factory=dict)
+    packaging_s_total: float = 0.0
+    packaging_s_last: float = 0.0
+    num_jobs: int = 0
+
+
+class Packager:
+    """A packaging thread for one stage. Every public method is called from the stage's thread."""
+
+    def __init__(self, name: str, *, max_queued_jobs: int) -> None:
+        self._jobs: queue.Queue[tuple[tuple[str, ...], Job] | None] = queue.Queue(max_queued_jobs)
+        self._changed = threading.Condition()
+        self._ledger = _Ledger()
+        self._thread = threading.Thread(target=self._main, name=f"{name}-packaging", daemon=True)
+        self._thread.start()
+
+    def submit(self, stream_ids: tuple[str, ...], job: Job) -> None:
+        """Queue ``job`` (it makes pieces for ``stream_ids``); blocks while the queue is full."""
+        with self._changed:
+            for sid in stream_ids:
+                self._ledger.pending[sid] += 1
+        self._jobs.put((stream_ids, job))
+
+    def collect(self, stream_id: str, *, wait: bool) -> list[Piece]:
+        """The stream's finished pieces in order; with ``wait``, first its pending jobs.
+
+        Raises ``PackagingError`` if a job for this stream failed.
+        """
+        with self._changed:
+            ledger = self._ledger
+            if wait:
+                self._changed.wait_for(
+                    lambda: ledger.pending[stream_id] == 0 or stream_id in ledger.errors
+                )
+            if stream_id in ledger.errors:
+                error = ledger.errors[stream_id]
+                raise PackagingError(f"packaging failed: {error}") from error
+            return list(ledger.ready.pop(stream_id, deque()))
+
+    def idle(self, stream_id: str) -> bool:
+        """No job for the stream is queued or running."""
+        with self._changed:
+            return self._ledger.pending[stream_id] == 0
+
+    def drop(self, stream_id: str) -> None:
+        """The stream is closed: discard its pieces, now and from jobs still queued."""
+        with self._changed:
+            self._ledger.ready.pop(stream_id, None)
+            self._ledger.errors.pop(stream_id, None)
+            if self._ledger.pending.get(stream_id):
+                self._ledger.dropped.add(stream_id)
+            else:
+                self._ledger.pending.pop(stream_id, None)
+
+    def times_s(self) -> tuple[float, float, int]:
+        """(last job's time, total time, number of jobs)."""
+        with self._changed:
+            ledger = self._ledger
+            return ledger.packaging_s_last, ledger.packaging_s_total, ledger.num_jobs
+
+    def close(self) -> None:
+        """Finish queued jobs, then join the thread."""
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _main(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            stream_ids, job = item
+            started = time.perf_counter()
+            try:
+                pieces = job()
+            except Exception as exc:  # the streams' next step fails them with it
+                pieces, error = {}, exc
+            else:
+                error = None
+            elapsed_s = time.perf_counter() - started
+            with self._changed:
+                ledger = self._ledger
+                if error is not None:
+                    live = [sid for sid in stream_ids if sid not in ledger.dropped]
+                    ledger.errors.update(dict.fromkeys(live, error))
+                ledger.packaging_s_last = elapsed_s
+                ledger.packaging_s_total += elapsed_s
+                ledger.num_jobs += 1
+                for sid in stream_ids:
+                    ledger.pending[sid] -= 1
+                    if sid not in ledger.dropped and sid in pieces:
+                        ledger.ready[sid].append(pieces[sid])
+                    if sid in ledger.dropped and ledger.pending[sid] == 0:
+                        ledger.dropped.discard(sid)
+                        ledger.pending.pop(sid, None)
+                self._changed.notify_all()

@@ -1,0 +1,307 @@
+"""The thinker: prompt (text and audio) -> text tokens, streamed to the talker as it goes.
+
+Each step: prefill the streams that just arrived (one forward each), then one
+batched decode forward for every stream with a token to feed back; sample; store
+the sampled tokens for the next step (the critical path ends here); hand the
+rest — hidden-state slicing for the talker, detokenization — to the packaging
+thread. See ``_payloads.py`` for what goes to the talker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import (
+    AutoTokenizer,
+    DynamicCache,
+    Qwen2_5OmniTalkerConfig,
+    Qwen2_5OmniThinkerForConditionalGeneration,
+    WhisperFeatureExtractor,
+)
+
+from omnitrio import Event, Request, StreamOutput, StreamWork, TextDelta, VisibleItem
+
+from ._kv import batched_decode, cache_length, cache_nbytes
+from ._loading import check_device, load_speakers, load_stage_model, speaker_of, stage_folder
+from ._outbox import Outbox, step_output
+from ._packaging import Packager, Piece
+from ._payloads import ReplyEnd, ReplyStart, ReplyToken
+from ._prompt import Prompt, build_prompt
+from ._registry import register
+from ._sampling import Sampler, SamplingParams
+from ._stats import ARStageStatistics, StepClock
+
+
+@dataclass
+class _Stream:
+    prompt: Prompt
+    sampler: Sampler
+    speaker: str
+    detok: _Detokenizer
+    cache: DynamicCache | None = None
+    next_token: int | None = None  # sampled, to be fed back at the next step
+    num_generated: int = 0
+    finished: bool = False  # the last token is sampled
+    outbox: Outbox = field(default_factory=Outbox)
+
+
+TEXT_IDS_EVENT = "thinker.text_ids"
+
+
+class ThinkerStage:
+    """The Qwen2.5-Omni thinker as an omnitrio stage (see the module docstring).
+
+    ``emit_ids``: also send each sampled token id to the client as an
+    ``Event("thinker.text_ids", {"ids": [...]})`` (for parity checks and tracing).
+    """
+
+    max_inputs_per_step: int | None = None
+    max_payloads_per_step = 4
+    max_visible_per_step = 1
+
+    def __init__(
+        self,
+        name: str,
+        device: str = "cpu",
+        *,
+        model_path: str,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        repetition_penalty: float = 1.0,
+        seed: int = 0,
+        speaker: str = "Chelsie",
+        system_prompt: str | None = None,
+        emit_ids: bool = False,
+        torch_threads: int | None = None,
+        packaging_queue_jobs: int = 8,
+    ) -> None:
+        if torch_threads is not None:
+            torch.set_num_threads(torch_threads)
+        check_device(name, device)
+        self.name = name
+        folder = stage_folder(model_path, "thinker")
+        self.model = load_stage_model(Qwen2_5OmniThinkerForConditionalGeneration, folder, name)
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.features = WhisperFeatureExtractor.from_pretrained(folder)
+        self.speakers = load_speakers(folder, name)
+        talker = Qwen2_5OmniTalkerConfig.from_pretrained(stage_folder(model_path, "talker"))
+        self.defaults = SamplingParams(
+            temperature, top_p, top_k, repetition_penalty, max_tokens, seed
+        )
+        self.defaults.check()
+        self.default_speaker = speaker_of({"speaker": speaker}, self.speakers, speaker)
+        self.system_prompt = system_prompt
+        self.emit_ids = emit_ids
+        self.max_visible_per_step = 2 if emit_ids else 1
+        self.eos_token_ids = _eos_ids(self.model)
+        self.audio_token_id = self.model.config.audio_token_index
+        embed = self.model.get_input_embeddings()
+        with torch.no_grad():
+            ids = [talker.tts_text_end_token_id, talker.tts_text_pad_token_id]
+            self._text_eos, self._text_pad = embed(torch.tensor(ids)).unbind(0)  # [D] each
+            self._text_bos = {
+                speaker_name: embed(torch.tensor(int(spk["bos_token"])))
+                for speaker_name, spk in self.speakers.items()
+            }
+        self._streams: dict[str, _Stream] = {}
+        self._clock = StepClock()
+        self._packager = Packager(f"omnitrio-{name}", max_queued_jobs=packaging_queue_jobs)
+        register(self)
+
+    # ----- the stage protocol ---------------------------------------------------------
+
+    def open_stream(self, stream_id: str, request: Request) -> None:
+        prompt = build_prompt(request, self.tokenizer, self.features, self.system_prompt)
+        params = SamplingParams.from_options(self.defaults, request.options, self.name)
+        speaker = speaker_of(request.options, self.speakers, self.default_speaker)
+        sampler = Sampler(params, prompt.input_ids[0].tolist())
+        self._streams[stream_id] = _Stream(prompt, sampler, speaker, _Detokenizer(self.tokenizer))
+
+    def close_stream(self, stream_id: str) -> None:
+        del self._streams[stream_id]  # its KV cache goes with it
+        self._packager.drop(stream_id)
+
+    def close(self) -> None:
+        self._streams.clear()
+        self._packager.close()
+
+    @torch.no_grad()
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        started = self._clock.step_started()
+        ids = [w.stream_id for w in batch]
+        for sid in ids:
+            if self._streams[sid].cache is None:
+                self._prefill(sid)
+        decoding = [sid for sid in ids if self._streams[sid].next_token is not None]
+        decoding = [sid for sid in decoding if not self._streams[sid].finished]
+        if decoding:
+            self._decode(decoding)
+        self._clock.last_batch_size = len(decoding)
+        self._clock.max_batch_size = max(self._clock.max_batch_size, len(decoding))
+        outputs = {sid: self._output(sid) for sid in ids}
+        self._clock.step_s += time.perf_counter() - started
+        return outputs
+
+    def statistics(self) -> ARStageStatistics:
+        kv_bytes = sum(cache_nbytes(s.cache) for s in self._streams.values() if s.cache)
+        return self._clock.snapshot(
+            num_active=len(self._streams), kv_bytes=kv_bytes, packaging=self._packager.times_s()
+        )
+
+    # ----- the critical path ------------------------------------------------------------
+
+    def _prefill(self, sid: str) -> None:
+        stream = self._streams[sid]
+        prompt = stream.prompt
+        length = prompt.input_ids.shape[1]
+        stream.cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
+        positions = torch.arange(length).view(1, 1, length).expand(4, 1, length)  # [4, 1, L]
+        extra: dict[str, Any] = {}
+        if prompt.input_features is not None:
+            extra = {
+                "input_features": prompt.input_features,
+                "feature_attention_mask": prompt.feature_attention_mask,
+            }
+        forward_started = time.perf_counter()
+        out = self.model(
+            input_ids=prompt.input_ids,
+            attention_mask=torch.ones(1, length, dtype=torch.long),
+            position_ids=positions,
+            past_key_values=stream.cache,
+            use_cache=True,
+            output_hidden_states=True,
+            **extra,
+        )
+        news = self._sample({sid: out.logits[0, -1]}, forward_started)
+        embeds, last = out.hidden_states[0], out.hidden_states[-1]  # [1, L, D] each
+        start = self._reply_start
+        self._packager.submit((sid,), lambda: {sid: start(sid, embeds, last, news[sid])})
+
+    def _decode(self, sids: list[str]) -> None:
+        streams = [self._streams[sid] for sid in sids]
+        caches = [s.cache for s in streams if s.cache is not None]
+        tokens = torch.tensor([[s.next_token] for s in streams])  # [B, 1]
+        positions = torch.tensor([cache_length(c) for c in caches])  # [B]
+        positions = positions.view(1, -1, 1).expand(4, -1, 1)  # [4, B, 1]
+        forward_started = time.perf_counter()
+        out = batched_decode(
+            self.model, caches, positions, input_ids=tokens, output_hidden_states=True
+        )
+        news = self._sample(
+            {sid: out.logits[row, -1] for row, sid in enumerate(sids)}, forward_started
+        )
+        embeds, last = out.hidden_states[0], out.hidden_states[-1]  # [B, 1, D] each
+        token = self._reply_token
+        self._packager.submit(
+            tuple(sids),
+            lambda: {
+                sid: token(sid, embeds[row, 0], last[row, 0], news[sid])
+                for row, sid in enumerate(sids)
+            },
+        )
+
+    def _sample(self, logits: dict[str, torch.Tensor], forward_started: float) -> dict[str, _News]:
+        """Pick each stream's next token and store it: all the next step needs."""
+        sampling_started = time.perf_counter()
+        self._clock.forward_s += sampling_started - forward_started
+        self._clock.num_forwards += 1
+        news = {}
+        for sid, row in logits.items():
+            stream = self._streams[sid]
+            token = stream.sampler.pick(row.float())
+            stream.num_generated += 1
+            stream.next_token = token
+            stream.finished = (
+                token in self.eos_token_ids
+                or stream.num_generated >= stream.sampler.params.max_tokens
+            )
+            news[sid] = _News(token, stream.finished, stream.num_generated)
+        self._clock.sampling_s += time.perf_counter() - sampling_started
+        self._clock.num_samplings += 1
+        self._clock.num_tokens += len(logits)
+        return news
+
+    # ----- packaging (on the packaging thread) -----------------------------------------
+
+    def _reply_start(
+        self, sid: str, embeds: torch.Tensor, last: torch.Tensor, news: _News
+    ) -> Piece:
+        stream = self._streams.get(sid)
+        if stream is None:
+            return Piece()
+        input_ids = stream.prompt.input_ids[0]  # [L]
+        prompt_embeds = embeds[0].clone()  # [L, D]
+        prompt_embeds[input_ids == self.audio_token_id] = 0.0  # as generate() does
+        start = ReplyStart(
+            prompt=last[0] + prompt_embeds,
+            text_bos=self._text_bos[stream.speaker],
+            text_eos=self._text_eos,
+            text_pad=self._text_pad,
+        )
+        return self._with_news(stream, (start,), news)
+
+    def _reply_token(self, sid: str, embed: torch.Tensor, last: torch.Tensor, news: _News) -> Piece:
+        stream = self._streams.get(sid)
+        if stream is None:
+            return Piece()
+        return self._with_news(stream, (ReplyToken(last + embed),), news)
+
+    def _with_news(self, stream: _Stream, payloads: tuple[object, ...], news: _News) -> Piece:
+        """Add the newly sampled token's text and, after the last token, ``ReplyEnd``."""
+        text = stream.detok.add(news.token, final=news.final)
+        if news.final:
+            payloads += (ReplyEnd(news.num_generated),)
+        visible: tuple[VisibleItem, ...] = (TextDelta(text),) if text else ()
+        if self.emit_ids:
+            visible += (Event(TEXT_IDS_EVENT, {"ids": (news.token,)}),)
+        return Piece(payloads, visible)
+
+    def _output(self, sid: str) -> StreamOutput:
+        stream = self._streams[sid]
+        return step_output(
+            self._packager,
+            sid,
+            stream.outbox,
+            computing=not stream.finished,
+            can_continue=not stream.finished,
+            max_payloads=self.max_payloads_per_step,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _News:
+    """What the packaging of one step needs to know of a stream's sampled token."""
+
+    token: int
+    final: bool
+    num_generated: int
+
+
+class _Detokenizer:
+    """Streaming detokenization (packaging thread): the text so far, less what was sent."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._tokens: list[int] = []
+        self._sent = ""
+
+    def add(self, token: int, *, final: bool) -> str:
+        self._tokens.append(token)
+        text = str(self._tokenizer.decode(self._tokens, skip_special_tokens=True))
+        if text.endswith("\ufffd") and not final:
+            return ""  # an incomplete UTF-8 sequence: wait for its next byte
+        delta, self._sent = text[len(self._sent) :], text
+        return delta
+
+
+def _eos_ids(model: Qwen2_5OmniThinkerForConditionalGeneration) -> frozenset[int]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        raise ValueError("the thinker's generation_config has no eos_token_id")
+    return frozenset([eos] if isinstance(eos, int) else eos)

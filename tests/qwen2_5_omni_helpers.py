@@ -1,0 +1,163 @@
+"""Shared by the Qwen2.5-Omni tests: one tiny checkpoint per session, and pipeline configs."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+# Threads that come and go on their own trip the leaked-thread check of
+# tests/conftest.py: tqdm's monitor (progress bars) and from_pretrained's loading
+# pool (shut down without waiting for its threads).
+transformers.utils.logging.disable_progress_bar()
+os.environ["HF_DEACTIVATE_ASYNC_LOAD"] = "1"
+
+import omnitrio  # noqa: E402
+from stages.qwen2_5_omni import (  # noqa: E402
+    CODES_EVENT,
+    TEXT_IDS_EVENT,
+    build_prompt,
+    make_tiny_checkpoint,
+    to_pcm16,
+)
+
+CONFIG = pathlib.Path(__file__).resolve().parent.parent / "configs" / "qwen2.5-omni-tiny.yaml"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    directory = tmp_path_factory.mktemp("qwen2.5-omni-tiny")
+    torch.set_num_threads(1)
+    make_tiny_checkpoint(directory, seed=0)
+    return directory
+
+
+def tiny_config(
+    checkpoint: pathlib.Path, **stage_params: dict[str, Any]
+) -> omnitrio.PipelineConfig:
+    """configs/qwen2.5-omni-tiny.yaml pointed at ``checkpoint``, with extra params per stage."""
+    import yaml
+
+    data = yaml.safe_load(CONFIG.read_text())
+    for stage in data["stages"]:
+        stage["params"]["model_path"] = str(checkpoint)
+        stage["params"].update(stage_params.get(stage["name"], {}))
+    return omnitrio.parse_config(data, source=str(CONFIG))
+
+
+@dataclass(frozen=True)
+class Output:
+    """One stream's result: sampled text ids, codec codes (stop code excluded), PCM16."""
+
+    text_ids: tuple[int, ...]
+    codes: tuple[int, ...]
+    pcm16: bytes
+    text: str = ""
+    sample_rates_hz: frozenset[int] = frozenset()
+
+
+class Reference:
+    """transformers' monolithic ``generate(return_audio=True)`` on the tiny checkpoint.
+
+    Two taps, neither changing a computation: the talker's ``generate`` is wrapped to
+    keep its codes, and token2wav returns no samples for zero codes (the reference
+    itself crashes in the DiT on an empty code sequence, e.g. when the talker's first
+    code is a stop code).
+    """
+
+    def __init__(self, checkpoint: pathlib.Path) -> None:
+        from transformers import (
+            AutoTokenizer,
+            Qwen2_5OmniForConditionalGeneration,
+            WhisperFeatureExtractor,
+        )
+
+        self.model = Qwen2_5OmniForConditionalGeneration.from_pretrained(checkpoint).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        self.features = WhisperFeatureExtractor.from_pretrained(checkpoint)
+
+    def run(
+        self,
+        request: omnitrio.Request,
+        *,
+        thinker_max_tokens: int,
+        talker_max_tokens: int,
+        seed: int,
+        speaker: str = "Chelsie",
+    ) -> Output:
+        model, talker = self.model, self.model.config.talker_config
+        prompt = build_prompt(request, self.tokenizer, self.features)
+        captured: dict[str, list[int]] = {}
+        talker_generate, token2wav_forward = model.talker.generate, model.token2wav.forward
+
+        def keep_codes(*args: Any, **kwargs: Any) -> Any:
+            out = talker_generate(*args, **kwargs)
+            captured["codes"] = out[0, kwargs["input_ids"].shape[1] :].tolist()
+            return out
+
+        def decode(code: Any, **kwargs: Any) -> Any:
+            return token2wav_forward(code, **kwargs) if code.shape[1] else torch.zeros(0)
+
+        extra = {}
+        if prompt.input_features is not None:
+            extra = {
+                "input_features": prompt.input_features,
+                "feature_attention_mask": prompt.feature_attention_mask,
+            }
+        model.talker.generate, model.token2wav.forward = keep_codes, decode
+        try:
+            torch.manual_seed(seed)
+            sequences, wave = model.generate(
+                prompt.input_ids,
+                speaker=speaker,
+                thinker_max_new_tokens=thinker_max_tokens,
+                talker_max_new_tokens=talker_max_tokens,
+                talker_do_sample=False,
+                talker_eos_token_id=[talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id],
+                **extra,
+            )
+        finally:
+            del model.talker.generate, model.token2wav.forward
+        stops = {talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id}
+        codes = captured["codes"]
+        codes = codes[: next((i for i, c in enumerate(codes) if c in stops), len(codes))]
+        ids = tuple(sequences[0, prompt.input_ids.shape[1] :].tolist())
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return Output(ids, tuple(codes), to_pcm16(wave), text)
+
+
+def collect_output(items: Sequence[omnitrio.VisibleItem]) -> Output:
+    ids: list[int] = []
+    codes: list[int] = []
+    for item in items:
+        if isinstance(item, omnitrio.Event) and item.name == TEXT_IDS_EVENT:
+            ids += item.data["ids"]  # type: ignore[arg-type]
+        elif isinstance(item, omnitrio.Event) and item.name == CODES_EVENT:
+            codes += item.data["codes"]  # type: ignore[arg-type]
+    audio = [i for i in items if isinstance(i, omnitrio.AudioChunk)]
+    text = "".join(i.text for i in items if isinstance(i, omnitrio.TextDelta))
+    return Output(
+        tuple(ids),
+        tuple(codes),
+        b"".join(a.pcm16 for a in audio),
+        text,
+        frozenset(a.sample_rate_hz for a in audio),
+    )
+
+
+def pcm_difference(a: bytes, b: bytes) -> tuple[float, float]:
+    """(max abs difference, RMS difference) as fractions of full scale; lengths must agree."""
+    import numpy as np
+
+    x = np.frombuffer(a, dtype="<i2").astype(np.float64) / 32768
+    y = np.frombuffer(b, dtype="<i2").astype(np.float64) / 32768
+    assert x.shape == y.shape
+    if not x.size:
+        return 0.0, 0.0
+    return float(np.abs(x - y).max()), float(np.sqrt(np.mean((x - y) ** 2)))

@@ -1,0 +1,103 @@
+"""The tiny Qwen2.5-Omni checkpoint: what it writes, and loud loading of each stage."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+
+import pytest
+
+from tests.qwen2_5_omni_helpers import tiny_checkpoint  # noqa: F401 - a fixture
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from stages.qwen2_5_omni import (  # noqa: E402
+    StageWeightsError,
+    TalkerStage,
+    ThinkerStage,
+    Token2WavStage,
+)
+
+
+def test_writes_the_composite_model_and_one_folder_per_stage(
+    tiny_checkpoint: pathlib.Path,  # noqa: F811
+) -> None:
+    for folder in ("", "thinker", "talker", "token2wav"):
+        assert (tiny_checkpoint / folder / "config.json").is_file()
+        assert (tiny_checkpoint / folder / "model.safetensors").is_file()
+        assert (tiny_checkpoint / folder / "spk_dict.pt").is_file()
+    for folder in ("", "thinker"):
+        assert (tiny_checkpoint / folder / "tokenizer.json").is_file()
+        assert (tiny_checkpoint / folder / "preprocessor_config.json").is_file()
+
+
+def test_the_composite_model_generates_text_and_audio(
+    tiny_checkpoint: pathlib.Path,  # noqa: F811
+) -> None:
+    from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
+
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny_checkpoint).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hello there"}], add_generation_prompt=True, tokenize=False
+    )
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    talker = model.config.talker_config
+    sequences, wave = model.generate(
+        ids,
+        speaker="Ethan",
+        thinker_max_new_tokens=4,
+        talker_max_new_tokens=8,
+        talker_do_sample=False,
+        talker_eos_token_id=[talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id],
+    )
+    assert sequences.shape[1] > ids.shape[1]
+    assert wave.ndim == 1
+    assert wave.numel() > 0
+    assert torch.isfinite(wave).all()
+    assert wave.abs().max() > 1e-3  # audible: PCM16 comparisons are not vacuous
+
+
+def test_each_stage_loads_its_own_folder(tiny_checkpoint: pathlib.Path) -> None:  # noqa: F811
+    stages = [
+        ThinkerStage("thinker", model_path=str(tiny_checkpoint)),
+        TalkerStage("talker", model_path=str(tiny_checkpoint)),
+        Token2WavStage("token2wav", model_path=str(tiny_checkpoint)),
+    ]
+    for stage in stages:
+        stage.close()
+
+
+@pytest.mark.parametrize("change", ["missing", "unexpected"])
+def test_a_weight_key_problem_names_the_stage_and_the_key(
+    tiny_checkpoint: pathlib.Path,  # noqa: F811
+    tmp_path: pathlib.Path,
+    change: str,
+) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoint / "talker", broken / "talker")
+    weights = broken / "talker" / "model.safetensors"
+    tensors = safetensors_torch.load_file(weights)
+    if change == "missing":
+        key = "codec_head.weight"
+        del tensors[key]
+    else:
+        key = "surplus.weight"
+        tensors[key] = torch.zeros(2)
+    safetensors_torch.save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(StageWeightsError, match=rf"stage 'voice'.*{change} keys: {key}"):
+        TalkerStage("voice", model_path=str(broken))
+
+
+def test_a_missing_folder_says_how_to_make_one(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(FileNotFoundError, match="make-tiny-model"):
+        TalkerStage("talker", model_path=str(tmp_path / "nowhere"))
+
+
+def test_a_device_other_than_cpu_is_refused_clearly(
+    tiny_checkpoint: pathlib.Path,  # noqa: F811
+) -> None:
+    for stage in (ThinkerStage, TalkerStage, Token2WavStage):
+        with pytest.raises(ValueError, match="device 'cuda' is not supported yet"):
+            stage("x", "cuda", model_path=str(tiny_checkpoint))
