@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from .._pipeline import Pipeline
 from ._settings import ServerSettings
+from ._turns import TurnDetector
 
 logger = logging.getLogger("omnitrio.server")
 
@@ -23,6 +24,8 @@ class ServerState:
     pipeline: Pipeline
     settings: ServerSettings
     draining: bool = False
+    turns: TurnDetector | None = None
+    """Runs server_vad turn detection when the pipeline config names a detector."""
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
