@@ -39,6 +39,8 @@ def default_cache_dir() -> Path:
 
 def load_smollm2(cache_dir: str | None) -> tuple[PreTrainedModel, Tokenizer]:
     """The model and tokenizer, converting the packaged GGUF into the cache first if needed."""
+    # Progress bars (ours, transformers') start no monitor thread that would outlive the stage.
+    tqdm.monitor_interval = 0
     folder = (Path(cache_dir) if cache_dir else default_cache_dir()) / CACHE_FOLDER
     if not (folder / "model.safetensors").is_file():
         convert(folder)

@@ -32,8 +32,10 @@ VAD_WHY = (
 DEFAULT_PREFIX_PADDING_MS = 300
 DEFAULT_SILENCE_DURATION_MS = 500
 DEFAULT_THRESHOLD = 0.5
-IDLE_KEEP_MS = 1000
-"""Audio kept before speech starts, beyond the prefix padding (the rest is dropped)."""
+IDLE_KEEP_MS = 10_000
+"""Audio kept while no one speaks, beyond the prefix padding; older audio is dropped
+(the detector reports a start only after hearing it, so this is its allowance for
+lagging behind a client that sends audio faster than real time)."""
 
 
 @dataclass(frozen=True)
