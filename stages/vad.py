@@ -86,6 +86,7 @@ class SileroVad:
         )
         self._tracks: dict[str, _Track] = {}
         self.num_windows_scored = 0
+        self.num_model_calls = 0
 
     def open_stream(self, stream_id: str, request: Request) -> None:
         options = request.options
@@ -141,6 +142,7 @@ class SileroVad:
             track.pending = track.pending[WINDOW_SAMPLES:]
             track.num_windows += 1
         self.num_windows_scored += len(tracks)
+        self.num_model_calls += 1
         return np.asarray(out, dtype=np.float32).reshape(-1)  # out: [B, 1]
 
     def _update(self, track: _Track, probability: float) -> Event | None:
