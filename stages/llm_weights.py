@@ -20,7 +20,7 @@ from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
-from .voice_common import INSTALL_HINT, package_dir
+from .voice_common import INSTALL_HINT, no_progress_monitor_thread, package_dir
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +39,7 @@ def default_cache_dir() -> Path:
 
 def load_smollm2(cache_dir: str | None) -> tuple[PreTrainedModel, Tokenizer]:
     """The model and tokenizer, converting the packaged GGUF into the cache first if needed."""
-    # Progress bars (ours, transformers') start no monitor thread that would outlive the stage.
-    tqdm.monitor_interval = 0
+    no_progress_monitor_thread()
     folder = (Path(cache_dir) if cache_dir else default_cache_dir()) / CACHE_FOLDER
     if not (folder / "model.safetensors").is_file():
         convert(folder)

@@ -48,6 +48,15 @@ def resample(samples: Floats, from_hz: int, to_hz: int) -> Floats:
     return np.interp(positions, np.arange(samples.size), samples).astype(np.float32)
 
 
+def no_progress_monitor_thread() -> None:
+    """tqdm (used by transformers and faster-whisper) starts a monitor thread on its first
+    progress bar that lives until the process ends; a stage must leave no thread behind.
+    Process-wide, and harmless: the monitor only fixes bars that stall."""
+    import tqdm
+
+    tqdm.tqdm.monitor_interval = 0
+
+
 def package_dir(package: str, install_hint: str) -> Path:
     """The folder of an installed package, found without importing it (some of the
     weight packages import libraries we do not install)."""

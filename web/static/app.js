@@ -30,8 +30,8 @@ const omnitrio = (window.omnitrio = {
   transcript: "", errors: [], eventCounts: {},
   serverVad: false, // the server can detect turns (its session.created had turn_detection)
   handsFree: false, // we are streaming the microphone and the server detects turns
-  keepAudio: false, // tests set it: replies' audio is kept in replyAudio (base64 PCM16)
-  replyAudio: [], userTranscripts: [],
+  keepAudio: false, // tests set it: audio sent and received is kept (base64 PCM16)
+  sentAudio: [], replyAudio: [], userTranscripts: [],
 });
 
 const player = createPlayer({
@@ -288,7 +288,9 @@ async function startRecording({ bargeIn: interrupt = true } = {}) {
       rateHz: INPUT_RATE_HZ,
       intervalMs: SEND_INTERVAL_MS,
       onPcm: (pcm) => {
-        send({ type: "input_audio_buffer.append", audio: pcm16ToBase64(pcm) });
+        const audio = pcm16ToBase64(pcm);
+        send({ type: "input_audio_buffer.append", audio });
+        if (omnitrio.keepAudio) omnitrio.sentAudio.push(audio);
         omnitrio.audioSecondsSent += pcm.length / INPUT_RATE_HZ;
       },
     });
