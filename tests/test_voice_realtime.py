@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,3 +182,38 @@ async def test_speech_over_an_answer_stops_it(nursery: trio.Nursery, tmp_path: P
     done = [e for e in after_barge_in if e["type"] == "response.done"]
     assert [d["response"]["status"] for d in done] == ["cancelled", "completed"]
     assert done[0]["response"]["id"] == first_response
+
+
+@needs_voice
+async def test_response_cancel_frees_the_answer_before_response_done(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """response.cancel mid-answer: response.done says cancelled, every stage has already
+    let go of the stream (it is released before response.done goes out), and no audio
+    follows."""
+    url = await _serve(nursery)
+    metrics = url.replace("ws://", "http://").replace("/v1/realtime", "/metrics")
+    story = spoken("Tell me a story about a dragon.", tmp_path / "story.wav", silence_after_s=1.5)
+    async with trio_websocket.open_websocket_url(url, max_message_size=16 << 20) as ws:
+        assert (await _next(ws))["type"] == "session.created"
+        await _send_audio(ws, story)
+        with trio.fail_after(TURN_TIMEOUT_S):
+            while (await _next(ws))["type"] != "response.output_audio.delta":
+                pass
+            await ws.send_message(json.dumps({"type": "response.cancel"}))
+            while (event := await _next(ws))["type"] != "response.done":
+                pass
+        assert event["response"]["status"] == "cancelled"
+        open_streams = await trio.to_thread.run_sync(_open_streams, metrics)
+        assert open_streams == 0
+        with trio.move_on_after(1.0):
+            late = await _next(ws)
+            raise AssertionError(f"{late['type']} after response.done")
+
+
+def _open_streams(metrics_url: str) -> float:
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    match = re.search(r"^omnitrio_open_streams (\S+)$", text, re.MULTILINE)
+    assert match is not None
+    return float(match.group(1))
