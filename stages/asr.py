@@ -6,8 +6,9 @@ emits the transcript as a visible ``transcript`` event (the Realtime API's
 input_audio_transcription.completed) and hands it to the LLM as an
 ``Utterance``. A turn without audio (typed text) passes an empty utterance.
 
-One step transcribes each stream of the batch in turn: Whisper's encoder runs
-once per utterance, and the turns here are short.
+One step transcribes each stream of the batch in turn (Whisper's encoder runs
+once per utterance); configs/voice-chat.yaml sets ``max_batch_size: 1`` so that
+two turns ending together do not both wait for both transcripts.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class WhisperAsr:
             language=self.language,
             beam_size=self.beam_size,
             condition_on_previous_text=False,
+            without_timestamps=True,
             vad_filter=False,
         )
         text = " ".join(segment.text.strip() for segment in segments).strip()

@@ -2,8 +2,9 @@
 
 Text arrives a token at a time. A phrase ends at a sentence end (. ! ? ; :
 followed by a space), at a comma once the phrase has ``min_comma_words``
-words, or at a space once it has ``max_words``; whatever is left is spoken
-when the text ends.
+words, or at a space once it has ``max_words`` (``first_max_words`` for the
+first phrase: the sooner it is out, the sooner the answer is heard); whatever
+is left is spoken when the text ends.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ _COMMA = re.compile(r",\s")
 class PhraseSplitter:
     min_comma_words: int = 4
     max_words: int = 24
+    first_max_words: int = 24
     _text: str = field(default="", repr=False)
+    _num_phrases: int = field(default=0, repr=False)
 
     def feed(self, text: str) -> list[str]:
         """Append ``text``; return the phrases now complete (possibly none)."""
@@ -29,6 +32,7 @@ class PhraseSplitter:
             phrase, self._text = self._text[:cut].strip(), self._text[cut:]
             if phrase:
                 phrases.append(phrase)
+                self._num_phrases += 1
         return phrases
 
     def flush(self) -> str | None:
@@ -43,7 +47,8 @@ class PhraseSplitter:
         for comma in _COMMA.finditer(self._text):
             if len(self._text[: comma.start()].split()) >= self.min_comma_words:
                 return comma.end()
+        limit = self.max_words if self._num_phrases else self.first_max_words
         words = list(re.finditer(r"\S+\s", self._text))
-        if len(words) >= self.max_words:
-            return words[self.max_words - 1].end()
+        if len(words) >= limit:
+            return words[limit - 1].end()
         return None

@@ -47,6 +47,8 @@ class ServerState:
             registry=self.registry,
         )
         self.registry.register(_PipelineCollector(self.pipeline))
+        if self.turns is not None:
+            self.registry.register(_TurnsCollector(self.turns))
 
     @property
     def model_name(self) -> str:
@@ -75,6 +77,22 @@ class ResponseLog:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
+
+
+class _TurnsCollector(Collector):
+    """The turn detector's work, read at scrape time."""
+
+    def __init__(self, turns: TurnDetector) -> None:
+        self._turns = turns
+
+    def collect(self) -> Iterator[Metric]:
+        busy = GaugeMetricFamily(
+            "omnitrio_turn_detector_busy_seconds", "Time the turn detector spent in steps."
+        )
+        busy.add_metric([], self._turns.busy_s)
+        steps = GaugeMetricFamily("omnitrio_turn_detector_steps", "Turn detector steps.")
+        steps.add_metric([], self._turns.num_steps)
+        yield from (busy, steps)
 
 
 class _PipelineCollector(Collector):
