@@ -21,7 +21,8 @@ def test_phrases_end_at_sentence_ends_long_commas_and_the_word_limit() -> None:
     assert splitter.feed("!") == []
     assert splitter.flush() == "fish and more!"
     assert splitter.flush() is None
-    assert PhraseSplitter(max_words=3).feed("one two three four ") == ["one two three"]
+    splitter = PhraseSplitter(max_words=3, first_max_words=2)
+    assert splitter.feed("one two three four five six seven ") == ["one two", "three four five"]
 
 
 @pytest.fixture(scope="module")
