@@ -74,6 +74,9 @@ class Turn:
     question: str
     end_of_speech_to_first_audio_s: float | None = None
     speech_stopped_to_first_audio_s: float | None = None
+    speech_stopped_to_transcript_s: float | None = None  # ASR (and the commit)
+    transcript_to_first_text_s: float | None = None  # LLM prefill and first token
+    first_text_to_first_audio_s: float | None = None  # first phrase written and spoken
     input_audio_s: float = 0.0
     answer_audio_s: float = 0.0
     num_text_deltas: int = 0
@@ -87,6 +90,7 @@ class Level:
     audio_sent_s: float = 0.0
     busy_s: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
+    load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute, at the start and the end
 
 
 def speech(question: str, folder: Path) -> tuple[bytes, float]:
@@ -137,6 +141,8 @@ async def converse(
 
 async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end: float) -> None:
     stopped: float | None = None
+    transcript: float | None = None
+    first_text: float | None = None
     while True:
         event = json.loads(await ws.get_message())
         kind = event["type"]
@@ -146,15 +152,24 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
             stopped = trio.current_time()
         elif kind == "conversation.item.input_audio_transcription.completed":
             turn.input_audio_s = float(event.get("usage", {}).get("seconds", 0.0))
+            transcript = trio.current_time()
+            if stopped is not None:
+                turn.speech_stopped_to_transcript_s = transcript - stopped
         elif kind == "response.output_audio.delta":
             now = trio.current_time()
             if turn.end_of_speech_to_first_audio_s is None:
                 turn.end_of_speech_to_first_audio_s = now - speech_end
                 if stopped is not None:
                     turn.speech_stopped_to_first_audio_s = now - stopped
+                if first_text is not None:
+                    turn.first_text_to_first_audio_s = now - first_text
             turn.answer_audio_s += len(base64.b64decode(event["delta"])) / 2 / INPUT_RATE_HZ
         elif kind == "response.output_audio_transcript.delta":
             turn.num_text_deltas += 1
+            if first_text is None:
+                first_text = trio.current_time()
+                if transcript is not None:
+                    turn.transcript_to_first_text_s = first_text - transcript
         elif kind == "response.done":
             turn.status = event["response"]["status"]
             return
@@ -176,6 +191,7 @@ async def run_level(
     base_url: str, conversations: int, turns: int, voices: dict[str, tuple[bytes, float]]
 ) -> Level:
     level = Level(conversations)
+    load_before = os.getloadavg()[0]
     before = await trio.to_thread.run_sync(busy_seconds, base_url)
     per = [turns // conversations + (i < turns % conversations) for i in range(conversations)]
     url = base_url.replace("http://", "ws://") + "/v1/realtime"
@@ -186,6 +202,7 @@ async def run_level(
     level.wall_s = time.perf_counter() - started
     after = await trio.to_thread.run_sync(busy_seconds, base_url)
     level.busy_s = {name: after[name] - before.get(name, 0.0) for name in after}
+    level.load_average = (load_before, os.getloadavg()[0])
     return level
 
 
@@ -194,6 +211,27 @@ def percentile(values: list[float], q: float) -> float:
     rank = q / 100 * (len(ordered) - 1)
     low, high = math.floor(rank), math.ceil(rank)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def p50(turns: list[Turn], name: str) -> str:
+    values = [getattr(t, name) * 1000 for t in turns if getattr(t, name) is not None]
+    return f"{percentile(values, 50):.0f}" if values else "-"
+
+
+def breakdown(levels: list[Level]) -> str:
+    lines = [
+        "| conversations | speech_stopped -> transcript | transcript -> first text "
+        "| first text -> first audio | load average (start, end) |",
+        "|---|---|---|---|---|",
+    ]
+    for level in levels:
+        load = "{:.1f}, {:.1f}".format(*level.load_average)
+        lines.append(
+            f"| {level.conversations} | {p50(level.turns, 'speech_stopped_to_transcript_s')} "
+            f"| {p50(level.turns, 'transcript_to_first_text_s')} "
+            f"| {p50(level.turns, 'first_text_to_first_audio_s')} | {load} |"
+        )
+    return "\n".join(lines)
 
 
 def report(levels: list[Level]) -> str:
@@ -265,6 +303,8 @@ def main() -> None:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=30)
     print(report(levels))
+    print("\nWhere the time goes after speech_stopped, p50 (ms):\n")
+    print(breakdown(levels))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([asdict(level) for level in levels], indent=1))
