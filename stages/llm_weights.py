@@ -37,12 +37,18 @@ def default_cache_dir() -> Path:
     return Path(base) / "omnitrio"
 
 
-def load_smollm2(cache_dir: str | None) -> tuple[PreTrainedModel, Tokenizer]:
-    """The model and tokenizer, converting the packaged GGUF into the cache first if needed."""
+def ensure_converted(cache_dir: str | None) -> Path:
+    """The cache folder, converted from the packaged GGUF first if it is not there yet."""
     no_progress_monitor_thread()
     folder = (Path(cache_dir) if cache_dir else default_cache_dir()) / CACHE_FOLDER
     if not (folder / "model.safetensors").is_file():
         convert(folder)
+    return folder
+
+
+def load_smollm2(cache_dir: str | None) -> tuple[PreTrainedModel, Tokenizer]:
+    """The model and tokenizer, converting the packaged GGUF into the cache first if needed."""
+    folder = ensure_converted(cache_dir)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model.eval()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio_websocket
 
@@ -29,7 +30,7 @@ from tests.voice_support import (
     word_error_rate,
 )
 
-pytestmark = needs_voice
+pytestmark = [needs_voice, pytest.mark.usefixtures("voice_weights")]
 
 CHUNK_S = 0.1
 TURN_TIMEOUT_S = 120.0  # generous: CI machines are shared and slow

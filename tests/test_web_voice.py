@@ -34,7 +34,7 @@ from tests.voice_support import (
     write_wav,
 )
 
-pytestmark = needs_voice
+pytestmark = [needs_voice, pytest.mark.usefixtures("voice_weights")]
 
 QUESTION = "What do cats like to eat?"
 MICROPHONE_RATE_HZ = 48_000
