@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import shutil
 import subprocess
 import wave
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 
 from stages.voice_common import float_to_pcm16, pcm16_to_float, resample
+
+if TYPE_CHECKING:
+    from stages.asr import WhisperAsr
 
 REPO = Path(__file__).resolve().parent.parent
 VOICE_CONFIG = REPO / "configs" / "voice-chat.yaml"
@@ -93,17 +98,11 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
 
 def transcribe_pcm16(pcm16: bytes, rate_hz: int) -> str:
     """The answer's audio, transcribed by a separate instance of the ASR stage."""
+    return _checker().transcribe(resample(pcm16_to_float(pcm16), rate_hz, WHISPER_RATE_HZ))
+
+
+@functools.cache
+def _checker() -> WhisperAsr:
     from stages.asr import WhisperAsr
 
-    checker = _checker()
-    if checker is None:
-        checker = WhisperAsr("checker")
-        _CHECKERS.append(checker)
-    return checker.transcribe(resample(pcm16_to_float(pcm16), rate_hz, WHISPER_RATE_HZ))
-
-
-_CHECKERS: list[object] = []
-
-
-def _checker() -> object | None:
-    return _CHECKERS[0] if _CHECKERS else None
+    return WhisperAsr("checker")

@@ -38,6 +38,7 @@ or ``receive`` while NEW, is the server's bug: ``LocalProtocolError``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -60,7 +61,7 @@ from ._events import (
     parse_client_event,
 )
 from ._response import STATUSES, ActiveResponse, Status
-from ._server_events import ServerEvent, error_event, new_id
+from ._server_events import ServerEvent, error_event, new_id, safe_text
 from ._settings import Settings, SettingsPatch, default_settings
 from ._shapes import item_events, session_object
 from ._turns import IDLE_KEEP_MS, ListenAudio, Listener
@@ -248,6 +249,26 @@ class RealtimeSession:
             else:
                 listener.response_pending = True
         return events
+
+    def turn_detection_failed(self, generation: int, why: str) -> list[ServerEvent]:
+        """The turn detector failed: turn detection goes off (the client commits by hand
+        from now on) and the client gets a ``server_error`` saying so."""
+        if self._settings.turn_detection is None or generation != self._listener.generation:
+            return []
+        self._settings = dataclasses.replace(self._settings, turn_detection=None)
+        self._listener.restart()
+        message = (
+            f"turn detection failed ({why}) and is now off for this session; "
+            "commit the input audio and send response.create"
+        )
+        error: dict[str, JsonValue] = {
+            "type": "server_error",
+            "code": "turn_detection_failed",
+            "message": safe_text(message),
+            "param": None,
+            "event_id": None,
+        }
+        return [ServerEvent("error", {"error": error}), self._session_event("session.updated")]
 
     def _auto_response(self) -> list[ServerEvent | StartResponse]:
         try:

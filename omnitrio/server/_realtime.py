@@ -130,6 +130,9 @@ class RealtimeConnection:
                 if isinstance(end_ms, int):
                     outs = self._session.speech_stopped(detector.generation, end_ms)
                     await self._dispatch(nursery, outs)
+        if detector.failure is not None:
+            failed = self._session.turn_detection_failed(detector.generation, detector.failure)
+            await self._dispatch(nursery, failed)
 
     async def _write(self) -> None:
         async for event in self._outbound:

@@ -46,6 +46,7 @@ class DetectorStream:
         self.generation = generation
         self._detector = detector
         self.pending: list[bytes] = []
+        self.failure: str | None = None  # why the detector gave up on this stream
         self._send, self.events = trio.open_memory_channel[Event](EVENT_CAPACITY)
         self.num_dropped_chunks = 0
 
@@ -136,24 +137,33 @@ class TurnDetector:
         self.num_steps += 1
         self.busy_s += time.perf_counter() - started
         for sid, error in result.errors.items():
-            self._fail(sid, f"could not open: {error!r}")
+            self._fail(sid, "could not open the stream", error)
         if result.step_error is not None:
             for work in plan.batch:
-                self._fail(work.stream_id, f"step failed: {result.step_error!r}")
+                self._fail(work.stream_id, "its step failed", result.step_error)
         for sid, output in result.outputs.items():
             listener = self._streams.get(sid)
             if listener is None:
                 continue
             if output.error is not None:
-                self._fail(sid, f"failed: {output.error!r}")
+                self._fail(sid, "it failed the stream", output.error)
             for item in output.visible:
                 if isinstance(item, Event):
                     listener.deliver(item)
 
-    def _fail(self, sid: str, why: str) -> None:
+    def _fail(self, sid: str, what: str, error: Exception) -> None:
+        """Log the error; the session hears only ``what`` (no internals go to clients)."""
         stream = self._streams.get(sid)
-        logger.error("turn detector %r: stream %s %s", self.name, sid, why, extra={"stream": sid})
+        logger.error(
+            "turn detector %r, stream %s: %s",
+            self.name,
+            sid,
+            what,
+            exc_info=error,
+            extra={"stage": self.name, "stream": sid},
+        )
         if stream is not None:
+            stream.failure = f"the turn detector {self.name!r}: {what}"
             stream.close()
 
 
