@@ -8,6 +8,9 @@ joined with the others' for that step; see llm_batch.py). Each token goes to
 the client as a ``TextDelta`` and to the TTS stage as a ``TextPiece``. A stream
 leaves the batch at its end-of-turn token, at ``max_new_tokens`` or when it is
 cancelled; ``close_stream`` frees its cache. Decoding is greedy (deterministic).
+
+A request with option ``task: speak`` (the HTTP API's /v1/audio/speech) is not
+answered: its text goes to the TTS stage as it is.
 """
 
 from __future__ import annotations
@@ -94,6 +97,8 @@ class SmolLM2:
         decoding: list[str] = []
         for work in batch:
             turn = self._turns[work.stream_id]
+            if turn.request.options.get("task") == "speak":
+                continue  # passed through in _emit
             if turn.prompt is None:
                 utterances = [p for p in work.inputs if isinstance(p, Utterance)]
                 if not utterances and not work.input_closed:
@@ -165,6 +170,11 @@ class SmolLM2:
 
     def _emit(self, work: StreamWork, token: int | None) -> StreamOutput:
         turn = self._turns[work.stream_id]
+        if turn.request.options.get("task") == "speak":
+            if not work.input_closed:
+                return StreamOutput()  # the ASR stage has not finished the stream yet
+            text = turn.request.text
+            return StreamOutput(payloads=(TextPiece(text),), visible=(TextDelta(text),), done=True)
         if token is None:
             return StreamOutput(done=turn.finished)
         stop = token in self._stop_ids

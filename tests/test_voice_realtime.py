@@ -218,3 +218,23 @@ def _open_streams(metrics_url: str) -> float:
     match = re.search(r"^omnitrio_open_streams (\S+)$", text, re.MULTILINE)
     assert match is not None
     return float(match.group(1))
+
+
+@needs_voice
+async def test_the_speech_endpoint_reads_the_text_aloud(nursery: trio.Nursery) -> None:
+    """/v1/audio/speech on the voice pipeline says its input (it does not answer it)."""
+    url = await _serve(nursery)
+    speech_url = url.replace("ws://", "http://").replace("/v1/realtime", "/v1/audio/speech")
+    text = "Cats are small furry animals that like to sleep a lot."
+
+    def post() -> bytes:
+        body = json.dumps({"model": "voice-chat", "input": text, "response_format": "pcm"})
+        request = urllib.request.Request(
+            speech_url, body.encode(), {"content-type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=TURN_TIMEOUT_S) as response:
+            return bytes(response.read())
+
+    pcm16 = await trio.to_thread.run_sync(post)
+    heard = await trio.to_thread.run_sync(transcribe_pcm16, pcm16, INPUT_RATE_HZ)
+    assert word_error_rate(text, heard) <= MAX_WER, heard
