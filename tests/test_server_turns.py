@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -167,3 +169,32 @@ async def test_a_failing_detector_turns_detection_off_with_an_error(
         done = (await _until(ws, "response.done"))[-1]
         assert done["response"]["status"] == "completed"
     assert "detector broke on purpose" in caplog.text
+
+
+async def test_switching_detection_off_frees_the_detector_stream(nursery: trio.Nursery) -> None:
+    url = await _connect(nursery, "LoudnessDetector", steps=2)
+    metrics = url.replace("ws://", "http://").replace("/v1/realtime", "/metrics")
+    async with trio_websocket.open_websocket_url(url) as ws:
+        await _until(ws, "session.created")
+        await _append(ws, QUIET)
+        await _handled(ws)
+        assert await trio.to_thread.run_sync(_detector_streams, metrics) == 1
+        off = {"audio": {"input": {"turn_detection": None}}}
+        await ws.send_message(json.dumps({"type": "session.update", "session": off}))
+        await _handled(ws)
+        assert await trio.to_thread.run_sync(_detector_streams, metrics) == 0
+    assert await trio.to_thread.run_sync(_detector_streams, metrics) == 0
+
+
+async def _handled(ws: trio_websocket.WebSocketConnection) -> None:
+    """Until the server has handled everything sent so far (it answers in order)."""
+    await ws.send_message(json.dumps({"type": "no.such.event"}))
+    await _until(ws, "error")
+
+
+def _detector_streams(metrics_url: str) -> float:
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    match = re.search(r"^omnitrio_turn_detector_streams (\S+)$", text, re.MULTILINE)
+    assert match is not None
+    return float(match.group(1))

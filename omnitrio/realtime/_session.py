@@ -134,6 +134,11 @@ class RealtimeSession:
         """The response that output() and finish() take, until finish() (None when IDLE)."""
         return None if self._response is None else self._response.id
 
+    @property
+    def listening_generation(self) -> int | None:
+        """The turn detector generation ListenAudio goes to (None: turn detection is off)."""
+        return None if self._settings.turn_detection is None else self._listener.generation
+
     def _response_state(self) -> ResponseState:
         if self._response is None:
             return "IDLE"

@@ -103,6 +103,10 @@ class RealtimeConnection:
                 self._responses[out.response_id].cancel()
             elif isinstance(out, ListenAudio):
                 self._listen(nursery, out)
+        detector = self._detector
+        if detector is not None and detector.generation != self._session.listening_generation:
+            detector.close()  # turn detection was switched off or restarted: free it now
+            self._detector = None
 
     def _listen(self, nursery: trio.Nursery, out: ListenAudio) -> None:
         turns = self._state.turns

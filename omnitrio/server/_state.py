@@ -92,7 +92,11 @@ class _TurnsCollector(Collector):
         busy.add_metric([], self._turns.busy_s)
         steps = GaugeMetricFamily("omnitrio_turn_detector_steps", "Turn detector steps.")
         steps.add_metric([], self._turns.num_steps)
-        yield from (busy, steps)
+        streams = GaugeMetricFamily(
+            "omnitrio_turn_detector_streams", "Sessions the turn detector listens to."
+        )
+        streams.add_metric([], self._turns.num_streams)
+        yield from (busy, steps, streams)
 
 
 class _PipelineCollector(Collector):

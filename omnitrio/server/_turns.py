@@ -88,6 +88,11 @@ class TurnDetector:
         self.num_steps = 0
         self.busy_s = 0.0
 
+    @property
+    def num_streams(self) -> int:
+        """Sessions listened to right now."""
+        return len(self._streams)
+
     def wake(self) -> None:
         self._wakeup.set()
 
