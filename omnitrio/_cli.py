@@ -26,8 +26,12 @@ from ._items import AudioChunk, Event, TextDelta
 from ._pipeline import Pipeline, open_pipeline
 from .bench import _cli as bench
 
-# The repository's default pipeline (found from a checkout's editable install too).
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "synthetic.yaml"
+# The repository's pipelines (found from a checkout's editable install too): `run` serves
+# the offline voice chat by default; `prompt`, a quick in-process check, runs the
+# synthetic pipeline, which needs no model packages.
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_CONFIG = CONFIGS / "voice-chat.yaml"
+DEFAULT_PROMPT_CONFIG = CONFIGS / "synthetic.yaml"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -107,7 +111,8 @@ def with_model_path(config: PipelineConfig, model_path: Path) -> PipelineConfig:
         raise ConfigError(
             config.source,
             "--model-path",
-            f"no stage of pipeline {config.pipeline.name!r} loads a model; drop --model-path",
+            f"no stage of pipeline {config.pipeline.name!r} loads a model; drop --model-path, "
+            "or pick a pipeline whose stages take one with --config",
         )
     stages = tuple(
         s.model_copy(update={"params": {**s.params, "model_path": str(model_path)}})
@@ -134,7 +139,12 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run", help="serve a pipeline: OpenAI-compatible HTTP, Realtime WebSocket, voice page"
     )
-    run.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="pipeline YAML")
+    run.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_CONFIG,
+        help="pipeline YAML (default configs/voice-chat.yaml)",
+    )
     run.add_argument(
         "--model-path", type=Path, help="local model folder for the stages that load one"
     )
@@ -150,7 +160,12 @@ def _parser() -> argparse.ArgumentParser:
         "--grace-period-s", type=float, default=2.0, help="on SIGINT/SIGTERM, time to finish"
     )
     prompt = commands.add_parser("prompt", help="run a pipeline on prompts and print its output")
-    prompt.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="pipeline YAML")
+    prompt.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_PROMPT_CONFIG,
+        help="pipeline YAML (default configs/synthetic.yaml)",
+    )
     prompt.add_argument("--prompt", action="append", help="a prompt (repeat for several streams)")
     prompt.add_argument("--streams", type=int, default=1, help="concurrent copies of each prompt")
     prompt.add_argument(

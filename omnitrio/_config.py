@@ -68,6 +68,9 @@ class PipelineConfig(_Strict):
     pipeline: PipelineSection
     stages: tuple[StageSpec, ...] = pydantic.Field(min_length=1)
     edges: tuple[EdgeSpec, ...] = ()
+    turn_detection: StageSpec | None = None
+    """A stage the server runs on each session's live input audio (a VAD) for the
+    Realtime API's server_vad turn detection; not part of the chain."""
     source: str = "<in-code config>"
 
     def edge_from(self, stage: str) -> EdgeSpec | None:
@@ -121,6 +124,8 @@ def parse_config(data: object, *, source: str = "<in-code config>") -> PipelineC
     _check_graph(config)
     for index, spec in enumerate(config.stages):
         _check_impl(spec, config.source, f"stages[{index}]")
+    if config.turn_detection is not None:
+        _check_impl(config.turn_detection, config.source, "turn_detection")
     return config.model_copy(update={"stages": _chain_order(config)})
 
 

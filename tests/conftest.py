@@ -65,6 +65,15 @@ def count_tasks() -> int:
     return walk(trio.lowlevel.current_root_task())
 
 
+@pytest.fixture(scope="session")
+def voice_weights() -> None:
+    """The LLM's weights cache, converted before any voice server starts: a first
+    conversion (~20 s) would not fit in the servers' start timeouts."""
+    from stages.llm_weights import ensure_converted
+
+    ensure_converted(None)
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_threads() -> Iterator[None]:
     """Every test must leave no stage worker thread behind (nor any other of ours)."""

@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from tests.test_server_process import start_server
+from tests.voice_support import missing_voice_parts
 
 REPO = Path(__file__).resolve().parent.parent
 FENCE = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
@@ -98,15 +99,21 @@ def test_readme_snippet_runs(
     assert out.rstrip().endswith("1")
 
 
-def test_readme_client_snippet_runs_against_the_server(capsys: pytest.CaptureFixture[str]) -> None:
+def test_readme_client_snippet_runs_against_the_server(
+    capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
+) -> None:
     blocks = [b for b in _python_blocks(REPO / "README.md") if "openai.OpenAI" in b[1]]
     assert len(blocks) == 1
     line, code = blocks[0]
-    process, url = start_server("--port", "0")
+    # Against the default pipeline (the voice chat) where its packages are installed.
+    synthetic = ["--config", str(REPO / "configs" / "synthetic.yaml")]
+    if not missing_voice_parts():
+        request.getfixturevalue("voice_weights")
+    process, url = start_server(*([] if not missing_voice_parts() else synthetic), "--port", "0")
     try:
         code = code.replace("http://127.0.0.1:8000", url)
         exec(compile("\n" * (line - 1) + code, str(REPO / "README.md"), "exec"), {})
     finally:
         process.terminate()
         process.communicate(timeout=10)
-    assert capsys.readouterr().out.startswith("thinker:1 thinker:2 ")
+    assert capsys.readouterr().out.strip()  # the answer's text, streamed

@@ -19,6 +19,9 @@ import pytest
 import websockets.sync.client
 
 REPO = Path(__file__).resolve().parent.parent
+SYNTHETIC = str(REPO / "configs" / "synthetic.yaml")
+RUN_SYNTHETIC = [sys.executable, "-m", "omnitrio._cli", "run", "--config", SYNTHETIC]
+"""`omnitrio run` on the synthetic pipeline: these tests need no model packages."""
 SERVING = re.compile(r"omnitrio serving .* at (http://[\d.]+:\d+)")
 
 
@@ -190,7 +193,7 @@ def test_port_in_use_is_one_clear_line() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "omnitrio._cli", "run", "--port", str(port)],
+            [*RUN_SYNTHETIC, "--port", str(port)],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -209,7 +212,7 @@ def test_model_path_errors_are_one_clear_line(tmp_path: Path) -> None:
         (tmp_path, "--model-path: no stage of pipeline 'synthetic-omni' loads a model"),
     ]:
         result = subprocess.run(
-            [sys.executable, "-m", "omnitrio._cli", "run", "--model-path", str(folder)],
+            [*RUN_SYNTHETIC, "--model-path", str(folder)],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -238,7 +241,7 @@ def test_bad_config_is_one_clear_line(tmp_path: Path) -> None:
 def test_a_non_loopback_bind_without_a_key_refuses_to_start() -> None:
     env = {k: v for k, v in os.environ.items() if k != "OMNITRIO_API_KEY"}
     result = subprocess.run(
-        [sys.executable, "-m", "omnitrio._cli", "run", "--host", "0.0.0.0", "--port", "0"],
+        [*RUN_SYNTHETIC, "--host", "0.0.0.0", "--port", "0"],
         cwd=REPO,
         env=env,
         capture_output=True,

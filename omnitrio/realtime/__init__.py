@@ -17,6 +17,8 @@ from ._session import CancelResponse as CancelResponse
 from ._session import RealtimeSession as RealtimeSession
 from ._session import SessionStatistics as SessionStatistics
 from ._session import StartResponse as StartResponse
+from ._turns import ListenAudio as ListenAudio
+from ._turns import TurnDetection as TurnDetection
 
 __all__ = [
     "JSON_SUBPROTOCOL",
@@ -24,11 +26,13 @@ __all__ = [
     "CancelResponse",
     "Dialect",
     "Framing",
+    "ListenAudio",
     "LocalProtocolError",
     "RealtimeSession",
     "ServerEvent",
     "SessionConfig",
     "SessionStatistics",
     "StartResponse",
+    "TurnDetection",
     "select_subprotocol",
 ]

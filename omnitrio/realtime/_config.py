@@ -53,6 +53,8 @@ class SessionConfig:
     max_conversation_items: int = 1024
     max_conversation_bytes: int = 1 << 20
     """Text (and transcripts) a conversation may hold: it is sent with every response."""
+    server_vad: bool = False
+    """The pipeline has a turn detector: server_vad is available (and the default)."""
 
     def __post_init__(self) -> None:
         if self.framing not in ("json", "msgpack"):

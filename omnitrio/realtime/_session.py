@@ -20,6 +20,11 @@ conversation, the settings, and one response state::
 send in any OPEN state: session.update (applies to the next response),
 input_audio_buffer.append / commit / clear, conversation.item.create.
 
+With server_vad turn detection (see _turns.py) the server also reports the
+detector's findings through ``speech_started`` / ``speech_stopped``; a turn
+that ends while a response is still ACTIVE or CANCELLING starts its response
+from ``finish()``.
+
 Refused (an error event; the state does not change): response.create unless
 IDLE (``conversation_already_has_active_response``), response.cancel when IDLE
 (``response_cancel_not_active``). A second response.cancel while CANCELLING
@@ -33,11 +38,12 @@ or ``receive`` while NEW, is the server's bug: ``LocalProtocolError``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from .._items import AudioInput, Request, VisibleItem
+from .._items import AudioInput, JsonValue, Request, VisibleItem
 from ._config import SessionConfig
 from ._conversation import Conversation, Item
 from ._encode import decode_frame, encode_event
@@ -55,9 +61,10 @@ from ._events import (
     parse_client_event,
 )
 from ._response import STATUSES, ActiveResponse, Status
-from ._server_events import ServerEvent, error_event, new_id
-from ._settings import Settings, default_settings
+from ._server_events import ServerEvent, error_event, new_id, safe_text
+from ._settings import Settings, SettingsPatch, default_settings
 from ._shapes import item_events, session_object
+from ._turns import IDLE_KEEP_MS, ListenAudio, Listener
 
 ResponseState = Literal["IDLE", "ACTIVE", "CANCELLING"]
 # (state, trigger) -> next state. A trigger missing for a state is refused there.
@@ -85,6 +92,10 @@ class CancelResponse:
     """The server must cancel that response's pipeline stream, then call finish()."""
 
     response_id: str
+
+
+Output = ServerEvent | StartResponse | CancelResponse | ListenAudio
+"""What ``receive`` returns: events to send, and what the server must do."""
 
 
 @dataclass(frozen=True)
@@ -116,11 +127,17 @@ class RealtimeSession:
         self._response: ActiveResponse | None = None
         self._num_responses = 0
         self._num_errors = 0
+        self._listener = Listener()
 
     @property
     def active_response_id(self) -> str | None:
         """The response that output() and finish() take, until finish() (None when IDLE)."""
         return None if self._response is None else self._response.id
+
+    @property
+    def listening_generation(self) -> int | None:
+        """The turn detector generation ListenAudio goes to (None: turn detection is off)."""
+        return None if self._settings.turn_detection is None else self._listener.generation
 
     def _response_state(self) -> ResponseState:
         if self._response is None:
@@ -134,7 +151,7 @@ class RealtimeSession:
         self._started = True
         return [self._session_event("session.created")]
 
-    def receive(self, frame: str | bytes) -> list[ServerEvent | StartResponse | CancelResponse]:
+    def receive(self, frame: str | bytes) -> list[Output]:
         """Handle one WebSocket message (str: text frame, bytes: binary frame).
 
         Never raises on anything the peer sends: a bad frame or event gives an
@@ -164,17 +181,110 @@ class RealtimeSession:
 
     def finish(
         self, response_id: str, status: Status, error: str | None = None
-    ) -> list[ServerEvent]:
+    ) -> list[ServerEvent | StartResponse]:
         """Close the response: *.done events with the full text, then response.done.
 
         ``error`` is shown in ``status_details`` when ``status`` is "failed". After
         a response.cancel from the client the status is "cancelled" regardless.
+        A server_vad turn committed meanwhile starts its response here (StartResponse).
         """
         if status not in STATUSES:
             raise LocalProtocolError(f"finish() status must be one of {STATUSES}, not {status!r}")
         response = self._require_response(response_id, "finish")
         self._response = None
-        return response.finish(status, error, self._conversation)
+        events: list[ServerEvent | StartResponse] = []
+        events += response.finish(status, error, self._conversation)
+        if self._listener.response_pending:
+            self._listener.response_pending = False
+            events += self._auto_response()
+        return events
+
+    def speech_started(
+        self, generation: int, audio_start_ms: int
+    ) -> list[ServerEvent | CancelResponse]:
+        """The turn detector heard speech start: speech_started, and barge-in on an answer."""
+        detection = self._settings.turn_detection
+        listener = self._listener
+        if detection is None or generation != listener.generation or listener.in_speech:
+            return []  # about audio from before turn_detection changed
+        listener.in_speech, listener.response_pending = True, False
+        listener.item_id = new_id("item")
+        rate = self.config.input_sample_rate_hz
+        buffer_start = listener.num_heard - len(self._buffer) // 2
+        drop = audio_start_ms * rate // 1000 - buffer_start
+        if drop > 0:
+            del self._buffer[: 2 * drop]
+        fields: dict[str, JsonValue] = {
+            "audio_start_ms": audio_start_ms,
+            "item_id": listener.item_id,
+        }
+        events: list[ServerEvent | CancelResponse] = [
+            ServerEvent("input_audio_buffer.speech_started", fields)
+        ]
+        response = self._response
+        if detection.interrupt_response and response and not response.cancel_requested:
+            response.cancel_requested = True
+            events.append(CancelResponse(response.id))
+        return events
+
+    def speech_stopped(
+        self, generation: int, audio_end_ms: int
+    ) -> list[ServerEvent | StartResponse]:
+        """The turn detector heard speech end: speech_stopped, commit, and the response."""
+        detection = self._settings.turn_detection
+        listener = self._listener
+        if detection is None or generation != listener.generation or not listener.in_speech:
+            return []
+        listener.in_speech = False
+        item_id = listener.item_id or new_id("item")
+        fields: dict[str, JsonValue] = {"audio_end_ms": audio_end_ms, "item_id": item_id}
+        events: list[ServerEvent | StartResponse] = [
+            ServerEvent("input_audio_buffer.speech_stopped", fields)
+        ]
+        if not self._buffer:
+            return events
+        try:
+            events += self._commit(item_id)
+        except ClientEventError as error:
+            self._num_errors += 1
+            return [*events, error_event(error, None)]
+        if detection.create_response:
+            if self._response is None:
+                events += self._auto_response()
+            else:
+                listener.response_pending = True
+        return events
+
+    def turn_detection_failed(self, generation: int, why: str) -> list[ServerEvent]:
+        """The turn detector failed: turn detection goes off (the client commits by hand
+        from now on) and the client gets a ``server_error`` saying so."""
+        if self._settings.turn_detection is None or generation != self._listener.generation:
+            return []
+        self._settings = dataclasses.replace(self._settings, turn_detection=None)
+        self._listener.restart()
+        message = (
+            f"turn detection failed ({why}) and is now off for this session; "
+            "commit the input audio and send response.create"
+        )
+        error: dict[str, JsonValue] = {
+            "type": "server_error",
+            "code": "turn_detection_failed",
+            "message": safe_text(message),
+            "param": None,
+            "event_id": None,
+        }
+        return [ServerEvent("error", {"error": error}), self._session_event("session.updated")]
+
+    def _auto_response(self) -> list[ServerEvent | StartResponse]:
+        try:
+            return [
+                out
+                for out in self._create_response(ResponseCreate(SettingsPatch(), ()))
+                if isinstance(out, ServerEvent | StartResponse)
+            ]
+        except ClientEventError as error:
+            self._num_errors += 1
+            return [error_event(error, None)]
 
     def encode(self, event: ServerEvent) -> str | bytes:
         """``event`` as a WebSocket message with a fresh ``event_id``: str (JSON) or bytes."""
@@ -205,10 +315,13 @@ class RealtimeSession:
     def _session_event(self, name: str) -> ServerEvent:
         return ServerEvent(name, {"session": session_object(self._settings, self.config)})
 
-    def _handle(self, event: ClientEvent) -> list[ServerEvent | StartResponse | CancelResponse]:
+    def _handle(self, event: ClientEvent) -> list[Output]:
         match event:
             case SessionUpdate(patch):
+                before = self._settings.turn_detection
                 self._settings = self._settings.apply(patch)
+                if self._settings.turn_detection != before:
+                    self._listener.restart()
                 return [self._session_event("session.updated")]
             case AudioAppend(pcm16):
                 return self._append(pcm16)
@@ -226,7 +339,7 @@ class RealtimeSession:
             case ResponseCancel(response_id):
                 return self._cancel(response_id)
 
-    def _append(self, pcm16: bytes) -> list[ServerEvent | StartResponse | CancelResponse]:
+    def _append(self, pcm16: bytes) -> list[Output]:
         held = len(self._buffer) + sum(len(audio) for _, audio in self._committed)
         limit = self.config.max_input_audio_bytes
         if held + len(pcm16) > limit:
@@ -239,15 +352,27 @@ class RealtimeSession:
                 param="audio",
             )
         self._buffer += pcm16
-        return []
+        detection = self._settings.turn_detection
+        if detection is None:
+            return []
+        listener = self._listener
+        listener.num_heard += len(pcm16) // 2
+        if not listener.in_speech:  # keep only what a turn starting now could need
+            keep_ms = detection.prefix_padding_ms + IDLE_KEEP_MS
+            keep_bytes = 2 * (keep_ms * self.config.input_sample_rate_hz // 1000)
+            del self._buffer[:-keep_bytes]
+        return [ListenAudio(pcm16, listener.generation, detection.options())]
 
-    def _commit(self) -> list[ServerEvent]:
+    def _commit(self, item_id: str | None = None) -> list[ServerEvent]:
         if not self._buffer:
             raise ClientEventError(
                 "input_audio_buffer_commit_empty",
                 "the input audio buffer is empty; append audio before committing",
             )
-        item = Item(new_id("item"), "user", "audio", None)
+        if item_id is None and self._listener.in_speech:
+            item_id = self._listener.item_id  # a manual commit in mid-speech ends the turn
+            self._listener.in_speech = False
+        item = Item(item_id or new_id("item"), "user", "audio", None)
         previous = self._conversation.add(item)
         self._committed.append((item.id, bytes(self._buffer)))
         self._buffer.clear()
@@ -259,9 +384,7 @@ class RealtimeSession:
     def _transition(self, trigger: str) -> ResponseState | None:
         return _TRANSITIONS.get((self._response_state(), trigger))
 
-    def _create_response(
-        self, event: ResponseCreate
-    ) -> list[ServerEvent | StartResponse | CancelResponse]:
+    def _create_response(self, event: ResponseCreate) -> list[Output]:
         self._conversation.check_room_for_response()
         if self._transition("response.create") is None:
             advice = (
@@ -294,9 +417,7 @@ class RealtimeSession:
         self._num_responses += 1
         return [response.created_event(), StartResponse(response.id, request)]
 
-    def _cancel(
-        self, response_id: str | None
-    ) -> list[ServerEvent | StartResponse | CancelResponse]:
+    def _cancel(self, response_id: str | None) -> list[Output]:
         response = self._response
         if self._transition("response.cancel") is None or response is None:
             raise ClientEventError(

@@ -5,9 +5,10 @@ under ``audio.input`` / ``audio.output``; beta has flat ``modalities``,
 ``voice``, ``input_audio_format`` ...), so each dialect has its parser and its
 rendering. Both produce and read the same ``Settings``.
 
-Parameters the SDK knows but omnitrio cannot honour (tools, turn detection,
-transcription, other audio formats) are refused with ``unsupported_parameter``
-unless their value asks for nothing (``tools: []``, ``turn_detection: null``).
+Parameters the SDK knows but omnitrio cannot honour (tools, transcription,
+other audio formats) are refused with ``unsupported_parameter`` unless their
+value asks for nothing (``tools: []``). ``turn_detection`` (server VAD) is
+honoured when the pipeline has a turn detector (see _turns.py).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from .._items import Scalar
 from ._config import SessionConfig
 from ._errors import ClientEventError, quote
 from ._fields import Fields, check_text
+from ._turns import TurnDetection, TurnDetectionPatch, parse_turn_detection
 
 Modality = Literal["text", "audio"]
 MODALITIES: tuple[Modality, ...] = ("text", "audio")
 MAX_METADATA_PAIRS = 16
-VAD_WHY = "turn detection (server VAD) is not available yet; send null and commit the input audio"
 
 
 def _never(value: object) -> bool:
@@ -74,6 +75,7 @@ class SettingsPatch:
     voice: str | None = None
     temperature: float | None = None
     max_output_tokens: int | Literal["inf"] | None = None
+    turn_detection: TurnDetectionPatch = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class Settings:
     voice: str | None = None  # None: the pipeline's default voice
     temperature: float | None = None  # None: the pipeline's default
     max_output_tokens: int | None = None  # None: no limit ("inf" on the wire)
+    turn_detection: TurnDetection | None = None  # None: the client commits
 
     def apply(self, patch: SettingsPatch) -> Settings:
         limit = patch.max_output_tokens
@@ -95,6 +98,13 @@ class Settings:
             temperature=self.temperature if patch.temperature is None else patch.temperature,
             max_output_tokens=(
                 self.max_output_tokens if limit is None else None if limit == "inf" else limit
+            ),
+            turn_detection=(
+                self.turn_detection
+                if patch.turn_detection is None
+                else None
+                if patch.turn_detection == "off"
+                else patch.turn_detection
             ),
         )
 
@@ -114,7 +124,11 @@ class Settings:
 
 def default_settings(config: SessionConfig) -> Settings:
     # The SDKs' own defaults: GA answers in audio (with a transcript); beta in both.
-    return Settings(output_modalities=("audio",) if config.dialect == "ga" else MODALITIES)
+    # server_vad when the pipeline can detect turns, as OpenAI's own default.
+    return Settings(
+        output_modalities=("audio",) if config.dialect == "ga" else MODALITIES,
+        turn_detection=TurnDetection() if config.server_vad else None,
+    )
 
 
 def _modalities(fields: Fields, key: str) -> tuple[Modality, ...] | None:
@@ -198,7 +212,7 @@ def _beta_format(fields: Fields, key: str) -> None:
 def parse_session(fields: Fields, config: SessionConfig) -> SettingsPatch:
     """The ``session`` object of a session.update, in the session's dialect."""
     if config.dialect == "beta":
-        return _parse_beta_session(fields)
+        return _parse_beta_session(fields, config)
     kind = fields.optional_str("type")
     if kind == "transcription":
         raise ClientEventError(
@@ -209,12 +223,13 @@ def parse_session(fields: Fields, config: SessionConfig) -> SettingsPatch:
     fields.choice("type", ("realtime",))
     fields.optional_str("model")  # the pipeline is fixed by the server; the name is ignored
     voice = None
+    turn_detection: TurnDetectionPatch = None
     audio = fields.optional_object("audio")
     if audio is not None:
         audio_in = audio.optional_object("input")
         if audio_in is not None:
             _pcm_format(audio_in.optional_object("format"), config.input_sample_rate_hz)
-            audio_in.unsupported_unless("turn_detection", _never, VAD_WHY)
+            turn_detection = parse_turn_detection(audio_in, "turn_detection", config.server_vad)
             _ignorable(audio_in, "noise_reduction", "transcription")
             audio_in.done()
         audio_out = audio.optional_object("output")
@@ -230,17 +245,18 @@ def parse_session(fields: Fields, config: SessionConfig) -> SettingsPatch:
         voice=voice,
         temperature=_temperature(fields),
         max_output_tokens=_max_tokens(fields, "max_output_tokens"),
+        turn_detection=turn_detection,
     )
     _ignorable(fields, "tools", "tool_choice", "tracing", "include", "prompt", "reasoning")
     _ignorable(fields, "parallel_tool_calls", "truncation")
     return patch
 
 
-def _parse_beta_session(fields: Fields) -> SettingsPatch:
+def _parse_beta_session(fields: Fields, config: SessionConfig) -> SettingsPatch:
     fields.optional_str("model")
     _beta_format(fields, "input_audio_format")
     _beta_format(fields, "output_audio_format")
-    fields.unsupported_unless("turn_detection", _never, VAD_WHY)
+    turn_detection = parse_turn_detection(fields, "turn_detection", config.server_vad)
     _ignorable(fields, "tools", "tool_choice", "tracing", "speed")
     _ignorable(fields, "input_audio_transcription", "input_audio_noise_reduction")
     return SettingsPatch(
@@ -249,6 +265,7 @@ def _parse_beta_session(fields: Fields) -> SettingsPatch:
         voice=_voice(fields, "voice", allow_id=False),
         temperature=_temperature(fields),
         max_output_tokens=_max_tokens(fields, "max_response_output_tokens"),
+        turn_detection=turn_detection,
     )
 
 

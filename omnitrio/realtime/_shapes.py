@@ -83,6 +83,8 @@ def response_object(
 def session_object(settings: Settings, config: SessionConfig) -> dict[str, JsonValue]:
     """The session as session.created / session.updated show it, in the session's dialect."""
     limit: JsonValue = "inf" if settings.max_output_tokens is None else settings.max_output_tokens
+    detection = settings.turn_detection
+    turn_detection: JsonValue = None if detection is None else detection.render()
     if config.dialect == "beta":
         # The beta SDK types ``model`` as a list of OpenAI model names: left out here.
         return {
@@ -94,7 +96,7 @@ def session_object(settings: Settings, config: SessionConfig) -> dict[str, JsonV
             "input_audio_format": "pcm16",
             "output_audio_format": "pcm16",
             "input_audio_transcription": None,
-            "turn_detection": None,
+            "turn_detection": turn_detection,
             "tools": (),
             "tool_choice": "auto",
             "temperature": settings.temperature,
@@ -111,7 +113,7 @@ def session_object(settings: Settings, config: SessionConfig) -> dict[str, JsonV
         "audio": {
             "input": {
                 "format": {"type": "audio/pcm", "rate": config.input_sample_rate_hz},
-                "turn_detection": None,
+                "turn_detection": turn_detection,
                 "transcription": None,
                 "noise_reduction": None,
             },

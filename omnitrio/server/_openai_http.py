@@ -268,7 +268,9 @@ async def speech(state: ServerState, raw: bytes) -> Response:
     if isinstance(parsed, Response):
         return parsed
     assert isinstance(parsed, SpeechRequest)
-    request = Request(text=parsed.input, options={"voice": parsed.voice, "modalities": "audio"})
+    # task "speak": say ``text`` as it is (a pipeline that answers would answer it instead).
+    options = {"voice": parsed.voice, "modalities": "audio", "task": "speak"}
+    request = Request(text=parsed.input, options=options)
     refusal = _refusal(state)
     if refusal is not None:
         return refusal

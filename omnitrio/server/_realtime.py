@@ -14,6 +14,7 @@ other connection notices.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import trio
 from quart import Websocket
@@ -23,6 +24,7 @@ from .._items import AudioChunk
 from .._stream import Stream
 from ..realtime import (
     CancelResponse,
+    ListenAudio,
     RealtimeSession,
     ServerEvent,
     SessionConfig,
@@ -30,6 +32,9 @@ from ..realtime import (
 )
 from ._audio import resample_pcm16
 from ._state import ResponseLog, ServerState, new_id
+from ._turns import DetectorStream
+
+Output = ServerEvent | StartResponse | CancelResponse | ListenAudio
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +60,7 @@ class RealtimeConnection:
             state.settings.outbound_capacity
         )
         self._responses: dict[str, trio.CancelScope] = {}
+        self._detector: DetectorStream | None = None
 
     async def run(self) -> None:
         """Serve until the client leaves, the session limit passes or the client stalls."""
@@ -70,6 +76,9 @@ class RealtimeConnection:
                     nursery.cancel_scope.cancel()
         except* _ClientTooSlow:
             too_slow = True
+        finally:
+            if self._detector is not None:
+                self._detector.close()
         if too_slow:
             await self._close(
                 CLOSE_TOO_SLOW, f"client read nothing for {settings.send_timeout_s} s"
@@ -81,13 +90,53 @@ class RealtimeConnection:
         while True:
             frame = await self._ws.receive()
             # quart hands an empty binary frame over as None; it is still a frame.
-            for out in self._session.receive(b"" if frame is None else frame):
-                if isinstance(out, ServerEvent):
-                    await self._queue(out)
-                elif isinstance(out, StartResponse):
-                    await nursery.start(self._respond, out)
-                elif isinstance(out, CancelResponse) and out.response_id in self._responses:
-                    self._responses[out.response_id].cancel()
+            await self._dispatch(nursery, self._session.receive(b"" if frame is None else frame))
+
+    async def _dispatch(self, nursery: trio.Nursery, outs: Sequence[Output]) -> None:
+        """Do what the session asks: send events, start or cancel responses, listen."""
+        for out in outs:
+            if isinstance(out, ServerEvent):
+                await self._queue(out)
+            elif isinstance(out, StartResponse):
+                await nursery.start(self._respond, nursery, out)
+            elif isinstance(out, CancelResponse) and out.response_id in self._responses:
+                self._responses[out.response_id].cancel()
+            elif isinstance(out, ListenAudio):
+                self._listen(nursery, out)
+        detector = self._detector
+        if detector is not None and detector.generation != self._session.listening_generation:
+            detector.close()  # turn detection was switched off or restarted: free it now
+            self._detector = None
+
+    def _listen(self, nursery: trio.Nursery, out: ListenAudio) -> None:
+        turns = self._state.turns
+        if turns is None:
+            raise RuntimeError("the session asked for turn detection, but there is no detector")
+        if self._detector is None or self._detector.generation != out.generation:
+            if self._detector is not None:
+                self._detector.close()
+            self._detector = turns.open(out.generation, out.options)
+            nursery.start_soon(self._turns, nursery, self._detector)
+        self._detector.append(out.pcm16)
+
+    async def _turns(self, nursery: trio.Nursery, detector: DetectorStream) -> None:
+        """Feed the detector's findings to the session (barge-in, commit, response)."""
+        async for event in detector.events:
+            if event.name == "speech_started":
+                start_ms = event.data.get("audio_start_ms")
+                if isinstance(start_ms, int):
+                    outs: Sequence[Output] = self._session.speech_started(
+                        detector.generation, start_ms
+                    )
+                    await self._dispatch(nursery, outs)
+            elif event.name == "speech_stopped":
+                end_ms = event.data.get("audio_end_ms")
+                if isinstance(end_ms, int):
+                    outs = self._session.speech_stopped(detector.generation, end_ms)
+                    await self._dispatch(nursery, outs)
+        if detector.failure is not None:
+            failed = self._session.turn_detection_failed(detector.generation, detector.failure)
+            await self._dispatch(nursery, failed)
 
     async def _write(self) -> None:
         async for event in self._outbound:
@@ -101,7 +150,11 @@ class RealtimeConnection:
             raise _ClientTooSlow
 
     async def _respond(
-        self, start: StartResponse, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+        self,
+        nursery: trio.Nursery,
+        start: StartResponse,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Run one response. A cancel stops only the reading: the stream is then closed
         and released in every stage *before* response.done goes out, so the client's
@@ -131,8 +184,7 @@ class RealtimeConnection:
         if reading.cancelled_caught:
             status = "cancelled"
         log.done(status)
-        for event in self._session.finish(rid, status, error):  # type: ignore[arg-type]
-            await self._queue(event)
+        await self._dispatch(nursery, self._session.finish(rid, status, error))  # type: ignore[arg-type]
 
     async def _forward(self, rid: str, stream: Stream, log: ResponseLog) -> None:
         rate_hz = self._state.settings.output_sample_rate_hz
@@ -170,4 +222,5 @@ def session_config(state: ServerState, framing: str, beta: bool) -> SessionConfi
         output_sample_rate_hz=settings.output_sample_rate_hz,
         max_input_audio_s=settings.max_input_audio_s,
         max_message_bytes=settings.max_message_bytes,
+        server_vad=state.turns is not None,
     )

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from .._pipeline import Pipeline
 from ._settings import ServerSettings
+from ._turns import TurnDetector
 
 logger = logging.getLogger("omnitrio.server")
 
@@ -23,6 +24,8 @@ class ServerState:
     pipeline: Pipeline
     settings: ServerSettings
     draining: bool = False
+    turns: TurnDetector | None = None
+    """Runs server_vad turn detection when the pipeline config names a detector."""
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
@@ -45,6 +48,8 @@ class ServerState:
         )
         self.registry.register(_PipelineCollector(self.pipeline))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and the like
+        if self.turns is not None:
+            self.registry.register(_TurnsCollector(self.turns))
 
     @property
     def model_name(self) -> str:
@@ -73,6 +78,26 @@ class ResponseLog:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
+
+
+class _TurnsCollector(Collector):
+    """The turn detector's work, read at scrape time."""
+
+    def __init__(self, turns: TurnDetector) -> None:
+        self._turns = turns
+
+    def collect(self) -> Iterator[Metric]:
+        busy = GaugeMetricFamily(
+            "omnitrio_turn_detector_busy_seconds", "Time the turn detector spent in steps."
+        )
+        busy.add_metric([], self._turns.busy_s)
+        steps = GaugeMetricFamily("omnitrio_turn_detector_steps", "Turn detector steps.")
+        steps.add_metric([], self._turns.num_steps)
+        streams = GaugeMetricFamily(
+            "omnitrio_turn_detector_streams", "Sessions the turn detector listens to."
+        )
+        streams.add_metric([], self._turns.num_streams)
+        yield from (busy, steps, streams)
 
 
 class _PipelineCollector(Collector):

@@ -1,6 +1,8 @@
 // omnitrio voice chat: a small client of the OpenAI-compatible Realtime WebSocket API.
 // Text and push-to-talk turns go up as Realtime events; the reply's audio deltas are
-// played gaplessly (player.js) and its transcript streams into the page.
+// played gaplessly (player.js) and its transcript streams into the page. Where the
+// server detects turns itself (server_vad), "Hands-free" streams the microphone and the
+// server decides when a turn ends, answers it, and stops the answer when we talk over it.
 
 import { base64ToFloat32, openMicrophone, pcm16ToBase64 } from "./audio.js";
 import { createPlayer } from "./player.js";
@@ -12,7 +14,7 @@ const $ = (id) => document.getElementById(id);
 const ui = {
   status: $("status"), connectForm: $("connect-form"), apiKey: $("api-key"),
   connect: $("connect"), transcript: $("transcript"), textForm: $("text-form"),
-  text: $("text"), send: $("send"), talk: $("talk"), stop: $("stop"),
+  text: $("text"), send: $("send"), talk: $("talk"), stop: $("stop"), handsFree: $("hands-free"),
   latency: $("latency"), errors: $("errors"),
 };
 
@@ -26,6 +28,10 @@ const omnitrio = (window.omnitrio = {
   firstAudioMs: [], // time to first audio, per turn
   playback: "", // "worklet", or "scheduled" where the browser lacks AudioWorklet
   transcript: "", errors: [], eventCounts: {},
+  serverVad: false, // the server can detect turns (its session.created had turn_detection)
+  handsFree: false, // we are streaming the microphone and the server detects turns
+  keepAudio: false, // tests set it: audio sent and received is kept (base64 PCM16)
+  sentAudio: [], replyAudio: [], userTranscripts: [],
 });
 
 const player = createPlayer({
@@ -57,6 +63,9 @@ function setState(state, detail = "") {
   ui.connect.textContent = ws ? "Disconnect" : "Connect";
   ui.apiKey.disabled = ws !== null;
   for (const el of [ui.text, ui.send, ui.talk]) el.disabled = state !== "connected";
+  ui.talk.disabled ||= omnitrio.handsFree;
+  ui.handsFree.hidden = !omnitrio.serverVad;
+  ui.handsFree.disabled = state !== "connected" || micStarting || (mic !== null && !omnitrio.handsFree);
   updateStop();
 }
 
@@ -113,6 +122,8 @@ function hangUp(state, detail) {
   const socket = ws;
   ws = null;
   stopRecording({ commit: false });
+  omnitrio.handsFree = false;
+  ui.handsFree.setAttribute("aria-pressed", "false");
   player.stop();
   reply = null;
   createQueued = false;
@@ -170,11 +181,21 @@ function handle(event) {
 function onSession(event) {
   const rate = event.session?.audio?.output?.format?.rate;
   if (Number.isInteger(rate) && rate > 0) outputRateHz = rate;
-  if (event.type === "session.created") setState("connected", `${outputRateHz} Hz audio`);
+  if (event.type !== "session.created") return;
+  omnitrio.serverVad = Boolean(event.session?.audio?.input?.turn_detection);
+  // Push-to-talk until the user picks hands-free: then the server finds the turns.
+  if (omnitrio.serverVad) setTurnDetection(false);
+  setState("connected", `${outputRateHz} Hz audio`);
+}
+
+function setTurnDetection(on) {
+  const detection = on ? { type: "server_vad" } : null;
+  send({ type: "session.update", session: { type: "realtime", audio: { input: { turn_detection: detection } } } });
 }
 
 function onAudioDelta(event) {
   if (cancelledIds.has(event.response_id)) return;
+  if (omnitrio.keepAudio) omnitrio.replyAudio.push(event.delta);
   const samples = base64ToFloat32(event.delta);
   omnitrio.audioSecondsReceived += samples.length / outputRateHz;
   if (turnStartedAt !== null) {
@@ -203,6 +224,13 @@ const handlers = {
   "session.created": onSession,
   "session.updated": onSession,
   "response.created": (e) => {
+    if (!reply && omnitrio.handsFree) {
+      // The server answers a turn it detected: that reply is ours too.
+      reply = { eventId: null, id: e.response?.id ?? null, cancelled: false };
+      omnitrio.responding = true;
+      updateStop();
+      return;
+    }
     if (!reply || reply.id !== null) return; // not one we asked for
     reply.id = e.response?.id ?? null;
     if (reply.cancelled) cancelledIds.add(reply.id); // cancelled before we knew its id
@@ -225,7 +253,21 @@ const handlers = {
   "response.audio_transcript.delta": onTextDelta,
   "response.output_text.delta": onTextDelta,
   "response.text.delta": onTextDelta,
-  "conversation.item.input_audio_transcription.completed": (e) => addLine("user", e.transcript),
+  "conversation.item.input_audio_transcription.completed": (e) => {
+    omnitrio.userTranscripts.push(e.transcript);
+    addLine("user", e.transcript);
+  },
+  // server_vad: the server heard us start talking and cancels its reply (barge-in) ...
+  "input_audio_buffer.speech_started": () => {
+    if (reply && !reply.cancelled) {
+      reply.cancelled = true;
+      if (reply.id) cancelledIds.add(reply.id);
+    }
+    player.stop();
+    updateStop();
+  },
+  // ... and stop: it commits the turn and answers; first audio is timed from here.
+  "input_audio_buffer.speech_stopped": () => (turnStartedAt = performance.now()),
   error: (e) => {
     const { code, event_id: eventId, message } = e.error ?? {};
     // A cancel that crossed the reply's response.done on the wire: nothing went wrong.
@@ -238,15 +280,17 @@ const handlers = {
 
 // ---------------------------------------------------------------- push to talk
 
-async function startRecording() {
-  bargeIn(); // talking over the reply interrupts it
+async function startRecording({ bargeIn: interrupt = true } = {}) {
+  if (interrupt) bargeIn(); // talking over the reply interrupts it
   micStarting = true;
   try {
     const opened = await openMicrophone({
       rateHz: INPUT_RATE_HZ,
       intervalMs: SEND_INTERVAL_MS,
       onPcm: (pcm) => {
-        send({ type: "input_audio_buffer.append", audio: pcm16ToBase64(pcm) });
+        const audio = pcm16ToBase64(pcm);
+        send({ type: "input_audio_buffer.append", audio });
+        if (omnitrio.keepAudio) omnitrio.sentAudio.push(audio);
         omnitrio.audioSecondsSent += pcm.length / INPUT_RATE_HZ;
       },
     });
@@ -256,6 +300,7 @@ async function startRecording() {
     micStarting = false;
   }
   omnitrio.recording = true;
+  if (omnitrio.handsFree) return setState(omnitrio.state);
   ui.talk.setAttribute("aria-pressed", "true");
   ui.talk.textContent = "● Recording… click to send";
 }
@@ -302,6 +347,23 @@ ui.talk.addEventListener("click", () => {
   if (micStarting) return;
   if (mic) stopRecording({ commit: true });
   else startRecording().catch((err) => showError(`microphone: ${err.message}`));
+});
+
+ui.handsFree.addEventListener("click", () => {
+  if (micStarting) return;
+  if (omnitrio.handsFree) {
+    stopRecording({ commit: false });
+    omnitrio.handsFree = false;
+    ui.handsFree.setAttribute("aria-pressed", "false");
+    setTurnDetection(false);
+    setState(omnitrio.state);
+    return;
+  }
+  omnitrio.handsFree = true;
+  ui.handsFree.setAttribute("aria-pressed", "true");
+  setTurnDetection(true);
+  setState(omnitrio.state);
+  startRecording({ bargeIn: false }).catch((err) => showError(`microphone: ${err.message}`));
 });
 
 ui.stop.addEventListener("click", bargeIn);

