@@ -22,8 +22,8 @@ from .._pipeline import open_pipeline
 from ._app import create_app
 from ._settings import ServerSettings
 from ._state import ServerState
-from ._ws_stream import LINGER_ATTRIBUTE, LimitedWSStream
 from ._turns import open_turn_detector
+from ._ws_stream import LINGER_ATTRIBUTE, LimitedWSStream
 
 logger = logging.getLogger(__name__)
 
