@@ -1,74 +1,86 @@
-"""Per-stream KV caches, stacked into one left-padded batch for a decode step.
+"""Per-stream KV caches and one batched decode forward over them.
 
-Each stream owns its cache (one ``(keys, values)`` pair per layer, each
-``[1, heads, length, head_dim]``), so a stream that ends or is cancelled frees its
-memory by dropping one object. A decode step stacks the caches of the streams in
-the batch, left-padded to the longest, runs one forward, and appends each row's
-new entry back to its stream's cache.
+Each stream owns a ``DynamicCache`` (released with the stream). A decode step of
+B streams gathers their caches into one left-padded batch cache, runs one
+forward, and appends each row's new key/value back to its own cache:
+
+    keys per layer:  stream b [1, H, T_b, Dh]  ->  batch [B, H, T_max, Dh] (zeros left)
+    attention_mask:  [B, T_max + 1], 0 on each row's padding
+
+A batch of one uses the stream's own cache directly, which is exactly what
+transformers' ``generate`` does for one sequence.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-LayerKV = tuple[torch.Tensor, torch.Tensor]
+Forward = Callable[..., Any]
 
 
-@dataclass
-class StreamKV:
-    """One stream's cache; ``length`` is the number of positions it holds."""
-
-    layers: list[LayerKV] = field(default_factory=list)
-
-    @property
-    def length(self) -> int:
-        return 0 if not self.layers else int(self.layers[0][0].shape[-2])
-
-    @property
-    def num_bytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self.layers)
-
-    @classmethod
-    def from_cache(cls, cache: DynamicCache) -> StreamKV:
-        return cls([(keys, values) for keys, values, _ in cache])
+def cache_length(cache: DynamicCache) -> int:
+    return int(cache.get_seq_length())
 
 
-def stack(streams: list[StreamKV]) -> tuple[DynamicCache, torch.Tensor]:
-    """A batched cache of ``streams`` and the attention mask for one more position.
+def cache_nbytes(cache: DynamicCache) -> int:
+    total = 0
+    for layer in cache.layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor):
+            total += keys.numel() * keys.element_size() + values.numel() * values.element_size()
+    return total
 
-    Returns ``(cache, attention_mask)``; the mask is ``[batch, longest + 1]`` with
-    zeros over each row's left padding.
+
+def batched_decode(
+    forward: Forward, caches: Sequence[DynamicCache], position_ids: torch.Tensor, **inputs: Any
+) -> Any:
+    """One forward of one new token per stream. position_ids: [P, B, 1] (P = 3 or 4).
+
+    ``inputs`` hold ``input_ids`` [B, 1] or ``inputs_embeds`` [B, 1, D]; the model's
+    output is returned as is, and every cache has grown by one position.
     """
-    longest = max(stream.length for stream in streams)
-    num_layers = len(streams[0].layers)
-    data = []
-    for layer in range(num_layers):
-        keys = [_left_pad(stream.layers[layer][0], longest) for stream in streams]
-        values = [_left_pad(stream.layers[layer][1], longest) for stream in streams]
-        data.append((torch.cat(keys), torch.cat(values)))  # each [B, H, longest, D]
-    device = streams[0].layers[0][0].device
-    mask = torch.zeros((len(streams), longest + 1), dtype=torch.long, device=device)
-    for row, stream in enumerate(streams):
-        mask[row, longest - stream.length :] = 1
-    return DynamicCache(ddp_cache_data=data), mask
+    if len(caches) == 1:
+        mask = torch.ones(1, cache_length(caches[0]) + 1, dtype=torch.long)
+        return forward(
+            **inputs,
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=caches[0],
+            use_cache=True,
+        )
+    lengths = [cache_length(c) for c in caches]
+    longest = max(lengths)
+    batch_cache = DynamicCache()
+    for layer_index in range(len(caches[0].layers)):
+        keys = _left_padded([c.layers[layer_index].keys for c in caches], longest)
+        values = _left_padded([c.layers[layer_index].values for c in caches], longest)
+        batch_cache.update(keys, values, layer_index)
+    mask = torch.zeros(len(caches), longest + 1, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        mask[row, longest - length :] = 1
+    output = forward(
+        **inputs,
+        attention_mask=mask,
+        position_ids=position_ids,
+        past_key_values=batch_cache,
+        use_cache=True,
+    )
+    for layer_index, layer in enumerate(batch_cache.layers):
+        for row, cache in enumerate(caches):
+            new_keys = layer.keys[row : row + 1, :, -1:]  # [1, H, 1, Dh]
+            new_values = layer.values[row : row + 1, :, -1:]
+            cache.update(new_keys.clone(), new_values.clone(), layer_index)
+    return output
 
 
-def append_last(streams: list[StreamKV], cache: DynamicCache) -> None:
-    """Append each row's newest position of ``cache`` to its stream's cache."""
-    for layer, (keys, values, _) in enumerate(cache):
-        for row, stream in enumerate(streams):
-            old_keys, old_values = stream.layers[layer]
-            stream.layers[layer] = (
-                torch.cat((old_keys, keys[row : row + 1, :, -1:]), dim=-2),
-                torch.cat((old_values, values[row : row + 1, :, -1:]), dim=-2),
-            )
-
-
-def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
-    missing = length - tensor.shape[-2]
-    if missing == 0:
-        return tensor
-    return torch.nn.functional.pad(tensor, (0, 0, missing, 0))
+def _left_padded(tensors: Sequence[torch.Tensor], length: int) -> torch.Tensor:
+    """[1, H, T_b, Dh] each -> [B, H, length, Dh], zeros before each row's positions."""
+    first = tensors[0]
+    out = first.new_zeros(len(tensors), first.shape[1], length, first.shape[3])
+    for row, tensor in enumerate(tensors):
+        out[row, :, length - tensor.shape[2] :] = tensor[0]
+    return out

@@ -1,7 +1,7 @@
 """What the autoregressive model stages share: device, threads, packaging, statistics.
 
 A subclass keeps its per-stream state in ``self.streams`` (objects with a ``kv``
-attribute: a ``StreamKV`` or ``None``) and its step timing in ``self.clock``.
+attribute: its ``DynamicCache`` or ``None``) and its step timing in ``self.clock``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from stages._packaging import Packager
+from stages._torch_kv import cache_nbytes
 from stages._torch_timing import StepClock
 
 
@@ -39,5 +40,5 @@ class AutoregressiveStage:
         return {
             **self.clock.snapshot(self.packager),
             "num_active_streams": len(streams),
-            "kv_bytes": sum(s.kv.num_bytes for s in streams if s.kv is not None),
+            "kv_bytes": sum(cache_nbytes(s.kv) for s in streams if s.kv is not None),
         }

@@ -4,7 +4,7 @@ A stream waits for the user's ``Utterance`` from the ASR stage, builds the chat
 (the session's instructions, the earlier turns from ``Request.text``, the
 utterance) with the model's chat template, prefills it, then decodes one token
 per step: every decoding stream of the batch in ONE forward (its KV cache
-joined with the others' for that step; see llm_batch.py). Each token goes to
+joined with the others' for that step; see _torch_kv.py). Each token goes to
 the client as a ``TextDelta`` and to the TTS stage as a ``TextPiece``. A stream
 leaves the batch at its end-of-turn token, at ``max_new_tokens`` or when it is
 cancelled; ``close_stream`` frees its cache. Decoding is greedy (deterministic).
@@ -23,8 +23,8 @@ import torch
 from transformers import DynamicCache
 
 from omnitrio import Request, StreamOutput, StreamWork, TextDelta
+from stages._torch_kv import batched_decode, cache_length
 
-from . import llm_batch
 from .llm_weights import load_smollm2
 from .voice_common import TextPiece, Utterance
 
@@ -39,7 +39,7 @@ class _Turn:
     request: Request
     max_new_tokens: int
     prompt: list[int] | None = None  # set once the utterance has arrived
-    cache: llm_batch.KvCache | None = None
+    cache: DynamicCache | None = None  # this turn's own KV cache
     generated: list[int] = field(default_factory=list)
     text_sent: str = ""
     finished: bool = False
@@ -130,25 +130,15 @@ class SmolLM2:
         assert turn.prompt is not None
         input_ids = torch.tensor([turn.prompt])  # input_ids: [1, S]
         out = self._model(input_ids=input_ids, use_cache=True)
-        cache = out.past_key_values
-        turn.cache = [(layer.keys, layer.values) for layer in cache.layers]
+        turn.cache = out.past_key_values
         return self._pick(out.logits[0, -1], turn)
 
     @torch.inference_mode()
     def _decode(self, turns: list[_Turn], ids: list[str]) -> dict[str, int]:
         caches = [t.cache for t in turns if t.cache is not None]
-        batch = llm_batch.stack(caches)
         last = torch.tensor([[t.generated[-1]] for t in turns])  # last: [B, 1]
-        out = self._model(
-            input_ids=last,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            past_key_values=DynamicCache(ddp_cache_data=batch.caches),
-            use_cache=True,
-        )
-        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        for turn, cache in zip(turns, llm_batch.split(layers, batch), strict=True):
-            turn.cache = cache
+        positions = torch.tensor([[cache_length(c)] for c in caches])  # [B, 1]
+        out = batched_decode(self._model, caches, positions, input_ids=last)
         logits = out.logits[:, -1]  # logits: [B, V]
         return {
             sid: self._pick(logits[row], turn)

@@ -17,8 +17,8 @@ torch = pytest.importorskip("torch")
 from transformers import DynamicCache  # noqa: E402
 
 from omnitrio import StreamWork  # noqa: E402
+from stages._torch_kv import batched_decode  # noqa: E402
 from stages.qwen2_5_omni import CodecCodes, ThinkerStage, Token2WavStage, live_stage  # noqa: E402
-from stages.qwen2_5_omni._kv import batched_decode  # noqa: E402
 
 BATCHED_LOGITS_ATOL = 1e-5
 

@@ -25,8 +25,8 @@ import torch
 from transformers import DynamicCache, Qwen2_5OmniTalkerForConditionalGeneration
 
 from omnitrio import Event, Request, StreamOutput, StreamWork
+from stages._torch_kv import batched_decode, cache_length, cache_nbytes
 
-from ._kv import batched_decode, cache_length, cache_nbytes
 from ._loading import check_device, load_stage_model, stage_folder
 from ._outbox import Outbox, step_output
 from ._packaging import Packager, Piece

@@ -24,8 +24,8 @@ from transformers import (
 )
 
 from omnitrio import Event, Request, StreamOutput, StreamWork, TextDelta, VisibleItem
+from stages._torch_kv import batched_decode, cache_length, cache_nbytes
 
-from ._kv import batched_decode, cache_length, cache_nbytes
 from ._loading import check_device, load_speakers, load_stage_model, speaker_of, stage_folder
 from ._outbox import Outbox, step_output
 from ._packaging import Packager, Piece

@@ -23,7 +23,7 @@ from transformers import DynamicCache, Qwen3OmniMoeTalkerForConditionalGeneratio
 
 from omnitrio import Request, StreamOutput, StreamWork
 from stages._packaging import Packed
-from stages._torch_kv import StreamKV, append_last, stack
+from stages._torch_kv import batched_decode, cache_length
 from stages._torch_loading import load_pretrained
 from stages._torch_sampling import OptionError, Sampler, SamplingParams
 from stages._torch_stage import AutoregressiveStage
@@ -43,7 +43,7 @@ class _Stream:
     prompt: TalkerPrompt | None = None
     text: list[torch.Tensor] = field(default_factory=list)  # projected entries 0, 1, ...
     text_complete: bool = False
-    kv: StreamKV | None = None
+    kv: DynamicCache | None = None  # this stream's own KV cache
     rope_delta: int = 0
     codes: list[int] = field(default_factory=list)  # group-0 codes sampled so far
     last_hidden: torch.Tensor | None = None  # [H] talker output at the last position
@@ -192,7 +192,7 @@ class Qwen3OmniTalker(AutoregressiveStage):
             use_cache=True,
             output_hidden_states=True,
         )
-        stream.kv = StreamKV.from_cache(out.past_key_values)
+        stream.kv = out.past_key_values
         stream.last_hidden = out.hidden_states[0][-1][0, -1]
         self._sample(stream, out.logits[0, -1].float().cpu())
 
@@ -237,26 +237,23 @@ class Qwen3OmniTalker(AutoregressiveStage):
             self.residual_embeds[i](residuals[:, i]) for i in range(residuals.shape[1])
         )  # [B, H]
         text = torch.stack([self._text_entry(s) for s in streams])  # [B, H]
-        kvs = [s.kv for s in streams]
-        cache, mask = stack(kvs)  # type: ignore[arg-type]
+        caches = [s.kv for s in streams]
         positions = (
             torch.tensor(
-                [kv.length + s.rope_delta for kv, s in zip(kvs, streams, strict=True)],  # type: ignore[union-attr]
+                [cache_length(c) + s.rope_delta for c, s in zip(caches, streams, strict=True)],  # type: ignore[arg-type]
                 device=self.device,
             )
             .view(1, -1, 1)
             .expand(3, -1, -1)
         )  # [3, B, 1]
-        out = self.model(
+        out = batched_decode(
+            self.model,
+            caches,  # type: ignore[arg-type]
+            positions,
             inputs_embeds=(embeds + text)[:, None],
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
             output_hidden_states=True,
             generation_step=0,  # the talker's own text bookkeeping, unused here
         )
-        append_last(kvs, out.past_key_values)  # type: ignore[arg-type]
         logits = out.logits[:, -1].float().cpu()  # one device -> host copy per step
         for row, stream in enumerate(streams):
             stream.last_hidden = out.hidden_states[0][-1][row, -1]

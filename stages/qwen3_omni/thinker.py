@@ -28,7 +28,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 
 from omnitrio import Request, StreamOutput, StreamWork, TextDelta
 from stages._packaging import Packed
-from stages._torch_kv import StreamKV, append_last, stack
+from stages._torch_kv import batched_decode, cache_length
 from stages._torch_loading import load_pretrained
 from stages._torch_sampling import Sampler, SamplingParams
 from stages._torch_stage import AutoregressiveStage
@@ -44,7 +44,7 @@ class _Stream:
     sampler: Sampler
     features: dict[str, torch.Tensor] = field(default_factory=dict)
     audio_lengths: torch.Tensor | None = None  # [num_audios] feature frames
-    kv: StreamKV | None = None
+    kv: DynamicCache | None = None  # this stream's own KV cache
     rope_delta: int = 0
     num_answer: int = 0
     finished: bool = False
@@ -151,7 +151,7 @@ class Qwen3OmniThinker(AutoregressiveStage):
             output_hidden_states=True,
             **stream.features,
         )
-        stream.kv = StreamKV.from_cache(out.past_key_values)
+        stream.kv = out.past_key_values
         stream.rope_delta = int(deltas[0, 0])
         stream.features = {}
         # states: [2, S, H] — layer 0 (embeddings, audio merged) and the accept layer
@@ -160,21 +160,13 @@ class Qwen3OmniThinker(AutoregressiveStage):
 
     def _decode(self, streams: list[_Stream]) -> torch.Tensor:
         """One forward for every decoding stream; returns logits [B, V]."""
-        kvs = [s.kv for s in streams]
-        cache, mask = stack(kvs)  # type: ignore[arg-type]
+        caches = [s.kv for s in streams]
         tokens = torch.tensor([[s.ids[-1]] for s in streams], device=self.device)  # [B, 1]
         positions = torch.tensor(
-            [[kv.length + s.rope_delta] for kv, s in zip(kvs, streams, strict=True)],  # type: ignore[union-attr]
+            [[cache_length(c) + s.rope_delta] for c, s in zip(caches, streams, strict=True)],  # type: ignore[arg-type]
             device=self.device,
         ).view(1, -1, 1)  # [1, B, 1]
-        out = self.model(
-            input_ids=tokens,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        append_last(kvs, out.past_key_values)  # type: ignore[arg-type]
+        out = batched_decode(self.model, caches, positions, input_ids=tokens)  # type: ignore[arg-type]
         return out.logits[:, -1].float().cpu()  # one device -> host copy per step
 
     def _sample(self, stream: _Stream, logits: torch.Tensor) -> int:
