@@ -86,9 +86,9 @@ def ttfa_side_by_side(config, model, tokenizer, tokens: int, frames: int, repeat
     """Median TTFA of the stages and of generate, request by request, alternating."""
     options = {
         "temperature": 0,
-        "talker_temperature": 0,
+        "talker.temperature": 0,
         "max_tokens": tokens,
-        "talker_max_tokens": frames,
+        "talker.max_tokens": frames,
     }
     ours, theirs = [], []
     for _ in range(repeats):
@@ -121,9 +121,9 @@ def main() -> None:
     torch.set_num_threads(1)
     options = {
         "temperature": 0,
-        "talker_temperature": 0,
+        "talker.temperature": 0,
         "max_tokens": args.max_tokens,
-        "talker_max_tokens": args.max_frames,
+        "talker.max_tokens": args.max_frames,
     }
     results: dict[str, object] = {"max_tokens": args.max_tokens, "max_frames": args.max_frames}
     with tempfile.TemporaryDirectory() as folder:

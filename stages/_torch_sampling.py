@@ -1,71 +1,76 @@
-"""Per-stream sampling: each stream has its own parameters and random generator.
+"""Per-stream sampling: parameters from ``Request.options`` and one pick per row.
 
-The logits processors are transformers' own, applied in the order ``generate``
-applies them (repetition penalty, suppressed ids, then temperature, top-k, top-p
-when sampling), so a greedy stream picks exactly what ``generate`` picks.
+Options are read as ``<stage>.<key>`` first, then (where the stage inherits)
+``<key>``: ``talker.temperature`` sets the talker's only. ``temperature`` 0 is
+greedy. The logits processors are transformers' own, applied in ``generate``'s
+order (repetition penalty, suppressed ids, then temperature, top-k, top-p), so a
+greedy pick equals ``generate``'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import (
-    LogitsProcessorList,
     RepetitionPenaltyLogitsProcessor,
-    SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
 
-Scalar = str | int | float | bool | None
+_KINDS = {
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "repetition_penalty": float,
+    "max_tokens": int,
+    "seed": int,
+}
 
 
 class OptionError(ValueError):
-    """A request option has the wrong type or range."""
+    """A request option has the wrong type or range; the message names the option."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """``temperature == 0`` means greedy decoding."""
-
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     repetition_penalty: float = 1.0
     max_tokens: int = 256
-    seed: int | None = None
+    seed: int | None = None  # None: a fresh random seed per stream
 
     @classmethod
     def from_options(
-        cls, options: Mapping[str, Scalar], *, prefix: str = "", defaults: SamplingParams
+        cls,
+        defaults: SamplingParams,
+        options: Mapping[str, object],
+        stage: str,
+        *,
+        inherit: bool = True,
     ) -> SamplingParams:
-        """Read ``{prefix}temperature`` ... from a request's options over ``defaults``."""
-        values = {}
-        for name, kind in (
-            ("temperature", float),
-            ("top_p", float),
-            ("top_k", int),
-            ("repetition_penalty", float),
-            ("max_tokens", int),
-            ("seed", int),
-        ):
-            key = prefix + name
-            if key not in options or options[key] is None:
+        """``defaults`` overridden by ``<stage>.<key>`` (and by ``<key>`` if ``inherit``)."""
+        values: dict[str, float | int] = {}
+        for key, kind in _KINDS.items():
+            name = f"{stage}.{key}"
+            if options.get(name) is None and inherit:
+                name = key
+            raw = options.get(name)
+            if raw is None:
                 continue
-            value = options[key]
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise OptionError(f"option {key!r} must be a number, not {value!r}")
-            if kind is int and value != int(value):
-                raise OptionError(f"option {key!r} must be a whole number, not {value!r}")
-            values[name] = kind(value)
-        params = SamplingParams(**{**defaults.__dict__, **values})
-        params.check(prefix)
+            if isinstance(raw, bool) or not isinstance(raw, int | float):
+                raise OptionError(f"option {name!r} must be a number, not {raw!r}")
+            if kind is int and raw != int(raw):
+                raise OptionError(f"option {name!r} must be a whole number, not {raw!r}")
+            values[key] = kind(raw)
+        params = replace(defaults, **values)  # type: ignore[arg-type]
+        params.check(stage)
         return params
 
-    def check(self, prefix: str = "") -> None:
+    def check(self, stage: str = "") -> None:
         rules = (
             ("temperature", self.temperature >= 0, ">= 0"),
             ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
@@ -73,37 +78,54 @@ class SamplingParams:
             ("repetition_penalty", self.repetition_penalty > 0, "> 0"),
             ("max_tokens", self.max_tokens >= 1, ">= 1"),
         )
-        for name, ok, rule in rules:
+        for key, ok, rule in rules:
             if not ok:
                 raise OptionError(
-                    f"option {prefix + name!r} must be {rule}, not {getattr(self, name)!r}"
+                    f"option {key!r} ({stage}) must be {rule}, not {getattr(self, key)!r}"
                 )
 
 
 class Sampler:
-    """Picks one stream's next token from its logits row."""
+    """One stream's sampler: its parameters, its seeded generator, its token history."""
 
-    def __init__(self, params: SamplingParams, *, suppress_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self, params: SamplingParams, history: Sequence[int] = (), suppress: Sequence[int] = ()
+    ) -> None:
         self.params = params
-        processors = LogitsProcessorList()
-        if params.repetition_penalty != 1.0:
-            processors.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
-        if suppress_ids:
-            processors.append(SuppressTokensLogitsProcessor(list(suppress_ids), device="cpu"))
-        if params.temperature > 0:
-            processors.append(TemperatureLogitsWarper(params.temperature))
-            if params.top_k > 0:
-                processors.append(TopKLogitsWarper(params.top_k))
-            if params.top_p < 1.0:
-                processors.append(TopPLogitsWarper(params.top_p))
-        self._processors = processors
+        # What the repetition penalty looks at (the prompt too, where generate includes it).
+        self.history = list(history) if params.repetition_penalty != 1.0 else []
+        self._suppress = list(suppress)
         self._generator = torch.Generator()
         self._generator.manual_seed(params.seed if params.seed is not None else torch.seed())
+        self._penalty = (
+            RepetitionPenaltyLogitsProcessor(params.repetition_penalty)
+            if params.repetition_penalty != 1.0
+            else None
+        )
+        self._warpers: list[object] = []
+        if params.temperature > 0:
+            self._warpers.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k > 0:
+                self._warpers.append(TopKLogitsWarper(params.top_k))
+            if params.top_p < 1.0:
+                self._warpers.append(TopPLogitsWarper(params.top_p))
 
-    def sample(self, logits: torch.Tensor, history: torch.Tensor) -> int:
-        """``logits``: [vocab] for one position; ``history``: [n] ids generated so far."""
-        scores = self._processors(history.view(1, -1), logits.view(1, -1).float().cpu())  # [1, V]
-        if self.params.temperature == 0:
-            return int(scores.argmax(dim=-1))
-        probs = torch.softmax(scores, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=self._generator))
+    def pick(self, logits: torch.Tensor) -> int:
+        """logits: [V] for one position (any device) -> the next token."""
+        scores = logits.float().cpu()[None, :]  # [1, V]
+        ids = torch.tensor([self.history], dtype=torch.long)  # [1, n]
+        if self._penalty is not None:
+            scores = self._penalty(ids, scores)
+        if self._suppress:
+            scores = scores.clone()
+            scores[:, self._suppress] = -float("inf")
+        if not self._warpers:
+            token = int(torch.argmax(scores, dim=-1))
+        else:
+            for warper in self._warpers:
+                scores = warper(ids, scores)  # type: ignore[operator]
+            probs = torch.softmax(scores, dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=self._generator))
+        if self._penalty is not None:
+            self.history.append(token)
+        return token

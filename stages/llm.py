@@ -7,7 +7,9 @@ per step: every decoding stream of the batch in ONE forward (its KV cache
 joined with the others' for that step; see _torch_kv.py). Each token goes to
 the client as a ``TextDelta`` and to the TTS stage as a ``TextPiece``. A stream
 leaves the batch at its end-of-turn token, at ``max_new_tokens`` or when it is
-cancelled; ``close_stream`` frees its cache. Decoding is greedy (deterministic).
+cancelled; ``close_stream`` frees its cache. Decoding is greedy unless a request
+sets ``temperature`` (``stages/_torch_sampling.py``, shared with the Qwen-Omni
+stages).
 
 A request with option ``task: speak`` (the HTTP API's /v1/audio/speech) is not
 answered: its text goes to the TTS stage as it is.
@@ -24,6 +26,7 @@ from transformers import DynamicCache
 
 from omnitrio import Request, StreamOutput, StreamWork, TextDelta
 from stages._torch_kv import batched_decode, cache_length
+from stages._torch_sampling import Sampler, SamplingParams
 
 from .llm_weights import load_smollm2
 from .voice_common import TextPiece, Utterance
@@ -38,6 +41,7 @@ ROLES = ("user", "assistant", "system")
 class _Turn:
     request: Request
     max_new_tokens: int
+    sampler: Sampler
     prompt: list[int] | None = None  # set once the utterance has arrived
     cache: DynamicCache | None = None  # this turn's own KV cache
     generated: list[int] = field(default_factory=list)
@@ -71,7 +75,8 @@ class SmolLM2:
         self.max_new_tokens = max_new_tokens
         self.max_prompt_tokens = max_prompt_tokens
         self.max_history_messages = max_history_messages
-        self.repetition_penalty = repetition_penalty
+        # Greedy unless a request sets temperature (and top_p, top_k, seed) or llm.<key>.
+        self.sampling = SamplingParams(repetition_penalty=repetition_penalty)
         end = self._tokenizer.convert_tokens_to_ids("<|im_end|>")
         self._stop_ids = {int(end), int(self._tokenizer.eos_token_id)}
         self._turns: dict[str, _Turn] = {}
@@ -81,7 +86,8 @@ class SmolLM2:
     def open_stream(self, stream_id: str, request: Request) -> None:
         limit = request.options.get("max_output_tokens")
         tokens = limit if isinstance(limit, int) and 0 < limit < self.max_new_tokens else None
-        self._turns[stream_id] = _Turn(request, tokens or self.max_new_tokens)
+        params = SamplingParams.from_options(self.sampling, request.options, self.name)
+        self._turns[stream_id] = _Turn(request, tokens or self.max_new_tokens, Sampler(params))
 
     def close_stream(self, stream_id: str) -> None:
         del self._turns[stream_id]  # the KV cache goes with it
@@ -146,14 +152,7 @@ class SmolLM2:
         }
 
     def _pick(self, logits: torch.Tensor, turn: _Turn) -> int:
-        logits = logits.float()
-        if self.repetition_penalty != 1.0 and turn.generated:
-            seen = torch.tensor(sorted(set(turn.generated)))
-            scores = logits[seen]
-            logits[seen] = torch.where(
-                scores > 0, scores / self.repetition_penalty, scores * self.repetition_penalty
-            )
-        token = int(torch.argmax(logits))
+        token = turn.sampler.pick(logits)
         turn.generated.append(token)
         self.num_tokens += 1
         return token

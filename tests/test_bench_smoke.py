@@ -194,8 +194,8 @@ def test_bench_tiny_qwen3_omni_against_monolithic_generate(
         *("--config", str(REPO / "configs" / "qwen3-omni-tiny.yaml")),
         *("--model-path", str(tmp_path / "tiny")),
         *("--monolithic", "stages.qwen3_omni.reference:monolithic", "--max-concurrency", "2"),
-        *("--option", "temperature=0", "--option", "talker_temperature=0"),
-        *("--option", "talker_max_tokens=8"),
+        *("--option", "temperature=0", "--option", "talker.temperature=0"),
+        *("--option", "talker.max_tokens=8"),
     )
     runs = report["runs"]
     assert isinstance(runs, list)

@@ -189,7 +189,7 @@ def test_token2wav_sends_a_smaller_first_window_then_full_windows(
         ),
         (
             omnitrio.Request("hi", options={"top_p": 2.0}),
-            "bad sampling parameters",
+            "option 'top_p' .* must be in",
             {"thinker", "talker"},
         ),
     ],

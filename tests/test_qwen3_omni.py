@@ -34,7 +34,7 @@ from stages.qwen3_omni.tiny import make_tiny_checkpoint  # noqa: E402
 # transformers' own generate() warns about its talker call; that is the reference's business.
 pytestmark = pytest.mark.filterwarnings("ignore:Passing `repetition_penalty` with `inputs_embeds`")
 
-GREEDY = {"temperature": 0, "talker_temperature": 0}
+GREEDY = {"temperature": 0, "talker.temperature": 0}
 CONFIG = Path(__file__).parent.parent / "configs" / "qwen3-omni-tiny.yaml"
 
 
@@ -125,7 +125,7 @@ def frames_of(codes: torch.Tensor) -> list[tuple[int, ...]]:
 
 
 async def test_one_stream_matches_generate(checkpoint: Path, reference) -> None:  # type: ignore[no-untyped-def]
-    options = {**GREEDY, "max_tokens": 12, "talker_max_tokens": 40}
+    options = {**GREEDY, "max_tokens": 12, "talker.max_tokens": 40}
     [(text, frames, _)] = await run_streams(
         recorder_config(checkpoint), [omnitrio.Request("hello there", options=options)]
     )
@@ -143,7 +143,7 @@ async def test_one_stream_matches_generate_on_gpu(checkpoint: Path) -> None:
         spec.model_copy(update={"device": "cuda"}) if spec.name != "code2wav" else spec
         for spec in config.stages
     )
-    options = {**GREEDY, "max_tokens": 12, "talker_max_tokens": 40}
+    options = {**GREEDY, "max_tokens": 12, "talker.max_tokens": 40}
     [(text, frames, _)] = await run_streams(
         config.model_copy(update={"stages": stages}),
         [omnitrio.Request("hello there", options=options)],
@@ -177,7 +177,7 @@ async def test_eight_concurrent_streams_each_match_generate(checkpoint: Path, re
     ]
     lengths = [(4 + 3 * i, 10 + 7 * i) for i in range(len(prompts))]  # (tokens, talker tokens)
     requests = [
-        omnitrio.Request(p, options={**GREEDY, "max_tokens": t, "talker_max_tokens": f})
+        omnitrio.Request(p, options={**GREEDY, "max_tokens": t, "talker.max_tokens": f})
         for p, (t, f) in zip(prompts, lengths, strict=True)
     ]
     statistics: list[omnitrio.PipelineStatistics] = []
@@ -200,7 +200,7 @@ async def test_audio_input_matches_generate(checkpoint: Path, reference) -> None
     request = omnitrio.Request(
         "what did you hear?",
         audio=omnitrio.AudioInput(pcm, 16_000),
-        options={**GREEDY, "max_tokens": 8, "talker_max_tokens": 20},
+        options={**GREEDY, "max_tokens": 8, "talker.max_tokens": 20},
     )
     [(text, frames, _)] = await run_streams(recorder_config(checkpoint), [request])
     # The reference gets the very prompt ids and features the thinker stage builds.
@@ -219,7 +219,7 @@ async def test_audio_input_matches_generate(checkpoint: Path, reference) -> None
 
 async def test_full_pipeline_streams_audio_chunks(checkpoint: Path) -> None:
     config = with_model_path(omnitrio.load_config(CONFIG), checkpoint)
-    options = {**GREEDY, "max_tokens": 6, "talker_max_tokens": 40}
+    options = {**GREEDY, "max_tokens": 6, "talker.max_tokens": 40}
     [(text, _, audio)] = await run_streams(config, [omnitrio.Request("hello", options=options)])
     assert text
     # n frames in windows of 4, then 25 at a time: each window's causal decoder drops
@@ -319,7 +319,7 @@ async def test_a_bad_option_fails_only_that_stream_naming_the_option(checkpoint:
         with pytest.raises(omnitrio.StageError, match=r"'talker'.*unknown speaker 'nobody'"):
             async with pipeline.open_stream(unknown_speaker) as stream:
                 [item async for item in stream]
-        fine = omnitrio.Request("hi", options={**GREEDY, "max_tokens": 3, "talker_max_tokens": 6})
+        fine = omnitrio.Request("hi", options={**GREEDY, "max_tokens": 3, "talker.max_tokens": 6})
         async with pipeline.open_stream(fine) as stream:
             assert [item async for item in stream]
 
@@ -330,10 +330,10 @@ async def test_sampling_is_per_stream_and_seeded(checkpoint: Path) -> None:
             "temperature": 1.0,
             "top_k": 50,
             "seed": seed,
-            "talker_temperature": 1.0,
-            "talker_seed": seed,
+            "talker.temperature": 1.0,
+            "talker.seed": seed,
             "max_tokens": 16,
-            "talker_max_tokens": 12,
+            "talker.max_tokens": 12,
         }
         return omnitrio.Request("hello there", options=options)
 
@@ -346,7 +346,7 @@ async def test_sampling_is_per_stream_and_seeded(checkpoint: Path) -> None:
 
 async def test_cancelling_mid_answer_frees_every_stage(checkpoint: Path) -> None:
     config = with_model_path(omnitrio.load_config(CONFIG), checkpoint)
-    options = {**GREEDY, "max_tokens": 200, "talker_max_tokens": 400}
+    options = {**GREEDY, "max_tokens": 200, "talker.max_tokens": 400}
     async with omnitrio.open_pipeline(config) as pipeline:
         async with pipeline.open_stream(omnitrio.Request("hello", options=options)) as stream:
             async for item in stream:
@@ -389,7 +389,7 @@ async def test_a_published_checkpoint_is_split_then_served(
     with pytest.raises(WeightsError, match="omnitrio split-checkpoint"):
         Qwen3OmniThinker(name="thinker", model_path=str(composite))
     assert main(["split-checkpoint", str(composite), str(tmp_path / "split")]) == 0
-    options = {**GREEDY, "max_tokens": 6, "talker_max_tokens": 10}
+    options = {**GREEDY, "max_tokens": 6, "talker.max_tokens": 10}
     request = omnitrio.Request("hello there", options=options)
     [ours] = await run_streams(recorder_config(tmp_path / "split"), [request])
     [original] = await run_streams(recorder_config(checkpoint), [request])
@@ -446,7 +446,7 @@ async def run_outcomes(config, requests):  # type: ignore[no-untyped-def]
 
 
 def greedy(prompt: str, **faults: float) -> omnitrio.Request:
-    options = {**GREEDY, "max_tokens": 8, "talker_max_tokens": 16}
+    options = {**GREEDY, "max_tokens": 8, "talker.max_tokens": 16}
     return omnitrio.Request(
         prompt, options={**options, **{f"fault.{k}": v for k, v in faults.items()}}
     )

@@ -47,7 +47,7 @@ class ReferenceGenerate:
                 thinker_eos_token_id=self.tokenizer.eos_token_id,
                 talker_do_sample=False,
                 talker_max_new_tokens=int(
-                    request.options.get("talker_max_tokens", DEFAULT_MAX_FRAMES)
+                    request.options.get("talker.max_tokens", DEFAULT_MAX_FRAMES)
                 ),
             )
         answer = sequences[0, input_ids.shape[1] :].tolist()

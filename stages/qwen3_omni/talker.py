@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -78,7 +78,7 @@ class Qwen3OmniTalker(AutoregressiveStage):
         vocab = self.config.text_config.vocab_size
         self.eos_id = self.config.codec_eos_token_id
         self.suppress_ids = [i for i in range(vocab - 1024, vocab) if i != self.eos_id]
-        self.defaults = SamplingParams(**{**TALKER_DEFAULTS.__dict__, "max_tokens": max_frames})
+        self.defaults = replace(TALKER_DEFAULTS, max_tokens=max_frames)
         self.default_speaker = speaker
         self.tts_pad_token_id = _composite_value(Path(model_path), "tts_pad_token_id")
         self.streams: dict[str, _Stream] = {}
@@ -87,7 +87,7 @@ class Qwen3OmniTalker(AutoregressiveStage):
 
     def open_stream(self, stream_id: str, request: Request) -> None:
         params = SamplingParams.from_options(
-            request.options, prefix="talker_", defaults=self.defaults
+            self.defaults, request.options, self.name, inherit=False
         )
         speaker = self._speaker(request.options)
         # The code predictor samples (top-k 50, top-p 0.8) exactly when the talker does.
@@ -98,11 +98,12 @@ class Qwen3OmniTalker(AutoregressiveStage):
             seed=params.seed,
         )
         self.streams[stream_id] = _Stream(
-            Sampler(params, suppress_ids=self.suppress_ids),
+            Sampler(params, suppress=self.suppress_ids),
             Sampler(residual),
             self.config.speaker_id[speaker],
         )
-        modalities = request.options.get("modalities")
+        # "output_modalities" from the Realtime API, "modalities" from chat completions.
+        modalities = request.options.get("output_modalities", request.options.get("modalities"))
         if isinstance(modalities, str) and "audio" not in modalities.split(","):
             self.streams[stream_id].finished = True  # a text-only answer: no talker work
         self.packager.open(stream_id)
@@ -270,12 +271,7 @@ class Qwen3OmniTalker(AutoregressiveStage):
         codes = []
         for group in range(1, self.config.num_code_groups):
             logits = out.logits[:, -1].float().cpu()  # [B, codebook]
-            picked = [
-                s.residual_sampler.sample(logits[row], torch.tensor(codes_row))
-                for row, (s, codes_row) in enumerate(
-                    zip(streams, _rows(codes, len(streams)), strict=True)
-                )
-            ]
+            picked = [s.residual_sampler.pick(logits[row]) for row, s in enumerate(streams)]
             codes.append(picked)
             if group < self.config.num_code_groups - 1:
                 tokens = torch.tensor(picked, device=self.device)[:, None]  # [B, 1]
@@ -292,7 +288,7 @@ class Qwen3OmniTalker(AutoregressiveStage):
 
     def _sample(self, stream: _Stream, logits: torch.Tensor) -> None:
         started = time.perf_counter()
-        code = stream.sampler.sample(logits, torch.tensor(stream.codes, dtype=torch.long))
+        code = stream.sampler.pick(logits)
         self.clock.add_sampling(time.perf_counter() - started)
         if code == self.eos_id:
             stream.finished = True
@@ -311,10 +307,6 @@ def _ready(stream: _Stream) -> bool:
     if stream.kv is None or stream.finished:
         return False
     return stream.text_complete or len(stream.codes) - 1 < len(stream.text)
-
-
-def _rows(codes: list[list[int]], num_rows: int) -> list[list[int]]:
-    return [[group[row] for group in codes] for row in range(num_rows)]
 
 
 def _composite_value(model_path: Path, key: str) -> int:

@@ -94,11 +94,15 @@ class Qwen3OmniThinker(AutoregressiveStage):
     # -- the stage protocol ------------------------------------------------------
 
     def open_stream(self, stream_id: str, request: Request) -> None:
-        params = SamplingParams.from_options(request.options, defaults=self.defaults)
+        params = SamplingParams.from_options(self.defaults, request.options, self.name)
         ids, features = self._prompt(request)
         lengths = features.get("feature_attention_mask")
         self.streams[stream_id] = _Stream(
-            ids, len(ids), Sampler(params), features, None if lengths is None else lengths.sum(-1)
+            ids,
+            len(ids),
+            Sampler(params, history=ids),
+            features,
+            None if lengths is None else lengths.sum(-1),
         )
         self.packager.open(stream_id)
 
@@ -171,8 +175,7 @@ class Qwen3OmniThinker(AutoregressiveStage):
 
     def _sample(self, stream: _Stream, logits: torch.Tensor) -> int:
         started = time.perf_counter()
-        history = torch.tensor(stream.ids)
-        token = stream.sampler.sample(logits, history)
+        token = stream.sampler.pick(logits)
         stream.ids.append(token)
         stream.num_answer += 1
         stream.finished = (
