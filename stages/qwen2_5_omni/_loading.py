@@ -1,9 +1,7 @@
 """Loading one stage's weights from its own folder, loudly.
 
-``from_pretrained`` fills any weight it does not find with a random init and only
-says so in its loading info; a stage that silently serves random weights is the
-worst failure there is. ``load_stage_model`` turns missing, unexpected or
-mismatched keys into a ``StageWeightsError`` that names the stage and the keys.
+The loud loading itself is shared (``stages/_torch_loading.py``); here are the
+Qwen2.5-Omni specifics: the stage folders, the speaker dictionary, the device.
 """
 
 from __future__ import annotations
@@ -13,13 +11,12 @@ from typing import Any, TypeVar
 
 import torch
 
+from stages._torch_loading import WeightsError, load_pretrained
+
 M = TypeVar("M", bound=torch.nn.Module)
 
-_MAX_KEYS_SHOWN = 8
-
-
-class StageWeightsError(RuntimeError):
-    """A stage's folder does not hold exactly the weights its model class expects."""
+# A stage's folder does not hold exactly the weights its model class expects.
+StageWeightsError = WeightsError
 
 
 def stage_folder(checkpoint: str | pathlib.Path, stage: str) -> pathlib.Path:
@@ -45,25 +42,10 @@ def check_device(stage: str, device: str) -> None:
 
 
 def load_stage_model(model_class: type[M], folder: pathlib.Path, stage: str) -> M:
-    """``model_class.from_pretrained(folder)`` in eval mode; any key problem is an error."""
-    loaded: Any = model_class.from_pretrained(  # type: ignore[attr-defined]
-        folder, output_loading_info=True, dtype=torch.float32
-    )
-    model, info = loaded
-    problems = []
-    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
-        keys = sorted(str(k) for k in info.get(kind) or ())
-        if keys:
-            shown = ", ".join(keys[:_MAX_KEYS_SHOWN])
-            more = f" and {len(keys) - _MAX_KEYS_SHOWN} more" if len(keys) > _MAX_KEYS_SHOWN else ""
-            problems.append(f"{kind.replace('_', ' ')}: {shown}{more}")
-    if problems:
-        raise StageWeightsError(
-            f"stage {stage!r}: weights in {folder} do not match {model_class.__name__} "
-            f"({'; '.join(problems)}); save each stage to its own folder "
-            "(see stages/qwen2_5_omni/_tiny.py)"
-        )
-    return model.eval()  # type: ignore[no-any-return]
+    """``model_class.from_pretrained(folder)`` in eval mode, float32; any key problem is an
+    error naming the stage and the keys (``stages/_torch_loading.py``)."""
+    model: M = load_pretrained(model_class, folder, stage=stage, dtype=torch.float32)
+    return model
 
 
 def load_speakers(folder: pathlib.Path, stage: str) -> dict[str, dict[str, Any]]:
