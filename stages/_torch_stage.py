@@ -1,7 +1,8 @@
 """What the autoregressive model stages share: device, threads, packaging, statistics.
 
 A subclass keeps its per-stream state in ``self.streams`` (objects with a ``kv``
-attribute: its ``DynamicCache`` or ``None``) and its step timing in ``self.clock``.
+attribute: its ``DynamicCache`` or ``None``) and its step timing in ``self.clock``;
+what a step's packaging made waits in ``self.outboxes`` until the step limits allow.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import torch
 
-from stages._packaging import Packager
+from stages._packaging import Outbox, Packager
 from stages._torch_kv import cache_nbytes
 from stages._torch_timing import StepClock
 
@@ -25,12 +26,14 @@ class AutoregressiveStage:
         self.name = name
         self.device = torch.device(device)
         self.streams: dict[str, Any] = {}
+        self.outboxes: dict[str, Outbox] = {}
         self.clock = StepClock()
-        self.packager = Packager(name, capacity=packaging_queue)
+        self.packager = Packager(f"omnitrio-{name}", max_queued_jobs=packaging_queue)
 
     def close_stream(self, stream_id: str) -> None:
         self.streams.pop(stream_id, None)  # its KV cache goes with it
-        self.packager.forget(stream_id)
+        self.outboxes.pop(stream_id, None)
+        self.packager.drop(stream_id)
 
     def close(self) -> None:
         self.packager.close()

@@ -7,8 +7,7 @@ from typing import Protocol
 
 
 class _Packaging(Protocol):
-    num_jobs: int
-    packaging_s: float
+    def times_s(self) -> tuple[float, float, int]: ...
 
 
 class StepClock:
@@ -45,6 +44,7 @@ class StepClock:
 
     def snapshot(self, packaging: _Packaging) -> dict[str, float]:
         steps = max(self.num_steps, 1)
+        _, total_s, num_jobs = packaging.times_s()
         running_s = time.perf_counter() - self._first_step if self._first_step else 0.0
         return {
             "num_tokens": self.num_tokens,
@@ -52,7 +52,7 @@ class StepClock:
             "num_steps": self.num_steps,
             "forward_ms_mean": 1000 * (self.compute_s - self.sampling_s) / steps,
             "sampling_ms_mean": 1000 * self.sampling_s / steps,
-            "packaging_ms_mean": 1000 * packaging.packaging_s / max(packaging.num_jobs, 1),
+            "packaging_ms_mean": 1000 * total_s / max(num_jobs, 1),
             "step_gap_ms_mean": 1000 * self.gap_s / max(self.num_steps - 1, 1),
             "step_gap_ms_max": 1000 * self.max_gap_s,
         }

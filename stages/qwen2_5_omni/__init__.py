@@ -5,8 +5,9 @@ of a checkpoint (``checkpoint/thinker``, ``checkpoint/talker``,
 ``checkpoint/token2wav``); ``make_tiny_checkpoint`` writes a tiny random-init one.
 """
 
+from stages._packaging import Packager as Packager
+
 from ._loading import StageWeightsError as StageWeightsError
-from ._packaging import Packager as Packager
 from ._payloads import CodecCodes as CodecCodes
 from ._payloads import ReplyEnd as ReplyEnd
 from ._payloads import ReplyStart as ReplyStart

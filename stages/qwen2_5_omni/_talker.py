@@ -25,12 +25,11 @@ import torch
 from transformers import DynamicCache, Qwen2_5OmniTalkerForConditionalGeneration
 
 from omnitrio import Event, Request, StreamOutput, StreamWork
+from stages._packaging import Outbox, Packager, Piece, step_output
 from stages._torch_kv import batched_decode, cache_length, cache_nbytes
 from stages._torch_sampling import Sampler, SamplingParams
 
 from ._loading import check_device, load_stage_model, stage_folder
-from ._outbox import Outbox, step_output
-from ._packaging import Packager, Piece
 from ._payloads import CodecCodes, ReplyEnd, ReplyStart, ReplyToken
 from ._registry import register
 from ._stats import ARStageStatistics, StepClock

@@ -24,12 +24,11 @@ from transformers import (
 )
 
 from omnitrio import Event, Request, StreamOutput, StreamWork, TextDelta, VisibleItem
+from stages._packaging import Outbox, Packager, Piece, step_output
 from stages._torch_kv import batched_decode, cache_length, cache_nbytes
 from stages._torch_sampling import Sampler, SamplingParams
 
 from ._loading import check_device, load_speakers, load_stage_model, speaker_of, stage_folder
-from ._outbox import Outbox, step_output
-from ._packaging import Packager, Piece
 from ._payloads import ReplyEnd, ReplyStart, ReplyToken
 from ._prompt import Prompt, build_prompt
 from ._registry import register

@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache, Qwen3OmniMoeTalkerForConditionalGeneration
 
 from omnitrio import Request, StreamOutput, StreamWork
-from stages._packaging import Packed
+from stages._packaging import Outbox, Piece, step_output
 from stages._torch_kv import batched_decode, cache_length
 from stages._torch_loading import load_pretrained
 from stages._torch_sampling import OptionError, Sampler, SamplingParams
@@ -106,7 +106,7 @@ class Qwen3OmniTalker(AutoregressiveStage):
         modalities = request.options.get("output_modalities", request.options.get("modalities"))
         if isinstance(modalities, str) and "audio" not in modalities.split(","):
             self.streams[stream_id].finished = True  # a text-only answer: no talker work
-        self.packager.open(stream_id)
+        self.outboxes[stream_id] = Outbox()
 
     def _speaker(self, options: Mapping[str, object]) -> str:
         """``speaker`` must name one of the model's speakers; an OpenAI ``voice`` (alloy,
@@ -127,8 +127,7 @@ class Qwen3OmniTalker(AutoregressiveStage):
         streams = {work.stream_id: self.streams[work.stream_id] for work in batch}
         for work in batch:
             self._receive(streams[work.stream_id], work.inputs)
-        frames: dict[str, list[torch.Tensor]] = {}
-        finished: set[str] = set()
+        frames: dict[str, list[torch.Tensor]] = {}  # at most one frame per stream
         with torch.no_grad():
             for s in streams.values():
                 if not s.finished and s.kv is None and s.prompt is not None:
@@ -139,19 +138,15 @@ class Qwen3OmniTalker(AutoregressiveStage):
                     ready, self._decode([streams[i] for i in ready]), strict=True
                 ):
                     frames[sid] = [frame]
-        for sid, s in streams.items():
-            if s.finished:
-                finished.add(sid)
         self.clock.end_compute()
-        if frames or finished:
+        if frames:
             self.packager.submit(
-                tuple(frames.keys() | finished),
+                tuple(frames),
                 lambda: {
-                    sid: Packed([CodecFrame(f) for f in frames.get(sid, [])], [], sid in finished)
-                    for sid in frames.keys() | finished
+                    sid: Piece(tuple(CodecFrame(f) for f in fs)) for sid, fs in frames.items()
                 },
             )
-        return {sid: self._deliver(sid) for sid in streams}
+        return {sid: self._deliver(sid, s) for sid, s in streams.items()}
 
     # -- inputs ----------------------------------------------------------------------
 
@@ -297,9 +292,15 @@ class Qwen3OmniTalker(AutoregressiveStage):
         # As generate: the last of max_tokens codes ends the stream without a frame.
         stream.finished = len(stream.codes) >= stream.sampler.params.max_tokens
 
-    def _deliver(self, stream_id: str) -> StreamOutput:
-        packed, last = self.packager.take(stream_id, self.max_payloads_per_step, 0)
-        return StreamOutput(payloads=tuple(packed.payloads), more=not last, done=last)
+    def _deliver(self, stream_id: str, stream: _Stream) -> StreamOutput:
+        return step_output(
+            self.packager,
+            stream_id,
+            self.outboxes[stream_id],
+            computing=not stream.finished,
+            can_continue=_ready(stream),  # else it waits for the thinker's next token
+            max_payloads=self.max_payloads_per_step,
+        )
 
 
 def _ready(stream: _Stream) -> bool:

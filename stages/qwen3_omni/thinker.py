@@ -27,7 +27,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 from omnitrio import Request, StreamOutput, StreamWork, TextDelta
-from stages._packaging import Packed
+from stages._packaging import Outbox, Piece, step_output
 from stages._torch_kv import batched_decode, cache_length
 from stages._torch_loading import load_pretrained
 from stages._torch_sampling import Sampler, SamplingParams
@@ -104,7 +104,7 @@ class Qwen3OmniThinker(AutoregressiveStage):
             features,
             None if lengths is None else lengths.sum(-1),
         )
-        self.packager.open(stream_id)
+        self.outboxes[stream_id] = Outbox()
 
     @torch.no_grad()
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
@@ -125,8 +125,6 @@ class Qwen3OmniThinker(AutoregressiveStage):
         self.clock.end_compute()
         if sampled:
             self._package(sampled, prompts)
-        elif not live:
-            self.packager.wait(timeout_s=1.0)  # only deliveries left: let packaging catch up
         return {sid: self._deliver(sid, s) for sid, s in streams.items()}
 
     # -- the critical path ---------------------------------------------------------
@@ -195,22 +193,21 @@ class Qwen3OmniThinker(AutoregressiveStage):
 
     def _pack(
         self, stream: _Stream, length: int, last: bool, prompt_states: torch.Tensor | None
-    ) -> Packed:
+    ) -> Piece:
         ids = stream.ids[:length]
         index = length - stream.num_prompt - 1  # answer token index
-        packed = Packed(last=last)
         if prompt_states is not None:
-            packed.payloads.append(self._talker_prompt(stream, ids, prompt_states, last))
+            payload: object = self._talker_prompt(stream, ids, prompt_states, last)
         elif last:
-            packed.payloads.append(TextToken(index, torch.empty(0), last=True))
+            payload = TextToken(index, torch.empty(0), last=True)
         else:
-            packed.payloads.append(TextToken(index, self._embed(ids[-1]), last=False))
+            payload = TextToken(index, self._embed(ids[-1]), last=False)
+        visible: tuple[TextDelta, ...] = ()
         text = self.tokenizer.decode(ids[stream.num_prompt :], skip_special_tokens=True)
-        if not text.endswith("\ufffd") or last:
+        if not text.endswith("\ufffd") or last:  # hold back half a UTF-8 character
             delta, stream.text_sent = text[len(stream.text_sent) :], text
-            if delta:
-                packed.visible.append(TextDelta(delta))
-        return packed
+            visible = (TextDelta(delta),) if delta else ()
+        return Piece((payload,), visible)
 
     def _talker_prompt(
         self, stream: _Stream, ids: list[int], states: torch.Tensor, last: bool
@@ -239,14 +236,13 @@ class Qwen3OmniThinker(AutoregressiveStage):
             return self.model.get_input_embeddings()(torch.tensor(tokens, device=self.device)).cpu()
 
     def _deliver(self, stream_id: str, stream: _Stream) -> StreamOutput:
-        packed, last = self.packager.take(
-            stream_id, self.max_payloads_per_step, self.max_visible_per_step
-        )
-        return StreamOutput(
-            payloads=tuple(packed.payloads),
-            visible=tuple(packed.visible),  # type: ignore[arg-type]
-            more=not last,
-            done=last,
+        return step_output(
+            self.packager,
+            stream_id,
+            self.outboxes[stream_id],
+            computing=not stream.finished,
+            can_continue=True,
+            max_payloads=self.max_payloads_per_step,
         )
 
     # -- prompts -------------------------------------------------------------------
