@@ -32,7 +32,7 @@ slope), no ERROR or traceback in the server's log, and SIGTERM exits 0 in time.
 Prints a Markdown summary; ``--json FILE`` writes everything. Exit status 0 only
 if every promise holds. Linux only (reads ``/proc``).
 
-    python reliability/soak.py --minutes 10 --conversations 32 --json /tmp/soak.json
+    python reliability/soak.py --minutes 10 --conversations 32 --json bench-results/soak.json
     python reliability/soak.py --minutes 0.3 --conversations 8     # short mode, ~30 s
 """
 
