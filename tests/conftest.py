@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -13,6 +14,17 @@ import trio
 import omnitrio
 
 SYNTHETIC = "stages.synthetic:SyntheticStage"
+
+# The leak check below counts threads, so the model libraries' own long-lived helper
+# threads are turned off for the whole run, whichever test loads a model first:
+# transformers' background weight loading, and tqdm's progress-bar monitor.
+os.environ.setdefault("HF_DEACTIVATE_ASYNC_LOAD", "1")
+try:
+    import tqdm
+except ImportError:  # the model extras are not installed
+    pass
+else:
+    tqdm.tqdm.monitor_interval = 0
 
 
 def chain_config(
