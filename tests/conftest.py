@@ -6,6 +6,7 @@ import itertools
 import os
 import threading
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -75,6 +76,17 @@ def count_tasks() -> int:
         return 1 + sum(walk(c) for n in task.child_nurseries for c in n.child_tasks)
 
     return walk(trio.lowlevel.current_root_task())
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture
+def chromium() -> Path:
+    """Debian's chromium, for the browser tests (scripts/check installs it as root)."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing; install Debian's chromium (scripts/check does)")
+    return CHROMIUM
 
 
 @pytest.fixture(scope="session")

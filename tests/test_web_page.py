@@ -30,7 +30,6 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 
 REPO = Path(__file__).resolve().parent.parent
-CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = REPO / "test-artifacts" / "web_page.png"
 SERVER_START_TIMEOUT_S = 20.0
 SERVER_STOP_TIMEOUT_S = 5.0
@@ -42,11 +41,20 @@ PLAYED_SLACK_S = 0.01  # resampling may drop a sample or so of each reply
 SERVING = re.compile(r"omnitrio serving .* at (https?://[^\s,]+)")
 
 
-@pytest.fixture
-def chromium() -> Path:
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is missing; install Debian's chromium (scripts/check does)")
-    return CHROMIUM
+def fake_microphone_args(wav: Path) -> list[str]:
+    """Chromium flags: ``wav`` as the microphone, autoplay allowed, nothing fetched."""
+    return [
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav}",
+        "--autoplay-policy=no-user-gesture-required",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+    ]
 
 
 @pytest.fixture
@@ -110,18 +118,7 @@ def _microphone_wav(path: Path) -> Path:
 
 def test_voice_chat_page(tmp_path: Path, chromium: Path, server_url: str) -> None:
     wav = _microphone_wav(tmp_path / "microphone.wav")
-    args = [
-        "--use-fake-ui-for-media-stream",
-        "--use-fake-device-for-media-stream",
-        f"--use-file-for-fake-audio-capture={wav}",
-        "--autoplay-policy=no-user-gesture-required",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-    ]
+    args = fake_microphone_args(wav)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(chromium), args=args)
         try:

@@ -22,7 +22,7 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from stages.voice_common import float_to_pcm16, pcm16_to_float, resample
-from tests.test_web_page import CHROMIUM, SERVING
+from tests.test_web_page import SERVING, fake_microphone_args
 from tests.voice_support import (
     INPUT_RATE_HZ,
     MAX_WER,
@@ -52,13 +52,6 @@ navigator.mediaDevices.getUserMedia = (constraints) => getUserMedia({
            autoGainControl: false },
 });
 """
-
-
-@pytest.fixture
-def chromium() -> Path:
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is missing; install Debian's chromium (scripts/check does)")
-    return CHROMIUM
 
 
 @pytest.fixture
@@ -106,15 +99,7 @@ def test_hands_free_spoken_turn_in_the_browser(
     tmp_path: Path, chromium: Path, default_server: str
 ) -> None:
     wav = _microphone_wav(tmp_path)
-    args = [
-        "--use-fake-ui-for-media-stream",
-        "--use-fake-device-for-media-stream",
-        f"--use-file-for-fake-audio-capture={wav}",
-        "--autoplay-policy=no-user-gesture-required",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-    ]
+    args = fake_microphone_args(wav)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(chromium), args=args)
         try:
