@@ -4,8 +4,10 @@ A ``Link`` wraps a trio memory channel of fixed capacity. Its free capacity is
 the stream's credit on that edge. Producers never block on it: an actor
 *reserves* credit for a stream before a step (so the step's output is sure to
 fit) and puts the output with ``send_nowait`` afterwards. A stream without
-enough credit is simply not scheduled. Every put wakes the consumer and every
-take wakes the producers, so nobody ever polls.
+enough credit is simply not scheduled, and its producer leaves its ``Wakeup`` on
+the link (``wait_for_credit``). Every put wakes the consumer; credit coming back
+(a take, an unused reservation, a discard) wakes exactly the producers that were
+waiting for it. Nobody polls, and nobody is woken for nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ class Wakeup:
     """A level-triggered wake-up flag for one waiting task (no lost wake-ups).
 
     ``set()`` may be called any number of times from trio code; ``wait()``
-    returns once at least one ``set()`` happened since the previous return.
+    returns once at least one ``set()`` happened since the last consumption
+    (by ``wait()`` itself or by ``consume()``).
     """
 
     def __init__(self) -> None:
@@ -27,8 +30,17 @@ class Wakeup:
         self._event = trio.Event()
 
     def set(self) -> None:
-        self._pending = True
-        self._event.set()
+        if not self._pending:
+            self._pending = True
+            self._event.set()
+
+    def consume(self) -> bool:
+        """Take a pending wake-up without waiting; True if there was one."""
+        if not self._pending:
+            return False
+        self._pending = False
+        self._event = trio.Event()
+        return True
 
     async def wait(self) -> None:
         """Block until ``set()`` was called; cancellable, consumes the wake-up."""
@@ -36,8 +48,7 @@ class Wakeup:
             await trio.lowlevel.checkpoint()
         else:
             await self._event.wait()
-        self._pending = False
-        self._event = trio.Event()
+        self.consume()
 
 
 class Link:
@@ -49,7 +60,7 @@ class Link:
         self._send, self.receive_channel = trio.open_memory_channel[object](capacity)
         self._reserved = 0
         self._producers_open = num_producers
-        self.producer_wakeups: list[Wakeup] = []
+        self._credit_waiters: list[Wakeup] = []
         self.consumer_wakeup: Wakeup | None = None
         self.num_put = 0
         self.num_taken = 0
@@ -78,11 +89,12 @@ class Link:
         below ``reserved``, credit was freed: wake the producers, since one of them may
         have been skipped for want of exactly that credit."""
         self._reserved -= reserved
-        if used is not None and used < reserved:
+        if used is not None and used < reserved and self._credit_waiters:
             self.wake_producers()
 
-    def put(self, items: Iterable[object]) -> None:
-        """Send items that fit in reserved credit; wakes the consumer. Never blocks.
+    def put(self, items: Iterable[object], *, wake: bool = True) -> None:
+        """Send items that fit in reserved credit; wakes the consumer (unless the
+        caller hands the consumer its work itself). Never blocks.
 
         Items for a discarded link (its stream ended) are dropped.
         """
@@ -94,13 +106,14 @@ class Link:
             sent += 1
         if sent:
             self.num_put += sent
-            self._wake_consumer()
+            if wake:
+                self._wake_consumer()
 
     def take(self, limit: int | None) -> tuple[list[object], bool]:
         """Receive up to ``limit`` buffered items (all if None); returns (items, closed).
 
         ``closed`` is true when the producers are done and nothing is left.
-        Wakes the producers if anything was taken.
+        Wakes producers waiting for credit if anything was taken.
         """
         items: list[object] = []
         closed: bool | None
@@ -116,20 +129,20 @@ class Link:
         else:
             closed = None
         if items:
-            self.num_taken += len(items)
-            self.wake_producers()
+            self.took(len(items))
         if closed is None:  # stopped at the limit: closed if that took the last item
             closed = self.producers_done and self.buffered == 0
         return items, closed
 
-    def producer_done(self) -> None:
+    def producer_done(self, *, wake: bool = True) -> None:
         """One producer will send no more; the last one closes the channel (EOF)."""
         if self._producers_open == 0:
             return
         self._producers_open -= 1
         if self._producers_open == 0:
             self._send.close()
-            self._wake_consumer()
+            if wake:
+                self._wake_consumer()
 
     def close_send(self) -> None:
         """End the channel now, whatever producers remain; buffered items stay readable."""
@@ -144,8 +157,21 @@ class Link:
         self.wake_producers()
         self._wake_consumer()
 
+    def took(self, count: int) -> None:
+        """The consumer took ``count`` items: credit is back for waiting producers."""
+        self.num_taken += count
+        if self._credit_waiters:
+            self.wake_producers()
+
+    def wait_for_credit(self, wakeup: Wakeup) -> None:
+        """A producer skipped this link's stream for want of credit: wake it once credit
+        comes back (and only then)."""
+        if wakeup not in self._credit_waiters:
+            self._credit_waiters.append(wakeup)
+
     def wake_producers(self) -> None:
-        for wakeup in self.producer_wakeups:
+        waiters, self._credit_waiters = self._credit_waiters, []
+        for wakeup in waiters:
             wakeup.set()
 
     def _wake_consumer(self) -> None:
