@@ -60,6 +60,7 @@ class _Slot:
     input_closed_delivered: bool = False
     in_flight: int = 0  # turns out (planned, not applied) that open or step it
     closed_on_stage: bool = False  # the runner closed it; released once no turn holds it
+    waiting: bool = False  # the actor's wake-up is on one of its links, for credit
 
 
 @dataclass(eq=False, slots=True)
@@ -119,6 +120,8 @@ class StageActor:
         self._hang: _Hang | None = None
         self._serving = False
         self._waiting: trio.CancelScope | None = None  # the loop's wait, while it waits
+        self._idle_since: float | None = None  # when the last turn out came back
+        self._skipped = False  # the last plan left a stream out for want of credit
         self.limits = Limits(None, 0, 0, has_outbox=has_outbox)  # the runner's, once loaded
 
     @property
@@ -224,25 +227,58 @@ class StageActor:
     # ----- the loop -----------------------------------------------------------------
 
     async def _serve(self) -> None:
+        """The task's part: plan on wake-ups, and the watchdog. A finished turn is
+        applied where its result lands (``_turn_done``), without waking the task."""
         turns = self._turns
+        self._idle_since = time.perf_counter()
         while True:
+            # Everything that happened so far is seen by this plan: a wake-up already
+            # pending (an input, a new stream) is spent.
+            self.wakeup.consume()
             acted = self._fill()
-            idle_since = None if turns else time.perf_counter()
+            woken = False
             with trio.CancelScope(deadline=self._watchdog_deadline()) as self._waiting:
-                await self.wakeup.wait()
+                woken = await self.wakeup.wait()
             self._waiting = None
-            if idle_since is not None:
-                self.counters.idle_s += time.perf_counter() - idle_since
-            applied = False
-            while turns and turns[0].result is not None:
-                self._apply(turns.popleft())
-                applied = True
-                if turns:
-                    turns[0].since = trio.current_time()
+            applied = self._apply_finished()
             if turns and trio.current_time() >= self._watchdog_deadline():
                 self._hung(turns[0])
-            elif not (applied or acted or self.hung or len(turns) >= 2 or self._fill()):
-                self.counters.num_empty_plans += 1  # woken, and nothing to do
+            elif not woken or applied or acted or self.hung or len(turns) >= 2:
+                continue
+            elif not self._fill() and not self._skipped:
+                # Woken, and no stream had work (a stream that lost the credit it was
+                # woken for to another stage is counted in num_skipped_no_credit).
+                self.counters.num_empty_plans += 1
+
+    def _turn_done(self, turn: _Turn, value: outcome.Outcome[Result]) -> None:
+        """A turn's result is back on the trio thread (``run_sync_soon``): apply it and
+        plan the next turn right here, one task switch earlier than the actor's task
+        could. Never raises (this runs in trio's own callback task)."""
+        turn.result = value
+        if not self._serving:
+            return  # shutting down: the final job closes what the stage holds
+        try:
+            self._apply_finished()
+            self.wakeup.consume()  # this plan sees everything a pending wake-up was for
+            self._fill()
+            if self._waiting is not None:
+                self._waiting.deadline = self._watchdog_deadline()
+        except Exception:
+            logger.exception("stage %r: applying a turn failed", self.name)
+            self.wakeup.set()
+
+    def _apply_finished(self) -> bool:
+        """Apply the finished turns at the head, in order. True if there were any."""
+        turns = self._turns
+        applied = False
+        while turns and turns[0].result is not None:
+            self._apply(turns.popleft())
+            applied = True
+            if turns:
+                turns[0].since = trio.current_time()
+            else:
+                self._idle_since = time.perf_counter()
+        return applied
 
     def _watchdog_deadline(self) -> float:
         """When the oldest turn out has run for ``step_timeout_s`` (inf if none, or hung)."""
@@ -272,14 +308,14 @@ class StageActor:
         self._turns.append(turn)
         if first:
             turn.since = trio.current_time()
-            if self._waiting is not None:  # submitted from upstream's apply: arm the watchdog
+            if self._idle_since is not None:
+                self.counters.idle_s += time.perf_counter() - self._idle_since
+                self._idle_since = None
+            if self._waiting is not None:  # submitted from outside the task: arm the watchdog
                 self._waiting.deadline = self._watchdog_deadline()
-
-        def finished(value: outcome.Outcome[Result]) -> None:
-            turn.result = value
-            self.wakeup.set()
-
-        self._worker.submit(partial(self._runner.execute, turn.plan), finished)
+        self._worker.submit(
+            partial(self._runner.execute, turn.plan), partial(self._turn_done, turn)
+        )
 
     def _hung(self, turn: _Turn) -> None:
         """The oldest turn did not return within ``step_timeout_s``. A thread cannot be
@@ -334,6 +370,7 @@ class StageActor:
             self._unopened.clear()
         decision = pick_batch(self._candidates(), self.spec.max_batch_size)
         slots = self.slots
+        self._skipped = bool(decision.skipped)
         if decision.skipped:
             self.counters.num_skipped_no_credit += len(decision.skipped)
             for sid in decision.skipped:  # full streams wait at the back: scans stay O(batch)
@@ -381,21 +418,29 @@ class StageActor:
         client = slot.stream.client
         if client.free < limits.max_visible_per_step:
             if not slot.in_flight:
-                client.wait_for_credit(self.wakeup)
+                client.wait_for_credit(self.wakeup, limits.max_visible_per_step)
+                slot.waiting = True
             return False
         outbox = slot.outbox
         if outbox is not None and outbox.free < limits.max_payloads_per_step:
             if not slot.in_flight:
-                outbox.wait_for_credit(self.wakeup)
+                outbox.wait_for_credit(self.wakeup, limits.max_payloads_per_step)
+                slot.waiting = True
             return False
         return True
 
     def _take_work(self, slot: _Slot) -> StreamWork:
         limits = self.limits
         slot.in_flight += 1
-        slot.stream.client.reserve(limits.max_visible_per_step)
-        if slot.outbox is not None:
-            slot.outbox.reserve(limits.max_payloads_per_step)
+        client, outbox = slot.stream.client, slot.outbox
+        client.reserve(limits.max_visible_per_step)
+        if slot.waiting:  # it fits now: a wake-up for its credit would find nothing to do
+            slot.waiting = False
+            client.stop_waiting(self.wakeup)
+            if outbox is not None:
+                outbox.stop_waiting(self.wakeup)
+        if outbox is not None:
+            outbox.reserve(limits.max_payloads_per_step)
         if slot.inbox is None:
             return StreamWork(slot.stream.id, (), True)
         inputs, closed = slot.inbox.take(limits.max_inputs_per_step)

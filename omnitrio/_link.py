@@ -42,13 +42,14 @@ class Wakeup:
         self._event = trio.Event()
         return True
 
-    async def wait(self) -> None:
-        """Block until ``set()`` was called; cancellable, consumes the wake-up."""
+    async def wait(self) -> bool:
+        """Block until ``set()`` was called; cancellable, consumes the wake-up. Returns
+        False if someone else consumed it first (the waiter has nothing new to see)."""
         if self._pending:
             await trio.lowlevel.checkpoint()
         else:
             await self._event.wait()
-        self.consume()
+        return self.consume()
 
 
 class Link:
@@ -60,7 +61,7 @@ class Link:
         self._send, self.receive_channel = trio.open_memory_channel[object](capacity)
         self._reserved = 0
         self._producers_open = num_producers
-        self._credit_waiters: list[Wakeup] = []
+        self._credit_waiters: list[tuple[Wakeup, int]] = []  # and the credit each needs
         self.consumer_wakeup: Wakeup | None = None
         self.num_put = 0
         self.num_taken = 0
@@ -150,12 +151,12 @@ class Link:
         self._send.close()
 
     def discard(self) -> None:
-        """Drop everything: close both ends and wake both sides."""
+        """Drop everything: close both ends; producers waiting for credit hear of it
+        (the consumer let go itself, or its stream ended and it was told so)."""
         self.close_send()
         self.receive_channel.close()
         self.discarded = True
         self.wake_producers()
-        self._wake_consumer()
 
     def took(self, count: int) -> None:
         """The consumer took ``count`` items: credit is back for waiting producers."""
@@ -163,16 +164,29 @@ class Link:
         if self._credit_waiters:
             self.wake_producers()
 
-    def wait_for_credit(self, wakeup: Wakeup) -> None:
-        """A producer skipped this link's stream for want of credit: wake it once credit
-        comes back (and only then)."""
-        if wakeup not in self._credit_waiters:
-            self._credit_waiters.append(wakeup)
+    def wait_for_credit(self, wakeup: Wakeup, need: int) -> None:
+        """A producer skipped this link's stream for want of ``need`` units of credit:
+        wake it once that much is free (and only then)."""
+        self.stop_waiting(wakeup)
+        self._credit_waiters.append((wakeup, need))
+
+    def stop_waiting(self, wakeup: Wakeup) -> None:
+        """The producer no longer waits for this link's credit (it planned the stream)."""
+        self._credit_waiters = [w for w in self._credit_waiters if w[0] is not wakeup]
 
     def wake_producers(self) -> None:
-        waiters, self._credit_waiters = self._credit_waiters, []
-        for wakeup in waiters:
-            wakeup.set()
+        """Wake, in the order they began waiting, the producers that the credit free
+        now covers; the others wait on (a registered producer has work for the stream,
+        so a woken one takes its credit at its next plan)."""
+        free = self.free
+        waiting: list[tuple[Wakeup, int]] = []
+        for wakeup, need in self._credit_waiters:
+            if need <= free:
+                free -= need
+                wakeup.set()
+            else:
+                waiting.append((wakeup, need))
+        self._credit_waiters = waiting
 
     def _wake_consumer(self) -> None:
         if self.consumer_wakeup is not None:

@@ -218,13 +218,15 @@ class _StallMeter(trio.abc.Instrument):
 
     def __init__(self) -> None:
         self.max_stall_s = 0.0
-        self._started = 0.0
+        self._started: float | None = None
         self.users = 0
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._started = time.perf_counter()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self._started is None:
+            return  # the step that installed the meter
         stall_s = time.perf_counter() - self._started
         if stall_s > self.max_stall_s:
             self.max_stall_s = stall_s
@@ -235,15 +237,16 @@ _stall_meter = _StallMeter()
 
 @asynccontextmanager
 async def _measured_and_frozen() -> AsyncIterator[None]:
-    """While a pipeline runs: the stall meter on, and what start-up allocated (modules,
-    models, configs) frozen out of the collector's way (``gc.freeze``), so a gen-2
-    collection no longer walks it on the trio thread."""
+    """While a pipeline runs: what start-up allocated (modules, models, configs) frozen
+    out of the collector's way (``gc.freeze``), so a gen-2 collection no longer walks
+    it on the trio thread; and the stall meter on (from after that collection)."""
     if _stall_meter.users == 0:
+        gc.collect()
+        gc.freeze()
         _stall_meter.max_stall_s = 0.0
+        _stall_meter._started = None
         trio.lowlevel.add_instrument(_stall_meter)
     _stall_meter.users += 1
-    gc.collect()
-    gc.freeze()
     try:
         yield
     finally:
