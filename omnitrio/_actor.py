@@ -11,10 +11,11 @@ The task decides, the thread executes. Each turn is::
 Up to two turns are out at once: while the thread runs turn N, turn N+1 is
 already planned, its credit reserved, and queued behind it, so the thread goes
 from one step to the next without waiting for trio. One crossing into the
-thread and one back per turn, whatever the batch size. When nothing is ready
-the task waits on its ``Wakeup``, which only what it waits for sets (an input,
-credit it was short of, a new or ended stream, a finished turn): no polling,
-no timeouts but the watchdog's.
+thread and one back per turn, whatever the batch size; a finished turn is
+applied, and the next planned, in the callback that brings its result back.
+When nothing is ready the task waits on its ``Wakeup``, which only what it
+waits for sets (an input, credit it was short of, a new or ended stream): no
+polling, no timeouts but the watchdog's.
 """
 
 from __future__ import annotations
