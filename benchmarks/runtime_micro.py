@@ -169,6 +169,8 @@ class GapResult:
     num_empty_plans: int | None
     """The stage's wake-ups that found nothing to do (None: the runtime does not count them)."""
     max_trio_stall_ms: float | None
+    trio_us_per_turn: float | None
+    """The trio thread's plan + apply time per turn of the stage (None: not reported)."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +235,7 @@ async def step_gaps(num_streams: int, steps: int) -> GapResult:
     cuts = statistics.quantiles(gaps, n=100, method="inclusive")
     stage = stats.stages["probe"]
     stall = getattr(stats, "max_trio_stall_s", None)
+    trio_s = getattr(stage, "trio_s", None)
     return GapResult(
         num_streams,
         len(gaps),
@@ -240,6 +243,7 @@ async def step_gaps(num_streams: int, steps: int) -> GapResult:
         cuts[98] * 1e6,
         getattr(stage, "num_empty_plans", None),
         None if stall is None else stall * 1e3,
+        None if trio_s is None else trio_s / max(1, stage.num_steps) * 1e6,
     )
 
 
@@ -482,15 +486,29 @@ def floor_and_gaps(
         "",
         "Step gap of a saturated stage (1 ms steps, every stream always ready), us",
         "",
-        "| streams | gaps | median | p99 | empty plans | longest trio stall ms |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| streams | gaps | median | p99 | empty plans | longest trio stall ms "
+        "| trio us per turn (plan + apply) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for g in gaps:
         empty = "-" if g.num_empty_plans is None else str(g.num_empty_plans)
         stall = "-" if g.max_trio_stall_ms is None else f"{g.max_trio_stall_ms:.2f}"
+        trio_us = "-" if g.trio_us_per_turn is None else f"{g.trio_us_per_turn:.1f}"
         lines.append(
             f"| {g.num_streams} | {g.num_gaps} | {g.median_us:.0f} | {g.p99_us:.0f} | "
-            f"{empty} | {stall} |"
+            f"{empty} | {stall} | {trio_us} |"
+        )
+    timed = [g for g in gaps if g.trio_us_per_turn is not None]
+    if len(timed) > 1 and timed[-1].num_streams > timed[0].num_streams:
+        first, last = timed[0], timed[-1]
+        assert first.trio_us_per_turn is not None
+        assert last.trio_us_per_turn is not None
+        per = (last.trio_us_per_turn - first.trio_us_per_turn) / (
+            last.num_streams - first.num_streams
+        )
+        lines.append(
+            f"\ntrio cost per extra stream in a batch ({first.num_streams} -> "
+            f"{last.num_streams}): {per:.2f} us"
         )
     return "\n".join(lines)
 

@@ -88,6 +88,7 @@ class _Counters:
     num_step_failures: int = 0
     num_empty_plans: int = 0
     busy_s: float = 0.0
+    trio_s: float = 0.0
     idle_s: float = 0.0
 
 
@@ -152,6 +153,7 @@ class StageActor:
             num_step_failures=c.num_step_failures,
             num_empty_plans=c.num_empty_plans,
             busy_s=c.busy_s,
+            trio_s=c.trio_s,
             idle_s=c.idle_s,
             hung=self.hung,
             model=MappingProxyType(self._runner.model_statistics()),
@@ -350,6 +352,12 @@ class StageActor:
     # ----- plan (trio) --------------------------------------------------------------
 
     def _plan(self) -> _Turn | None:
+        started = time.perf_counter()
+        turn = self._plan_turn()
+        self.counters.trio_s += time.perf_counter() - started
+        return turn
+
+    def _plan_turn(self) -> _Turn | None:
         """One turn's work, or None if there is none. Releases ended streams the stage
         never opened on the way (that counts as work done: it returns an empty turn)."""
         closes: list[str] = []
@@ -376,9 +384,11 @@ class StageActor:
             self.counters.num_skipped_no_credit += len(decision.skipped)
             for sid in decision.skipped:  # full streams wait at the back: scans stay O(batch)
                 slots[sid] = slots.pop(sid)
-        batch = tuple(slots[sid] for sid in decision.batch)
-        for slot in batch:  # stepped streams go to the back of the line
-            slots[slot.stream.id] = slots.pop(slot.stream.id)
+        picked: list[_Slot] = []
+        for sid in decision.batch:  # stepped streams go to the back of the line
+            slot = slots[sid] = slots.pop(sid)
+            picked.append(slot)
+        batch = tuple(picked)
         if not (closes or opens or batch):
             return None if not released else _Turn(Plan((), (), ()), (), (), 0.0)
         for slot in opens:
@@ -450,6 +460,11 @@ class StageActor:
     # ----- apply (back in trio) -----------------------------------------------------
 
     def _apply(self, turn: _Turn) -> None:
+        started = time.perf_counter()
+        self._apply_turn(turn)
+        self.counters.trio_s += time.perf_counter() - started
+
+    def _apply_turn(self, turn: _Turn) -> None:
         try:
             result = turn.result.unwrap() if turn.result is not None else Result()
         except Exception as broken:  # the runner itself broke: a runtime bug, loud
@@ -474,53 +489,70 @@ class StageActor:
         for sid, exc in result.errors.items():
             self._fail(sid, "open_stream", exc)
         self._report_step_problems(plan, result)
-        in_step = set(result.stepped)
-        outputs = result.outputs
-        delivered: list[tuple[_Slot, StreamOutput]] = []
-        limits = self.limits
+        # The hot loops: O(batch), a handful of attribute reads per stream.
+        stepped = result.stepped
+        in_step = None if len(stepped) == len(plan.batch) else set(stepped)
+        outputs, step_error = result.outputs, result.step_error
+        slots = self.slots
+        max_payloads = self.limits.max_payloads_per_step
+        max_visible = self.limits.max_visible_per_step
+        delivered: list[tuple[_Slot, StreamWork, StreamOutput]] = []
+        routed = False
         for slot, work in zip(turn.batch, plan.batch, strict=True):
             slot.in_flight -= 1
             sid = work.stream_id
-            live = self.slots.get(sid) is slot and not slot.stream.ending
-            if sid in in_step and live:
-                if result.step_error is not None:
-                    self._fail(sid, "step", result.step_error)
+            outbox = slot.outbox
+            if (
+                (in_step is None or sid in in_step)
+                and slots.get(sid) is slot
+                and not slot.stream.ending
+            ):
+                if step_error is not None:
+                    self._fail(sid, "step", step_error)
                 else:
                     output = outputs[sid]
                     if output.error is not None:
                         self._fail(sid, "step", output.error)
                     else:
-                        delivered.append((slot, output))
+                        delivered.append((slot, work, output))
+                        routed |= outbox is not None
                         self._route(slot, work, output)
-            if slot.outbox is not None:
-                slot.outbox.settle(limits.max_payloads_per_step, None)
+                        if outbox is not None:
+                            outbox.settle(max_payloads, None)
+                        continue
+            # Not delivered: nothing will use this stream's reservations.
+            slot.stream.client.settle(max_visible, 0)
+            if outbox is not None:
+                outbox.settle(max_payloads, None)
         # Downstream work is queued before any client hears of this step.
-        if self.downstream is not None and any(s.outbox is not None for s, _ in delivered):
+        if routed and self.downstream is not None:
             self.downstream.offer()
-        delivered_ids = {id(s) for s, _ in delivered}
-        visible_by_slot = {id(s): o.visible for s, o in delivered}
-        for slot, work in zip(turn.batch, plan.batch, strict=True):
-            visible = visible_by_slot.get(id(slot), ())
+        num_visible = 0
+        for slot, work, output in delivered:
+            visible = output.visible
             client = slot.stream.client
             if visible:
                 client.put(visible)
-                counters.num_visible_sent += len(visible)
+                num_visible += len(visible)
             # Unused client credit goes back, and a stage short of it hears of it.
-            client.settle(limits.max_visible_per_step, len(visible))
-            if id(slot) in delivered_ids:
-                self._finish(slot, work, outputs[work.stream_id])
+            client.settle(max_visible, len(visible))
+            if output.done:
+                client.producer_done()
+            elif work.input_closed and not output.more:
+                problem = ProtocolError("neither more nor done after input closed")
+                self._fail(work.stream_id, "step", problem)
+        counters.num_visible_sent += num_visible
         for sid in result.closed:
-            closed = self.slots.get(sid)
+            closed = slots.get(sid)
             if closed is not None:
                 closed.closed_on_stage = True
                 if not closed.in_flight:
                     self._release(closed)
-        for slot in (*turn.batch, *turn.opens):  # closed earlier, and now no turn holds it
-            if (
-                slot.closed_on_stage
-                and not slot.in_flight
-                and self.slots.get(slot.stream.id) is slot
-            ):
+        for slot in turn.batch:  # closed by an earlier turn, and now no turn holds it
+            if slot.closed_on_stage and not slot.in_flight and slots.get(slot.stream.id) is slot:
+                self._release(slot)
+        for slot in turn.opens:
+            if slot.closed_on_stage and not slot.in_flight and slots.get(slot.stream.id) is slot:
                 self._release(slot)
 
     def _route(self, slot: _Slot, work: StreamWork, output: StreamOutput) -> None:
@@ -535,13 +567,6 @@ class StageActor:
                 outbox.producer_done(wake=False)
         slot.more = output.more
         slot.input_closed_delivered |= work.input_closed
-
-    def _finish(self, slot: _Slot, work: StreamWork, output: StreamOutput) -> None:
-        if output.done:
-            slot.stream.client.producer_done()
-        elif work.input_closed and not output.more:
-            problem = ProtocolError("neither more nor done after input closed")
-            self._fail(work.stream_id, "step", problem)
 
     def _recover(self) -> None:
         hang = self._hang

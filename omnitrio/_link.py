@@ -116,24 +116,16 @@ class Link:
         ``closed`` is true when the producers are done and nothing is left.
         Wakes producers waiting for credit if anything was taken.
         """
-        items: list[object] = []
-        closed: bool | None
-        while limit is None or len(items) < limit:
-            try:
-                items.append(self.receive_channel.receive_nowait())
-            except trio.WouldBlock:
-                closed = False
-                break
-            except (trio.EndOfChannel, trio.ClosedResourceError):
-                closed = True
-                break
-        else:
-            closed = None
+        if self.discarded:
+            return [], True
+        count = self.num_put - self.num_taken  # counted, so no WouldBlock to catch
+        if limit is not None and limit < count:
+            count = limit
+        receive = self.receive_channel.receive_nowait
+        items = [receive() for _ in range(count)]
         if items:
-            self.took(len(items))
-        if closed is None:  # stopped at the limit: closed if that took the last item
-            closed = self.producers_done and self.buffered == 0
-        return items, closed
+            self.took(count)
+        return items, self._producers_open == 0 and self.num_put == self.num_taken
 
     def producer_done(self, *, wake: bool = True) -> None:
         """One producer will send no more; the last one closes the channel (EOF)."""

@@ -32,6 +32,8 @@ class StageStatistics:
     in a steady run)."""
     busy_s: float
     """Time the worker thread spent in stage calls."""
+    trio_s: float
+    """Time the trio thread spent planning and applying this stage's turns."""
     idle_s: float
     """Time the actor waited with nothing ready."""
     hung: bool = False
