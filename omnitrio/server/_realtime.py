@@ -121,7 +121,7 @@ class RealtimeConnection:
 
     async def _turns(self, nursery: trio.Nursery, detector: DetectorStream) -> None:
         """Feed the detector's findings to the session (barge-in, commit, response)."""
-        async for event in detector.events:
+        async for event in detector:
             if event.name == "speech_started":
                 start_ms = event.data.get("audio_start_ms")
                 if isinstance(start_ms, int):

@@ -22,7 +22,7 @@ from .._pipeline import open_pipeline
 from ._app import create_app
 from ._settings import ServerSettings
 from ._state import ServerState
-from ._turns import open_turn_detector
+from ._turns import TurnDetector
 from ._ws_stream import LINGER_ATTRIBUTE, LimitedWSStream
 
 logger = logging.getLogger(__name__)
@@ -116,15 +116,8 @@ async def serve(
                     return
 
             outer.start_soon(on_signal)
-            async with (
-                open_pipeline(config) as pipeline,
-                open_turn_detector(
-                    pipeline.config.turn_detection,
-                    pipeline.config.source,
-                    pipeline.config.pipeline.shutdown_timeout_s,
-                ) as turns,
-            ):
-                state = ServerState(pipeline, settings, turns=turns)
+            async with open_pipeline(config) as pipeline:
+                state = ServerState(pipeline, settings, turns=TurnDetector.of(pipeline))
                 states.append(state)
                 hyper = _hypercorn_config(settings, writes)
                 serve_http = partial(hypercorn_serve, create_app(state), hyper)
