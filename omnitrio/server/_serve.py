@@ -89,9 +89,10 @@ async def serve(
     The pipeline starts first (its stages load); then the server binds and
     ``task_status.started()`` reports its URLs (an empty list if a signal came
     first: a signal while stages load stops the loading at once). On a signal
-    the server stops accepting, in-flight work gets ``grace_period_s`` to finish,
-    then everything left — socket writes to clients that stopped reading included
-    — is cut, the server closes and the pipeline stops.
+    the server stops accepting, in-flight work gets ``grace_period_s`` to finish
+    (a second signal ends it at once), then everything left — socket writes to
+    clients that stopped reading included — is cut, the server closes and the
+    pipeline stops.
     """
     stopped_by: int | None = None
     stop = trio.Event()
@@ -104,6 +105,11 @@ async def serve(
             async def on_signal() -> None:
                 nonlocal stopped_by
                 async for signum in signals:
+                    if stopped_by is not None:  # a second signal: the grace period ends now
+                        logger.info("second %s: stopping now", signal.Signals(signum).name)
+                        outer.cancel_scope.deadline = trio.current_time()
+                        writes.stop_by(trio.current_time())
+                        return
                     stopped_by = signum
                     stop.set()
                     if not states:  # still loading: nothing in flight to wait for
@@ -113,7 +119,6 @@ async def serve(
                     hard_stop_at = trio.current_time() + settings.grace_period_s
                     outer.cancel_scope.deadline = hard_stop_at
                     writes.stop_by(hard_stop_at)
-                    return
 
             outer.start_soon(on_signal)
             async with (
