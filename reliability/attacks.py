@@ -291,7 +291,7 @@ def attack_ws_leak(checkout: Path, fd_limit: int) -> str:
     server = Server(checkout)
     try:
         fds0, rss0 = server.fds(), server.rss_mb()
-        frame = _ws_frame(json.dumps({"type": "nonsense", "pad": "x" * (1 << 20) - 40}).encode())
+        frame = _ws_frame(json.dumps({"type": "nonsense", "pad": "x" * ((1 << 20) - 40)}).encode())
         threads = [
             threading.Thread(
                 target=_flood_without_reading, args=(server.port, frame, 16, "omnitrio.json.v1")

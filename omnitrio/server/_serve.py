@@ -8,6 +8,7 @@ import os
 import signal
 from functools import partial
 
+import hypercorn.protocol
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
 import hypercorn.trio.run
@@ -20,7 +21,11 @@ from hypercorn.trio.tcp_server import TCPServer
 from .._config import PipelineConfig
 from .._pipeline import open_pipeline
 from ._app import create_app
-from ._settings import ServerSettings
+from ._connections import ATTRIBUTE as CONNECTIONS_ATTRIBUTE
+from ._connections import ConnectionSlots, refuse
+from ._h2c import ATTRIBUTE as H2C_ATTRIBUTE
+from ._h2c import H11WithoutH2c
+from ._settings import ServerSettings, effective_max_connections
 from ._state import ServerState
 from ._turns import open_turn_detector
 from ._ws_stream import LINGER_ATTRIBUTE, LimitedWSStream
@@ -37,6 +42,9 @@ class _ContainedTCPServer(TCPServer):
       for every client (hypercorn #225: a WebSocket upgrade request followed by
       extra bytes makes h11 raise while hypercorn finishes the connection). Here
       it is logged and only that connection is dropped. Cancellation passes.
+    - hypercorn's close of a connection is shielded here (see ``_close``).
+    - A connection past the server's limit is answered 503 and closed
+      (``_connections``).
     - hypercorn writes to the socket shielded from cancellation, so a peer that
       stops reading would hold its connection task (and server shutdown) forever.
       Here a write that cannot finish within the server's send timeout drops that
@@ -44,10 +52,25 @@ class _ContainedTCPServer(TCPServer):
     """
 
     async def run(self) -> None:
+        slots: ConnectionSlots = getattr(self.config, CONNECTIONS_ATTRIBUTE)
+        if not slots.take():
+            await refuse(self.stream, slots.max_connections)
+            return
         try:
             await super().run()
         except Exception:
             logger.warning("a connection failed inside the HTTP server; dropped it", exc_info=True)
+        finally:
+            slots.give_back()
+
+    async def _close(self) -> None:
+        # Shielded: hypercorn closes a connection (``Connection: close``, a response
+        # sent before its request body was read: a 401 to a client still uploading)
+        # from inside the application's task, which quart cancels as the response
+        # ends, so the close was lost and the connection stayed open for as long as
+        # the peer liked. Both steps are immediate (shutdown and close of the socket).
+        with trio.CancelScope(shield=True):
+            await super()._close()
 
     async def protocol_send(self, event: Event) -> None:
         if not isinstance(event, RawData):
@@ -73,6 +96,8 @@ class _ContainedTCPServer(TCPServer):
 
 
 hypercorn.trio.run.TCPServer = _ContainedTCPServer  # type: ignore[attr-defined]
+# h2c only when the settings turn it on (``_h2c``).
+hypercorn.protocol.H11Protocol = H11WithoutH2c  # type: ignore[attr-defined]
 # WebSocket messages bounded while they are parsed (hypercorn counts them afterwards).
 hypercorn.protocol.h11.WSStream = LimitedWSStream  # type: ignore[attr-defined]
 hypercorn.protocol.h2.WSStream = LimitedWSStream  # type: ignore[attr-defined]
@@ -177,4 +202,6 @@ def _hypercorn_config(settings: ServerSettings, writes: _WriteDeadlines) -> Conf
     config.errorlog = logging.getLogger("hypercorn.error")
     setattr(config, WRITES_ATTRIBUTE, writes)
     setattr(config, LINGER_ATTRIBUTE, settings.close_linger_s)
+    setattr(config, H2C_ATTRIBUTE, settings.h2c)
+    setattr(config, CONNECTIONS_ATTRIBUTE, ConnectionSlots(effective_max_connections(settings)))
     return config

@@ -48,9 +48,6 @@ class ServerSettings:
     """Open TCP connections (idle ones included) the server holds; one more is answered
     503 and closed at once. Lowered at start to the process's file-descriptor limit
     minus ``FD_RESERVE`` (``effective_max_connections``), so it never runs out of fds."""
-    unauthenticated_linger_s: float = 1.0
-    """After a 401/403/421 the request body is read (and dropped) for at most this long,
-    then the connection is closed: a refused client cannot hold it open by trickling."""
     max_frame_decode_bytes: int = 64 << 10
     """A Realtime message larger than this is decoded off the event loop (in a worker
     thread, one at a time per connection), so a flood of large frames cannot stall others."""
@@ -74,7 +71,6 @@ class ServerSettings:
             "close_linger_s",
             "max_input_audio_s",
             "max_session_s",
-            "unauthenticated_linger_s",
         ):
             if not 0 < getattr(self, name) < math.inf:  # NaN fails too
                 raise SettingsError(
