@@ -13,8 +13,9 @@ server's RSS and open fds before / after (from ``/proc``). Linux only.
 wav-rate      chat completion with a WAV whose header claims 100 Hz, 0 Hz, 2**32-1 Hz
 bad-host      ``Host: [``, ``[::1``, ``a]b`` and ``Origin: http://[``
 speech-flood  150 concurrent /v1/audio/speech at max_streams 64: status codes, cut bodies
-ws-leak       3 WebSocket clients send 1 MiB frames without reading, get dropped, leave;
-              then fds and the SIGTERM exit time
+ws-leak       3 WebSocket clients send 1 MiB frames (a 1 MiB event_id, echoed in the error
+              event) for 25 s without reading, get closed or dropped, leave; then the
+              server's live trio tasks, fds, RSS and SIGTERM exit time
 echo-flood    10 non-reading WebSocket clients, 1 MiB frames whose event_id is 1 MiB
 unauth-trickle  (with an API key) 20 unauthenticated chunked uploads trickling a byte
               a second: how long the server keeps each connection
@@ -48,6 +49,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "reliability"))
+from soak import SITECUSTOMIZE  # noqa: E402
+
 API_KEY = "attack-test-key"
 
 
@@ -65,7 +69,15 @@ class Server:
             if fd_limit is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
 
-        env = dict(os.environ, PYTHONPATH=str(checkout))
+        # soak.py's sitecustomize: the server reports its live trio tasks to a file.
+        site = Path(tempfile.mkdtemp())
+        (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        self.tasks_file = site / "tasks"
+        env = dict(
+            os.environ,
+            PYTHONPATH=f"{site}{os.pathsep}{checkout}",
+            OMNITRIO_SOAK_TASKS_FILE=str(self.tasks_file),
+        )
         self.process = subprocess.Popen(
             args,
             cwd=checkout,
@@ -97,6 +109,14 @@ class Server:
 
     def fds(self) -> int:
         return len(os.listdir(f"/proc/{self.process.pid}/fd"))
+
+    def tasks(self) -> int | None:
+        """Live trio tasks in the server (reported once a second)."""
+        time.sleep(1.2)
+        try:
+            return int(self.tasks_file.read_text())
+        except (OSError, ValueError):
+            return None
 
     def tracebacks(self) -> int:
         return sum("Traceback" in line for line in self.stderr)
@@ -290,11 +310,13 @@ def _flood_without_reading(port: int, frame: bytes, seconds: float, subprotocol:
 def attack_ws_leak(checkout: Path, fd_limit: int) -> str:
     server = Server(checkout)
     try:
-        fds0, rss0 = server.fds(), server.rss_mb()
-        frame = _ws_frame(json.dumps({"type": "nonsense", "pad": "x" * ((1 << 20) - 40)}).encode())
+        fds0, rss0, tasks0 = server.fds(), server.rss_mb(), server.tasks()
+        frame = _ws_frame(
+            json.dumps({"type": "nonsense", "event_id": "e" * ((1 << 20) - 64)}).encode()
+        )
         threads = [
             threading.Thread(
-                target=_flood_without_reading, args=(server.port, frame, 16, "omnitrio.json.v1")
+                target=_flood_without_reading, args=(server.port, frame, 25, "omnitrio.json.v1")
             )
             for _ in range(3)
         ]
@@ -303,12 +325,13 @@ def attack_ws_leak(checkout: Path, fd_limit: int) -> str:
         for thread in threads:
             thread.join()
         time.sleep(3)
-        fds1, rss1 = server.fds(), server.rss_mb()
+        fds1, rss1, tasks1 = server.fds(), server.rss_mb(), server.tasks()
         state = served(server)
     finally:
         code, seconds = server.stop()
     return (
-        f"fds {fds0} -> {fds1}, RSS {rss0:.0f} -> {rss1:.0f} MB after the clients left; "
+        f"trio tasks {tasks0} -> {tasks1}, fds {fds0} -> {fds1}, "
+        f"RSS {rss0:.0f} -> {rss1:.0f} MB after the clients left; "
         f"{state}; SIGTERM exit {code} in {seconds:.2f} s"
     )
 

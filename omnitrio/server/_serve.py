@@ -42,7 +42,8 @@ class _ContainedTCPServer(TCPServer):
       for every client (hypercorn #225: a WebSocket upgrade request followed by
       extra bytes makes h11 raise while hypercorn finishes the connection). Here
       it is logged and only that connection is dropped. Cancellation passes.
-    - hypercorn's close of a connection is shielded here (see ``_close``).
+    - hypercorn's close of a connection is shielded here (see ``_close``), and a
+      connection whose peer has gone is not kept for the keep-alive timeout.
     - A connection past the server's limit is answered 503 and closed
       (``_connections``).
     - hypercorn writes to the socket shielded from cancellation, so a peer that
@@ -62,6 +63,13 @@ class _ContainedTCPServer(TCPServer):
             logger.warning("a connection failed inside the HTTP server; dropped it", exc_info=True)
         finally:
             slots.give_back()
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        # The peer closed (or reading failed): without this hypercorn's keep-alive
+        # timer holds the finished connection, its fd and its slot, for
+        # keep_alive_timeout (5 s) more. A response still being written goes on.
+        await self.idle_task.stop()
 
     async def _close(self) -> None:
         # Shielded: hypercorn closes a connection (``Connection: close``, a response
