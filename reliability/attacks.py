@@ -24,7 +24,8 @@ idle-conns    idle TCP connections up to the fd limit (``--fd-limit``, default 2
 h2c           HTTP/2 prior knowledge: is it spoken
 decode-flood  one client floods 1 MiB msgpack frames of 500,000 empty maps; another
               times text turns (first audio) meanwhile
-signals       SIGTERM twice 0.3 s apart, SIGINT twice: exit status, "stopped" line
+signals       4 endless streaming chats, grace period 30 s; SIGTERM twice 0.3 s apart, SIGINT
+              twice: exit status, time to exit, "stopped" line
 """
 
 from __future__ import annotations
@@ -58,12 +59,23 @@ API_KEY = "attack-test-key"
 class Server:
     """``omnitrio run`` in a subprocess, from ``checkout``, on a synthetic pipeline."""
 
-    def __init__(self, checkout: Path, *, api_key: str | None = None, fd_limit: int | None = None):
+    def __init__(
+        self,
+        checkout: Path,
+        *,
+        api_key: str | None = None,
+        fd_limit: int | None = None,
+        endless: bool = False,
+        grace_period_s: float = 2.0,
+    ):
         config = Path(tempfile.mkdtemp()) / "synthetic.yaml"
         text = (checkout / "configs" / "synthetic.yaml").read_text()
+        if endless:  # answers that never end by themselves
+            text = text.replace("steps: 24", "steps: 100000")
         config.write_text(text)
         args = [sys.executable, "-m", "omnitrio._cli", "run", "--config", str(config)]
-        args += ["--port", "0"] + (["--api-key", api_key] if api_key else [])
+        args += ["--port", "0", "--grace-period-s", str(grace_period_s)]
+        args += ["--api-key", api_key] if api_key else []
 
         def limit_fds() -> None:
             if fd_limit is not None:
@@ -517,7 +529,18 @@ def attack_decode_flood(checkout: Path, fd_limit: int) -> str:
 def attack_signals(checkout: Path, fd_limit: int) -> str:
     results = []
     for name in ("SIGTERM", "SIGINT"):
-        server = Server(checkout)
+        server = Server(checkout, endless=True, grace_period_s=30)
+        body = json.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+        ).encode()
+        for _ in range(4):  # endless answers in flight: the grace period is used
+            threading.Thread(
+                target=http,
+                args=(server.port, "POST", "/v1/chat/completions", body),
+                kwargs={"timeout_s": 60},
+                daemon=True,
+            ).start()
+        time.sleep(1.0)
         start = time.monotonic()
         server.process.send_signal(getattr(signal, name))
         time.sleep(0.3)
