@@ -546,7 +546,7 @@ def attack_signals(checkout: Path, fd_limit: int) -> str:
         time.sleep(0.3)
         with contextlib.suppress(ProcessLookupError):
             server.process.send_signal(getattr(signal, name))
-        code = server.process.wait(timeout=30)
+        code = server.process.wait(timeout=90)
         time.sleep(0.2)
         stopped = any("omnitrio: stopped" in line for line in server.stderr)
         results.append(
