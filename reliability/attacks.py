@@ -319,21 +319,26 @@ def _flood_without_reading(port: int, frame: bytes, seconds: float, subprotocol:
     return outcome
 
 
+def _echo_flooders(port: int, count: int, seconds: float) -> list[threading.Thread]:
+    """``count`` started non-reading clients sending 1 MiB frames whose event_id is 1 MiB."""
+    event = {"type": "nonsense", "event_id": "e" * ((1 << 20) - 64)}
+    frame = _ws_frame(json.dumps(event).encode())
+    threads = [
+        threading.Thread(
+            target=_flood_without_reading, args=(port, frame, seconds, "omnitrio.json.v1")
+        )
+        for _ in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
 def attack_ws_leak(checkout: Path, fd_limit: int) -> str:
     server = Server(checkout)
     try:
         fds0, rss0, tasks0 = server.fds(), server.rss_mb(), server.tasks()
-        frame = _ws_frame(
-            json.dumps({"type": "nonsense", "event_id": "e" * ((1 << 20) - 64)}).encode()
-        )
-        threads = [
-            threading.Thread(
-                target=_flood_without_reading, args=(server.port, frame, 25, "omnitrio.json.v1")
-            )
-            for _ in range(3)
-        ]
-        for thread in threads:
-            thread.start()
+        threads = _echo_flooders(server.port, 3, 25)
         for thread in threads:
             thread.join()
         time.sleep(3)
@@ -352,18 +357,8 @@ def attack_echo_flood(checkout: Path, fd_limit: int) -> str:
     server = Server(checkout)
     try:
         rss0 = server.rss_mb()
-        frame = _ws_frame(
-            json.dumps({"type": "nonsense", "event_id": "e" * ((1 << 20) - 64)}).encode()
-        )
         peak = rss0
-        threads = [
-            threading.Thread(
-                target=_flood_without_reading, args=(server.port, frame, 14, "omnitrio.json.v1")
-            )
-            for _ in range(10)
-        ]
-        for thread in threads:
-            thread.start()
+        threads = _echo_flooders(server.port, 10, 14)
         while any(t.is_alive() for t in threads):
             peak = max(peak, server.rss_mb())
             time.sleep(0.5)

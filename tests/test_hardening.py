@@ -7,7 +7,6 @@ the same attacks at full size against ``omnitrio run``."""
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import os
 import signal
@@ -15,7 +14,6 @@ import socket
 import struct
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import msgpack
@@ -25,7 +23,12 @@ import trio
 from omnitrio.realtime import RealtimeSession, SessionConfig
 from omnitrio.server import ServerSettings, serve
 from tests.conftest import chain_config, count_tasks
-from tests.test_server_process import _wait_for_open_streams, start_server
+from tests.test_server_process import (
+    _wait_for_open_streams,
+    endless_config,
+    read_streaming_chat,
+    start_server,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -358,15 +361,11 @@ def test_a_second_signal_ends_the_grace_period_and_exit_is_still_zero(
 ) -> None:
     # Attack (issue 16 #10): SIGTERM twice 0.3 s apart killed the server (exit 143 /
     # 130, no "stopped" line). Now the second one ends the grace period at once.
-    config = tmp_path / "long.yaml"
-    config.write_text(
-        (REPO / "configs" / "synthetic.yaml").read_text().replace("steps: 24", "steps: 100000")
-    )
+    config = endless_config(tmp_path)
     process, url = start_server("--config", str(config), "--port", "0", "--grace-period-s", "60")
     try:
-        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
         readers = [
-            threading.Thread(target=_read_stream, args=(url, body), daemon=True) for _ in range(4)
+            threading.Thread(target=read_streaming_chat, args=(url,), daemon=True) for _ in range(4)
         ]
         for reader in readers:
             reader.start()
@@ -383,17 +382,3 @@ def test_a_second_signal_ends_the_grace_period_and_exit_is_still_zero(
     assert process.returncode == 0, err
     assert "omnitrio: stopped" in err
     assert elapsed < 10, elapsed  # not the 60 s grace period
-
-
-def _read_stream(url: str, body: dict[str, object]) -> None:
-    request = urllib.request.Request(
-        f"{url}/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            while response.read(1024):
-                pass
-    except (OSError, ValueError, http.client.HTTPException):
-        pass  # the server ending the response mid-stream is the point
