@@ -18,7 +18,7 @@ from typing import Any, Literal
 import pydantic
 from quart import Response
 
-from .._errors import OmnitrioError, Overloaded
+from .._errors import OmnitrioError, Overloaded, PipelineClosed
 from .._items import AudioChunk, AudioInput, Request, TextDelta
 from ._audio import checked_input_audio, resample_pcm16, wav_bytes, wav_header
 from ._settings import ServerSettings
@@ -296,9 +296,9 @@ async def speech(state: ServerState, raw: bytes) -> Response:
     chunks = body()
     try:
         await anext(chunks)
-    except Overloaded:
+    except (Overloaded, PipelineClosed) as exc:
         await chunks.aclose()
-        return _overloaded(state, "overloaded")
+        return _overloaded(state, "overloaded" if isinstance(exc, Overloaded) else "draining")
     mimetype = "audio/wav" if parsed.response_format == "wav" else "audio/pcm"
     response = Response(chunks, mimetype=mimetype)
     response.headers["X-Sample-Rate"] = str(rate_hz)
