@@ -22,8 +22,9 @@ unauth-trickle  (with an API key) 20 unauthenticated chunked uploads trickling a
 idle-conns    idle TCP connections up to the fd limit (``--fd-limit``, default 256):
               is /health still served, how are the extra ones refused
 h2c           HTTP/2 prior knowledge: is it spoken
-decode-flood  one client floods 1 MiB msgpack frames of 500,000 empty maps; another
-              times text turns (first audio) meanwhile
+decode-flood  one client floods 1 MiB msgpack frames of 500,000 empty maps (then JSON
+              arrays of 500,000 zeros, then tiny appends); another times text turns
+              (first audio) meanwhile
 signals       4 endless streaming chats, grace period 30 s; SIGTERM twice 0.3 s apart, SIGINT
               twice: exit status, time to exit, "stopped" line
 """
@@ -455,16 +456,34 @@ def attack_h2c(checkout: Path, fd_limit: int) -> str:
         server.stop()
 
 
-def attack_decode_flood(checkout: Path, fd_limit: int) -> str:
+def _decode_flood_frames(kind: str) -> tuple[bytes, str]:
+    """(what the flooding client sends over and over, its subprotocol)."""
     import msgpack
 
+    if kind == "maps":  # 1 MiB of empty msgpack maps
+        return _ws_frame(msgpack.packb([{}] * 500_000), opcode=2), "omnitrio.msgpack.v1"
+    if kind == "arrays":  # a JSON array of 500,000 zeros
+        return _ws_frame(("[" + ",".join(["0"] * 500_000) + "]").encode()), "omnitrio.json.v1"
+    # 64 tiny appends (2 bytes of audio each) per write
+    append = json.dumps({"type": "input_audio_buffer.append", "audio": "AAA="}).encode()
+    clear = json.dumps({"type": "input_audio_buffer.clear"}).encode()
+    return b"".join(_ws_frame(append) for _ in range(63)) + _ws_frame(clear), "omnitrio.json.v1"
+
+
+def attack_decode_flood(checkout: Path, fd_limit: int) -> str:
+    return "; ".join(
+        f"{kind}: {_decode_flood(checkout, kind)}" for kind in ("maps", "arrays", "appends")
+    )
+
+
+def _decode_flood(checkout: Path, kind: str) -> str:
     server = Server(checkout)
     try:
-        frame = _ws_frame(msgpack.packb([{}] * 500_000), opcode=2)
+        frame, subprotocol = _decode_flood_frames(kind)
         stop = threading.Event()
 
         def flood() -> None:
-            sock = _ws_connect(server.port, "omnitrio.msgpack.v1")
+            sock = _ws_connect(server.port, subprotocol)
             sock.settimeout(1.0)
             while not stop.is_set():
                 try:
