@@ -222,5 +222,6 @@ def session_config(state: ServerState, framing: str, beta: bool) -> SessionConfi
         output_sample_rate_hz=settings.output_sample_rate_hz,
         max_input_audio_s=settings.max_input_audio_s,
         max_message_bytes=settings.max_message_bytes,
+        max_frame_values=settings.max_frame_values,
         server_vad=state.turns is not None,
     )

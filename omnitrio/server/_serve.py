@@ -8,6 +8,7 @@ import os
 import signal
 from functools import partial
 
+import hypercorn.protocol
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
 import hypercorn.trio.run
@@ -20,7 +21,11 @@ from hypercorn.trio.tcp_server import TCPServer
 from .._config import PipelineConfig
 from .._pipeline import open_pipeline
 from ._app import create_app
-from ._settings import ServerSettings
+from ._connections import ATTRIBUTE as CONNECTIONS_ATTRIBUTE
+from ._connections import ConnectionSlots, refuse
+from ._h2c import ATTRIBUTE as H2C_ATTRIBUTE
+from ._h2c import H11WithoutH2c
+from ._settings import ServerSettings, effective_max_connections
 from ._state import ServerState
 from ._turns import TurnDetector
 from ._ws_stream import LINGER_ATTRIBUTE, LimitedWSStream
@@ -37,6 +42,10 @@ class _ContainedTCPServer(TCPServer):
       for every client (hypercorn #225: a WebSocket upgrade request followed by
       extra bytes makes h11 raise while hypercorn finishes the connection). Here
       it is logged and only that connection is dropped. Cancellation passes.
+    - hypercorn's close of a connection is shielded here (see ``_close``), and a
+      connection whose peer has gone is not kept for the keep-alive timeout.
+    - A connection past the server's limit is answered 503 and closed
+      (``_connections``).
     - hypercorn writes to the socket shielded from cancellation, so a peer that
       stops reading would hold its connection task (and server shutdown) forever.
       Here a write that cannot finish within the server's send timeout drops that
@@ -44,10 +53,32 @@ class _ContainedTCPServer(TCPServer):
     """
 
     async def run(self) -> None:
+        slots: ConnectionSlots = getattr(self.config, CONNECTIONS_ATTRIBUTE)
+        if not slots.take():
+            await refuse(self.stream, slots.max_connections)
+            return
         try:
             await super().run()
         except Exception:
             logger.warning("a connection failed inside the HTTP server; dropped it", exc_info=True)
+        finally:
+            slots.give_back()
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        # The peer closed (or reading failed): without this hypercorn's keep-alive
+        # timer holds the finished connection, its fd and its slot, for
+        # keep_alive_timeout (5 s) more. A response still being written goes on.
+        await self.idle_task.stop()
+
+    async def _close(self) -> None:
+        # Shielded: hypercorn closes a connection (``Connection: close``, a response
+        # sent before its request body was read: a 401 to a client still uploading)
+        # from inside the application's task, which quart cancels as the response
+        # ends, so the close was lost and the connection stayed open for as long as
+        # the peer liked. Both steps are immediate (shutdown and close of the socket).
+        with trio.CancelScope(shield=True):
+            await super()._close()
 
     async def protocol_send(self, event: Event) -> None:
         if not isinstance(event, RawData):
@@ -73,6 +104,8 @@ class _ContainedTCPServer(TCPServer):
 
 
 hypercorn.trio.run.TCPServer = _ContainedTCPServer  # type: ignore[attr-defined]
+# h2c only when the settings turn it on (``_h2c``).
+hypercorn.protocol.H11Protocol = H11WithoutH2c  # type: ignore[attr-defined]
 # WebSocket messages bounded while they are parsed (hypercorn counts them afterwards).
 hypercorn.protocol.h11.WSStream = LimitedWSStream  # type: ignore[attr-defined]
 hypercorn.protocol.h2.WSStream = LimitedWSStream  # type: ignore[attr-defined]
@@ -89,9 +122,10 @@ async def serve(
     The pipeline starts first (its stages load); then the server binds and
     ``task_status.started()`` reports its URLs (an empty list if a signal came
     first: a signal while stages load stops the loading at once). On a signal
-    the server stops accepting, in-flight work gets ``grace_period_s`` to finish,
-    then everything left — socket writes to clients that stopped reading included
-    — is cut, the server closes and the pipeline stops.
+    the server stops accepting, in-flight work gets ``grace_period_s`` to finish
+    (a second signal ends it at once), then everything left — socket writes to
+    clients that stopped reading included — is cut, the server closes and the
+    pipeline stops.
     """
     stopped_by: int | None = None
     stop = trio.Event()
@@ -104,6 +138,11 @@ async def serve(
             async def on_signal() -> None:
                 nonlocal stopped_by
                 async for signum in signals:
+                    if stopped_by is not None:  # a second signal: the grace period ends now
+                        logger.info("second %s: stopping now", signal.Signals(signum).name)
+                        outer.cancel_scope.deadline = trio.current_time()
+                        writes.stop_by(trio.current_time())
+                        return
                     stopped_by = signum
                     stop.set()
                     if not states:  # still loading: nothing in flight to wait for
@@ -113,7 +152,6 @@ async def serve(
                     hard_stop_at = trio.current_time() + settings.grace_period_s
                     outer.cancel_scope.deadline = hard_stop_at
                     writes.stop_by(hard_stop_at)
-                    return
 
             outer.start_soon(on_signal)
             async with open_pipeline(config) as pipeline:
@@ -165,4 +203,6 @@ def _hypercorn_config(settings: ServerSettings, writes: _WriteDeadlines) -> Conf
     config.errorlog = logging.getLogger("hypercorn.error")
     setattr(config, WRITES_ATTRIBUTE, writes)
     setattr(config, LINGER_ATTRIBUTE, settings.close_linger_s)
+    setattr(config, H2C_ATTRIBUTE, settings.h2c)
+    setattr(config, CONNECTIONS_ATTRIBUTE, ConnectionSlots(effective_max_connections(settings)))
     return config
