@@ -100,7 +100,9 @@ def test_bench_in_process_with_the_built_in_baselines(tmp_path: Path, fast_confi
         "--sweep",
         "1,2",
         "--baseline",
-        "seed-orchestrator",
+        "orchestrator-shape",
+        "--baseline",
+        "vllm-omni-model",
         "--baseline",
         "sequential",
         "--warmup",
@@ -108,13 +110,13 @@ def test_bench_in_process_with_the_built_in_baselines(tmp_path: Path, fast_confi
         "--set",
         "talker.service_time_ms=0.25",
     )
-    check_runs(report, ["omnitrio", "seed-orchestrator", "sequential"], [1, 2])
+    check_runs(report, ["omnitrio", "orchestrator-shape", "vllm-omni-model", "sequential"], [1, 2])
     workload = report["workload"]
     assert isinstance(workload, dict)
     assert set(workload["ideal_ttfa_s"]) == {"1", "2"}  # JSON keys
     assert "| omnitrio | 1 |" in markdown
     assert "## omnitrio / baseline" in markdown
-    assert "| seed-orchestrator | 2 |" in markdown
+    assert "| vllm-omni-model | 2 |" in markdown
 
 
 def test_bench_plots(tmp_path: Path, fast_config: Path) -> None:

@@ -22,6 +22,7 @@ from .._items import Scalar
 from ._http import Endpoint
 from ._inprocess import open_pipeline_target
 from ._monolithic import SEQUENTIAL, open_monolithic
+from ._orchestrator_shape import open_orchestrator_shape
 from ._profile import (
     capacity_requests_per_s,
     ideal_first_audio_s,
@@ -30,13 +31,19 @@ from ._profile import (
 )
 from ._report import RunReport, markdown_table, ratio_table, report_run, to_json, wave_table
 from ._runner import LoadSettings, default_progress_stream, run_load
-from ._seed_orchestrator import open_seed_orchestrator
 from ._server import ChatTarget, RealtimeTarget, wait_until_serving
 from ._target import Prompt, Target
+from ._vllm_omni_settings import PACKAGING_MS, SAVE_LIMIT, ModelSettings
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_CONFIG = REPO / "configs" / "bench-omni.yaml"
-BASELINES = ("seed-orchestrator", "pipecat", "sequential")
+BASELINES = (
+    "vllm-omni-model",
+    "vllm-omni-model-sem512",
+    "orchestrator-shape",
+    "pipecat",
+    "sequential",
+)
 OpenTarget = Callable[[], AbstractAsyncContextManager[Target]]
 
 
@@ -58,6 +65,13 @@ def add_parser(commands: Any) -> None:
         "--model-path", type=Path, help="local model folder for the stages that load one"
     )
     what.add_argument("--cpu-bound", action="store_true", help="synthetic stages hold the GIL")
+    what.add_argument(
+        "--model-packaging-ms",
+        type=float,
+        default=PACKAGING_MS,
+        help="vllm-omni model: talker payload packaging per step, GIL held (seed 002; "
+        "0: PR 4476's async output)",
+    )
     what.add_argument(
         "--set",
         action="append",
@@ -165,8 +179,16 @@ def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarge
     else:
         targets.append(lambda: open_pipeline_target(config))
     for name in dict.fromkeys(args.baseline):
-        if name == "seed-orchestrator":
-            targets.append(lambda: open_seed_orchestrator(config))
+        if name == "orchestrator-shape":
+            targets.append(lambda: open_orchestrator_shape(config))
+        elif name.startswith("vllm-omni-model"):
+            if importlib.util.find_spec("zmq") is None:
+                raise ValueError(f"--baseline {name} needs pyzmq: pip install -e '.[bench]'")
+            settings = ModelSettings(
+                save_limit=SAVE_LIMIT if name.endswith("sem512") else None,
+                packaging_ms=args.model_packaging_ms,
+            )
+            targets.append(_model_target(config, settings, name))
         elif name == "sequential":
             targets.append(lambda: open_monolithic(config, SEQUENTIAL))
         elif name == "pipecat":
@@ -183,6 +205,12 @@ def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarge
     if args.monolithic:
         targets.append(lambda: open_monolithic(config, args.monolithic))
     return targets
+
+
+def _model_target(config: PipelineConfig, settings: ModelSettings, name: str) -> OpenTarget:
+    from ._vllm_omni_model import open_vllm_omni_model  # needs pyzmq, the bench extra
+
+    return lambda: open_vllm_omni_model(config, settings, name)
 
 
 def _context(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
