@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,15 @@ def add_parser(commands: Any) -> None:
     load.add_argument("--num-prompts", type=int, help="per run (default 4 x concurrency)")
     load.add_argument("--max-concurrency", type=int, default=4)
     load.add_argument("--sweep", help="concurrency levels, e.g. 1,4,16,64,128")
+    load.add_argument(
+        "--load-fractions",
+        help="open loop: Poisson arrivals at these fractions of the profile's computed "
+        "capacity, e.g. 0.5,0.9,1.1 (synthetic configs; refused arrivals are not retried)",
+    )
+    load.add_argument(
+        "--open-loop-s", type=float, default=20.0, help="open loop: seconds of arrivals per run"
+    )
+    load.add_argument("--repeat", type=int, default=1, help="runs of each load and target")
     load.add_argument("--request-rate", type=float, default=math.inf, help="req/s (inf: all)")
     load.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1: Poisson)")
     load.add_argument("--seed", type=int, default=0)
@@ -108,9 +118,49 @@ def add_parser(commands: Any) -> None:
 
 
 def _levels(args: argparse.Namespace) -> list[int]:
+    if args.load_fractions and not args.sweep:
+        return []
     if not args.sweep:
         return [args.max_concurrency]
     return [int(level) for level in args.sweep.split(",")]
+
+
+def _fractions(args: argparse.Namespace) -> list[float]:
+    return [float(f) for f in args.load_fractions.split(",")] if args.load_fractions else []
+
+
+@dataclass(frozen=True)
+class _Load:
+    settings: LoadSettings
+    num_prompts: int
+    ideal_ttfa_s: float | None
+
+
+def _loads(args: argparse.Namespace, context: dict[str, Any]) -> list[_Load]:
+    """The closed-loop levels, then the open-loop rates, in the order they run."""
+    workload = context["workload"]
+    common = {
+        "burstiness": args.burstiness,
+        "seed": args.seed,
+        "time_limit_s": args.time_limit_s,
+        "read_speed": args.read_speed,
+    }
+    loads = [
+        _Load(
+            LoadSettings(max_concurrency=level, request_rate=args.request_rate, **common),
+            args.num_prompts or 4 * level,
+            None if args.url else workload.get("ideal_ttfa_s", {}).get(level),
+        )
+        for level in _levels(args)
+    ]
+    for fraction in _fractions(args):
+        if "capacity_requests_per_s" not in workload:
+            raise ValueError("--load-fractions needs a config of synthetic stages (a profile)")
+        rate = fraction * workload["capacity_requests_per_s"]
+        count = args.num_prompts or max(1, round(rate * args.open_loop_s))
+        settings = LoadSettings(max_concurrency=count, request_rate=rate, retry=False, **common)
+        loads.append(_Load(settings, count, None))
+    return loads
 
 
 def make_prompts(
@@ -229,6 +279,17 @@ def _context(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]
                 for level in _levels(args)
             },
             "capacity_requests_per_s": capacity_requests_per_s(profiles, args.output_len),
+            # a zero-overhead runtime at each level, with at most max_streams admitted
+            "zero_overhead_requests_per_s": {
+                level: capacity_requests_per_s(
+                    profiles, args.output_len, min(level, config.pipeline.max_streams)
+                )
+                for level in _levels(args)
+            },
+            "open_loop_requests_per_s": {
+                fraction: fraction * capacity_requests_per_s(profiles, args.output_len)
+                for fraction in _fractions(args)
+            },
             "max_continuous_streams": max_continuous_streams(profiles),
             "max_streams": config.pipeline.max_streams,
         }
@@ -264,32 +325,30 @@ async def bench(args: argparse.Namespace) -> None:
         config = with_model_path(config, args.model_path)
     if args.cpu_bound:
         config = with_cpu_bound(config)
-    levels = _levels(args)
+    if args.repeat < 1:
+        raise ValueError(f"--repeat must be at least 1, got {args.repeat}")
     context = _context(args, config)
-    ideal = context["workload"].get("ideal_ttfa_s", {})
+    loads = _loads(args, context)
     progress = None if args.no_progress else default_progress_stream()
     reports: list[RunReport] = []
     targets = _targets(args, config)
-    for level in levels:
-        count = args.num_prompts or 4 * level
-        prompts = make_prompts(count, args.input_len, args.output_len, args.seed, args.option)
-        warmup = make_prompts(
-            args.warmup, args.input_len, args.output_len, args.seed + 1, args.option
+    warmup = make_prompts(args.warmup, args.input_len, args.output_len, args.seed + 1, args.option)
+    for load in loads:
+        prompts = make_prompts(
+            load.num_prompts, args.input_len, args.output_len, args.seed, args.option
         )
-        settings = LoadSettings(
-            max_concurrency=level,
-            request_rate=args.request_rate,
-            burstiness=args.burstiness,
-            seed=args.seed,
-            time_limit_s=args.time_limit_s,
-            read_speed=args.read_speed,
-        )
-        for open_target in targets:
-            async with open_target() as target:
-                run = await run_load(
-                    target, prompts, settings, warmup=warmup, progress_out=progress
-                )
-            reports.append(report_run(run, None if args.url else ideal.get(level)))
+        for repetition in range(args.repeat):  # repetitions interleave the targets
+            for open_target in targets:
+                async with open_target() as target:
+                    run = await run_load(
+                        target,
+                        prompts,
+                        load.settings,
+                        warmup=warmup,
+                        progress_out=progress,
+                        repetition=repetition,
+                    )
+                reports.append(report_run(run, load.ideal_ttfa_s))
     _write(args, reports, context)
 
 
@@ -305,12 +364,17 @@ def _write(args: argparse.Namespace, reports: list[RunReport], context: dict[str
     workload = context["workload"]
     if "ideal_ttfa_s" in workload:
         sections.append(
-            "## Workload\n\n"
+            "## Workload: the zero-overhead bound (from the stage profile)\n\n"
             "- ideal TTFA (stages only, streams started together): "
             + ", ".join(
                 f"{level} streams {ideal * 1000:.1f} ms"
                 for level, ideal in workload["ideal_ttfa_s"].items()
                 if ideal is not None
+            )
+            + "\n- zero-overhead throughput: "
+            + ", ".join(
+                f"{level} streams {rate:.1f} req/s"
+                for level, rate in workload["zero_overhead_requests_per_s"].items()
             )
             + "\n"
             f"- bottleneck capacity: {workload['capacity_requests_per_s']:.1f} req/s\n"
@@ -326,5 +390,5 @@ def _write(args: argparse.Namespace, reports: list[RunReport], context: dict[str
     if args.plots:
         from ._plots import write_plots  # matplotlib is an optional extra
 
-        for path in write_plots(reports, args.plots):
+        for path in write_plots(reports, args.plots, context):
             print(f"wrote {path}")

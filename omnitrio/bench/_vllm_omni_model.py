@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import mmap
 import multiprocessing
 import os
 import pickle
@@ -46,11 +47,10 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -97,7 +97,7 @@ class _Connector:
         self.lock = threading.Lock()  # guards inbox and upstream_done
         self.inbox: dict[str, deque[object]] = {}
         self.upstream_done: set[str] = set()
-        self._created: set[str] = set()
+        self._unconsumed: OrderedDict[str, None] = OrderedDict()  # keys put, maybe not taken
         self._threads = [threading.Thread(target=self._recv_loop, daemon=True)]
         if sends:
             self._threads.append(threading.Thread(target=self._save_loop, daemon=True))
@@ -114,7 +114,7 @@ class _Connector:
                 cond.notify_all()
         for thread in self._threads:
             thread.join()
-        for name in list(self._created):  # chunks nobody took (aborted streams)
+        for name in self._unconsumed:  # chunks nobody took (aborted streams)
             _unlink(name)
 
     # Sending side: ``save_async`` on the engine loop, ``_save_loop`` on its thread.
@@ -140,17 +140,21 @@ class _Connector:
                     self._save_cond.wait(CONNECTOR_IDLE_S)
 
     def _put(self, key: str, chunk: dict[str, Any]) -> None:
+        # reap_consumed: a bounded sweep of the keys the receiver has unlinked
+        for _ in range(min(64, len(self._unconsumed))):
+            old, _ = self._unconsumed.popitem(last=False)
+            if os.path.exists(_shm_path(old)):
+                self._unconsumed[old] = None
         data = pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
-        segment = shared_memory.SharedMemory(key, create=True, size=8 + len(data))
-        resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
-        buf = _buffer(segment)
-        buf[8:] = data
-        buf[:8] = len(data).to_bytes(8, "little")  # written last: "ready"
-        segment.close()
-        self._created.add(key)
-
-    def forget(self, key: str) -> None:
-        self._created.discard(key)
+        fd = os.open(_shm_path(key), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, 8 + len(data))
+            with mmap.mmap(fd, 8 + len(data)) as segment:
+                segment[8:] = data
+                segment[:8] = len(data).to_bytes(8, "little")  # written last: "ready"
+        finally:
+            os.close(fd)
+        self._unconsumed[key] = None
 
     # Receiving side: ``load_async`` on the engine loop, ``_recv_loop`` on its thread.
 
@@ -197,36 +201,36 @@ class _Connector:
                     self._load_cond.wait(RECV_BACKOFF_S)
 
 
+def _shm_path(key: str) -> str:
+    # A POSIX shared-memory segment is this file on Linux: shm_open(key) opens it,
+    # as multiprocessing.shared_memory does (without its resource tracker).
+    return f"/dev/shm/{key}"
+
+
 def _get(key: str) -> dict[str, Any] | None:
+    """Take the chunk at ``key`` if it is there and written; the reader unlinks it."""
     try:
-        segment = shared_memory.SharedMemory(key)
+        fd = os.open(_shm_path(key), os.O_RDWR)
     except FileNotFoundError:
         return None
-    except ValueError:  # created but not sized yet
-        return None
     try:
-        buf = _buffer(segment)
-        size = int.from_bytes(buf[:8], "little")
-        if size == 0:
-            return None  # not written yet
-        chunk: dict[str, Any] = pickle.loads(buf[8 : 8 + size])
+        size = os.fstat(fd).st_size
+        if size < 8:
+            return None  # created, not sized yet
+        with mmap.mmap(fd, size) as segment:
+            length = int.from_bytes(segment[:8], "little")
+            if length == 0:
+                return None  # not written yet
+            chunk: dict[str, Any] = pickle.loads(segment[8 : 8 + length])
     finally:
-        segment.close()
-    segment.unlink()
+        os.close(fd)
+    os.unlink(_shm_path(key))
     return chunk
 
 
-def _buffer(segment: shared_memory.SharedMemory) -> memoryview:
-    if segment.buf is None:
-        raise RuntimeError(f"shared memory {segment.name} is closed")
-    return segment.buf
-
-
-def _unlink(name: str) -> None:
+def _unlink(key: str) -> None:
     with contextlib.suppress(FileNotFoundError):
-        segment = shared_memory.SharedMemory(name)
-        segment.close()
-        segment.unlink()
+        os.unlink(_shm_path(key))
 
 
 @dataclass
@@ -242,8 +246,7 @@ class _Engine:
     connector: _Connector
     outputs: queue.Queue[list[Any] | None]
     running: list[str] = field(default_factory=list)
-    # units not yet chunked: each payload with its arrays
-    pending: dict[str, list[tuple[object, dict[str, Any]]]] = field(default_factory=dict)
+    pending: dict[str, list[object]] = field(default_factory=dict)  # payloads not yet chunked
     chunks: dict[str, int] = field(default_factory=dict)
     device: dict[str, numpy.ndarray[Any, Any]] = field(default_factory=dict)
 
@@ -299,7 +302,7 @@ class _Engine:
             _hold_gil(self.settings.packaging_ms / 1000)  # seed 002, before the next launch
         for stream_id, out in results.items():
             if self.index < self.num_stages - 1:
-                self._save(stream_id, out, arrays[stream_id])
+                self._save(stream_id, out)
             if out.done or out.error is not None:
                 self._finish(stream_id)
         self.outputs.put([_output(sid, out, arrays[sid]) for sid, out in results.items()])
@@ -308,23 +311,21 @@ class _Engine:
         """The D2H copy of each unit's arrays (``sample_tokens``' hidden-state copies)."""
         return [{k: v.copy() for k, v in self.device.items()} for _ in range(units)]
 
-    def _save(
-        self, stream_id: str, out: StreamOutput, arrays: list[dict[str, numpy.ndarray[Any, Any]]]
-    ) -> None:
+    def _save(self, stream_id: str, out: StreamOutput) -> None:
+        """Queue a chunk of the stage's own payloads for the next stage (they stand for
+        the hidden rows, so the arrays do not travel this way twice)."""
         pending = self.pending.get(stream_id)
         if pending is None:
             return
-        pending += zip(out.payloads, arrays, strict=True)
+        pending += out.payloads
         done = out.done or out.error is not None
         if len(pending) < self.frames_per_chunk and not done:
             return
         chunk = self.chunks[stream_id]
         self.chunks[stream_id] = chunk + 1
-        payloads = [p for p, _ in pending]
-        tensors = [a for _, a in pending]
         self.pending[stream_id] = []
         key = self.connector.key(stream_id, chunk, self.index)
-        self.connector.save_async(key, {"payloads": payloads, "arrays": tensors, "done": done})
+        self.connector.save_async(key, {"payloads": pending, "done": done})
 
     def _finish(self, stream_id: str) -> None:
         self.running.remove(stream_id)
