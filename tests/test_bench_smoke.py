@@ -132,6 +132,34 @@ def test_bench_plots(tmp_path: Path, fast_config: Path) -> None:
     ]
 
 
+def test_bench_open_loop_with_repetitions_and_the_semaphore_variant(
+    tmp_path: Path, fast_config: Path
+) -> None:
+    report, markdown = run_bench(
+        tmp_path,
+        *("--config", str(fast_config), "--load-fractions", "0.001", "--repeat", "2"),
+        *("--baseline", "vllm-omni-model-sem512", "--plots", str(tmp_path / "p")),
+    )
+    runs = report["runs"]
+    assert isinstance(runs, list)
+    assert [(r["target"], r["repetition"]) for r in runs] == [
+        ("omnitrio", 0),
+        ("vllm-omni-model-sem512", 0),
+        ("omnitrio", 1),
+        ("vllm-omni-model-sem512", 1),
+    ]
+    workload = report["workload"]
+    assert isinstance(workload, dict)
+    rate = workload["open_loop_requests_per_s"]["0.001"]
+    assert rate == pytest.approx(0.001 * workload["capacity_requests_per_s"])
+    for run in runs:
+        assert run["request_rate"] == pytest.approx(rate)
+        assert run["aggregates"]["num_completed"] == 4, run["target"]
+    assert "| vllm-omni-model-sem512 | " in markdown
+    if (tmp_path / "p").exists():  # matplotlib installed
+        assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["open_loop.png"]
+
+
 def test_bench_with_the_pipecat_baseline(tmp_path: Path, fast_config: Path) -> None:
     pytest.importorskip("pipecat", reason="pipecat-ai is in the optional bench extra")
     report, _ = run_bench(tmp_path, "--config", str(fast_config), "--baseline", "pipecat")

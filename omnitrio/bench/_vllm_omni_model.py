@@ -37,6 +37,7 @@ mechanism stands for and the cost it charges):
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import mmap
 import multiprocessing
@@ -65,6 +66,8 @@ from .._stage import Stage, StreamOutput, StreamWork
 from ._stages import load_stage
 from ._target import Prompt, Sample, TargetError, Timeline, rss_bytes_of_self
 from ._vllm_omni_settings import ModelSettings
+
+logger = logging.getLogger(__name__)
 
 POLL_TIMEOUT_S = 0.001  # the orchestrator's wait on each empty stage
 IDLE_SLEEP_S = 0.001  # after an idle round; also the engine's back-off with no chunk ready
@@ -132,6 +135,8 @@ class _Connector:
                 key, chunk = self._save.popleft()
                 try:
                     self._put(key, chunk)
+                except OSError as exc:  # as vllm-omni's save_loop: warn, serve on
+                    logger.warning("saving chunk %s failed: %s", key, exc)
                 finally:
                     if self._limit is not None:
                         self._limit.release()
