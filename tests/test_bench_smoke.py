@@ -114,9 +114,9 @@ def test_bench_in_process_with_the_built_in_baselines(tmp_path: Path, fast_confi
     workload = report["workload"]
     assert isinstance(workload, dict)
     assert set(workload["ideal_ttfa_s"]) == {"1", "2"}  # JSON keys
-    assert "| omnitrio | 1 |" in markdown
+    assert "| omnitrio | c=1 | 0 |" in markdown
     assert "## omnitrio / baseline" in markdown
-    assert "| vllm-omni-model | 2 |" in markdown
+    assert "| vllm-omni-model | c=2 | 0 |" in markdown
 
 
 def test_bench_plots(tmp_path: Path, fast_config: Path) -> None:

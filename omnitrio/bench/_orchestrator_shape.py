@@ -28,24 +28,24 @@ packaging on the decode path). Same stage objects as omnitrio:
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import trio
 
 from .._config import PipelineConfig
-from .._items import AudioChunk, Request, TextDelta, VisibleItem
+from .._items import Request
 from .._stage import Stage, StreamOutput, StreamWork
+from ._clients import Delivery, deliver, follow
 from ._stages import load_stages
-from ._target import Prompt, Sample, TargetError, Timeline, rss_bytes_of_self
+from ._target import Prompt, Sample, Timeline, rss_bytes_of_self
 
 POLL_TIMEOUT_S = 0.001  # the orchestrator's wait on each empty stage
 IDLE_SLEEP_S = 0.001  # after a round with no output; also the recv_loop back-off
@@ -60,7 +60,7 @@ class _RawOutput:
 
 @dataclass
 class _Client:
-    send: trio.MemorySendChannel[VisibleItem | BaseException | None]
+    send: trio.MemorySendChannel[Delivery]
     accumulated: dict[int, list[bytes]] = field(default_factory=dict)
     stages_done: set[int] = field(default_factory=set)
 
@@ -212,32 +212,20 @@ class OrchestratorShape:
     async def request(self, prompt: Prompt, timeline: Timeline) -> None:
         self._ids += 1
         stream_id = f"seed{self._ids}"
-        send, receive = trio.open_memory_channel[VisibleItem | BaseException | None](math.inf)
+        send, receive = trio.open_memory_channel[Delivery](math.inf)
         with self._clients_lock:
             self._clients[stream_id] = _Client(send)
         request = prompt.request()
         for worker in self._workers:  # stage 0 plus the prewarmed downstream stages
             worker.submit(stream_id, request)
-        finished = False
-        try:
-            with receive:
-                async for item in receive:
-                    if item is None:
-                        finished = True
-                        return
-                    if isinstance(item, BaseException):
-                        raise TargetError(str(item))
-                    if isinstance(item, TextDelta):
-                        timeline.text()
-                    elif isinstance(item, AudioChunk):
-                        timeline.audio_chunk(item.duration_s)
-                        await timeline.consume(item.duration_s)
-        finally:
-            with self._clients_lock:
-                del self._clients[stream_id]
-            if not finished:  # failed or abandoned: abort it in every stage
-                for worker in self._workers:
-                    worker.abort(stream_id)
+        await follow(receive, timeline, lambda completed: self._forget(stream_id, completed))
+
+    def _forget(self, stream_id: str, completed: bool) -> None:
+        with self._clients_lock:
+            del self._clients[stream_id]
+        if not completed:  # failed or abandoned: abort it in every stage
+            for worker in self._workers:
+                worker.abort(stream_id)
 
     async def sample(self) -> Sample:
         depth = {f"{w.name}.outputs": w.outputs.qsize() for w in self._workers}
@@ -281,23 +269,13 @@ class OrchestratorShape:
                 if len(client.stages_done) == len(self._workers):  # every output stage finished
                     self._deliver(client, None)
 
-    def _deliver(self, client: _Client, item: VisibleItem | BaseException | None) -> None:
-        send: Callable[[VisibleItem | BaseException | None], None] = client.send.send_nowait
-        self._token.run_sync_soon(_send_quietly, send, item)
+    def _deliver(self, client: _Client, item: Delivery) -> None:
+        deliver(self._token, client.send, item)
 
 
 def _cpu_copy(payload: object) -> bytes:
     data = getattr(payload, "data", None)
     return bytes(data) if isinstance(data, bytes | bytearray) else b""
-
-
-def _send_quietly(
-    send: Callable[[VisibleItem | BaseException | None], None],
-    item: VisibleItem | BaseException | None,
-) -> None:
-    # A client that has gone closed its channel; the abort is on its way to the stages.
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        send(item)
 
 
 @asynccontextmanager

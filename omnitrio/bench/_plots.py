@@ -69,10 +69,7 @@ def write_plots(
             rate.plot(list(bound), list(bound.values()), "k:", label="zero overhead")
         for axes, label in ((ttfa, "TTFA (ms)"), (rate, "completed requests per second")):
             axes.set_xscale("log", base=2)
-            axes.set_xlabel("max concurrency (closed loop)")
-            axes.set_ylabel(label)
-            axes.set_ylim(bottom=0)
-            axes.legend(fontsize=7)
+            _label(axes, "max concurrency (closed loop)", label)
         figure.suptitle(title, fontsize=8)
         written.append(_save(figure, folder / "ttfa_throughput_vs_concurrency.png"))
 
@@ -139,13 +136,17 @@ def write_plots(
         for axes, label in ((ttfa, "TTFA (ms)"), (share, "% of requests")):
             if capacity:
                 axes.axvline(capacity, color="k", ls=":", label="computed capacity")
-            axes.set_xlabel("offered requests per second (open loop, Poisson)")
-            axes.set_ylabel(label)
-            axes.set_ylim(bottom=0)
-            axes.legend(fontsize=7)
+            _label(axes, "offered requests per second (open loop, Poisson)", label)
         figure.suptitle(title, fontsize=8)
         written.append(_save(figure, folder / "open_loop.png"))
     return written
+
+
+def _label(axes: Any, x: str, y: str) -> None:
+    axes.set_xlabel(x)
+    axes.set_ylabel(y)
+    axes.set_ylim(bottom=0)
+    axes.legend(fontsize=7)
 
 
 def _median_over(

@@ -49,7 +49,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
@@ -61,8 +61,9 @@ import trio
 import zmq
 
 from .._config import PipelineConfig
-from .._items import AudioChunk, Request, TextDelta, VisibleItem
+from .._items import AudioChunk, Request, TextDelta
 from .._stage import Stage, StreamOutput, StreamWork
+from ._clients import Delivery, deliver, follow
 from ._stages import load_stage
 from ._target import Prompt, Sample, TargetError, Timeline, rss_bytes_of_self
 from ._vllm_omni_settings import ModelSettings
@@ -452,7 +453,7 @@ def _engine_loop(engine: _Engine, inbound: zmq.Socket[Any]) -> None:
 
 @dataclass
 class _Client:
-    send: trio.MemorySendChannel[VisibleItem | BaseException | None]
+    send: trio.MemorySendChannel[Delivery]
     accumulated: dict[tuple[int, str], list[numpy.ndarray[Any, Any]]] = field(default_factory=dict)
     stages_done: set[int] = field(default_factory=set)
 
@@ -504,34 +505,22 @@ class VllmOmniModel:
     async def request(self, prompt: Prompt, timeline: Timeline) -> None:
         self._ids += 1
         stream_id = f"r{self._ids}"
-        send, receive = trio.open_memory_channel[VisibleItem | BaseException | None](math.inf)
+        send, receive = trio.open_memory_channel[Delivery](math.inf)
         with self._clients_lock:
             self._clients[stream_id] = _Client(send)
         request = prompt.request()
         add = msgpack.packb(("add", stream_id, request.text, dict(request.options)))
         for sock in self._inputs:  # stage 0 plus the prewarmed downstream stages
             sock.send(add)
-        finished = False
-        try:
-            with receive:
-                async for item in receive:
-                    if item is None:
-                        finished = True
-                        return
-                    if isinstance(item, BaseException):
-                        raise TargetError(str(item))
-                    if isinstance(item, TextDelta):
-                        timeline.text()
-                    elif isinstance(item, AudioChunk):
-                        timeline.audio_chunk(item.duration_s)
-                        await timeline.consume(item.duration_s)
-        finally:
-            with self._clients_lock:
-                del self._clients[stream_id]
-            if not finished:  # failed or abandoned: abort it in every stage
-                abort = msgpack.packb(("abort", stream_id))
-                for sock in self._inputs:
-                    sock.send(abort)
+        await follow(receive, timeline, lambda completed: self._forget(stream_id, completed))
+
+    def _forget(self, stream_id: str, completed: bool) -> None:
+        with self._clients_lock:
+            del self._clients[stream_id]
+        if not completed:  # failed or abandoned: abort it in every stage
+            abort = msgpack.packb(("abort", stream_id))
+            for sock in self._inputs:
+                sock.send(abort)
 
     async def sample(self) -> Sample:
         depth = {  # raw outputs sent but not yet taken by the orchestrator
@@ -598,18 +587,8 @@ class VllmOmniModel:
             if len(client.stages_done) == len(self._outputs):
                 self._deliver(client, None)
 
-    def _deliver(self, client: _Client, item: VisibleItem | BaseException | None) -> None:
-        send: Callable[[VisibleItem | BaseException | None], None] = client.send.send_nowait
-        self._token.run_sync_soon(_send_quietly, send, item)
-
-
-def _send_quietly(
-    send: Callable[[VisibleItem | BaseException | None], None],
-    item: VisibleItem | BaseException | None,
-) -> None:
-    # A client that has gone closed its channel; the abort is on its way to the stages.
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        send(item)
+    def _deliver(self, client: _Client, item: Delivery) -> None:
+        deliver(self._token, client.send, item)
 
 
 def _wait_ready(outputs: list[zmq.Socket[Any]], processes: list[BaseProcess]) -> None:
