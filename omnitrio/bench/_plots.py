@@ -32,18 +32,19 @@ def write_plots(
     workload = (context or {}).get("workload", {})
     commit = (context or {}).get("machine", {}).get("commit")
     targets = list(dict.fromkeys(r.run.target for r in reports))
-    title = f"{workload.get('config', '')}, commit {commit or 'unknown'}\n{', '.join(targets)}"
+    config = Path(workload.get("config", "")).name
+    title = f"{config}, commit {commit or 'unknown'}\n{', '.join(targets)}"
     closed = [r for r in reports if math.isinf(r.run.request_rate)]
     opened = [r for r in reports if not math.isinf(r.run.request_rate)]
     written = []
 
     if closed:
-        figure, (ttfa, rate) = pyplot.subplots(1, 2, figsize=(11, 4.4))
+        figure, (ttfa, tail, rate) = pyplot.subplots(1, 3, figsize=(14, 4.4))
         for target in targets:
             runs = [r for r in closed if r.run.target == target]
             levels = sorted({r.run.max_concurrency for r in runs})
-            for field, marker, style in (("median", "o", "-"), ("p99", "x", "--")):
-                ttfa.plot(
+            for axes, field in ((ttfa, "median"), (tail, "p99")):
+                axes.plot(
                     levels,
                     [
                         statistics.median(
@@ -51,9 +52,8 @@ def write_plots(
                         )
                         for level in levels
                     ],
-                    marker=marker,
-                    ls=style,
-                    label=f"{target} {'p50' if field == 'median' else field}",
+                    marker="o",
+                    label=target,
                 )
             rate.plot(
                 levels,
@@ -62,33 +62,43 @@ def write_plots(
                 label=target,
             )
         ideal = {int(k): v for k, v in workload.get("ideal_ttfa_s", {}).items() if v is not None}
-        if ideal:
-            ttfa.plot(list(ideal), [v * 1000 for v in ideal.values()], "k:", label="zero overhead")
+        for axes in (ttfa, tail) if ideal else ():
+            axes.plot(list(ideal), [v * 1000 for v in ideal.values()], "k:", label="zero overhead")
         bound = {int(k): v for k, v in workload.get("zero_overhead_requests_per_s", {}).items()}
         if bound:
             rate.plot(list(bound), list(bound.values()), "k:", label="zero overhead")
-        for axes, label in ((ttfa, "TTFA (ms)"), (rate, "completed requests per second")):
+        levels = sorted({r.run.max_concurrency for r in closed})
+        for axes, label in (
+            (ttfa, "TTFA p50 (ms)"),
+            (tail, "TTFA p99 (ms)"),
+            (rate, "completed requests per second"),
+        ):
             axes.set_xscale("log", base=2)
+            axes.set_xticks(levels, [str(level) for level in levels])
             _label(axes, "max concurrency (closed loop)", label)
         figure.suptitle(title, fontsize=8)
         written.append(_save(figure, folder / "ttfa_throughput_vs_concurrency.png"))
 
-        figure, axes = pyplot.subplots(figsize=(7.5, 4.4))
-        for r in closed:
-            waves = r.aggregates.ttfa_by_wave
-            if len(waves) > 1 and r.run.repetition == 0:
-                axes.plot(
-                    list(waves),
-                    [s.median * 1000 for s in waves.values()],
-                    marker="o",
-                    label=f"{r.run.target} c={r.run.max_concurrency}",
-                )
-        axes.set_xlabel("wave (rank of send time // concurrency), first repetition")
-        axes.set_ylabel("median TTFA (ms)")
-        axes.set_ylim(bottom=0)
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if axes.get_legend_handles_labels()[0]:
-            axes.legend(fontsize=7)
+        waved = sorted(
+            {r.run.max_concurrency for r in closed if len(r.aggregates.ttfa_by_wave) > 1}
+        )
+        figure, panes = pyplot.subplots(
+            1, max(1, len(waved)), figsize=(4 * max(1, len(waved)), 4.4), squeeze=False
+        )
+        for axes, level in zip(panes[0], waved or [0], strict=True):
+            for r in closed:
+                waves = r.aggregates.ttfa_by_wave
+                if r.run.max_concurrency == level and r.run.repetition == 0:
+                    axes.plot(
+                        list(waves),
+                        [s.median * 1000 for s in waves.values()],
+                        marker="o",
+                        label=r.run.target,
+                    )
+            axes.set_title(f"c={level}, first repetition", fontsize=8)
+            axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if axes.get_legend_handles_labels()[0]:
+                _label(axes, "wave (rank of send time // concurrency)", "median TTFA (ms)")
         figure.suptitle(title, fontsize=8)
         written.append(_save(figure, folder / "ttfa_per_wave.png"))
 
