@@ -18,6 +18,7 @@ from omnitrio.bench import (
     summarize,
     ttfa_by_wave,
     wave_of,
+    waves_by_send_time,
     worst_underrun_s,
 )
 from omnitrio.bench._metrics import later_waves_over_first
@@ -129,6 +130,29 @@ def test_waves_and_ttfa_per_wave() -> None:
     assert later_waves_over_first(by_wave) == pytest.approx(2.5)  # median(0.3, 0.2) / 0.1
 
 
+def test_waves_follow_the_send_order_not_the_request_index() -> None:
+    # trio started the clients in another order than their indices: index 3 went first.
+    sent = {3: 0.0, 0: 0.01, 2: 0.01, 1: 0.5, 5: 0.6, 4: 0.7}
+    records = [RequestRecord(i, 0, sent[i], "completed") for i in range(6)]
+    warm = RequestRecord(0, 0, 9.0, "completed", warmup=True)
+    waves = {r.index: r.wave for r in waves_by_send_time([*records, warm], 2) if not r.warmup}
+    # Ranks: 3, 0, 2 (tie on send time: by index), 1, 5, 4.
+    assert waves == {3: 0, 0: 0, 2: 1, 1: 1, 5: 2, 4: 2}
+    assert [r.wave for r in waves_by_send_time([warm], 2)] == [0]  # ranked apart
+
+
+def test_time_to_refusal_is_summarized_over_the_refused() -> None:
+    refused = [
+        RequestRecord(i, 0, 0.0, "refused", num_refusals=1, refused_after_s=0.001 * (i + 1))
+        for i in range(3)
+    ]
+    admitted_later = RequestRecord(3, 0, 0.0, "completed", refused_after_s=0.004, done_at_s=1)
+    result, _ = aggregate([*refused, RequestRecord(4, 0, 0.0, "completed"), admitted_later])
+    assert result.refused_after_s is not None
+    assert (result.refused_after_s.count, result.refused_after_s.max) == (4, 0.004)
+    assert result.num_refused == 3
+
+
 def test_aggregate_counts_outcomes_throughput_and_leaves_warmup_out() -> None:
     done = [
         RequestRecord(
@@ -179,6 +203,9 @@ def test_ideal_first_audio_and_capacity_of_the_default_synthetic_pipeline() -> N
     assert ideal_first_audio_s(profiles, steps=24) == pytest.approx(0.031)
     # The talker is the bottleneck: 32 streams per 6 ms step, 24 steps per request.
     assert capacity_requests_per_s(profiles, steps=24) == pytest.approx(32 / (24 * 0.006))
+    # With 8 streams the batches hold 8: a zero-overhead runtime serves a quarter of that.
+    assert capacity_requests_per_s(profiles, 24, streams=8) == pytest.approx(8 / (24 * 0.006))
+    assert capacity_requests_per_s(profiles, 24, streams=64) == pytest.approx(32 / (24 * 0.006))
     # 80 ms of audio per 4 frames: 20 ms per frame; a talker round stays within it
     # while the streams fit 3 batches (3 x 6 ms = 18 ms).
     assert max_continuous_streams(profiles) == 96

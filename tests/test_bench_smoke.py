@@ -100,7 +100,9 @@ def test_bench_in_process_with_the_built_in_baselines(tmp_path: Path, fast_confi
         "--sweep",
         "1,2",
         "--baseline",
-        "seed-orchestrator",
+        "orchestrator-shape",
+        "--baseline",
+        "vllm-omni-model",
         "--baseline",
         "sequential",
         "--warmup",
@@ -108,13 +110,13 @@ def test_bench_in_process_with_the_built_in_baselines(tmp_path: Path, fast_confi
         "--set",
         "talker.service_time_ms=0.25",
     )
-    check_runs(report, ["omnitrio", "seed-orchestrator", "sequential"], [1, 2])
+    check_runs(report, ["omnitrio", "orchestrator-shape", "vllm-omni-model", "sequential"], [1, 2])
     workload = report["workload"]
     assert isinstance(workload, dict)
     assert set(workload["ideal_ttfa_s"]) == {"1", "2"}  # JSON keys
-    assert "| omnitrio | 1 |" in markdown
+    assert "| omnitrio | c=1 | 0 |" in markdown
     assert "## omnitrio / baseline" in markdown
-    assert "| seed-orchestrator | 2 |" in markdown
+    assert "| vllm-omni-model | c=2 | 0 |" in markdown
 
 
 def test_bench_plots(tmp_path: Path, fast_config: Path) -> None:
@@ -128,6 +130,34 @@ def test_bench_plots(tmp_path: Path, fast_config: Path) -> None:
         "ttfa_per_wave.png",
         "ttfa_throughput_vs_concurrency.png",
     ]
+
+
+def test_bench_open_loop_with_repetitions_and_the_semaphore_variant(
+    tmp_path: Path, fast_config: Path
+) -> None:
+    report, markdown = run_bench(
+        tmp_path,
+        *("--config", str(fast_config), "--load-fractions", "0.001", "--repeat", "2"),
+        *("--baseline", "vllm-omni-model-sem512", "--plots", str(tmp_path / "p")),
+    )
+    runs = report["runs"]
+    assert isinstance(runs, list)
+    assert [(r["target"], r["repetition"]) for r in runs] == [
+        ("omnitrio", 0),
+        ("vllm-omni-model-sem512", 0),
+        ("omnitrio", 1),
+        ("vllm-omni-model-sem512", 1),
+    ]
+    workload = report["workload"]
+    assert isinstance(workload, dict)
+    rate = workload["open_loop_requests_per_s"]["0.001"]
+    assert rate == pytest.approx(0.001 * workload["capacity_requests_per_s"])
+    for run in runs:
+        assert run["request_rate"] == pytest.approx(rate)
+        assert run["aggregates"]["num_completed"] == 4, run["target"]
+    assert "| vllm-omni-model-sem512 | " in markdown
+    if (tmp_path / "p").exists():  # matplotlib installed
+        assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["open_loop.png"]
 
 
 def test_bench_with_the_pipecat_baseline(tmp_path: Path, fast_config: Path) -> None:

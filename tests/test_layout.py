@@ -36,8 +36,8 @@ def test_forbidden_imports(package: str, forbidden: set[str]) -> None:
 def test_no_sleeping_in_the_runtime() -> None:
     # Waiting is always on an event or a channel: no sleep anywhere in the runtime.
     # omnitrio/bench is a load generator, not the runtime: it paces arrivals on a
-    # clock, and its seed-orchestrator baseline polls on purpose (that is the design
-    # it models).
+    # clock, and its orchestrator-shape and vllm-omni-model baselines poll on purpose
+    # (that is the design they model).
     bench = REPO / "omnitrio" / "bench"
     for path in sorted((REPO / "omnitrio").rglob("*.py")):
         if path.is_relative_to(bench):

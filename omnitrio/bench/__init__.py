@@ -16,6 +16,7 @@ from ._metrics import request_metrics as request_metrics
 from ._metrics import summarize as summarize
 from ._metrics import ttfa_by_wave as ttfa_by_wave
 from ._metrics import wave_of as wave_of
+from ._metrics import waves_by_send_time as waves_by_send_time
 from ._metrics import worst_underrun_s as worst_underrun_s
 from ._record import AudioArrival as AudioArrival
 from ._record import RequestRecord as RequestRecord
@@ -34,5 +35,6 @@ __all__ = [
     "summarize",
     "ttfa_by_wave",
     "wave_of",
+    "waves_by_send_time",
     "worst_underrun_s",
 ]

@@ -40,6 +40,7 @@ class Aggregates:
     audio_rtf: Summary | None
     text_to_audio_lag_s: Summary | None
     runtime_added_ttfa_s: Summary | None  # TTFA minus the ideal critical path, if known
+    refused_after_s: Summary | None  # send to the first refusal, over the refused requests
     continuity_rate: float | None
     ttfa_by_wave: dict[int, Summary]
     later_waves_over_first: float | None
@@ -91,6 +92,7 @@ def aggregate(
                 if ideal_ttfa_s is None
                 else summarize(m.ttfa_s - ideal_ttfa_s for m in ok if m.ttfa_s is not None)
             ),
+            refused_after_s=summarize(r.refused_after_s for r in measured),
             continuity_rate=continuity_rate(ok),
             ttfa_by_wave=by_wave,
             later_waves_over_first=later_waves_over_first(by_wave),

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from .._items import Scalar
 from ._http import Endpoint
 from ._inprocess import open_pipeline_target
 from ._monolithic import SEQUENTIAL, open_monolithic
+from ._orchestrator_shape import open_orchestrator_shape
 from ._profile import (
     capacity_requests_per_s,
     ideal_first_audio_s,
@@ -30,13 +32,19 @@ from ._profile import (
 )
 from ._report import RunReport, markdown_table, ratio_table, report_run, to_json, wave_table
 from ._runner import LoadSettings, default_progress_stream, run_load
-from ._seed_orchestrator import open_seed_orchestrator
 from ._server import ChatTarget, RealtimeTarget, wait_until_serving
 from ._target import Prompt, Target
+from ._vllm_omni_settings import PACKAGING_MS, SAVE_LIMIT, ModelSettings
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_CONFIG = REPO / "configs" / "bench-omni.yaml"
-BASELINES = ("seed-orchestrator", "pipecat", "sequential")
+BASELINES = (
+    "vllm-omni-model",
+    "vllm-omni-model-sem512",
+    "orchestrator-shape",
+    "pipecat",
+    "sequential",
+)
 OpenTarget = Callable[[], AbstractAsyncContextManager[Target]]
 
 
@@ -59,6 +67,13 @@ def add_parser(commands: Any) -> None:
     )
     what.add_argument("--cpu-bound", action="store_true", help="synthetic stages hold the GIL")
     what.add_argument(
+        "--model-packaging-ms",
+        type=float,
+        default=PACKAGING_MS,
+        help="vllm-omni model: talker payload packaging per step, GIL held (seed 002; "
+        "0: PR 4476's async output)",
+    )
+    what.add_argument(
         "--set",
         action="append",
         default=[],
@@ -69,6 +84,15 @@ def add_parser(commands: Any) -> None:
     load.add_argument("--num-prompts", type=int, help="per run (default 4 x concurrency)")
     load.add_argument("--max-concurrency", type=int, default=4)
     load.add_argument("--sweep", help="concurrency levels, e.g. 1,4,16,64,128")
+    load.add_argument(
+        "--load-fractions",
+        help="open loop: Poisson arrivals at these fractions of the profile's computed "
+        "capacity, e.g. 0.5,0.9,1.1 (synthetic configs; refused arrivals are not retried)",
+    )
+    load.add_argument(
+        "--open-loop-s", type=float, default=20.0, help="open loop: seconds of arrivals per run"
+    )
+    load.add_argument("--repeat", type=int, default=1, help="runs of each load and target")
     load.add_argument("--request-rate", type=float, default=math.inf, help="req/s (inf: all)")
     load.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1: Poisson)")
     load.add_argument("--seed", type=int, default=0)
@@ -94,9 +118,49 @@ def add_parser(commands: Any) -> None:
 
 
 def _levels(args: argparse.Namespace) -> list[int]:
+    if args.load_fractions and not args.sweep:
+        return []
     if not args.sweep:
         return [args.max_concurrency]
     return [int(level) for level in args.sweep.split(",")]
+
+
+def _fractions(args: argparse.Namespace) -> list[float]:
+    return [float(f) for f in args.load_fractions.split(",")] if args.load_fractions else []
+
+
+@dataclass(frozen=True)
+class _Load:
+    settings: LoadSettings
+    num_prompts: int
+    ideal_ttfa_s: float | None
+
+
+def _loads(args: argparse.Namespace, context: dict[str, Any]) -> list[_Load]:
+    """The closed-loop levels, then the open-loop rates, in the order they run."""
+    workload = context["workload"]
+    common = {
+        "burstiness": args.burstiness,
+        "seed": args.seed,
+        "time_limit_s": args.time_limit_s,
+        "read_speed": args.read_speed,
+    }
+    loads = [
+        _Load(
+            LoadSettings(max_concurrency=level, request_rate=args.request_rate, **common),
+            args.num_prompts or 4 * level,
+            None if args.url else workload.get("ideal_ttfa_s", {}).get(level),
+        )
+        for level in _levels(args)
+    ]
+    for fraction in _fractions(args):
+        if "capacity_requests_per_s" not in workload:
+            raise ValueError("--load-fractions needs a config of synthetic stages (a profile)")
+        rate = fraction * workload["capacity_requests_per_s"]
+        count = args.num_prompts or max(1, round(rate * args.open_loop_s))
+        settings = LoadSettings(max_concurrency=count, request_rate=rate, retry=False, **common)
+        loads.append(_Load(settings, count, None))
+    return loads
 
 
 def make_prompts(
@@ -165,8 +229,16 @@ def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarge
     else:
         targets.append(lambda: open_pipeline_target(config))
     for name in dict.fromkeys(args.baseline):
-        if name == "seed-orchestrator":
-            targets.append(lambda: open_seed_orchestrator(config))
+        if name == "orchestrator-shape":
+            targets.append(lambda: open_orchestrator_shape(config))
+        elif name.startswith("vllm-omni-model"):
+            if importlib.util.find_spec("zmq") is None:
+                raise ValueError(f"--baseline {name} needs pyzmq: pip install -e '.[bench]'")
+            settings = ModelSettings(
+                save_limit=SAVE_LIMIT if name.endswith("sem512") else None,
+                packaging_ms=args.model_packaging_ms,
+            )
+            targets.append(_model_target(config, settings, name))
         elif name == "sequential":
             targets.append(lambda: open_monolithic(config, SEQUENTIAL))
         elif name == "pipecat":
@@ -185,6 +257,12 @@ def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarge
     return targets
 
 
+def _model_target(config: PipelineConfig, settings: ModelSettings, name: str) -> OpenTarget:
+    from ._vllm_omni_model import open_vllm_omni_model  # needs pyzmq, the bench extra
+
+    return lambda: open_vllm_omni_model(config, settings, name)
+
+
 def _context(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
     profiles = synthetic_profiles(config)
     workload: dict[str, Any] = {"config": str(args.config), "pipeline": config.pipeline.name}
@@ -201,6 +279,17 @@ def _context(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]
                 for level in _levels(args)
             },
             "capacity_requests_per_s": capacity_requests_per_s(profiles, args.output_len),
+            # a zero-overhead runtime at each level, with at most max_streams admitted
+            "zero_overhead_requests_per_s": {
+                level: capacity_requests_per_s(
+                    profiles, args.output_len, min(level, config.pipeline.max_streams)
+                )
+                for level in _levels(args)
+            },
+            "open_loop_requests_per_s": {
+                fraction: fraction * capacity_requests_per_s(profiles, args.output_len)
+                for fraction in _fractions(args)
+            },
             "max_continuous_streams": max_continuous_streams(profiles),
             "max_streams": config.pipeline.max_streams,
         }
@@ -236,32 +325,30 @@ async def bench(args: argparse.Namespace) -> None:
         config = with_model_path(config, args.model_path)
     if args.cpu_bound:
         config = with_cpu_bound(config)
-    levels = _levels(args)
+    if args.repeat < 1:
+        raise ValueError(f"--repeat must be at least 1, got {args.repeat}")
     context = _context(args, config)
-    ideal = context["workload"].get("ideal_ttfa_s", {})
+    loads = _loads(args, context)
     progress = None if args.no_progress else default_progress_stream()
     reports: list[RunReport] = []
     targets = _targets(args, config)
-    for level in levels:
-        count = args.num_prompts or 4 * level
-        prompts = make_prompts(count, args.input_len, args.output_len, args.seed, args.option)
-        warmup = make_prompts(
-            args.warmup, args.input_len, args.output_len, args.seed + 1, args.option
+    warmup = make_prompts(args.warmup, args.input_len, args.output_len, args.seed + 1, args.option)
+    for load in loads:
+        prompts = make_prompts(
+            load.num_prompts, args.input_len, args.output_len, args.seed, args.option
         )
-        settings = LoadSettings(
-            max_concurrency=level,
-            request_rate=args.request_rate,
-            burstiness=args.burstiness,
-            seed=args.seed,
-            time_limit_s=args.time_limit_s,
-            read_speed=args.read_speed,
-        )
-        for open_target in targets:
-            async with open_target() as target:
-                run = await run_load(
-                    target, prompts, settings, warmup=warmup, progress_out=progress
-                )
-            reports.append(report_run(run, None if args.url else ideal.get(level)))
+        for repetition in range(args.repeat):  # repetitions interleave the targets
+            for open_target in targets:
+                async with open_target() as target:
+                    run = await run_load(
+                        target,
+                        prompts,
+                        load.settings,
+                        warmup=warmup,
+                        progress_out=progress,
+                        repetition=repetition,
+                    )
+                reports.append(report_run(run, load.ideal_ttfa_s))
     _write(args, reports, context)
 
 
@@ -277,12 +364,17 @@ def _write(args: argparse.Namespace, reports: list[RunReport], context: dict[str
     workload = context["workload"]
     if "ideal_ttfa_s" in workload:
         sections.append(
-            "## Workload\n\n"
+            "## Workload: the zero-overhead bound (from the stage profile)\n\n"
             "- ideal TTFA (stages only, streams started together): "
             + ", ".join(
                 f"{level} streams {ideal * 1000:.1f} ms"
                 for level, ideal in workload["ideal_ttfa_s"].items()
                 if ideal is not None
+            )
+            + "\n- zero-overhead throughput: "
+            + ", ".join(
+                f"{level} streams {rate:.1f} req/s"
+                for level, rate in workload["zero_overhead_requests_per_s"].items()
             )
             + "\n"
             f"- bottleneck capacity: {workload['capacity_requests_per_s']:.1f} req/s\n"
@@ -298,5 +390,5 @@ def _write(args: argparse.Namespace, reports: list[RunReport], context: dict[str
     if args.plots:
         from ._plots import write_plots  # matplotlib is an optional extra
 
-        for path in write_plots(reports, args.plots):
+        for path in write_plots(reports, args.plots, context):
             print(f"wrote {path}")

@@ -17,11 +17,14 @@ The definitions follow vllm-omni's ``bench serve --omni`` so numbers compare:
   ``CONTINUITY_THRESHOLD_S`` (100 ms, vllm-omni's default).
 - **Text-to-audio lag**: TTFA minus TTFT (vllm-omni has no such metric; it is
   the gap a user hears between reading the reply and hearing it).
-- **Waves**: request ``i`` belongs to wave ``i // max_concurrency``.
+- **Waves**: by send time: the ``k``-th request sent (``sent_at_s`` order) belongs
+  to wave ``k // max_concurrency`` (``waves_by_send_time``). Not by request
+  index: trio starts the clients' tasks in no set order.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterable, Sequence
@@ -147,6 +150,20 @@ def wave_of(index: int, max_concurrency: int) -> int:
     if max_concurrency < 1:
         raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
     return index // max_concurrency
+
+
+def waves_by_send_time(
+    records: Sequence[RequestRecord], max_concurrency: int
+) -> list[RequestRecord]:
+    """``records`` with each one's wave set from the order it was sent in (ties by index);
+    warm-up and measured requests are ranked apart."""
+    waves: dict[int, int] = {}
+    for warmup in (True, False):
+        ranked = sorted(
+            (r for r in records if r.warmup == warmup), key=lambda r: (r.sent_at_s, r.index)
+        )
+        waves |= {id(r): wave_of(rank, max_concurrency) for rank, r in enumerate(ranked)}
+    return [dataclasses.replace(r, wave=waves[id(r)]) for r in records]
 
 
 def ttfa_by_wave(metrics: Iterable[RequestMetrics]) -> dict[int, Summary]:

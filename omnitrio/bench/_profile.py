@@ -129,17 +129,21 @@ def _greedy_steps(arrivals: list[float], stage: StageProfile, step_s: float) -> 
     return groups
 
 
-def capacity_requests_per_s(profiles: Sequence[StageProfile], steps: int) -> float:
-    """Requests per second of the slowest stage with full batches (prefill left out).
+def capacity_requests_per_s(
+    profiles: Sequence[StageProfile], steps: int, streams: int | None = None
+) -> float:
+    """Requests per second of the slowest stage with ``streams`` in every batch (full
+    batches when None; prefill left out): what a zero-overhead runtime serves.
 
     Assumes each stage passes on one payload per unit (``outputs_per_input`` 1),
     as the Qwen3-Omni-shaped configs do.
     """
     rates = []
     for stage in profiles:
+        batch = stage.max_batch_size if streams is None else min(streams, stage.max_batch_size)
         per_request = steps if stage.steps is not None else math.ceil(steps / stage.inputs_per_step)
-        step_s = stage.step_s + stage.per_stream_s * stage.max_batch_size
-        rates.append(stage.max_batch_size / (per_request * step_s) if step_s > 0 else math.inf)
+        step_s = stage.step_s + stage.per_stream_s * batch
+        rates.append(batch / (per_request * step_s) if step_s > 0 else math.inf)
     return min(rates)
 
 

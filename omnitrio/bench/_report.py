@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,10 @@ def to_json(reports: Sequence[RunReport], context: dict[str, Any]) -> str:
             {
                 "target": report.run.target,
                 "max_concurrency": report.run.max_concurrency,
+                "request_rate": report.run.request_rate
+                if not math.isinf(report.run.request_rate)
+                else None,
+                "repetition": report.run.repetition,
                 "timed_out": report.run.timed_out,
                 "aggregates": dataclasses.asdict(report.aggregates),
                 "target_samples": dataclasses.asdict(report.samples),
@@ -80,10 +85,19 @@ def _num(value: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def load_label(run: RunResult) -> str:
+    """``c=N`` for a closed loop, the offered rate for an open one."""
+    if math.isinf(run.request_rate):
+        return f"c={run.max_concurrency}"
+    return f"{run.request_rate:.1f}/s"
+
+
 _COLUMNS: list[tuple[str, Callable[[RunReport], str]]] = [
     ("target", lambda r: r.run.target),
-    ("conc", lambda r: str(r.run.max_concurrency)),
+    ("load", lambda r: load_label(r.run)),
+    ("rep", lambda r: str(r.run.repetition)),
     ("ok/fail/refused", lambda r: _outcomes(r.aggregates)),
+    ("refused in p99", lambda r: _ms(r.aggregates.refused_after_s, "p99")),
     ("TTFT p50", lambda r: _ms(r.aggregates.ttft_s)),
     ("TTFA p50", lambda r: _ms(r.aggregates.ttfa_s)),
     ("TTFA p99", lambda r: _ms(r.aggregates.ttfa_s, "p99")),
@@ -137,17 +151,26 @@ def ratio_table(reports: Sequence[RunReport], subject: str) -> str:
     """``subject`` / baseline for each metric, per concurrency and baseline.
 
     Below 1 is better for times; above 1 is better for throughput."""
-    by_key = {(r.run.target, r.run.max_concurrency): r for r in reports}
-    header = "| baseline | conc | " + " | ".join(name for name, _ in _RATIOS) + " |"
-    rule = "|---|---|" + "|".join("---" for _ in _RATIOS) + "|"
+    by_key = {_key(r): r for r in reports}
+    header = "| baseline | load | rep | " + " | ".join(name for name, _ in _RATIOS) + " |"
+    rule = "|---|---|---|" + "|".join("---" for _ in _RATIOS) + "|"
     rows = []
-    for (target, conc), base in by_key.items():
-        ours = by_key.get((subject, conc))
+    for (target, conc, rate, rep), base in by_key.items():
+        ours = by_key.get((subject, conc, rate, rep))
         if target == subject or ours is None:
             continue
         cells = [_ratio(get(ours.aggregates), get(base.aggregates)) for _, get in _RATIOS]
-        rows.append(f"| {target} | {conc} | " + " | ".join(cells) + " |")
+        rows.append(
+            f"| {target} | {load_label(base.run)} | {base.run.repetition} | "
+            + " | ".join(cells)
+            + " |"
+        )
     return "\n".join([header, rule, *rows]) if rows else ""
+
+
+def _key(report: RunReport) -> tuple[str, int, float, int]:
+    run = report.run
+    return (run.target, run.max_concurrency, run.request_rate, run.repetition)
 
 
 def _ratio(ours: float | None, theirs: float | None) -> str:
@@ -163,7 +186,8 @@ def wave_table(reports: Sequence[RunReport]) -> str:
     for r in reports:
         waves = r.aggregates.ttfa_by_wave
         cells = [_ms(waves.get(w)) for w in range(num_waves)]
-        rows.append(f"| {r.run.target} | {r.run.max_concurrency} | " + " | ".join(cells) + " |")
-    header = "| target | conc | " + " | ".join(f"wave {w}" for w in range(num_waves)) + " |"
-    rule = "|---|---|" + "|".join("---" for _ in range(num_waves)) + "|"
+        label = f"| {r.run.target} | {load_label(r.run)} | {r.run.repetition} | "
+        rows.append(label + " | ".join(cells) + " |")
+    header = "| target | load | rep | " + " | ".join(f"wave {w}" for w in range(num_waves)) + " |"
+    rule = "|---|---|---|" + "|".join("---" for _ in range(num_waves)) + "|"
     return "\n".join([header, rule, *rows])

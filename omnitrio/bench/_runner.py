@@ -20,7 +20,7 @@ from typing import TextIO
 import trio
 
 from ._arrivals import arrival_offsets_s
-from ._metrics import wave_of
+from ._metrics import waves_by_send_time
 from ._record import RequestRecord
 from ._target import Prompt, Refused, Sample, Target, TargetError, Timeline
 
@@ -35,12 +35,15 @@ class LoadSettings:
     sample_interval_s: float = 0.1
     retry_after_s: float = 0.05
     read_speed: float | None = None  # clients play audio at this x real time (None: read at once)
+    retry: bool = True  # retry a refused request (False: it stays refused, as open-loop runs do)
 
 
 @dataclass(frozen=True)
 class RunResult:
     target: str
     max_concurrency: int
+    request_rate: float
+    repetition: int
     records: tuple[RequestRecord, ...]
     samples: tuple[Sample, ...]
     timed_out: bool
@@ -89,6 +92,7 @@ async def run_load(
     *,
     warmup: Sequence[Prompt] = (),
     progress_out: TextIO | None = None,
+    repetition: int = 0,
 ) -> RunResult:
     """Run ``warmup`` (unmeasured) then ``prompts`` against ``target``; return every record."""
     records: list[RequestRecord] = []
@@ -106,9 +110,12 @@ async def run_load(
             nursery.cancel_scope.cancel()
         timed_out = False
     progress.close()
+    records = waves_by_send_time(records, settings.max_concurrency)
     return RunResult(
         target=target.name,
         max_concurrency=settings.max_concurrency,
+        request_rate=settings.request_rate,
+        repetition=repetition,
         records=tuple(sorted(records, key=lambda r: (not r.warmup, r.index))),
         samples=tuple(samples),
         timed_out=timed_out,
@@ -130,16 +137,14 @@ async def _send_all(
     )
     start = trio.current_time()
     async with trio.open_nursery() as nursery:
-        for position, (prompt, offset_s) in enumerate(zip(prompts, offsets, strict=True)):
-            wave = wave_of(position, settings.max_concurrency)
-            args = (target, prompt, wave, start + offset_s, limiter, settings, run_start_s)
+        for prompt, offset_s in zip(prompts, offsets, strict=True):
+            args = (target, prompt, start + offset_s, limiter, settings, run_start_s)
             nursery.start_soon(_one, *args, records, progress, warmup)
 
 
 async def _one(
     target: Target,
     prompt: Prompt,
-    wave: int,
     send_at: float,
     limiter: trio.CapacityLimiter,
     settings: LoadSettings,
@@ -152,6 +157,7 @@ async def _one(
     async with limiter:
         timeline = Timeline(read_speed=settings.read_speed)
         num_refusals = 0
+        refused_after_s: float | None = None
         outcome = "failed"
         error: str | None = "time limit reached"
         try:
@@ -160,6 +166,11 @@ async def _one(
                     await target.request(prompt, timeline)
                 except Refused:
                     num_refusals += 1
+                    if refused_after_s is None:
+                        refused_after_s = time.perf_counter() - timeline.sent_s
+                    if not settings.retry:
+                        outcome, error = "refused", "refused (not retried)"
+                        break
                     await trio.sleep(settings.retry_after_s)
                     continue
                 except TargetError as exc:
@@ -174,7 +185,7 @@ async def _one(
             records.append(
                 RequestRecord(
                     index=prompt.index,
-                    wave=wave,
+                    wave=0,  # set from the send order once all are in
                     sent_at_s=timeline.sent_s - run_start_s,
                     outcome=outcome,
                     text_at_s=tuple(timeline.text_at_s),
@@ -183,6 +194,7 @@ async def _one(
                     error=error,
                     num_input_words=prompt.num_words,
                     num_refusals=num_refusals,
+                    refused_after_s=refused_after_s,
                     warmup=warmup,
                 )
             )

@@ -9,16 +9,19 @@ from .._errors import StageLoadError
 from .._stage import Stage
 
 
-def load_stages(config: PipelineConfig) -> list[Stage]:
-    """One stage object per configured stage, in chain order, built as omnitrio builds them.
+def load_stage(config: PipelineConfig, index: int) -> Stage:
+    """The ``index``-th configured stage object, built as omnitrio builds it.
 
-    Blocking (stages load their weights here); call it from a thread.
+    Blocking (a stage loads its weights here); call it from a thread.
     """
-    stages: list[Stage] = []
-    for spec in config.stages:
-        factory: Any = resolve_impl(spec.impl, config.source, f"stage {spec.name}.impl")
-        stage = factory(name=spec.name, device=spec.device, **spec.params)
-        if not isinstance(stage, Stage):
-            raise StageLoadError(spec.name, f"{spec.impl} does not implement the Stage protocol")
-        stages.append(stage)
-    return stages
+    spec = config.stages[index]
+    factory: Any = resolve_impl(spec.impl, config.source, f"stage {spec.name}.impl")
+    stage = factory(name=spec.name, device=spec.device, **spec.params)
+    if not isinstance(stage, Stage):
+        raise StageLoadError(spec.name, f"{spec.impl} does not implement the Stage protocol")
+    return stage
+
+
+def load_stages(config: PipelineConfig) -> list[Stage]:
+    """One stage object per configured stage, in chain order (blocking)."""
+    return [load_stage(config, index) for index in range(len(config.stages))]

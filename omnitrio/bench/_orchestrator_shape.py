@@ -1,50 +1,51 @@
-"""A reference model of the seed orchestrator's design, as a benchmark baseline.
+"""The orchestrator's loop *shape*, in one process and with none of its costs: a baseline.
 
-This is *not* vllm-omni. It rebuilds, with the same stage objects omnitrio runs,
-the mechanisms the seed issues describe, so that both designs can be measured
-side by side on one workload:
+What it teaches: the shape of vllm-omni's orchestrator (one polling thread, at
+most one raw output per stage per round, 1 ms waits) costs next to nothing on
+its own when stage steps take milliseconds and outputs cost microseconds; what
+hurts is what ``_vllm_omni_model.py`` adds on the same path (a process per stage,
+serialization, hidden states at their real sizes, the connector threads, the
+packaging on the decode path). Same stage objects as omnitrio:
 
-- **Stage workers** (a vLLM ``EngineCoreProc`` per stage, here a thread): each
-  steps up to ``max_batch_size`` of its running requests and puts the step's raw
-  output — every request's visible items *and* its inter-stage payloads — on
-  its unbounded ``outputs`` queue (seed 000: hidden states reach the
-  orchestrator on every step although they also travel stage to stage).
+- **Stage workers** (threads here): each steps up to ``max_batch_size`` of its
+  running requests and puts the step's raw output — visible items *and*
+  inter-stage payloads — on its unbounded ``outputs`` queue (seed 000's route,
+  without its costs).
 - **Async-chunk transfer** (seed 004): payloads go straight to the next stage's
-  per-request inbox, an unbounded deque (seed 003: nothing bounds it). A
-  downstream request with no chunk waiting is skipped; when no running request
-  has input the worker backs off 1 ms, as the transfer adapter's ``recv_loop``
-  does. Every stage is pre-submitted when the request arrives (the prewarm).
-- **The orchestrator** (one thread with one loop, ``_orchestration_loop``):
-  polls the stages in order and takes **at most one raw output per stage per
-  round**, waiting up to **1 ms on an empty stage**; after an idle round it
-  sleeps 1 ms (seed 001). Processing an output copies each payload into the
-  request's accumulator (``add_multimodal_tensor``'s CPU copy) and joins them
-  when the request finishes a stage (``_consolidate_multimodal_tensors``);
-  visible items go to the client through an unbounded queue.
+  per-request inbox, an unbounded deque. A downstream request with no chunk
+  waiting is skipped; when no running request has input the worker backs off
+  1 ms, as the transfer adapter's ``recv_loop`` does. Every stage is
+  pre-submitted when the request arrives (the prewarm).
+- **The orchestrator** (one thread): polls the stages in order and takes **at
+  most one raw output per stage per round**, waiting up to **1 ms on an empty
+  stage**; after an idle round it sleeps 1 ms (seed 001). Payload "copies" are
+  ``bytes(b)`` of the stage's own bytes (no copy at all) and the finish-time
+  join concatenates them; visible items go to the client through an unbounded
+  queue.
 - **No admission limit**: requests beyond ``max_batch_size`` wait in the
   stage's running list (vLLM's waiting queue), never refused.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import trio
 
 from .._config import PipelineConfig
-from .._items import AudioChunk, Request, TextDelta, VisibleItem
+from .._items import Request
 from .._stage import Stage, StreamOutput, StreamWork
+from ._clients import Delivery, deliver, follow
 from ._stages import load_stages
-from ._target import Prompt, Sample, TargetError, Timeline, rss_bytes_of_self
+from ._target import Prompt, Sample, Timeline, rss_bytes_of_self
 
 POLL_TIMEOUT_S = 0.001  # the orchestrator's wait on each empty stage
 IDLE_SLEEP_S = 0.001  # after a round with no output; also the recv_loop back-off
@@ -59,7 +60,7 @@ class _RawOutput:
 
 @dataclass
 class _Client:
-    send: trio.MemorySendChannel[VisibleItem | BaseException | None]
+    send: trio.MemorySendChannel[Delivery]
     accumulated: dict[int, list[bytes]] = field(default_factory=dict)
     stages_done: set[int] = field(default_factory=set)
 
@@ -83,7 +84,7 @@ class _StageWorker:
         self.last_batch_size = 0
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"seed-stage-{name}", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"shape-stage-{name}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -183,10 +184,10 @@ class _StageWorker:
             self._upstream_done.discard(stream_id)
 
 
-class SeedOrchestrator:
+class OrchestratorShape:
     """Stage workers plus the polling orchestrator thread; see the module docstring."""
 
-    name = "seed-orchestrator"
+    name = "orchestrator-shape"
 
     def __init__(self, workers: list[_StageWorker], token: trio.lowlevel.TrioToken) -> None:
         self._workers = workers
@@ -195,7 +196,7 @@ class SeedOrchestrator:
         self._clients_lock = threading.Lock()
         self._ids = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="seed-orchestrator", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="orchestrator-shape", daemon=True)
 
     def start(self) -> None:
         for worker in self._workers:
@@ -211,32 +212,20 @@ class SeedOrchestrator:
     async def request(self, prompt: Prompt, timeline: Timeline) -> None:
         self._ids += 1
         stream_id = f"seed{self._ids}"
-        send, receive = trio.open_memory_channel[VisibleItem | BaseException | None](math.inf)
+        send, receive = trio.open_memory_channel[Delivery](math.inf)
         with self._clients_lock:
             self._clients[stream_id] = _Client(send)
         request = prompt.request()
         for worker in self._workers:  # stage 0 plus the prewarmed downstream stages
             worker.submit(stream_id, request)
-        finished = False
-        try:
-            with receive:
-                async for item in receive:
-                    if item is None:
-                        finished = True
-                        return
-                    if isinstance(item, BaseException):
-                        raise TargetError(str(item))
-                    if isinstance(item, TextDelta):
-                        timeline.text()
-                    elif isinstance(item, AudioChunk):
-                        timeline.audio_chunk(item.duration_s)
-                        await timeline.consume(item.duration_s)
-        finally:
-            with self._clients_lock:
-                del self._clients[stream_id]
-            if not finished:  # failed or abandoned: abort it in every stage
-                for worker in self._workers:
-                    worker.abort(stream_id)
+        await follow(receive, timeline, lambda completed: self._forget(stream_id, completed))
+
+    def _forget(self, stream_id: str, completed: bool) -> None:
+        with self._clients_lock:
+            del self._clients[stream_id]
+        if not completed:  # failed or abandoned: abort it in every stage
+            for worker in self._workers:
+                worker.abort(stream_id)
 
     async def sample(self) -> Sample:
         depth = {f"{w.name}.outputs": w.outputs.qsize() for w in self._workers}
@@ -280,9 +269,8 @@ class SeedOrchestrator:
                 if len(client.stages_done) == len(self._workers):  # every output stage finished
                     self._deliver(client, None)
 
-    def _deliver(self, client: _Client, item: VisibleItem | BaseException | None) -> None:
-        send: Callable[[VisibleItem | BaseException | None], None] = client.send.send_nowait
-        self._token.run_sync_soon(_send_quietly, send, item)
+    def _deliver(self, client: _Client, item: Delivery) -> None:
+        deliver(self._token, client.send, item)
 
 
 def _cpu_copy(payload: object) -> bytes:
@@ -290,18 +278,9 @@ def _cpu_copy(payload: object) -> bytes:
     return bytes(data) if isinstance(data, bytes | bytearray) else b""
 
 
-def _send_quietly(
-    send: Callable[[VisibleItem | BaseException | None], None],
-    item: VisibleItem | BaseException | None,
-) -> None:
-    # A client that has gone closed its channel; the abort is on its way to the stages.
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        send(item)
-
-
 @asynccontextmanager
-async def open_seed_orchestrator(config: PipelineConfig) -> AsyncIterator[SeedOrchestrator]:
-    """Load the config's stages and run them under the seed orchestrator's design."""
+async def open_orchestrator_shape(config: PipelineConfig) -> AsyncIterator[OrchestratorShape]:
+    """Load the config's stages and run them under the orchestrator's loop shape."""
     stages = await trio.to_thread.run_sync(load_stages, config)
     workers = [
         _StageWorker(i, spec.name, stage, spec.max_batch_size)
@@ -309,7 +288,7 @@ async def open_seed_orchestrator(config: PipelineConfig) -> AsyncIterator[SeedOr
     ]
     for upstream, downstream in itertools.pairwise(workers):
         upstream.downstream = downstream
-    orchestrator = SeedOrchestrator(workers, trio.lowlevel.current_trio_token())
+    orchestrator = OrchestratorShape(workers, trio.lowlevel.current_trio_token())
     orchestrator.start()
     try:
         yield orchestrator

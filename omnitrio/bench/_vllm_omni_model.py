@@ -1,0 +1,661 @@
+"""A model of vllm-omni's serving path, as a benchmark baseline, on omnitrio's stage objects.
+
+Not vllm-omni itself: the same stage objects and batching policy as omnitrio,
+served the way vllm-omni serves Qwen3-Omni with ``async_chunk`` (seeds 000-004
+and vllm-omni's source; ``docs/benchmarks.md`` cites the file and function each
+mechanism stands for and the cost it charges):
+
+- **A process per stage** (``StageEngineCoreProc``): an engine loop stepping up to
+  ``max_batch_size`` running requests (the rest wait, none refused), an output
+  thread that serializes every step's outputs with msgpack and sends them over
+  ZMQ, arrays as separate frames (vLLM's ``MsgpackEncoder``).
+- **Hidden states at Qwen3-Omni's sizes**: each thinker token brings two
+  ``[1, 2048]`` bf16 rows (layer 0, the embedding, and layer 24, the accept
+  layer: what the talker reads), each talker token a ``[1, 16]`` codec row.
+  They are copied off the "device" in the engine loop (``sample_tokens``'s
+  D2H copy), sent to the next stage through the connector *and* to the
+  orchestrator in the step's output (seed 000).
+- **The connector** (``OmniTransferAdapterBase``): ``save_async`` queues a task
+  (an unbounded deque, or a ``Semaphore(512)`` taken by the engine loop, PR
+  3690); a save thread pickles the chunk into a POSIX shared-memory segment per
+  key; a receive thread polls every waiting request's next key, backing off
+  1 ms after a pass with no progress. The talker's chunks hold
+  ``inputs_per_step`` codec frames of the next stage (``codec_chunk_frames``).
+- **Talker payload packaging** held on the decode critical path with the GIL
+  (seed 002: ``sample_tokens`` 6.38 ms against ``_sample`` 0.99 ms), a
+  parameter.
+- **The orchestrator** (one thread, ``_orchestration_loop``): polls the stages in
+  order, at most one raw output per stage per round, waiting up to 1 ms on an
+  empty stage and sleeping 1 ms after an idle round (seed 001); deserializes
+  each output on that thread, builds a request output per stream, keeps every
+  array until the request finishes the stage and then concatenates them
+  (``add_multimodal_tensor`` / ``_consolidate_multimodal_tensors``, seed 000;
+  numpy stands in for ``torch.cat``: omnitrio imports no torch), and hands the
+  visible items to the client through an unbounded queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import mmap
+import multiprocessing
+import os
+import pickle
+import queue
+import tempfile
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+import numpy
+import trio
+import zmq
+
+from .._config import PipelineConfig
+from .._items import AudioChunk, Request, TextDelta
+from .._stage import Stage, StreamOutput, StreamWork
+from ._clients import Delivery, deliver, follow
+from ._stages import load_stage
+from ._target import Prompt, Sample, TargetError, Timeline, rss_bytes_of_self
+from ._vllm_omni_settings import ModelSettings
+
+logger = logging.getLogger(__name__)
+
+POLL_TIMEOUT_S = 0.001  # the orchestrator's wait on each empty stage
+IDLE_SLEEP_S = 0.001  # after an idle round; also the engine's back-off with no chunk ready
+RECV_BACKOFF_S = 0.001  # the receive thread after a pass with no progress
+CONNECTOR_IDLE_S = 0.1  # the save and receive threads with nothing to do
+HIDDEN_SIZE = 2048  # Qwen3-Omni thinker hidden size
+HIDDEN_LAYERS = ("0", "24")  # embedding and accept_hidden_layer, what the talker reads
+CODEC_GROUPS = 16  # codec rows [1, 16] per talker token
+READY_TIMEOUT_S = 120.0
+
+
+# ---------------------------------------------------------------- stage process
+
+
+class _Connector:
+    """Save and receive threads moving chunks through shared memory (one per stage)."""
+
+    def __init__(self, run_id: str, index: int, settings: ModelSettings, sends: bool) -> None:
+        self._run_id = run_id
+        self._index = index
+        self._stop = threading.Event()
+        self._save: deque[tuple[str, dict[str, Any]]] = deque()
+        self._save_cond = threading.Condition()
+        self._limit = (
+            threading.Semaphore(settings.save_limit) if settings.save_limit is not None else None
+        )
+        self._loads: deque[str] = deque()  # streams waiting for their next chunk
+        self._load_cond = threading.Condition()
+        self._next_chunk: dict[str, int] = {}
+        self.lock = threading.Lock()  # guards inbox and upstream_done
+        self.inbox: dict[str, deque[object]] = {}
+        self.upstream_done: set[str] = set()
+        self._unconsumed: OrderedDict[str, None] = OrderedDict()  # keys put, maybe not taken
+        self._threads = [threading.Thread(target=self._recv_loop, daemon=True)]
+        if sends:
+            self._threads.append(threading.Thread(target=self._save_loop, daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    def key(self, stream_id: str, chunk: int, from_index: int) -> str:
+        return f"vo{self._run_id}_{stream_id}_{from_index}_{chunk}"
+
+    def stop(self) -> None:
+        self._stop.set()
+        for cond in (self._save_cond, self._load_cond):
+            with cond:
+                cond.notify_all()
+        for thread in self._threads:
+            thread.join()
+        for name in self._unconsumed:  # chunks nobody took (aborted streams)
+            _unlink(name)
+
+    # Sending side: ``save_async`` on the engine loop, ``_save_loop`` on its thread.
+
+    def save_async(self, key: str, chunk: dict[str, Any]) -> None:
+        if self._limit is not None:
+            self._limit.acquire()  # PR 3690: blocks the engine loop when 512 are in flight
+        self._save.append((key, chunk))
+        with self._save_cond:
+            self._save_cond.notify()
+
+    def _save_loop(self) -> None:
+        while not self._stop.is_set():
+            while self._save:
+                key, chunk = self._save.popleft()
+                try:
+                    self._put(key, chunk)
+                except OSError as exc:  # as vllm-omni's save_loop: warn, serve on
+                    logger.warning("saving chunk %s failed: %s", key, exc)
+                finally:
+                    if self._limit is not None:
+                        self._limit.release()
+            with self._save_cond:
+                if not self._save and not self._stop.is_set():
+                    self._save_cond.wait(CONNECTOR_IDLE_S)
+
+    def _put(self, key: str, chunk: dict[str, Any]) -> None:
+        # reap_consumed: a bounded sweep of the keys the receiver has unlinked
+        for _ in range(min(64, len(self._unconsumed))):
+            old, _ = self._unconsumed.popitem(last=False)
+            if os.path.exists(_shm_path(old)):
+                self._unconsumed[old] = None
+        data = pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
+        fd = os.open(_shm_path(key), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, 8 + len(data))
+            with mmap.mmap(fd, 8 + len(data)) as segment:
+                segment[8:] = data
+                segment[:8] = len(data).to_bytes(8, "little")  # written last: "ready"
+        finally:
+            os.close(fd)
+        self._unconsumed[key] = None
+
+    # Receiving side: ``load_async`` on the engine loop, ``_recv_loop`` on its thread.
+
+    def load_async(self, stream_id: str) -> None:
+        with self.lock:
+            self.inbox[stream_id] = deque()
+            self._next_chunk[stream_id] = 0
+        self._loads.append(stream_id)
+        with self._load_cond:
+            self._load_cond.notify()
+
+    def drop(self, stream_id: str) -> None:
+        with self.lock:
+            self.inbox.pop(stream_id, None)
+            self._next_chunk.pop(stream_id, None)
+            self.upstream_done.discard(stream_id)
+
+    def _recv_loop(self) -> None:
+        while not self._stop.is_set():
+            progress = False
+            for _ in range(len(self._loads)):
+                stream_id = self._loads.popleft()
+                with self.lock:
+                    chunk_index = self._next_chunk.get(stream_id)
+                if chunk_index is None:
+                    continue  # finished or aborted
+                chunk = _get(self.key(stream_id, chunk_index, self._index - 1))
+                if chunk is None:
+                    self._loads.append(stream_id)
+                    continue
+                progress = True
+                with self.lock:
+                    if stream_id in self.inbox:
+                        self.inbox[stream_id].extend(chunk["payloads"])
+                        self._next_chunk[stream_id] = chunk_index + 1
+                        if chunk["done"]:
+                            self.upstream_done.add(stream_id)
+                if not chunk["done"]:
+                    self._loads.append(stream_id)
+            with self._load_cond:
+                if not self._loads and not self._stop.is_set():
+                    self._load_cond.wait(CONNECTOR_IDLE_S)
+                elif not progress and not self._stop.is_set():
+                    self._load_cond.wait(RECV_BACKOFF_S)
+
+
+def _shm_path(key: str) -> str:
+    # A POSIX shared-memory segment is this file on Linux: shm_open(key) opens it,
+    # as multiprocessing.shared_memory does (without its resource tracker).
+    return f"/dev/shm/{key}"
+
+
+def _get(key: str) -> dict[str, Any] | None:
+    """Take the chunk at ``key`` if it is there and written; the reader unlinks it."""
+    try:
+        fd = os.open(_shm_path(key), os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if size < 8:
+            return None  # created, not sized yet
+        with mmap.mmap(fd, size) as segment:
+            length = int.from_bytes(segment[:8], "little")
+            if length == 0:
+                return None  # not written yet
+            chunk: dict[str, Any] = pickle.loads(segment[8 : 8 + length])
+    finally:
+        os.close(fd)
+    os.unlink(_shm_path(key))
+    return chunk
+
+
+def _unlink(key: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_shm_path(key))
+
+
+@dataclass
+class _Engine:
+    """One stage's engine loop, in the stage's own process."""
+
+    index: int
+    num_stages: int
+    stage: Stage
+    max_batch_size: int
+    frames_per_chunk: int  # the next stage's inputs per step: one chunk per that many units
+    settings: ModelSettings
+    connector: _Connector
+    outputs: queue.Queue[list[Any] | None]
+    running: list[str] = field(default_factory=list)
+    pending: dict[str, list[object]] = field(default_factory=dict)  # payloads not yet chunked
+    chunks: dict[str, int] = field(default_factory=dict)
+    device: dict[str, numpy.ndarray[Any, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # What one unit leaves on the "device": the hidden rows the talker reads
+        # (thinker), a codec row (talker), nothing from the last stage.
+        if self.index == 0:
+            self.device = {k: numpy.ones((1, HIDDEN_SIZE), numpy.uint16) for k in HIDDEN_LAYERS}
+        elif self.index < self.num_stages - 1:
+            self.device = {"codes": numpy.ones((1, CODEC_GROUPS), numpy.int64)}
+
+    def add(self, stream_id: str, request: Request) -> None:
+        try:
+            self.stage.open_stream(stream_id, request)
+        except Exception as exc:  # that request fails; the engine serves on
+            self.outputs.put([_output(stream_id, StreamOutput(error=exc), [])])
+            return
+        self.running.append(stream_id)
+        self.pending[stream_id] = []
+        self.chunks[stream_id] = 0
+        if self.index > 0:
+            self.connector.load_async(stream_id)
+
+    def abort(self, stream_id: str) -> None:
+        if stream_id in self.running:
+            self._finish(stream_id)
+
+    def pick(self) -> list[StreamWork]:
+        batch: list[StreamWork] = []
+        for stream_id in self.running:
+            if len(batch) == self.max_batch_size:
+                break
+            if self.index == 0:
+                batch.append(StreamWork(stream_id, (), True))
+                continue
+            with self.connector.lock:
+                inbox = self.connector.inbox[stream_id]
+                closed = stream_id in self.connector.upstream_done
+                if not inbox and not closed:
+                    continue  # WAITING_FOR_CHUNK
+                limit = self.stage.max_inputs_per_step or len(inbox)
+                taken = tuple(inbox.popleft() for _ in range(min(limit, len(inbox))))
+                batch.append(StreamWork(stream_id, taken, closed and not inbox))
+        return batch
+
+    def step(self, batch: list[StreamWork]) -> None:
+        try:
+            results = dict(self.stage.step(batch))
+        except Exception as exc:  # the whole batch fails, as in omnitrio
+            results = {w.stream_id: StreamOutput(error=exc) for w in batch}
+        arrays = {sid: self._to_host(len(out.payloads)) for sid, out in results.items()}
+        if self.index == 1 and self.settings.packaging_ms > 0:
+            _hold_gil(self.settings.packaging_ms / 1000)  # seed 002, before the next launch
+        for stream_id, out in results.items():
+            if self.index < self.num_stages - 1:
+                self._save(stream_id, out)
+            if out.done or out.error is not None:
+                self._finish(stream_id)
+        self.outputs.put([_output(sid, out, arrays[sid]) for sid, out in results.items()])
+
+    def _to_host(self, units: int) -> list[dict[str, numpy.ndarray[Any, Any]]]:
+        """The D2H copy of each unit's arrays (``sample_tokens``' hidden-state copies)."""
+        return [{k: v.copy() for k, v in self.device.items()} for _ in range(units)]
+
+    def _save(self, stream_id: str, out: StreamOutput) -> None:
+        """Queue a chunk of the stage's own payloads for the next stage (they stand for
+        the hidden rows, so the arrays do not travel this way twice)."""
+        pending = self.pending.get(stream_id)
+        if pending is None:
+            return
+        pending += out.payloads
+        done = out.done or out.error is not None
+        if len(pending) < self.frames_per_chunk and not done:
+            return
+        chunk = self.chunks[stream_id]
+        self.chunks[stream_id] = chunk + 1
+        self.pending[stream_id] = []
+        key = self.connector.key(stream_id, chunk, self.index)
+        self.connector.save_async(key, {"payloads": pending, "done": done})
+
+    def _finish(self, stream_id: str) -> None:
+        self.running.remove(stream_id)
+        self.pending.pop(stream_id, None)
+        self.chunks.pop(stream_id, None)
+        self.stage.close_stream(stream_id)
+        if self.index > 0:
+            self.connector.drop(stream_id)
+
+
+def _hold_gil(seconds: float) -> None:
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        pass
+
+
+def _output(
+    stream_id: str, out: StreamOutput, arrays: list[dict[str, numpy.ndarray[Any, Any]]]
+) -> Any:
+    """One stream's ``EngineCoreOutput``: header fields plus its arrays (sent as frames)."""
+    text = "".join(item.text for item in out.visible if isinstance(item, TextDelta))
+    audio = [item for item in out.visible if isinstance(item, AudioChunk)]
+    return (
+        stream_id,
+        text or None,
+        audio[0].pcm16 if audio else None,
+        audio[0].sample_rate_hz if audio else 0,
+        out.done,
+        None if out.error is None else f"{type(out.error).__name__}: {out.error}",
+        arrays,
+    )
+
+
+def _output_thread(
+    outputs: queue.Queue[list[Any] | None], sock: zmq.Socket[Any], sent: Any
+) -> None:
+    """``process_output_sockets``: msgpack the header, arrays as zero-copy frames."""
+    while (step := outputs.get()) is not None:
+        frames: list[Any] = []
+        header = []
+        for stream_id, text, pcm, rate, done, error, arrays in step:
+            shapes = []
+            for unit in arrays:
+                for name, array in unit.items():
+                    shapes.append((name, str(array.dtype), array.shape))
+                    frames.append(array)
+            header.append((stream_id, text, pcm, rate, done, error, shapes))
+        sock.send_multipart([msgpack.packb(header), *frames], copy=False)
+        sent.value += 1
+
+
+def _stage_main(
+    config: PipelineConfig,
+    index: int,
+    run_id: str,
+    addresses: tuple[str, str],
+    settings: ModelSettings,
+    sent: Any,
+) -> None:
+    """A stage process: load the stage, then serve its engine loop until told to stop."""
+    context = zmq.Context()
+    inbound = context.socket(zmq.PULL)
+    inbound.connect(addresses[0])
+    outbound = context.socket(zmq.PUSH)
+    outbound.setsockopt(zmq.SNDHWM, 0)  # unbounded, as vLLM's make_zmq_socket
+    outbound.connect(addresses[1])
+    try:
+        stage = load_stage(config, index)
+    except Exception as exc:
+        outbound.send(msgpack.packb(("failed", f"{type(exc).__name__}: {exc}")))
+        outbound.close(linger=1000)
+        context.term()
+        return
+    spec = config.stages[index]
+    num = len(config.stages)
+    # A chunk holds as many units as the next stage takes per step (codec_chunk_frames).
+    frames = config.stages[index + 1].params.get("inputs_per_step", 1) if index + 1 < num else 1
+    connector = _Connector(run_id, index, settings, sends=index < num - 1)
+    outputs: queue.Queue[list[Any] | None] = queue.Queue()
+    engine = _Engine(
+        index, num, stage, spec.max_batch_size, int(frames), settings, connector, outputs
+    )
+    outbound.send(msgpack.packb(("ready", os.getpid())))
+    writer = threading.Thread(target=_output_thread, args=(outputs, outbound, sent), daemon=True)
+    writer.start()
+    try:
+        _engine_loop(engine, inbound)
+    finally:
+        outputs.put(None)
+        writer.join()
+        connector.stop()
+        stage.close()
+        inbound.close(linger=0)
+        outbound.close(linger=1000)
+        context.term()
+
+
+def _engine_loop(engine: _Engine, inbound: zmq.Socket[Any]) -> None:
+    while True:
+        while inbound.poll(0):
+            message = msgpack.unpackb(inbound.recv())
+            if message[0] == "stop":
+                return
+            if message[0] == "add":
+                engine.add(message[1], Request(message[2], options=message[3]))
+            else:
+                engine.abort(message[1])
+        batch = engine.pick()
+        if batch:
+            engine.step(batch)
+        elif engine.running:  # requests waiting for chunks: back off
+            inbound.poll(int(IDLE_SLEEP_S * 1000))
+        else:  # an idle engine blocks on new requests
+            inbound.poll(100)
+
+
+# ---------------------------------------------------------------- orchestrator
+
+
+@dataclass
+class _Client:
+    send: trio.MemorySendChannel[Delivery]
+    accumulated: dict[tuple[int, str], list[numpy.ndarray[Any, Any]]] = field(default_factory=dict)
+    stages_done: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class _RequestOutput:
+    """What the output processor makes of one stream's raw output (``RequestOutput``)."""
+
+    request_id: str
+    stage: int
+    text: str | None
+    finished: bool
+    multimodal: dict[str, numpy.ndarray[Any, Any]] | None
+
+
+class VllmOmniModel:
+    """Stage processes plus the polling orchestrator thread; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        processes: list[BaseProcess],
+        inputs: list[zmq.Socket[Any]],
+        outputs: list[zmq.Socket[Any]],
+        sent: list[Any],
+        token: trio.lowlevel.TrioToken,
+    ) -> None:
+        self.name = name
+        self._processes = processes
+        self._inputs = inputs
+        self._outputs = outputs
+        self._token = token
+        self._clients: dict[str, _Client] = {}
+        self._clients_lock = threading.Lock()
+        self._ids = 0
+        self._stop = threading.Event()
+        self._batch_sizes = [0] * len(outputs)
+        self._sent = sent  # steps each stage process has sent (shared counters)
+        self._received = [0] * len(outputs)
+        self._thread = threading.Thread(target=self._loop, name="vllm-omni-model", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    async def request(self, prompt: Prompt, timeline: Timeline) -> None:
+        self._ids += 1
+        stream_id = f"r{self._ids}"
+        send, receive = trio.open_memory_channel[Delivery](math.inf)
+        with self._clients_lock:
+            self._clients[stream_id] = _Client(send)
+        request = prompt.request()
+        add = msgpack.packb(("add", stream_id, request.text, dict(request.options)))
+        for sock in self._inputs:  # stage 0 plus the prewarmed downstream stages
+            sock.send(add)
+        await follow(receive, timeline, lambda completed: self._forget(stream_id, completed))
+
+    def _forget(self, stream_id: str, completed: bool) -> None:
+        with self._clients_lock:
+            del self._clients[stream_id]
+        if not completed:  # failed or abandoned: abort it in every stage
+            abort = msgpack.packb(("abort", stream_id))
+            for sock in self._inputs:
+                sock.send(abort)
+
+    async def sample(self) -> Sample:
+        depth = {  # raw outputs sent but not yet taken by the orchestrator
+            f"stage{i}.outputs": int(sent.value) - self._received[i]
+            for i, sent in enumerate(self._sent)
+        }
+        return Sample(
+            at_s=0.0,
+            open_streams=len(self._clients),
+            queue_depth=depth,
+            batch_size={f"stage{i}": float(b) for i, b in enumerate(self._batch_sizes)},
+            rss_bytes=rss_bytes_of_self(),
+        )
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            idle = True
+            for index, sock in enumerate(self._outputs):  # at most one per stage per round
+                if not sock.poll(int(POLL_TIMEOUT_S * 1000)):
+                    continue
+                idle = False
+                self._process(index, sock.recv_multipart(copy=False))
+            if idle:
+                time.sleep(IDLE_SLEEP_S)
+
+    def _process(self, stage_index: int, frames: list[Any]) -> None:
+        header = msgpack.unpackb(frames[0].buffer)
+        self._received[stage_index] += 1
+        self._batch_sizes[stage_index] = len(header)
+        at = 1
+        for stream_id, text, pcm, rate, done, error, shapes in header:
+            multimodal: dict[str, numpy.ndarray[Any, Any]] = {}
+            for name, dtype, shape in shapes:
+                array = numpy.frombuffer(frames[at].buffer, dtype=dtype).reshape(shape)
+                multimodal[name] = array
+                at += 1
+            output = _RequestOutput(stream_id, stage_index, text, done, multimodal or None)
+            with self._clients_lock:
+                client = self._clients.get(stream_id)
+            if client is None:
+                continue
+            self._handle(client, output, pcm, rate, error)
+
+    def _handle(
+        self,
+        client: _Client,
+        output: _RequestOutput,
+        pcm: bytes | None,
+        rate: int,
+        error: str | None,
+    ) -> None:
+        for name, array in (output.multimodal or {}).items():  # add_multimodal_tensor
+            client.accumulated.setdefault((output.stage, name), []).append(array)
+        if output.text:
+            self._deliver(client, TextDelta(output.text))
+        if pcm:
+            self._deliver(client, AudioChunk(pcm, rate))
+        if error is not None:
+            self._deliver(client, RuntimeError(error))
+        elif output.finished:
+            for key in [k for k in client.accumulated if k[0] == output.stage]:
+                numpy.concatenate(client.accumulated.pop(key))  # _consolidate_...: torch.cat
+            client.stages_done.add(output.stage)
+            if len(client.stages_done) == len(self._outputs):
+                self._deliver(client, None)
+
+    def _deliver(self, client: _Client, item: Delivery) -> None:
+        deliver(self._token, client.send, item)
+
+
+def _wait_ready(outputs: list[zmq.Socket[Any]], processes: list[BaseProcess]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    for index, sock in enumerate(outputs):
+        while not sock.poll(100):
+            if not processes[index].is_alive():
+                raise TargetError(f"stage process {index} exited ({processes[index].exitcode})")
+            if time.monotonic() > deadline:
+                raise TargetError(f"stage process {index} not ready in {READY_TIMEOUT_S} s")
+        message = msgpack.unpackb(sock.recv())
+        if message[0] != "ready":
+            raise TargetError(f"stage process {index} could not load its stage: {message[1]}")
+
+
+def _shut_down(processes: list[BaseProcess], inputs: list[zmq.Socket[Any]]) -> None:
+    for sock in inputs:
+        sock.send(msgpack.packb(("stop",)))
+    for process in processes:
+        process.join(10)
+        if process.is_alive():
+            process.terminate()
+            process.join()
+
+
+@asynccontextmanager
+async def open_vllm_omni_model(
+    config: PipelineConfig, settings: ModelSettings, name: str
+) -> AsyncIterator[VllmOmniModel]:
+    """Start a process per stage and the orchestrator thread; stop them all on exit."""
+    run_id = uuid.uuid4().hex[:8]
+    spawn = multiprocessing.get_context("spawn")
+    context = zmq.Context()
+    inputs: list[zmq.Socket[Any]] = []
+    outputs: list[zmq.Socket[Any]] = []
+    processes: list[BaseProcess] = []
+    sent = [spawn.Value("q", 0, lock=False) for _ in config.stages]
+    with tempfile.TemporaryDirectory(prefix="omnitrio-vo-") as folder:
+        try:
+            for index in range(len(config.stages)):
+                addresses = (f"ipc://{folder}/in{index}", f"ipc://{folder}/out{index}")
+                inbound = context.socket(zmq.PUSH)
+                inbound.setsockopt(zmq.SNDHWM, 0)
+                inbound.bind(addresses[0])
+                outbound = context.socket(zmq.PULL)
+                outbound.setsockopt(zmq.RCVHWM, 0)
+                outbound.bind(addresses[1])
+                inputs.append(inbound)
+                outputs.append(outbound)
+                process = spawn.Process(
+                    target=_stage_main,
+                    args=(config, index, run_id, addresses, settings, sent[index]),
+                    name=f"vllm-omni-model-{config.stages[index].name}",
+                    daemon=True,
+                )
+                process.start()
+                processes.append(process)
+            await trio.to_thread.run_sync(_wait_ready, outputs, processes)
+            token = trio.lowlevel.current_trio_token()
+            model = VllmOmniModel(name, processes, inputs, outputs, sent, token)
+            model.start()
+            try:
+                yield model
+            finally:
+                await trio.to_thread.run_sync(model.stop)
+        finally:
+            await trio.to_thread.run_sync(_shut_down, processes, inputs)
+            for sock in inputs + outputs:
+                sock.close(linger=0)
+            context.term()
