@@ -10,6 +10,7 @@ summary; ``omnitrio bench`` measures a pipeline or a server against baselines
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import inspect
 import logging
 import signal
@@ -87,7 +88,8 @@ def _serve(args: argparse.Namespace) -> int:
                 return None  # stopped by a signal while the stages loaded
             stages = " -> ".join(s.name for s in config.stages)
             print(f"omnitrio serving {config.pipeline.name} ({stages}) at {', '.join(binds)}")
-            print(f"  voice chat page: {binds[0]}/   realtime: {binds[0]}/v1/realtime", flush=True)
+            realtime = "ws" + binds[0].removeprefix("http")  # https -> wss
+            print(f"  voice chat page: {binds[0]}/   realtime: {realtime}/v1/realtime", flush=True)
         return None
 
     trio.run(run)
@@ -135,6 +137,7 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omnitrio", description=__doc__.split("\n")[0])
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument("--version", action="version", version=f"omnitrio {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
         "run", help="serve a pipeline: OpenAI-compatible HTTP, Realtime WebSocket, voice page"
@@ -186,7 +189,16 @@ def _parser() -> argparse.ArgumentParser:
     split.add_argument("source", type=Path, help="the composite checkpoint folder")
     split.add_argument("destination", type=Path, help="where thinker/, talker/, ... go")
     split.add_argument("--family", choices=sorted(TINY_MODEL_BUILDERS), default="qwen3-omni")
+    for command in commands.choices.values():  # after the subcommand too; it wins there
+        command.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("omnitrio")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 # Model families whose stage packages can build a tiny checkpoint: module with make_tiny_checkpoint.
@@ -214,8 +226,7 @@ def _split_checkpoint(args: argparse.Namespace) -> int:
 
 
 def _family_module(family: str) -> Any:
-    import importlib  # the model stack (torch) loads only for these commands
-
+    # the model stack (torch) loads only for these commands
     return importlib.import_module(TINY_MODEL_BUILDERS[family])
 
 

@@ -118,7 +118,7 @@ class Settings:
         if self.temperature is not None:
             options["temperature"] = self.temperature
         if self.max_output_tokens is not None:
-            options["max_output_tokens"] = self.max_output_tokens
+            options["max_tokens"] = self.max_output_tokens
         return options
 
 

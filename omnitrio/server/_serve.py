@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
 import hypercorn.trio.run
 import trio
-from hypercorn.config import Config
+from hypercorn.config import Config, Sockets
 from hypercorn.events import Closed, Event, RawData
-from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.trio.run import worker_serve
 from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.utils import wrap_app
 
 from .._config import PipelineConfig
 from .._pipeline import open_pipeline
@@ -86,8 +90,9 @@ async def serve(
 ) -> int | None:
     """Serve until SIGINT/SIGTERM (returned) or cancellation.
 
-    The pipeline starts first (its stages load); then the server binds and
-    ``task_status.started()`` reports its URLs (an empty list if a signal came
+    The port is bound first (a taken port is a ``BindError`` at once, before any
+    stage loads); then the pipeline starts (its stages load), the server starts
+    accepting and ``task_status.started()`` reports its URLs (an empty list if a signal came
     first: a signal while stages load stops the loading at once). On a signal
     the server stops accepting, in-flight work gets ``grace_period_s`` to finish,
     then everything left — socket writes to clients that stopped reading included
@@ -98,7 +103,11 @@ async def serve(
     writes = _WriteDeadlines(settings.send_timeout_s)
     states: list[ServerState] = []
     started = False
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    hyper = _hypercorn_config(settings, writes)
+    with (
+        bound_sockets(hyper, settings) as sockets,
+        trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
+    ):
         async with trio.open_nursery() as outer:
 
             async def on_signal() -> None:
@@ -126,8 +135,8 @@ async def serve(
             ):
                 state = ServerState(pipeline, settings, turns=turns)
                 states.append(state)
-                hyper = _hypercorn_config(settings, writes)
-                serve_http = partial(hypercorn_serve, create_app(state), hyper)
+                app = wrap_app(create_app(state), hyper.wsgi_max_body_size, "asgi")
+                serve_http = partial(worker_serve, app, hyper, sockets=sockets)
                 async with trio.open_nursery() as server:  # ends before the pipeline does
                     binds = await server.start(partial(serve_http, shutdown_trigger=stop.wait))
                     task_status.started(binds)
@@ -136,6 +145,31 @@ async def serve(
     if not started:
         task_status.started([])
     return stopped_by
+
+
+class BindError(OSError):
+    """The server could not listen on its address (taken, or not this machine's)."""
+
+
+@contextmanager
+def bound_sockets(hyper: Config, settings: ServerSettings) -> Iterator[Sockets]:
+    """The listening sockets for ``hyper.bind``, closed on leaving."""
+    where = f"{settings.host}:{settings.port}"
+    try:
+        sockets = hyper.create_sockets()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            problem = "the address is already in use; pick another port with --port"
+        else:
+            problem = f"{exc.strerror or exc}; check --host and --port"
+        raise BindError(f"cannot listen on {where}: {problem}") from None
+    try:
+        for sock in sockets.insecure_sockets:
+            sock.listen(hyper.backlog)
+        yield sockets
+    finally:
+        for sock in sockets.insecure_sockets:
+            sock.close()
 
 
 class _WriteDeadlines:
