@@ -16,8 +16,9 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -26,6 +27,11 @@ from ._errors import ConfigError, OmnitrioError
 from ._items import AudioChunk, Event, TextDelta
 from ._pipeline import Pipeline, open_pipeline
 from .bench import _cli as bench
+
+if TYPE_CHECKING:
+    from hypercorn.config import Sockets
+
+    from .server import ServerSettings
 
 # The repository's pipelines (found from a checkout's editable install too): `run` serves
 # the offline voice chat by default; `prompt`, a quick in-process check, runs the
@@ -68,11 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .server import ServerSettings, serve  # the web stack loads only for the server
+    from .server import ServerSettings, bound_sockets  # the web stack loads only here
 
-    config = load_config(args.config)
-    if args.model_path is not None:
-        config = with_model_path(config, args.model_path)
     settings = ServerSettings.from_env(
         host=args.host,
         port=args.port,
@@ -80,10 +83,20 @@ def _serve(args: argparse.Namespace) -> int:
         allowed_origins=tuple(args.allow_origin or ()),
         grace_period_s=args.grace_period_s,
     )
+    # Bind first: reading the config imports the stages' modules (torch and the like).
+    with bound_sockets(settings) as sockets:
+        config = load_config(args.config)
+        if args.model_path is not None:
+            config = with_model_path(config, args.model_path)
+        return _serve_on(config, settings, sockets)
+
+
+def _serve_on(config: PipelineConfig, settings: ServerSettings, sockets: Sockets) -> int:
+    from .server import serve
 
     async def run() -> int | None:
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(serve, config, settings)
+            binds = await nursery.start(partial(serve, config, settings, sockets=sockets))
             if not binds:
                 return None  # stopped by a signal while the stages loaded
             stages = " -> ".join(s.name for s in config.stages)

@@ -113,7 +113,8 @@ async def test_weather_round_trip_by_text(client: openai.OpenAI) -> None:
     second = await _in_thread(answer)
     text = second.choices[0].message.content
     assert second.choices[0].finish_reason in ("stop", "length")
-    assert text and not second.choices[0].message.tool_calls
+    assert text
+    assert not second.choices[0].message.tool_calls
     assert "sunny" in text.lower() or "24" in text, text
 
 
@@ -140,12 +141,15 @@ async def test_named_function_with_enum_and_nested_object_streams_tool_call_delt
 
     deltas, reasons, usage = await _in_thread(run)
     assert reasons[-1] == "tool_calls"
-    assert deltas[0].id and deltas[0].function.name == "book_table"
+    assert deltas[0].id
+    assert deltas[0].function.name == "book_table"
     assert len(deltas) > 2  # the arguments came in pieces
     assert {d.index for d in deltas} == {0}
     arguments = json.loads("".join(d.function.arguments or "" for d in deltas))
     jsonschema.validate(arguments, BOOKING["function"]["parameters"])
-    assert usage is not None and usage.prompt_tokens > 0 and usage.completion_tokens > 0
+    assert usage is not None
+    assert usage.prompt_tokens > 0
+    assert usage.completion_tokens > 0
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 

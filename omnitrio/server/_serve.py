@@ -8,7 +8,7 @@ import math
 import os
 import signal
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 
 import hypercorn.protocol.h2
@@ -86,12 +86,15 @@ async def serve(
     config: PipelineConfig | str | os.PathLike[str],
     settings: ServerSettings,
     *,
+    sockets: Sockets | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> int | None:
     """Serve until SIGINT/SIGTERM (returned) or cancellation.
 
     The port is bound first (a taken port is a ``BindError`` at once, before any
-    stage loads); then the pipeline starts (its stages load), the server starts
+    stage loads), unless the caller bound it already (``sockets``, from
+    ``bound_sockets``: the CLI binds before it even reads the config, whose stage
+    modules it imports); then the pipeline starts (its stages load), the server starts
     accepting and ``task_status.started()`` reports its URLs (an empty list if a signal came
     first: a signal while stages load stops the loading at once). On a signal
     the server stops accepting, in-flight work gets ``grace_period_s`` to finish,
@@ -105,7 +108,7 @@ async def serve(
     started = False
     hyper = _hypercorn_config(settings, writes)
     with (
-        bound_sockets(hyper, settings) as sockets,
+        nullcontext(sockets) if sockets is not None else bound_sockets(settings) as listening,
         trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
     ):
         async with trio.open_nursery() as outer:
@@ -136,7 +139,7 @@ async def serve(
                 state = ServerState(pipeline, settings, turns=turns)
                 states.append(state)
                 app = wrap_app(create_app(state), hyper.wsgi_max_body_size, "asgi")
-                serve_http = partial(worker_serve, app, hyper, sockets=sockets)
+                serve_http = partial(worker_serve, app, hyper, sockets=listening)
                 async with trio.open_nursery() as server:  # ends before the pipeline does
                     binds = await server.start(partial(serve_http, shutdown_trigger=stop.wait))
                     task_status.started(binds)
@@ -152,9 +155,13 @@ class BindError(OSError):
 
 
 @contextmanager
-def bound_sockets(hyper: Config, settings: ServerSettings) -> Iterator[Sockets]:
-    """The listening sockets for ``hyper.bind``, closed on leaving."""
+def bound_sockets(settings: ServerSettings) -> Iterator[Sockets]:
+    """Sockets listening on ``settings.host:port`` (for ``serve``), closed on leaving.
+
+    Raises ``BindError`` (one line naming host:port) when the address is taken."""
     where = f"{settings.host}:{settings.port}"
+    hyper = Config()
+    hyper.bind = [where]
     try:
         sockets = hyper.create_sockets()
     except OSError as exc:
