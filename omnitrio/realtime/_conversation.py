@@ -22,6 +22,7 @@ class Item:
     kind: Literal["text", "audio"]
     text: str | None  # the text, or the transcript of the audio (None: not known)
     status: ItemStatus = "completed"
+    audio_ms: int = 0  # the assistant's audio (what truncate may cut), in milliseconds
 
 
 class Conversation:
@@ -114,6 +115,18 @@ class Conversation:
                 return
         raise KeyError(item.id)
 
+    def remove(self, item_id: str) -> None:
+        """Take the item out of the conversation (``item_not_found`` if there is none)."""
+        item = self._by_id.pop(item_id, None)
+        if item is None:
+            raise ClientEventError(
+                "item_not_found",
+                f"item_id {quote(item_id)} names no item of the conversation",
+                param="item_id",
+            )
+        self._items.remove(item)
+        self._num_bytes -= _size(item)
+
     def as_text(self) -> str:
         """The conversation as plain text: one ``role: text`` line per item with known text.
 
@@ -122,6 +135,19 @@ class Conversation:
         return "\n".join(
             f"{item.role}: {item.text}" for item in self._items if item.text is not None
         )
+
+
+def played_text(text: str, audio_ms: int, played_ms: int) -> str:
+    """The part of ``text`` spoken in the first ``played_ms`` of its ``audio_ms`` of audio.
+
+    Speech runs at a roughly even rate of characters, so the cut is proportional,
+    moved back to the end of the last whole word heard."""
+    if played_ms >= audio_ms:
+        return text
+    cut = len(text) * played_ms // audio_ms
+    if cut < len(text) and not text[cut].isspace():
+        cut = text.rfind(" ", 0, cut) + 1  # 0 when no word was heard whole
+    return text[:cut].rstrip()
 
 
 def _size(item: Item) -> int:

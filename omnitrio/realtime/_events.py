@@ -49,6 +49,17 @@ class ItemCreate:
 
 
 @dataclass(frozen=True)
+class ItemTruncate:
+    item_id: str
+    audio_end_ms: int  # the audio the client played; the transcript is cut to match
+
+
+@dataclass(frozen=True)
+class ItemDelete:
+    item_id: str
+
+
+@dataclass(frozen=True)
 class ResponseCreate:
     patch: SettingsPatch
     metadata: tuple[tuple[str, str], ...]
@@ -60,15 +71,21 @@ class ResponseCancel:
 
 
 ClientEvent = (
-    SessionUpdate | AudioAppend | AudioCommit | AudioClear | ItemCreate | ResponseCreate
-) | ResponseCancel
+    SessionUpdate
+    | AudioAppend
+    | AudioCommit
+    | AudioClear
+    | ItemCreate
+    | ItemTruncate
+    | ItemDelete
+    | ResponseCreate
+    | ResponseCancel
+)
 
 # Events of the SDK's client event unions that omnitrio refuses, and why.
 UNSUPPORTED_EVENTS: Mapping[str, str] = MappingProxyType(
     {
-        "conversation.item.delete": "conversation items cannot be deleted",
         "conversation.item.retrieve": "conversation items cannot be retrieved (audio is not kept)",
-        "conversation.item.truncate": "conversation items cannot be truncated",
         "output_audio_buffer.clear": "it is for WebRTC/SIP; send response.cancel to stop a reply",
         "transcription_session.update": "transcription sessions are not available",
     }
@@ -157,6 +174,35 @@ def _text_part(value: object, path: str, part_type: str) -> str:
     return text
 
 
+def _item_truncate(fields: Fields, config: SessionConfig) -> ItemTruncate:
+    item_id = fields.required_str("item_id")
+    index = fields.optional_number("content_index")
+    if index is None:
+        raise ClientEventError(
+            "missing_required_parameter",
+            "missing required parameter content_index",
+            param="content_index",
+        )
+    if index != 0:
+        raise ClientEventError(
+            "invalid_value", "content_index must be 0 (an item has one part)", param="content_index"
+        )
+    end_ms = fields.optional_number("audio_end_ms")
+    if end_ms is None:
+        raise ClientEventError(
+            "missing_required_parameter",
+            "missing required parameter audio_end_ms",
+            param="audio_end_ms",
+        )
+    if end_ms < 0 or end_ms != int(end_ms):
+        raise ClientEventError(
+            "invalid_value",
+            f"audio_end_ms must be a whole number of milliseconds >= 0, not {end_ms:g}",
+            param="audio_end_ms",
+        )
+    return ItemTruncate(item_id, int(end_ms))
+
+
 def _response_create(fields: Fields, config: SessionConfig) -> ResponseCreate:
     params = fields.optional_object("response")
     if params is None:
@@ -174,6 +220,10 @@ _PARSERS: Mapping[str, Callable[[Fields, SessionConfig], ClientEvent]] = Mapping
         "input_audio_buffer.commit": lambda fields, config: AudioCommit(),
         "input_audio_buffer.clear": lambda fields, config: AudioClear(),
         "conversation.item.create": _item_create,
+        "conversation.item.truncate": _item_truncate,
+        "conversation.item.delete": lambda fields, config: ItemDelete(
+            fields.required_str("item_id")
+        ),
         "response.create": _response_create,
         "response.cancel": lambda fields, config: ResponseCancel(
             fields.optional_str("response_id")

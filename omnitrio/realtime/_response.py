@@ -19,7 +19,7 @@ from typing import Literal
 
 from .._items import AudioChunk, Event, JsonValue, Request, TextDelta, VisibleItem
 from ._config import SessionConfig
-from ._conversation import Conversation, Item, ItemStatus
+from ._conversation import Conversation, Item, ItemStatus, played_text
 from ._errors import LocalProtocolError
 from ._server_events import ServerEvent, named, new_id, safe_text
 from ._settings import Settings
@@ -64,6 +64,7 @@ class ActiveResponse:
         self._text: list[str] = []
         self._num_text_deltas = 0
         self._num_output_samples = 0
+        self._played_ms: int | None = None  # conversation.item.truncate: what the client played
         instructions_bytes = len(settings.instructions.encode("utf-8"))
         self._input_text_tokens = len(request.text.encode("utf-8")) + instructions_bytes
         input_samples = len(request.audio.pcm16) // 2 if request.audio else 0
@@ -89,6 +90,21 @@ class ActiveResponse:
             output=output,
             usage=usage,
         )
+
+    @property
+    def item_id(self) -> str | None:
+        """The assistant item this response is writing (None until its first output)."""
+        return None if self._item is None else self._item.id
+
+    @property
+    def audio_ms(self) -> int:
+        """The output audio sent so far, in milliseconds."""
+        return self._num_output_samples * 1000 // self._config.output_sample_rate_hz
+
+    def truncate(self, played_ms: int) -> None:
+        """The client played only ``played_ms`` of the audio: the item's transcript is cut
+        to match when the response closes."""
+        self._played_ms = played_ms
 
     def created_event(self) -> ServerEvent:
         return ServerEvent("response.created", {"response": self._object("in_progress")})
@@ -190,7 +206,10 @@ class ActiveResponse:
         dialect = self._config.dialect
         text = "".join(self._text)
         item_status: ItemStatus = "completed" if status == "completed" else "incomplete"
-        final = Item(item.id, "assistant", item.kind, text, status=item_status)
+        audio_ms = self.audio_ms
+        if self._played_ms is not None:
+            text, audio_ms = played_text(text, audio_ms, self._played_ms), self._played_ms
+        final = Item(item.id, "assistant", item.kind, text, item_status, audio_ms)
         conversation.replace(final)
         where = self._where(item)
         if self._with_audio:

@@ -45,7 +45,7 @@ from typing import Literal
 
 from .._items import AudioInput, JsonValue, Request, VisibleItem
 from ._config import SessionConfig
-from ._conversation import Conversation, Item
+from ._conversation import Conversation, Item, played_text
 from ._encode import decode_frame, encode_event
 from ._errors import ClientEventError, LocalProtocolError, quote
 from ._events import (
@@ -54,6 +54,8 @@ from ._events import (
     AudioCommit,
     ClientEvent,
     ItemCreate,
+    ItemDelete,
+    ItemTruncate,
     ResponseCancel,
     ResponseCreate,
     SessionUpdate,
@@ -334,10 +336,65 @@ class RealtimeSession:
                 item = Item(event.item_id or new_id("item"), event.role, "text", event.text)
                 previous = self._conversation.add(item, event.previous_item_id)
                 return list(item_events(item, previous, self.config.dialect))
+            case ItemTruncate(item_id, played_ms):
+                return self._truncate(item_id, played_ms)
+            case ItemDelete(item_id):
+                return self._delete(item_id)
             case ResponseCreate():
                 return self._create_response(event)
             case ResponseCancel(response_id):
                 return self._cancel(response_id)
+
+    def _truncate(self, item_id: str, played_ms: int) -> list[Output]:
+        """Cut an assistant audio item's transcript to the audio the client played."""
+        response = self._response
+        writing = response is not None and response.item_id == item_id
+        item = self._conversation.get(item_id)
+        if item is None:
+            raise ClientEventError(
+                "item_not_found",
+                f"item_id {quote(item_id)} names no item of the conversation",
+                param="item_id",
+            )
+        if item.role != "assistant" or item.kind != "audio":
+            raise ClientEventError(
+                "invalid_value",
+                f"item {quote(item_id)} is a {item.role} {item.kind} item; only an "
+                "assistant's audio can be truncated",
+                param="item_id",
+            )
+        audio_ms = response.audio_ms if response is not None and writing else item.audio_ms
+        if played_ms > audio_ms:
+            raise ClientEventError(
+                "invalid_value",
+                f"audio_end_ms {played_ms} is past the end of the item's audio ({audio_ms} ms)",
+                param="audio_end_ms",
+            )
+        if response is not None and writing:
+            response.truncate(played_ms)  # the transcript is cut when the response closes
+        else:
+            text = played_text(item.text or "", item.audio_ms, played_ms)
+            cut = Item(item.id, item.role, item.kind, text, item.status, played_ms)
+            self._conversation.replace(cut)
+        fields: dict[str, JsonValue] = {
+            "item_id": item_id,
+            "content_index": 0,
+            "audio_end_ms": played_ms,
+        }
+        return [ServerEvent("conversation.item.truncated", fields)]
+
+    def _delete(self, item_id: str) -> list[Output]:
+        response = self._response
+        if response is not None and response.item_id == item_id:
+            raise ClientEventError(
+                "item_in_progress",
+                f"item {quote(item_id)} is being written by response {response.id}; "
+                "cancel it and wait for its response.done first",
+                param="item_id",
+            )
+        self._conversation.remove(item_id)
+        self._committed = [(i, pcm16) for i, pcm16 in self._committed if i != item_id]
+        return [ServerEvent("conversation.item.deleted", {"item_id": item_id})]
 
     def _append(self, pcm16: bytes) -> list[Output]:
         held = len(self._buffer) + sum(len(audio) for _, audio in self._committed)
