@@ -407,8 +407,34 @@ BAD_EVENTS: list[tuple[str, object, str]] = [
     ),
     (
         "tools",
-        {"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}},
-        "unsupported_parameter",
+        {"type": "session.update", "session": {"tools": [{"type": "function", "name": 3}]}},
+        "invalid_type",
+    ),
+    (
+        "tool choice names no tool",
+        {"type": "session.update", "session": {"tool_choice": {"type": "function", "name": "f"}}},
+        "invalid_value",
+    ),
+    (
+        "tool parameters not a schema",
+        {"type": "session.update", "session": {"tools": [{"name": "f", "parameters": "x"}]}},
+        "invalid_type",
+    ),
+    (
+        "output of no call",
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": "call_x", "output": "{}"},
+        },
+        "invalid_value",
+    ),
+    (
+        "output not a string",
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": "call_x", "output": {"a": 1}},
+        },
+        "invalid_type",
     ),
     (
         "transcription session",
@@ -429,7 +455,7 @@ BAD_EVENTS: list[tuple[str, object, str]] = [
     (
         "function call",
         {"type": "conversation.item.create", "item": {"type": "function_call"}},
-        "unsupported_parameter",
+        "missing_required_parameter",
     ),
     (
         "item audio",
@@ -717,6 +743,8 @@ EMITTED_GA = {
     "response.done",
     "conversation.item.truncated",
     "conversation.item.deleted",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
     "error",
 }
 BETA_NAMES = {
@@ -782,6 +810,7 @@ def every_kind_of_event(session: RealtimeSession) -> list[ServerEvent]:
             truncate = {"type": "conversation.item.truncate", "item_id": item_id}
             events += send(session, {**truncate, "content_index": 0, "audio_end_ms": 50})
             events += send(session, {"type": "conversation.item.delete", "item_id": item_id})
+    events += function_call_turn(session)
     for status in ("cancelled", "failed", "incomplete"):
         rid = start_response(session).response_id
         events += session.output(rid, TextDelta("partial"))
@@ -789,6 +818,68 @@ def every_kind_of_event(session: RealtimeSession) -> list[ServerEvent]:
             events += send(session, {"type": "response.cancel"})
         events += session.finish(rid, status, "boom")  # type: ignore[arg-type]
     return [e for e in events if isinstance(e, ServerEvent)]
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def function_call_turn(session: RealtimeSession) -> list[ServerEvent]:
+    """A turn where the model calls get_weather, the client answers, the model speaks."""
+    events: list[object] = []
+    events += send(session, {"type": "session.update", "session": {"tools": [WEATHER_TOOL]}})
+    events += send(session, user_text("weather in Paris?"))
+    rid = start_response(session, tool_choice="required").response_id
+    call = {"call_id": "call_1"}
+    events += session.output(rid, Event("tool_call", {**call, "name": "get_weather"}))
+    events += session.output(rid, Event("tool_call.arguments", {**call, "delta": '{"city": '}))
+    events += session.output(rid, Event("tool_call.arguments", {**call, "delta": '"Paris"}'}))
+    done = {**call, "name": "get_weather", "arguments": '{"city": "Paris"}'}
+    events += session.output(rid, Event("tool_call.done", done))
+    events += session.finish(rid, "completed")
+    output = {"type": "function_call_output", "call_id": "call_1", "output": '{"sky": "sunny"}'}
+    events += send(session, {"type": "conversation.item.create", "item": output})
+    start = start_response(session)
+    assert start.request.text.splitlines()[-2:] == [
+        'assistant: <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
+        'tool: {"sky": "sunny"}',
+    ]
+    assert start.request.options["tools"]
+    events += session.finish(start.response_id, "completed")
+    return [e for e in events if isinstance(e, ServerEvent)]
+
+
+def test_function_call_turn() -> None:
+    session = open_session()
+    events = function_call_turn(session)
+    kinds = names(events)
+    first = kinds.index("response.output_item.added")
+    assert kinds[first : first + 8] == [
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
+    done = next(e for e in events if e.type == "response.done").fields["response"]
+    assert isinstance(done, Mapping)
+    (item,) = done["output"]
+    assert isinstance(item, Mapping)
+    assert (item["type"], item["name"], item["arguments"]) == (
+        "function_call",
+        "get_weather",
+        '{"city": "Paris"}',
+    )
+    updated = next(e for e in events if e.type == "session.updated").fields["session"]
+    assert isinstance(updated, Mapping)
+    assert updated["tools"] == (WEATHER_TOOL,)
 
 
 def _output_item_id(events: list[object]) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from ._config import SessionConfig
-from ._conversation import Role
+from ._conversation import ItemKind, Role
 from ._encode import decode_audio
 from ._errors import ClientEventError, quote
 from ._fields import Fields
@@ -44,8 +44,11 @@ class AudioClear:
 class ItemCreate:
     item_id: str | None  # None: the server makes one
     role: Role
-    text: str
+    text: str  # a message's text, a function call's arguments, or a call's output
     previous_item_id: str | None  # None: append; "root": insert first
+    kind: ItemKind = "text"
+    call_id: str | None = None  # function_call and function_call_output items
+    name: str | None = None  # function_call items
 
 
 @dataclass(frozen=True)
@@ -131,10 +134,13 @@ def _item_create(fields: Fields, config: SessionConfig) -> ItemCreate:
     previous_item_id = fields.optional_str("previous_item_id")
     item = fields.required_object("item")
     kind = item.required_str("type")
+    if kind in ("function_call", "function_call_output"):
+        return _call_item_create(item, kind, previous_item_id)
     if kind != "message":
         raise ClientEventError(
             "unsupported_parameter",
-            f"item.type {quote(kind)} is not supported; only message items (text) are",
+            f"item.type {quote(kind)} is not supported; message, function_call and "
+            "function_call_output items are",
             param="item.type",
         )
     role = _ROLES.get(item.choice("role", tuple(_ROLES)) or "")
@@ -156,6 +162,26 @@ def _item_create(fields: Fields, config: SessionConfig) -> ItemCreate:
     texts = [_text_part(part, f"item.content[{i}]", part_type) for i, part in enumerate(parts)]
     item.done()
     return ItemCreate(item_id, role, "\n".join(texts), previous_item_id)
+
+
+def _call_item_create(item: Fields, kind: str, previous_item_id: str | None) -> ItemCreate:
+    """A function_call item (the client replays one) or a function_call_output (a result)."""
+    item_id = item.optional_str("id")
+    item.choice("object", ("realtime.item",))
+    item.choice("status", ("completed", "incomplete", "in_progress"))
+    call_id = item.required_str("call_id")
+    if kind == "function_call_output":
+        output = item.required_str("output")
+        item.done()
+        return ItemCreate(
+            item_id, "user", output, previous_item_id, "function_call_output", call_id
+        )
+    name = item.required_str("name")
+    arguments = item.required_str("arguments")
+    item.done()
+    return ItemCreate(
+        item_id, "assistant", arguments, previous_item_id, "function_call", call_id, name
+    )
 
 
 def _text_part(value: object, path: str, part_type: str) -> str:

@@ -1,5 +1,9 @@
 """One response: pipeline items in, server events out, and the closing events.
 
+A function call from the LLM stage (events ``tool_call``, ``tool_call.arguments``,
+``tool_call.done``; see stages/llm.py) is an output item of its own, of type
+``function_call``, with response.function_call_arguments.delta / .done.
+
 A response has one output item (an assistant message) with one content part:
 an ``audio`` part (audio deltas plus transcript deltas) when the response's
 modalities include audio, else a ``text`` part. The first TextDelta or
@@ -28,6 +32,7 @@ from ._shapes import item_done_event, item_events, item_object, response_object
 Status = Literal["completed", "cancelled", "failed", "incomplete"]
 STATUSES: tuple[Status, ...] = ("completed", "cancelled", "failed", "incomplete")
 AUDIO_TOKENS_PER_S = 10
+CALL_EVENTS = ("tool_call", "tool_call.arguments", "tool_call.done")
 TRANSCRIPT_EVENT = "transcript"
 """The pipeline Event name mapped to an input audio transcript (``data["text"]``)."""
 
@@ -65,6 +70,9 @@ class ActiveResponse:
         self._num_text_deltas = 0
         self._num_output_samples = 0
         self._played_ms: int | None = None  # conversation.item.truncate: what the client played
+        self._call: Item | None = None  # a function call, once the model starts one
+        self._call_index = 0  # its output_index
+        self._call_previous_id: str | None = None
         instructions_bytes = len(settings.instructions.encode("utf-8"))
         self._input_text_tokens = len(request.text.encode("utf-8")) + instructions_bytes
         input_samples = len(request.audio.pcm16) // 2 if request.audio else 0
@@ -166,7 +174,103 @@ class ActiveResponse:
             return self._event(visible, conversation)
         raise LocalProtocolError(f"output() takes a VisibleItem, not a {type(visible).__name__}")
 
+    def _call_event(self, event: Event, conversation: Conversation) -> list[ServerEvent]:
+        """A function call's item and argument events (see the module docstring)."""
+        call_id = event.data.get("call_id")
+        if not isinstance(call_id, str):
+            return []
+        dialect = self._config.dialect
+        if event.name == "tool_call" and self._call is None:
+            name = str(event.data.get("name"))
+            item = Item(
+                new_id("item"),
+                "assistant",
+                "function_call",
+                "",
+                "in_progress",
+                call_id=call_id,
+                name=name,
+            )
+            self._call = item
+            self._call_index = 0 if self._item is None else 1
+            self._call_previous_id = conversation.add(item, checked=False)
+            added: dict[str, JsonValue] = {
+                "response_id": self.id,
+                "output_index": self._call_index,
+                "item": item_object(item, dialect),
+            }
+            return [
+                ServerEvent("response.output_item.added", added),
+                *item_events(item, self._call_previous_id, dialect, done=False),
+            ]
+        call = self._call
+        if call is None or call.call_id != call_id:
+            return []
+        where: dict[str, JsonValue] = {
+            "response_id": self.id,
+            "item_id": call.id,
+            "output_index": self._call_index,
+            "call_id": call_id,
+        }
+        if event.name == "tool_call.arguments":
+            delta = str(event.data.get("delta", ""))
+            self._call = Item(
+                call.id,
+                "assistant",
+                "function_call",
+                (call.text or "") + delta,
+                "in_progress",
+                call_id=call_id,
+                name=call.name,
+            )
+            return [
+                ServerEvent("response.function_call_arguments.delta", {**where, "delta": delta})
+            ]
+        if event.name == "tool_call.done":
+            arguments = str(event.data.get("arguments", call.text or ""))
+            self._call = Item(
+                call.id,
+                "assistant",
+                "function_call",
+                arguments,
+                "in_progress",
+                call_id=call_id,
+                name=call.name,
+            )
+            done: dict[str, JsonValue] = {**where, "arguments": arguments}
+            if dialect == "ga":
+                done["name"] = call.name
+            return [ServerEvent("response.function_call_arguments.done", done)]
+        return []
+
+    def _close_call(
+        self, call: Item, status: Status, conversation: Conversation
+    ) -> list[ServerEvent]:
+        item_status: ItemStatus = "completed" if status == "completed" else "incomplete"
+        final = Item(
+            call.id,
+            "assistant",
+            "function_call",
+            call.text,
+            item_status,
+            call_id=call.call_id,
+            name=call.name,
+        )
+        self._call = final
+        conversation.replace(final)
+        item_done: dict[str, JsonValue] = {
+            "response_id": self.id,
+            "output_index": self._call_index,
+            "item": item_object(final, self._config.dialect),
+        }
+        return [
+            ServerEvent("response.output_item.done", item_done),
+            *item_done_event(final, self._call_previous_id, self._config.dialect),
+        ]
+
     def _event(self, event: Event, conversation: Conversation) -> list[ServerEvent]:
+        if event.name in CALL_EVENTS:
+            return self._call_event(event, conversation)
         # Only a transcript of the turn's input audio has a protocol event; others are internal.
         text = event.data.get("text")
         if event.name != TRANSCRIPT_EVENT or not isinstance(text, str):
@@ -196,6 +300,9 @@ class ActiveResponse:
         if self._item is not None:
             events, final = self._close(self._item, status, conversation)
             output = (item_object(final, self._config.dialect),)
+        if self._call is not None:
+            events += self._close_call(self._call, status, conversation)
+            output += (item_object(self._call, self._config.dialect),)
         details = self._status_details(status, error)
         done = self._object(status, status_details=details, output=output, usage=self._usage())
         return [*events, ServerEvent("response.done", {"response": done})]

@@ -39,6 +39,7 @@ or ``receive`` while NEW, is the server's bug: ``LocalProtocolError``.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -333,9 +334,7 @@ class RealtimeSession:
                 self._buffer.clear()
                 return [ServerEvent("input_audio_buffer.cleared")]
             case ItemCreate():
-                item = Item(event.item_id or new_id("item"), event.role, "text", event.text)
-                previous = self._conversation.add(item, event.previous_item_id)
-                return list(item_events(item, previous, self.config.dialect))
+                return self._create_item(event)
             case ItemTruncate(item_id, played_ms):
                 return self._truncate(item_id, played_ms)
             case ItemDelete(item_id):
@@ -344,6 +343,32 @@ class RealtimeSession:
                 return self._create_response(event)
             case ResponseCancel(response_id):
                 return self._cancel(response_id)
+
+    def _create_item(self, event: ItemCreate) -> list[Output]:
+        if event.kind == "function_call_output" and (
+            event.call_id is None or self._conversation.call(event.call_id) is None
+        ):
+            raise ClientEventError(
+                "invalid_value",
+                f"item.call_id {quote(event.call_id or '')} names no function_call item of the "
+                "conversation; send the output of a call the model made",
+                param="item.call_id",
+            )
+        if event.kind == "function_call":
+            try:
+                json.loads(event.text)
+            except ValueError:
+                raise ClientEventError(
+                    "invalid_value",
+                    "item.arguments must be JSON text (the call's arguments object)",
+                    param="item.arguments",
+                ) from None
+        item_id = event.item_id or new_id("item")
+        item = Item(
+            item_id, event.role, event.kind, event.text, call_id=event.call_id, name=event.name
+        )
+        previous = self._conversation.add(item, event.previous_item_id)
+        return list(item_events(item, previous, self.config.dialect))
 
     def _truncate(self, item_id: str, played_ms: int) -> list[Output]:
         """Cut an assistant audio item's transcript to the audio the client played."""
