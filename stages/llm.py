@@ -95,6 +95,7 @@ class _Call:
     id: str
     name: str | None = None
     arguments_sent: str = ""
+    done: bool = False  # tool_call.done was sent
 
 
 class SmolLM2:
@@ -273,6 +274,8 @@ class SmolLM2:
         if call is None:
             call = turn.call = _Call(f"call_{secrets.token_hex(12)}")
         events: list[VisibleItem] = []
+        if call.done:
+            return events  # the end-of-turn token after the call
         body = text.removeprefix(TOOL_CALL_OPEN)
         if call.name is None:
             head, sep, _ = body.partition(', "arguments": ')
@@ -300,6 +303,7 @@ class SmolLM2:
             call.arguments_sent = arguments
             events.append(Event("tool_call.arguments", {"call_id": call.id, "delta": delta}))
         if complete:
+            call.done = True
             fields = {"call_id": call.id, "name": call.name, "arguments": arguments}
             events.append(Event("tool_call.done", fields))
         return events
