@@ -12,7 +12,8 @@ sets ``temperature`` (``stages/_torch_sampling.py``, shared with the Qwen-Omni
 stages).
 
 A request with option ``task: speak`` (the HTTP API's /v1/audio/speech) is not
-answered: its text goes to the TTS stage as it is.
+answered: its text goes to the TTS stage as it is. One with ``task: transcribe``
+(/v1/audio/transcriptions) ends here without an answer.
 
 Options: ``max_tokens`` caps the answer (default ``max_new_tokens``). Function
 calling: ``tools`` (a JSON list of ``{"name", "description", "parameters"}``),
@@ -170,8 +171,8 @@ class SmolLM2:
         decoding: list[str] = []
         for work in batch:
             turn = self._turns[work.stream_id]
-            if turn.request.options.get("task") == "speak":
-                continue  # passed through in _emit
+            if turn.request.options.get("task") in ("speak", "transcribe"):
+                continue  # passed through (or nothing to do) in _emit
             if turn.prompt is None:
                 utterances = [p for p in work.inputs if isinstance(p, Utterance)]
                 if not utterances and not work.input_closed:
@@ -233,6 +234,8 @@ class SmolLM2:
 
     def _emit(self, work: StreamWork, token: int | None) -> StreamOutput:
         turn = self._turns[work.stream_id]
+        if turn.request.options.get("task") == "transcribe":
+            return StreamOutput(done=work.input_closed)  # the ASR stage's event is the answer
         if turn.request.options.get("task") == "speak":
             if not work.input_closed:
                 return StreamOutput()  # the ASR stage has not finished the stream yet

@@ -15,6 +15,7 @@ from ._guard import host_ok, key_ok, origin_ok
 from ._openai_http import chat_completions, error_response, speech
 from ._realtime import CLOSE_TRY_AGAIN_LATER, RealtimeConnection, pick_subprotocol, session_config
 from ._state import ServerState
+from ._transcriptions import transcriptions
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,10 @@ def create_app(state: ServerState) -> QuartTrio:
     @app.post("/v1/audio/speech")
     async def audio_speech() -> Response:
         return await speech(state, await _body())
+
+    @app.post("/v1/audio/transcriptions")
+    async def audio_transcriptions() -> Response:
+        return await transcriptions(state, await request.form, await request.files)
 
     @app.get("/")
     async def index() -> Response:
