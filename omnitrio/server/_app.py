@@ -10,10 +10,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from quart import Response, request, send_from_directory, websocket
 from quart_trio import QuartTrio
 
-from ..realtime import RealtimeSession
+from ..realtime import RealtimeSession, select_subprotocol
 from ._guard import host_ok, key_ok, origin_ok
 from ._openai_http import chat_completions, error_response, speech
-from ._realtime import CLOSE_TRY_AGAIN_LATER, RealtimeConnection, pick_subprotocol, session_config
+from ._realtime import CLOSE_TRY_AGAIN_LATER, RealtimeConnection, session_config
 from ._state import ServerState
 from ._transcriptions import transcriptions
 
@@ -88,7 +88,7 @@ def create_app(state: ServerState) -> QuartTrio:
             return error_response(403, "cross-origin WebSocket refused", "forbidden_origin")
         if not key_ok(settings, headers, offered):
             return error_response(401, "invalid or missing API key", "invalid_api_key")
-        subprotocol, framing = pick_subprotocol(offered)
+        framing, subprotocol = select_subprotocol(offered)  # the client's order decides
         beta = "realtime=v1" in headers.get("OpenAI-Beta", "")
         try:
             await websocket.accept(subprotocol=subprotocol)

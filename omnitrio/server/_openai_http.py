@@ -25,8 +25,9 @@ from quart import Response
 
 from .._errors import OmnitrioError, Overloaded
 from .._items import AudioChunk, AudioInput, Event, Request, TextDelta
+from ..realtime import new_id
 from ._audio import pcm16_from_wav, resample_pcm16, wav_bytes, wav_header
-from ._state import ResponseLog, ServerState, new_id
+from ._state import ResponseLog, ServerState
 from ._tools import (
     ChatTool,
     ToolCall,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -74,10 +73,6 @@ class ResponseLog:
         ttfa = "none" if self.first_audio_s is None else f"{self.first_audio_s * 1000:.0f} ms"
         total_ms = (trio.current_time() - self._started) * 1000
         logger.info("%s %s: first audio %s, took %.0f ms", self._what, status, ttfa, total_ms)
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(8)}"
 
 
 class _TurnsCollector(Collector):

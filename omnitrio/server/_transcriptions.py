@@ -18,8 +18,9 @@ from quart import Response
 
 from .._errors import OmnitrioError
 from .._items import AudioInput, Event, Request
+from ..realtime import new_id
 from ._openai_http import _refusal, error_response
-from ._state import ResponseLog, ServerState, new_id
+from ._state import ResponseLog, ServerState
 
 DECODE_RATE_HZ = 16000
 FORMATS = ("json", "text", "verbose_json")
