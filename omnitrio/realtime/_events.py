@@ -202,24 +202,11 @@ def _text_part(value: object, path: str, part_type: str) -> str:
 
 def _item_truncate(fields: Fields, config: SessionConfig) -> ItemTruncate:
     item_id = fields.required_str("item_id")
-    index = fields.optional_number("content_index")
-    if index is None:
-        raise ClientEventError(
-            "missing_required_parameter",
-            "missing required parameter content_index",
-            param="content_index",
-        )
-    if index != 0:
+    if fields.required_number("content_index") != 0:
         raise ClientEventError(
             "invalid_value", "content_index must be 0 (an item has one part)", param="content_index"
         )
-    end_ms = fields.optional_number("audio_end_ms")
-    if end_ms is None:
-        raise ClientEventError(
-            "missing_required_parameter",
-            "missing required parameter audio_end_ms",
-            param="audio_end_ms",
-        )
+    end_ms = fields.required_number("audio_end_ms")
     if end_ms < 0 or end_ms != int(end_ms):
         raise ClientEventError(
             "invalid_value",

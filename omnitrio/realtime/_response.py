@@ -58,7 +58,6 @@ class ActiveResponse:
     ) -> None:
         self.id = response_id
         self.settings = settings
-        self.cancel_requested = False
         self._config = config
         self._conversation_id = conversation_id
         self._metadata = metadata
@@ -290,10 +289,13 @@ class ActiveResponse:
         return [ServerEvent(name, {**fields, "usage": usage})]
 
     def finish(
-        self, status: Status, error: str | None, conversation: Conversation
+        self, status: Status, error: str | None, conversation: Conversation, *, cancelled: bool
     ) -> list[ServerEvent]:
-        """Close the open part and item (with the full text), then response.done."""
-        if self.cancel_requested:
+        """Close the open part and item (with the full text), then response.done.
+
+        ``cancelled``: the client cancelled it (the session's state says so); the
+        status is then "cancelled" whatever ``status`` is."""
+        if cancelled:
             status = "cancelled"
         events: list[ServerEvent] = []
         output: tuple[JsonValue, ...] = ()
@@ -303,7 +305,7 @@ class ActiveResponse:
         if self._call is not None:
             events += self._close_call(self._call, status, conversation)
             output += (item_object(self._call, self._config.dialect),)
-        details = self._status_details(status, error)
+        details = self._status_details(status, error, cancelled)
         done = self._object(status, status_details=details, output=output, usage=self._usage())
         return [*events, ServerEvent("response.done", {"response": done})]
 
@@ -340,11 +342,13 @@ class ActiveResponse:
         ]
         return events, final
 
-    def _status_details(self, status: Status, error: str | None) -> dict[str, JsonValue] | None:
+    def _status_details(
+        self, status: Status, error: str | None, cancelled: bool
+    ) -> dict[str, JsonValue] | None:
         if status == "completed":
             return None
         details: dict[str, JsonValue] = {"type": status}
-        if status == "cancelled" and self.cancel_requested:
+        if status == "cancelled" and cancelled:
             details["reason"] = "client_cancelled"
         if status == "failed":
             message = safe_text(error) if error else "the pipeline failed the response"

@@ -16,7 +16,10 @@ conversation, the settings, and one response state::
                                 v
                             CANCELLING --finish()--> IDLE
 
-``_TRANSITIONS`` below is that diagram as data. Everything else the client may
+``_TRANSITIONS`` below is that diagram as data, and the only authority: the
+state is changed in one place, ``_move``, which follows it (the response objects
+of _response.py only shape events; they hold no state of the machine). Everything
+else the client may
 send in any OPEN state: session.update (applies to the next response),
 input_audio_buffer.append / commit / clear, conversation.item.create.
 
@@ -128,6 +131,7 @@ class RealtimeSession:
         self._buffer = bytearray()
         self._committed: list[tuple[str, bytes]] = []  # (user audio item id, PCM16)
         self._response: ActiveResponse | None = None
+        self._state: ResponseState = "IDLE"  # changed only by _move
         self._num_responses = 0
         self._num_errors = 0
         self._listener = Listener()
@@ -142,10 +146,13 @@ class RealtimeSession:
         """The turn detector generation ListenAudio goes to (None: turn detection is off)."""
         return None if self._settings.turn_detection is None else self._listener.generation
 
-    def _response_state(self) -> ResponseState:
-        if self._response is None:
-            return "IDLE"
-        return "CANCELLING" if self._response.cancel_requested else "ACTIVE"
+    def _move(self, trigger: str) -> ResponseState:
+        """Take ``trigger`` in the current state (the one place the state changes)."""
+        after = self._transition(trigger)
+        if after is None:
+            raise LocalProtocolError(f"{trigger} is not allowed in state {self._state}")
+        self._state = after
+        return after
 
     def start(self) -> list[ServerEvent]:
         """Open the session: [session.created]. Call once, before anything else."""
@@ -178,8 +185,8 @@ class RealtimeSession:
         Events other than a ``transcript`` (see docs/protocol.md).
         """
         response = self._require_response(response_id, "output")
-        if response.cancel_requested:
-            return []
+        if self._move("output") == "CANCELLING":
+            return []  # the client asked for no more deltas
         return response.output(item, self._conversation)
 
     def finish(
@@ -194,9 +201,11 @@ class RealtimeSession:
         if status not in STATUSES:
             raise LocalProtocolError(f"finish() status must be one of {STATUSES}, not {status!r}")
         response = self._require_response(response_id, "finish")
+        cancelled = self._state == "CANCELLING"
+        self._move("finish")
         self._response = None
         events: list[ServerEvent | StartResponse] = []
-        events += response.finish(status, error, self._conversation)
+        events += response.finish(status, error, self._conversation, cancelled=cancelled)
         if self._listener.response_pending:
             self._listener.response_pending = False
             events += self._auto_response()
@@ -225,8 +234,8 @@ class RealtimeSession:
             ServerEvent("input_audio_buffer.speech_started", fields)
         ]
         response = self._response
-        if detection.interrupt_response and response and not response.cancel_requested:
-            response.cancel_requested = True
+        if detection.interrupt_response and response and self._state == "ACTIVE":
+            self._move("response.cancel")
             events.append(CancelResponse(response.id))
         return events
 
@@ -302,7 +311,7 @@ class RealtimeSession:
             num_items=len(self._conversation),
             num_responses=self._num_responses,
             num_errors=self._num_errors,
-            response_state=self._response_state(),
+            response_state=self._state,
             active_response_id=self.active_response_id,
         )
 
@@ -464,14 +473,14 @@ class RealtimeSession:
         return [committed, *item_events(item, previous, self.config.dialect)]
 
     def _transition(self, trigger: str) -> ResponseState | None:
-        return _TRANSITIONS.get((self._response_state(), trigger))
+        return _TRANSITIONS.get((self._state, trigger))
 
     def _create_response(self, event: ResponseCreate) -> list[Output]:
         self._conversation.check_room_for_response()
         if self._transition("response.create") is None:
             advice = (
                 "is being cancelled; wait for its response.done"
-                if self._response_state() == "CANCELLING"
+                if self._state == "CANCELLING"
                 else "is still active; wait for its response.done or send response.cancel"
             )
             raise ClientEventError(
@@ -495,6 +504,7 @@ class RealtimeSession:
             audio_item_id=self._committed[-1][0] if self._committed else None,
         )
         self._committed.clear()
+        self._move("response.create")
         self._response = response
         self._num_responses += 1
         return [response.created_event(), StartResponse(response.id, request)]
@@ -511,7 +521,8 @@ class RealtimeSession:
                 f"response {quote(response_id)} is not the active response ({response.id})",
                 param="response_id",
             )
-        if response.cancel_requested:
-            return []  # already CANCELLING
-        response.cancel_requested = True
+        if self._state == "CANCELLING":
+            self._move("response.cancel")
+            return []  # already under way
+        self._move("response.cancel")
         return [CancelResponse(response.id)]

@@ -18,25 +18,17 @@ from ._settings import Settings
 
 def item_object(item: Item, dialect: Dialect) -> dict[str, JsonValue]:
     """A conversation item as conversation.item.* and response.output_item.* carry it."""
-    if item.kind == "function_call":
-        return {
+    if item.kind in ("function_call", "function_call_output"):
+        call: dict[str, JsonValue] = {
             "id": item.id,
             "object": "realtime.item",
-            "type": "function_call",
+            "type": item.kind,
             "status": item.status,
             "call_id": item.call_id,
-            "name": item.name,
-            "arguments": item.text or "",
         }
-    if item.kind == "function_call_output":
-        return {
-            "id": item.id,
-            "object": "realtime.item",
-            "type": "function_call_output",
-            "status": item.status,
-            "call_id": item.call_id,
-            "output": item.text or "",
-        }
+        if item.kind == "function_call":
+            return {**call, "name": item.name, "arguments": item.text or ""}
+        return {**call, "output": item.text or ""}
     content: tuple[JsonValue, ...] = ()
     if item.status != "in_progress":
         content = (_content_part(item, dialect),)
