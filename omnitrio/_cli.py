@@ -14,6 +14,7 @@ import importlib.metadata
 import inspect
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from functools import partial
@@ -25,12 +26,11 @@ import trio
 from ._config import PipelineConfig, load_config, resolve_impl
 from ._errors import ConfigError, OmnitrioError
 from ._items import AudioChunk, Event, TextDelta
+from ._listen import listen_socket
 from ._pipeline import Pipeline, open_pipeline
 from .bench import _cli as bench
 
 if TYPE_CHECKING:
-    from hypercorn.config import Sockets
-
     from .server import ServerSettings
 
 # The repository's pipelines (found from a checkout's editable install too): `run` serves
@@ -74,29 +74,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .server import ServerSettings, bound_sockets  # the web stack loads only here
+    # Bind first, before the web stack and the config (whose stage modules it imports).
+    with listen_socket(args.host, args.port) as sock:
+        from .server import ServerSettings  # the web stack loads only for the server
 
-    settings = ServerSettings.from_env(
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key,
-        allowed_origins=tuple(args.allow_origin or ()),
-        grace_period_s=args.grace_period_s,
-    )
-    # Bind first: reading the config imports the stages' modules (torch and the like).
-    with bound_sockets(settings) as sockets:
+        settings = ServerSettings.from_env(
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            allowed_origins=tuple(args.allow_origin or ()),
+            grace_period_s=args.grace_period_s,
+        )
         config = load_config(args.config)
         if args.model_path is not None:
             config = with_model_path(config, args.model_path)
-        return _serve_on(config, settings, sockets)
+        return _serve_on(config, settings, sock)
 
 
-def _serve_on(config: PipelineConfig, settings: ServerSettings, sockets: Sockets) -> int:
+def _serve_on(config: PipelineConfig, settings: ServerSettings, sock: socket.socket) -> int:
     from .server import serve
 
     async def run() -> int | None:
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(partial(serve, config, settings, sockets=sockets))
+            binds = await nursery.start(partial(serve, config, settings, sockets=[sock]))
             if not binds:
                 return None  # stopped by a signal while the stages loaded
             stages = " -> ".join(s.name for s in config.stages)

@@ -1,7 +1,7 @@
 """The web layer: an OpenAI-compatible HTTP and Realtime WebSocket server."""
 
+from .._listen import BindError as BindError
 from ._app import create_app as create_app
-from ._serve import BindError as BindError
 from ._serve import bound_sockets as bound_sockets
 from ._serve import serve as serve
 from ._settings import ServerSettings as ServerSettings

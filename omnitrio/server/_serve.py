@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import os
 import signal
-from collections.abc import Iterator
+import socket
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from functools import partial
 
@@ -22,6 +22,7 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.utils import wrap_app
 
 from .._config import PipelineConfig
+from .._listen import listen_socket
 from .._pipeline import open_pipeline
 from ._app import create_app
 from ._settings import ServerSettings
@@ -86,7 +87,7 @@ async def serve(
     config: PipelineConfig | str | os.PathLike[str],
     settings: ServerSettings,
     *,
-    sockets: Sockets | None = None,
+    sockets: Sequence[socket.socket] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> int | None:
     """Serve until SIGINT/SIGTERM (returned) or cancellation.
@@ -139,7 +140,8 @@ async def serve(
                 state = ServerState(pipeline, settings, turns=turns)
                 states.append(state)
                 app = wrap_app(create_app(state), hyper.wsgi_max_body_size, "asgi")
-                serve_http = partial(worker_serve, app, hyper, sockets=listening)
+                listening_sockets = Sockets([], list(listening), [])
+                serve_http = partial(worker_serve, app, hyper, sockets=listening_sockets)
                 async with trio.open_nursery() as server:  # ends before the pipeline does
                     binds = await server.start(partial(serve_http, shutdown_trigger=stop.wait))
                     task_status.started(binds)
@@ -150,33 +152,14 @@ async def serve(
     return stopped_by
 
 
-class BindError(OSError):
-    """The server could not listen on its address (taken, or not this machine's)."""
-
-
 @contextmanager
-def bound_sockets(settings: ServerSettings) -> Iterator[Sockets]:
-    """Sockets listening on ``settings.host:port`` (for ``serve``), closed on leaving.
+def bound_sockets(settings: ServerSettings) -> Iterator[list[socket.socket]]:
+    """A socket listening on ``settings.host:port`` (for ``serve``), closed on leaving.
 
     Raises ``BindError`` (one line naming host:port) when the address is taken."""
-    where = f"{settings.host}:{settings.port}"
-    hyper = Config()
-    hyper.bind = [where]
-    try:
-        sockets = hyper.create_sockets()
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            problem = "the address is already in use; pick another port with --port"
-        else:
-            problem = f"{exc.strerror or exc}; check --host and --port"
-        raise BindError(f"cannot listen on {where}: {problem}") from None
-    try:
-        for sock in sockets.insecure_sockets:
-            sock.listen(hyper.backlog)
-        yield sockets
-    finally:
-        for sock in sockets.insecure_sockets:
-            sock.close()
+    sock = listen_socket(settings.host, settings.port)
+    with sock:
+        yield [sock]
 
 
 class _WriteDeadlines:
