@@ -3,7 +3,21 @@
 Usage (from the repository root)::
 
     python benchmarks/runtime_micro.py [--streams 1,16,128] [--items N] [--repeats 3]
-                                       [--pace-ms 1.0] [--json out.json]
+                                       [--pace-ms 1.0] [--gap-steps 400] [--json out.json]
+
+Besides the hops below, every run also measures, in the same process:
+
+- the **crossing floor**: a no-op job sent to a dedicated worker thread and back
+  (``WorkerThread.run``: one crossing in, one ``run_sync_soon`` back), median and
+  p99 of 2,000. A stage->stage hop needs one crossing back from the upstream
+  thread and one into the downstream thread, so the floor is what a hop cannot
+  beat; the paced ``stage1->stage2`` median is reported as a multiple of it, and
+  its growth per extra stream in a batch;
+- the **step gap** of a saturated stage: a one-stage pipeline (``GapProbe``, below)
+  whose step sleeps 1 ms (the GIL released, as a GPU stage's would be) and always
+  asks for more, with a client reading every item; the stage records when each
+  step starts and ends on its thread, and the gap is the next start minus the
+  previous end: the time the thread waited for the runtime between steps.
 
 What runs
 ---------
@@ -75,6 +89,7 @@ runs made side by side, on the same machine, in one invocation.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -102,6 +117,134 @@ UNPACED_UNITS_PER_RUN = 8_192
 PACED_UNITS_PER_RUN = 1_024
 """Stage1 units per paced run, split over its streams: about 1 s at the default pace."""
 WARMUP_UNITS = 256
+FLOOR_SAMPLES = 2_000
+DEFAULT_GAP_STEPS = 400
+GAP_SERVICE_S = 0.001
+
+
+class GapProbe:
+    """A source stage that records when each of its steps starts and ends on its thread."""
+
+    max_inputs_per_step: int | None = None
+    max_payloads_per_step = 0
+    max_visible_per_step = 1
+
+    def __init__(self, name: str, device: str = "cpu", *, steps: int) -> None:
+        self.steps = steps
+        self._left: dict[str, int] = {}
+        self.spans: list[tuple[float, float]] = []
+        _probes.append(self)
+
+    def open_stream(self, stream_id: str, request: omnitrio.Request) -> None:
+        self._left[stream_id] = self.steps
+
+    def step(self, batch: Sequence[omnitrio.StreamWork]) -> dict[str, omnitrio.StreamOutput]:
+        started = time.perf_counter()
+        time.sleep(GAP_SERVICE_S)
+        outputs = {}
+        for work in batch:
+            left = self._left[work.stream_id] = self._left[work.stream_id] - 1
+            outputs[work.stream_id] = omnitrio.StreamOutput(
+                visible=(omnitrio.TextDelta("x"),), more=left > 0, done=left == 0
+            )
+        self.spans.append((started, time.perf_counter()))
+        return outputs
+
+    def close_stream(self, stream_id: str) -> None:
+        del self._left[stream_id]
+
+    def close(self) -> None:
+        self._left.clear()
+
+
+_probes: list[GapProbe] = []
+
+
+@dataclass(frozen=True)
+class GapResult:
+    num_streams: int
+    num_gaps: int
+    median_us: float
+    p99_us: float
+    num_empty_plans: int | None
+    """The stage's wake-ups that found nothing to do (None: the runtime does not count them)."""
+    max_trio_stall_ms: float | None
+    trio_us_per_turn: float | None
+    """The trio thread's plan + apply time per turn of the stage (None: not reported)."""
+
+
+@dataclass(frozen=True)
+class FloorResult:
+    median_us: float
+    p99_us: float
+
+
+async def crossing_floor() -> FloorResult:
+    """A no-op round trip to a dedicated worker thread and back, as a stage's turn makes."""
+    from omnitrio._worker import WorkerThread
+
+    worker = WorkerThread("omnitrio-crossing-floor")
+    samples: list[float] = []
+    try:
+        for _ in range(FLOOR_SAMPLES):
+            started = time.perf_counter()
+            await worker.run(_nothing)
+            samples.append(time.perf_counter() - started)
+    finally:
+        await worker.stop(trio.current_time() + 5)
+    cuts = statistics.quantiles(samples, n=100, method="inclusive")
+    return FloorResult(cuts[49] * 1e6, cuts[98] * 1e6)
+
+
+def _nothing() -> None:
+    return None
+
+
+async def step_gaps(num_streams: int, steps: int) -> GapResult:
+    """Run ``num_streams`` streams of ``steps`` steps through one saturated GapProbe."""
+    config = omnitrio.parse_config(
+        {
+            "pipeline": {"name": "step-gap", "max_streams": num_streams},
+            "stages": [
+                {
+                    "name": "probe",
+                    "impl": f"{__name__}:GapProbe",
+                    "max_batch_size": num_streams,
+                    "params": {"steps": steps},
+                }
+            ],
+        },
+        source="benchmarks/runtime_micro.py",
+    )
+    _probes.clear()
+
+    async def client(pipeline: Pipeline) -> None:
+        async with pipeline.open_stream(omnitrio.Request()) as stream:
+            async for _ in stream:
+                pass
+
+    async with omnitrio.open_pipeline(config) as pipeline:
+        async with trio.open_nursery() as nursery:
+            for _ in range(num_streams):
+                nursery.start_soon(client, pipeline)
+        stats = pipeline.statistics()
+    spans = _probes[0].spans
+    # Leave out the ramp (streams still arriving) and the tail (streams finishing).
+    steady = spans[len(spans) // 10 : len(spans) - len(spans) // 10]
+    gaps = [b[0] - a[1] for a, b in itertools.pairwise(steady)]
+    cuts = statistics.quantiles(gaps, n=100, method="inclusive")
+    stage = stats.stages["probe"]
+    stall = getattr(stats, "max_trio_stall_s", None)
+    trio_s = getattr(stage, "trio_s", None)
+    return GapResult(
+        num_streams,
+        len(gaps),
+        cuts[49] * 1e6,
+        cuts[98] * 1e6,
+        getattr(stage, "num_empty_plans", None),
+        None if stall is None else stall * 1e3,
+        None if trio_s is None else trio_s / max(1, stage.num_steps) * 1e6,
+    )
 
 
 @dataclass(frozen=True)
@@ -301,14 +444,73 @@ async def run_level(
     ]
 
 
-async def run_all(args: argparse.Namespace) -> list[LevelResult]:
+async def run_all(
+    args: argparse.Namespace,
+) -> tuple[list[LevelResult], FloorResult, list[GapResult]]:
     max_streams = max(args.streams)
     regimes = (SATURATED, UNTRACED, Regime("paced", "trace", args.pace_ms))
     await run_once(SATURATED, 1, WARMUP_UNITS, max_streams, _Samples())
+    floor = await crossing_floor()
     results: list[LevelResult] = []
+    gaps: list[GapResult] = []
     for num_streams in args.streams:
         results += await run_level(num_streams, regimes, args, max_streams)
-    return results
+        print(f"step gap x{num_streams} streams, {args.gap_steps} steps", file=sys.stderr)
+        gaps.append(await step_gaps(num_streams, args.gap_steps))
+    return results, floor, gaps
+
+
+def floor_and_gaps(
+    results: Sequence[LevelResult], floor: FloorResult, gaps: Sequence[GapResult]
+) -> str:
+    """The crossing floor, the paced hop against it, and the step gaps."""
+    paced = {r.num_streams: r.hops[HOPS[0]] for r in results if r.regime == "paced"}
+    lines = [
+        "",
+        f"crossing floor (no-op round trip to a worker thread): median {floor.median_us:.0f} us, "
+        f"p99 {floor.p99_us:.0f} us",
+    ]
+    one = paced.get(1)
+    for num_streams, hop in sorted(paced.items()):
+        if hop is None:
+            continue
+        line = (
+            f"paced stage1->stage2 median at {num_streams} streams: {hop.median_us:.0f} us "
+            f"= {hop.median_us / floor.median_us:.2f}x the floor"
+        )
+        if one is not None and num_streams > 1:
+            per = (hop.median_us - one.median_us) / (num_streams - 1)
+            line += f", {per:+.1f} us per extra stream"
+        lines.append(line)
+    lines += [
+        "",
+        "Step gap of a saturated stage (1 ms steps, every stream always ready), us",
+        "",
+        "| streams | gaps | median | p99 | empty plans | longest trio stall ms "
+        "| trio us per turn (plan + apply) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for g in gaps:
+        empty = "-" if g.num_empty_plans is None else str(g.num_empty_plans)
+        stall = "-" if g.max_trio_stall_ms is None else f"{g.max_trio_stall_ms:.2f}"
+        trio_us = "-" if g.trio_us_per_turn is None else f"{g.trio_us_per_turn:.1f}"
+        lines.append(
+            f"| {g.num_streams} | {g.num_gaps} | {g.median_us:.0f} | {g.p99_us:.0f} | "
+            f"{empty} | {stall} | {trio_us} |"
+        )
+    timed = [g for g in gaps if g.trio_us_per_turn is not None]
+    if len(timed) > 1 and timed[-1].num_streams > timed[0].num_streams:
+        first, last = timed[0], timed[-1]
+        assert first.trio_us_per_turn is not None
+        assert last.trio_us_per_turn is not None
+        per = (last.trio_us_per_turn - first.trio_us_per_turn) / (
+            last.num_streams - first.num_streams
+        )
+        lines.append(
+            f"\ntrio cost per extra stream in a batch ({first.num_streams} -> "
+            f"{last.num_streams}): {per:.2f} us"
+        )
+    return "\n".join(lines)
 
 
 def machine_note() -> dict[str, str]:
@@ -438,11 +640,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="paced runs: stage1 sleep per stream per step "
         f"({PACED_UNITS_PER_RUN} units per run, split over its streams)",
     )
+    parser.add_argument(
+        "--gap-steps",
+        type=_at_least_one,
+        default=DEFAULT_GAP_STEPS,
+        help="steps per stream in the step-gap runs",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     machine = machine_note()
-    results = trio.run(run_all, args)
+    results, floor, gaps = trio.run(run_all, args)
     print(markdown(results, machine, args.pace_ms))
+    print(floor_and_gaps(results, floor, gaps))
     if args.json is not None:
         document = {
             "machine": machine,
@@ -451,8 +660,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "items": args.items,
                 "repeats": args.repeats,
                 "pace_ms": args.pace_ms,
+                "gap_steps": args.gap_steps,
             },
             "results": [asdict(r) for r in results],
+            "crossing_floor": asdict(floor),
+            "step_gaps": [asdict(g) for g in gaps],
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

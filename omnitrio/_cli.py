@@ -105,6 +105,11 @@ def _serve_on(config: PipelineConfig, settings: ServerSettings, sock: socket.soc
             print(f"  voice chat page: {binds[0]}/   realtime: {realtime}/v1/realtime", flush=True)
         return None
 
+    # ``serve`` takes SIGINT/SIGTERM over while it runs (a second one ends the grace
+    # period). Outside it they are ignored, so one that comes after the server stopped
+    # cannot kill the interpreter's teardown (about a second) and turn exit 0 into 143.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
     trio.run(run)
     print("omnitrio: stopped", file=sys.stderr)
     return 0

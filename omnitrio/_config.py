@@ -271,3 +271,27 @@ def resolve_impl(impl: str, source: str, key: str) -> Any:
         raise ConfigError(
             source, key, f"module {module_name!r} has no {attr!r}; fix the name after the colon"
         ) from None
+
+
+def check_stage_limits(
+    config: PipelineConfig, stage: str, max_payloads_per_step: int, max_visible_per_step: int
+) -> None:
+    """The config's capacities against a stage's per-step promises: every step's output
+    must fit its channels. A stage states its promises on the loaded object (they may
+    follow its parameters), so ``open_pipeline`` calls this as each stage loads, before
+    any stream runs. Raises ``ConfigError`` naming the key to raise."""
+    edge = config.edge_from(stage)
+    if edge is not None and max_payloads_per_step > edge.capacity:
+        raise ConfigError(
+            config.source,
+            f"edges[from={stage}].capacity",
+            f"{edge.capacity} is below stage {stage!r} max_payloads_per_step="
+            f"{max_payloads_per_step}; raise the capacity",
+        )
+    if max_visible_per_step > config.pipeline.client_capacity:
+        raise ConfigError(
+            config.source,
+            "pipeline.client_capacity",
+            f"{config.pipeline.client_capacity} is below stage {stage!r} max_visible_per_step="
+            f"{max_visible_per_step}; raise it",
+        )

@@ -4,8 +4,10 @@ A ``Link`` wraps a trio memory channel of fixed capacity. Its free capacity is
 the stream's credit on that edge. Producers never block on it: an actor
 *reserves* credit for a stream before a step (so the step's output is sure to
 fit) and puts the output with ``send_nowait`` afterwards. A stream without
-enough credit is simply not scheduled. Every put wakes the consumer and every
-take wakes the producers, so nobody ever polls.
+enough credit is simply not scheduled, and its producer leaves its ``Wakeup`` on
+the link (``wait_for_credit``). Every put wakes the consumer; credit coming back
+(a take, an unused reservation, a discard) wakes exactly the producers that were
+waiting for it. Nobody polls, and nobody is woken for nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ class Wakeup:
     """A level-triggered wake-up flag for one waiting task (no lost wake-ups).
 
     ``set()`` may be called any number of times from trio code; ``wait()``
-    returns once at least one ``set()`` happened since the previous return.
+    returns once at least one ``set()`` happened since the last consumption
+    (by ``wait()`` itself or by ``consume()``).
     """
 
     def __init__(self) -> None:
@@ -27,17 +30,26 @@ class Wakeup:
         self._event = trio.Event()
 
     def set(self) -> None:
-        self._pending = True
-        self._event.set()
+        if not self._pending:
+            self._pending = True
+            self._event.set()
 
-    async def wait(self) -> None:
-        """Block until ``set()`` was called; cancellable, consumes the wake-up."""
+    def consume(self) -> bool:
+        """Take a pending wake-up without waiting; True if there was one."""
+        if not self._pending:
+            return False
+        self._pending = False
+        self._event = trio.Event()
+        return True
+
+    async def wait(self) -> bool:
+        """Block until ``set()`` was called; cancellable, consumes the wake-up. Returns
+        False if someone else consumed it first (the waiter has nothing new to see)."""
         if self._pending:
             await trio.lowlevel.checkpoint()
         else:
             await self._event.wait()
-        self._pending = False
-        self._event = trio.Event()
+        return self.consume()
 
 
 class Link:
@@ -49,7 +61,7 @@ class Link:
         self._send, self.receive_channel = trio.open_memory_channel[object](capacity)
         self._reserved = 0
         self._producers_open = num_producers
-        self.producer_wakeups: list[Wakeup] = []
+        self._credit_waiters: list[tuple[Wakeup, int]] = []  # and the credit each needs
         self.consumer_wakeup: Wakeup | None = None
         self.num_put = 0
         self.num_taken = 0
@@ -78,11 +90,12 @@ class Link:
         below ``reserved``, credit was freed: wake the producers, since one of them may
         have been skipped for want of exactly that credit."""
         self._reserved -= reserved
-        if used is not None and used < reserved:
+        if used is not None and used < reserved and self._credit_waiters:
             self.wake_producers()
 
-    def put(self, items: Iterable[object]) -> None:
-        """Send items that fit in reserved credit; wakes the consumer. Never blocks.
+    def put(self, items: Iterable[object], *, wake: bool = True) -> None:
+        """Send items that fit in reserved credit; wakes the consumer (unless the
+        caller hands the consumer its work itself). Never blocks.
 
         Items for a discarded link (its stream ended) are dropped.
         """
@@ -94,42 +107,35 @@ class Link:
             sent += 1
         if sent:
             self.num_put += sent
-            self._wake_consumer()
+            if wake:
+                self._wake_consumer()
 
     def take(self, limit: int | None) -> tuple[list[object], bool]:
         """Receive up to ``limit`` buffered items (all if None); returns (items, closed).
 
         ``closed`` is true when the producers are done and nothing is left.
-        Wakes the producers if anything was taken.
+        Wakes producers waiting for credit if anything was taken.
         """
-        items: list[object] = []
-        closed: bool | None
-        while limit is None or len(items) < limit:
-            try:
-                items.append(self.receive_channel.receive_nowait())
-            except trio.WouldBlock:
-                closed = False
-                break
-            except (trio.EndOfChannel, trio.ClosedResourceError):
-                closed = True
-                break
-        else:
-            closed = None
+        if self.discarded:
+            return [], True
+        count = self.num_put - self.num_taken  # counted, so no WouldBlock to catch
+        if limit is not None and limit < count:
+            count = limit
+        receive = self.receive_channel.receive_nowait
+        items = [receive() for _ in range(count)]
         if items:
-            self.num_taken += len(items)
-            self.wake_producers()
-        if closed is None:  # stopped at the limit: closed if that took the last item
-            closed = self.producers_done and self.buffered == 0
-        return items, closed
+            self.took(count)
+        return items, self._producers_open == 0 and self.num_put == self.num_taken
 
-    def producer_done(self) -> None:
+    def producer_done(self, *, wake: bool = True) -> None:
         """One producer will send no more; the last one closes the channel (EOF)."""
         if self._producers_open == 0:
             return
         self._producers_open -= 1
         if self._producers_open == 0:
             self._send.close()
-            self._wake_consumer()
+            if wake:
+                self._wake_consumer()
 
     def close_send(self) -> None:
         """End the channel now, whatever producers remain; buffered items stay readable."""
@@ -137,16 +143,42 @@ class Link:
         self._send.close()
 
     def discard(self) -> None:
-        """Drop everything: close both ends and wake both sides."""
+        """Drop everything: close both ends; producers waiting for credit hear of it
+        (the consumer let go itself, or its stream ended and it was told so)."""
         self.close_send()
         self.receive_channel.close()
         self.discarded = True
         self.wake_producers()
-        self._wake_consumer()
+
+    def took(self, count: int) -> None:
+        """The consumer took ``count`` items: credit is back for waiting producers."""
+        self.num_taken += count
+        if self._credit_waiters:
+            self.wake_producers()
+
+    def wait_for_credit(self, wakeup: Wakeup, need: int) -> None:
+        """A producer skipped this link's stream for want of ``need`` units of credit:
+        wake it once that much is free (and only then)."""
+        self.stop_waiting(wakeup)
+        self._credit_waiters.append((wakeup, need))
+
+    def stop_waiting(self, wakeup: Wakeup) -> None:
+        """The producer no longer waits for this link's credit (it planned the stream)."""
+        self._credit_waiters = [w for w in self._credit_waiters if w[0] is not wakeup]
 
     def wake_producers(self) -> None:
-        for wakeup in self.producer_wakeups:
-            wakeup.set()
+        """Wake, in the order they began waiting, the producers that the credit free
+        now covers; the others wait on (a registered producer has work for the stream,
+        so a woken one takes its credit at its next plan)."""
+        free = self.free
+        waiting: list[tuple[Wakeup, int]] = []
+        for wakeup, need in self._credit_waiters:
+            if need <= free:
+                free -= need
+                wakeup.set()
+            else:
+                waiting.append((wakeup, need))
+        self._credit_waiters = waiting
 
     def _wake_consumer(self) -> None:
         if self.consumer_wakeup is not None:

@@ -1,45 +1,98 @@
 """The supervisor: ``open_pipeline`` owns the nursery, the actors and the streams.
 
 Start-up runs the actors in pipeline order and waits for each to report ready
-(its stage loaded on its thread). Admission is bounded: beyond ``max_streams``
-``open_stream`` raises ``Overloaded`` at once. Leaving the block — normally, by
-exception or by Ctrl-C — fails the streams still open with ``PipelineClosed``,
-cancels every actor and joins every worker thread, within the configured
+(its stage loaded on its thread), then the side stage (the turn detector) if the
+config has one. Admission is bounded: beyond ``max_streams`` ``open_stream``
+raises ``Overloaded`` at once. Leaving the block — normally, by exception or by
+Ctrl-C — fails the streams still open with ``PipelineClosed``, cancels every
+actor and joins every worker thread, within the configured
 ``shutdown_timeout_s``.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
+import logging
 import os
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from types import MappingProxyType
 
 import trio
 
-from ._actor import StageActor
-from ._config import PipelineConfig, load_config
+from ._actor import StageActor, stage_statistics
+from ._config import PipelineConfig, StageSpec, check_stage_limits, load_config
 from ._errors import Overloaded, PipelineClosed
 from ._items import Request
 from ._link import Link
-from ._statistics import PipelineStatistics, StageStatistics, StreamStatistics
-from ._stream import DeliveryCounters, Stream
+from ._statistics import PipelineStatistics
+from ._stream import DeliveryCounters, Stream, StreamHooks, StreamState
+
+logger = logging.getLogger(__name__)
+
+SIDE_INPUT_CAPACITY = 256
+"""Inputs one side stream may have waiting for its stage (~5 s of 20 ms audio chunks)."""
+
+
+class SideStream:
+    """One stream on the side stage: ``append`` inputs, iterate ``stream`` for its items.
+
+    The side stage (the turn detector) is not on the chain: the caller feeds the
+    stream's input edge itself and reads its client link. Made by
+    ``Pipeline.open_side_stream``; ``close()`` frees it on the stage at its next turn.
+    """
+
+    def __init__(self, state: StreamState, inbox: Link) -> None:
+        self.id = state.id
+        self.stream = Stream(state)
+        self._state = state
+        self._inbox = inbox
+        self.num_dropped = 0
+
+    def append(self, item: object) -> bool:
+        """Queue one input for the stage's next step. Never blocks: if the stage is
+        ``SIDE_INPUT_CAPACITY`` inputs behind, the input is dropped (logged) and this
+        returns False. Inputs after the stream ended are ignored."""
+        if self._inbox.discarded:
+            return False
+        if self._inbox.free < 1:
+            self.num_dropped += 1
+            logger.warning("side stage is behind; dropped an input", extra={"stream": self.id})
+            return False
+        self._inbox.put((item,))
+        return True
+
+    def close(self) -> None:
+        """Stop it (idempotent); the stage frees it at its next turn."""
+        self._state.cancel()
 
 
 class Pipeline:
     """A running pipeline. Made only by ``open_pipeline``."""
 
-    def __init__(self, config: PipelineConfig, actors: list[StageActor]) -> None:
+    def __init__(
+        self, config: PipelineConfig, actors: list[StageActor], side: StageActor | None
+    ) -> None:
         self.config = config
         self._actors = actors
-        self._streams: dict[str, Stream] = {}
+        self._side = side
+        self._streams: dict[str, StreamState] = {}
+        self._side_streams: dict[str, StreamState] = {}
         self._ids = itertools.count()
+        self._side_ids = itertools.count()
         self._closed = False
         self._num_admitted = 0
         self._num_refused = 0
         self._outcomes = {"completed": 0, "failed": 0, "cancelled": 0}
         self._delivery = DeliveryCounters()
+        self._hooks = StreamHooks(
+            self._on_end,
+            self._on_released,
+            self._delivery,
+            config.pipeline.shutdown_timeout_s,
+        )
 
     @asynccontextmanager
     async def open_stream(self, request: Request | str) -> AsyncIterator[Stream]:
@@ -47,10 +100,10 @@ class Pipeline:
 
         Raises ``Overloaded`` at once (no queueing) when ``max_streams`` streams
         are open, and ``PipelineClosed`` once the pipeline is shutting down.
-        Leaving the block waits until every stage has freed the stream (the step
+        Leaving the block waits until every stage has freed the stream (the steps
         in progress plus at most one more); see ``Stream.aclose``.
         """
-        stream = self._admit(Request(text=request) if isinstance(request, str) else request)
+        stream = Stream(self._admit(Request(text=request) if isinstance(request, str) else request))
         try:
             yield stream
         finally:
@@ -61,8 +114,13 @@ class Pipeline:
         """True when ``open_stream`` would raise ``Overloaded`` (or the pipeline is closing)."""
         return self._closed or len(self._streams) >= self.config.pipeline.max_streams
 
+    @property
+    def side_stage(self) -> str | None:
+        """The side stage's name (the config's ``turn_detection``), or None."""
+        return None if self._side is None else self._side.name
+
     @trio.lowlevel.enable_ki_protection
-    def _admit(self, request: Request) -> Stream:
+    def _admit(self, request: Request) -> StreamState:
         if self._closed:
             raise PipelineClosed("<new>")
         max_streams = self.config.pipeline.max_streams
@@ -72,26 +130,15 @@ class Pipeline:
         stream_id = f"s{next(self._ids)}"
         actors = self._actors
         client = Link("client", self.config.pipeline.client_capacity, num_producers=len(actors))
-        client.producer_wakeups = [a.wakeup for a in actors]
         edges: dict[str, Link] = {}
         for upstream, downstream in itertools.pairwise(actors):
             edge = self.config.edge_from(upstream.name)
             assert edge is not None  # the config guarantees a chain
             link = Link(edge.name, edge.capacity)
-            link.producer_wakeups = [upstream.wakeup]
             link.consumer_wakeup = downstream.wakeup
             edges[edge.name] = link
-        stream = Stream(
-            stream_id,
-            request,
-            client,
-            edges,
-            frozenset(a.name for a in actors),
-            self._on_end,
-            self._on_released,
-            self._delivery,
-            self.config.pipeline.shutdown_timeout_s,
-        )
+        holders = frozenset(a.name for a in actors)
+        stream = StreamState(stream_id, request, client, edges, holders, self._hooks)
         self._streams[stream_id] = stream
         self._num_admitted += 1
         links = list(edges.values())
@@ -101,11 +148,39 @@ class Pipeline:
             actor.add(stream, inbox, outbox)
         return stream
 
-    def _on_end(self, stream: Stream) -> None:
+    @trio.lowlevel.enable_ki_protection
+    def open_side_stream(self, request: Request) -> SideStream:
+        """A stream on the side stage, outside admission (it is not a response).
+
+        Raises ``PipelineClosed`` once the pipeline is shutting down and
+        ``LookupError`` if the config has no side stage."""
+        side = self._side
+        if side is None:
+            raise LookupError("the pipeline has no side stage (turn_detection)")
+        if self._closed:
+            raise PipelineClosed("<new>")
+        stream_id = f"{side.name}{next(self._side_ids)}"
+        inbox = Link(f"->{side.name}", SIDE_INPUT_CAPACITY)
+        inbox.consumer_wakeup = side.wakeup
+        client = Link("client", self.config.pipeline.client_capacity)
+        stream = StreamState(
+            stream_id, request, client, {inbox.name: inbox}, frozenset({side.name}), self._hooks
+        )
+        self._side_streams[stream_id] = stream
+        side.add(stream, inbox, None)
+        return SideStream(stream, inbox)
+
+    def _on_end(self, stream: StreamState) -> None:
+        if stream.id in self._side_streams:
+            assert self._side is not None
+            self._side.drop(stream.id)
+            return
         for actor in self._actors:
             actor.drop(stream.id)
 
-    def _on_released(self, stream: Stream) -> None:
+    def _on_released(self, stream: StreamState) -> None:
+        if self._side_streams.pop(stream.id, None) is not None:
+            return
         del self._streams[stream.id]
         outcome = "failed" if stream.failure else "cancelled" if stream.cancelled else "completed"
         self._outcomes[outcome] += 1
@@ -113,15 +188,15 @@ class Pipeline:
     @trio.lowlevel.enable_ki_protection
     def _close(self) -> None:
         self._closed = True
-        for stream in list(self._streams.values()):
+        for stream in [*self._streams.values(), *self._side_streams.values()]:
             stream.fail(PipelineClosed(stream.id))
 
     def statistics(self) -> PipelineStatistics:
         """A frozen snapshot of every stage and stream. Cheap; never blocks."""
-        streams = self._streams.values()
+        actors = self._actors
         return PipelineStatistics(
-            stages=MappingProxyType({a.name: _stage_statistics(a) for a in self._actors}),
-            streams=MappingProxyType({s.id: _stream_statistics(s) for s in streams}),
+            stages=stage_statistics({a.name: a for a in actors}),
+            streams=MappingProxyType({s.id: s.statistics() for s in self._streams.values()}),
             num_open_streams=len(self._streams),
             max_streams=self.config.pipeline.max_streams,
             num_admitted=self._num_admitted,
@@ -129,45 +204,74 @@ class Pipeline:
             num_completed=self._outcomes["completed"],
             num_failed=self._outcomes["failed"],
             num_cancelled=self._outcomes["cancelled"],
-            num_payloads_routed=sum(a.counters.num_payloads_sent for a in self._actors),
+            num_payloads_routed=sum(a.counters.num_payloads_sent for a in actors),
             num_items_delivered=self._delivery.num_delivered,
             num_payloads_to_client=self._delivery.num_non_visible_seen,
+            side_stage=None if self._side is None else self._side.statistics(),
+            max_trio_stall_s=_stall_meter.max_stall_s,
         )
 
 
-def _stage_statistics(actor: StageActor) -> StageStatistics:
-    c = actor.counters
-    return StageStatistics(
-        name=actor.name,
-        num_open_streams=len(actor.slots),
-        queue_depth=MappingProxyType(
-            {sid: s.inbox.buffered if s.inbox else 0 for sid, s in actor.slots.items()}
-        ),
-        num_steps=c.num_steps,
-        last_batch_size=c.last_batch_size,
-        max_batch_size=c.max_batch_size_seen,
-        mean_batch_size=c.num_batched / c.num_steps if c.num_steps else 0.0,
-        num_skipped_no_credit=c.num_skipped_no_credit,
-        num_payloads_sent=c.num_payloads_sent,
-        num_visible_sent=c.num_visible_sent,
-        num_stream_failures=c.num_stream_failures,
-        num_step_failures=c.num_step_failures,
-        busy_s=c.busy_s,
-        idle_s=c.idle_s,
-        hung=actor.hung,
-        model=MappingProxyType(actor.model_statistics()),
-    )
+class _StallMeter(trio.abc.Instrument):
+    """The longest single task step on the trio thread (GC pauses included): while one
+    runs, no other task, actor or client, moves."""
+
+    def __init__(self) -> None:
+        self.max_stall_s = 0.0
+        self._started: float | None = None
+        self.users = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._started = time.perf_counter()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self._started is None:
+            return  # the step that installed the meter
+        stall_s = time.perf_counter() - self._started
+        if stall_s > self.max_stall_s:
+            self.max_stall_s = stall_s
 
 
-def _stream_statistics(stream: Stream) -> StreamStatistics:
-    in_flight = {name: link.buffered for name, link in stream.edges.items()}
-    in_flight["client"] = stream.client.buffered
-    return StreamStatistics(
-        stream_id=stream.id,
-        in_flight=MappingProxyType(in_flight),
-        held_by=tuple(sorted(stream.holders)),
-        num_delivered=stream.num_delivered,
-    )
+_stall_meter = _StallMeter()
+
+
+@asynccontextmanager
+async def _measured_and_frozen() -> AsyncIterator[None]:
+    """While a pipeline runs: what start-up allocated (modules, models, configs) frozen
+    out of the collector's way (``gc.freeze``), so a gen-2 collection no longer walks
+    it on the trio thread; and the stall meter on (from after that collection)."""
+    if _stall_meter.users == 0:
+        gc.collect()
+        gc.freeze()
+        _stall_meter.max_stall_s = 0.0
+        _stall_meter._started = None
+        trio.lowlevel.add_instrument(_stall_meter)
+    _stall_meter.users += 1
+    try:
+        yield
+    finally:
+        _stall_meter.users -= 1
+        if _stall_meter.users == 0:
+            gc.unfreeze()
+            trio.lowlevel.remove_instrument(_stall_meter)
+
+
+async def _start(
+    nursery: trio.Nursery,
+    actor: StageActor,
+    check: Callable[[int, int], None],
+    shutdown_timeout_s: float,
+) -> None:
+    async def run(*, task_status: trio.TaskStatus[None]) -> None:
+        try:
+            limits = await actor.load()
+            check(limits.max_payloads_per_step, limits.max_visible_per_step)
+            task_status.started()
+            await actor.serve()
+        finally:
+            await actor.shutdown(shutdown_timeout_s)
+
+    await nursery.start(run)
 
 
 @asynccontextmanager
@@ -183,19 +287,28 @@ async def open_pipeline(config: PipelineConfig | str | os.PathLike[str]) -> Asyn
     """
     if not isinstance(config, PipelineConfig):
         config = load_config(config)
-    actors = [StageActor(spec, config.source) for spec in config.stages]
+    source = config.source
+    actors = [
+        StageActor(spec, source, has_outbox=config.edge_from(spec.name) is not None)
+        for spec in config.stages
+    ]
+    for upstream, downstream in itertools.pairwise(actors):
+        upstream.downstream = downstream
+    side_spec: StageSpec | None = config.turn_detection
+    side = None if side_spec is None else StageActor(side_spec, source, has_outbox=False)
+    timeout_s = config.pipeline.shutdown_timeout_s
     error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         try:
-            for actor in actors:
-                edge = config.edge_from(actor.name)
-                limits = (edge.capacity if edge else None, config.pipeline.client_capacity)
-                await nursery.start(actor.run, limits, config.pipeline.shutdown_timeout_s)
-            pipeline = Pipeline(config, actors)
-            try:
-                yield pipeline
-            finally:
-                pipeline._close()
+            for actor in [*actors, *([side] if side else [])]:
+                check = _checker(config, actor.name, on_chain=actor is not side)
+                await _start(nursery, actor, check, timeout_s)
+            pipeline = Pipeline(config, actors, side)
+            async with _measured_and_frozen():
+                try:
+                    yield pipeline
+                finally:
+                    pipeline._close()
         except BaseException as exc:
             # Held until the actors are down, then re-raised as it is: callers get
             # their own error (context intact), not an exception group.
@@ -204,3 +317,11 @@ async def open_pipeline(config: PipelineConfig | str | os.PathLike[str]) -> Asyn
             nursery.cancel_scope.cancel()
     if error is not None:
         raise error
+
+
+def _checker(config: PipelineConfig, stage: str, *, on_chain: bool) -> Callable[[int, int], None]:
+    def check(max_payloads_per_step: int, max_visible_per_step: int) -> None:
+        payloads = max_payloads_per_step if on_chain else 0
+        check_stage_limits(config, stage, payloads, max_visible_per_step)
+
+    return check

@@ -6,6 +6,13 @@ and closes what finished. It tracks which streams the stage holds, so
 ``close_stream`` runs exactly once per stream even when a turn's result never
 reaches trio (a turn cut off by shutdown). The deciding half, in trio, is
 ``StageActor`` (``_actor.py``).
+
+Trio plans a turn while the previous one still runs, so a plan may hold a stream
+whose previous step trio has not seen yet. The runner has seen it: it steps a
+planned stream only if the stage still holds it and it has work by the stage's
+latest answer (it asked for ``more``, inputs came, or its input closed and the
+stage has not been told). Otherwise the stream sits the step out, and trio
+returns its reserved credit.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ class Result:
     opened: list[str] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
     errors: dict[str, Exception] = field(default_factory=dict)
+    stepped: list[str] = field(default_factory=list)
+    """Streams of the plan's batch that were in the step (the rest sat it out)."""
     outputs: Mapping[str, StreamOutput] = field(default_factory=dict)
     stray: list[str] = field(default_factory=list)
     step_error: Exception | None = None
@@ -60,6 +69,8 @@ class StageRunner:
         self._has_outbox = has_outbox
         self._stage: Stage | None = None
         self._held: set[str] = set()
+        self._more: set[str] = set()  # streams whose latest answer was more=True
+        self._told_closed: set[str] = set()  # streams already stepped with input_closed
 
     def model_statistics(self) -> Mapping[str, float]:
         """The stage's own figures (``stage_statistics()``, optional), or none.
@@ -104,11 +115,20 @@ class StageRunner:
                 result.opened.append(sid)
             except Exception as exc:
                 result.errors[sid] = exc
-        batch = [w for w in plan.batch if w.stream_id not in result.errors]
+        batch = [w for w in plan.batch if self._has_work(w)]
+        result.stepped = [w.stream_id for w in batch]
         if batch:
             self._step(batch, result)
         result.busy_s = time.perf_counter() - started
         return result
+
+    def _has_work(self, work: StreamWork) -> bool:
+        sid = work.stream_id
+        if sid not in self._held:
+            return False  # finished, failed or never opened
+        return bool(
+            sid in self._more or work.inputs or (work.input_closed and sid not in self._told_closed)
+        )
 
     def _step(self, batch: list[StreamWork], result: Result) -> None:
         assert self._stage is not None
@@ -125,9 +145,16 @@ class StageRunner:
             }
             result.stray = sorted(str(k) for k in outputs if k not in result.outputs)
         for work in batch:
-            output = result.outputs.get(work.stream_id)
+            sid = work.stream_id
+            if work.input_closed:
+                self._told_closed.add(sid)
+            output = result.outputs.get(sid)
+            if output is not None and output.more:
+                self._more.add(sid)
+            else:
+                self._more.discard(sid)
             if result.step_error or (output and (output.done or output.error)):
-                self._close(work.stream_id, result)
+                self._close(sid, result)
 
     def close_all(self) -> None:
         """At shutdown: close every stream the stage holds, then the stage."""
@@ -147,6 +174,8 @@ class StageRunner:
         if sid not in self._held:
             return  # already closed: close_stream runs exactly once per stream
         self._held.discard(sid)
+        self._more.discard(sid)
+        self._told_closed.discard(sid)
         try:
             self._stage.close_stream(sid)
         except Exception:

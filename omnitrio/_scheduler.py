@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """What the scheduler needs to know about one stream at one stage."""
+class Candidate(NamedTuple):
+    """What the scheduler needs to know about one stream at one stage. (A named tuple,
+    not a frozen dataclass: one is made per ready stream per plan, and a frozen
+    dataclass costs several times as much to build.)"""
 
     stream_id: str
     has_work: bool

@@ -27,8 +27,13 @@ class StageStatistics:
     num_visible_sent: int
     num_stream_failures: int
     num_step_failures: int
+    num_empty_plans: int
+    """Wake-ups after which the stage found nothing to do (targeted wake-ups keep it 0
+    in a steady run)."""
     busy_s: float
     """Time the worker thread spent in stage calls."""
+    trio_s: float
+    """Time the trio thread spent planning and applying this stage's turns."""
     idle_s: float
     """Time the actor waited with nothing ready."""
     hung: bool = False
@@ -65,3 +70,8 @@ class PipelineStatistics:
     """User-visible items taken by clients."""
     num_payloads_to_client: int
     """Non-visible objects that reached a client's channel. The data-plane rule keeps it 0."""
+    side_stage: StageStatistics | None = None
+    """The side stage (the config's ``turn_detection``), if there is one."""
+    max_trio_stall_s: float = 0.0
+    """The longest single task step on the trio thread while pipelines ran (a collector
+    pause counts): the longest time no actor and no client could move."""

@@ -1,5 +1,11 @@
 """A stream: one request's journey through every stage, and its client-side handle.
 
+As trio splits a channel's shared state from its endpoints, a stream is two
+objects. ``StreamState`` is the runtime's: the stream's links (one per edge and
+the client link), which stages still hold it, failing and releasing it.
+``Stream`` is the client's handle: the id, receiving (``async for``), ``aclose()``
+and the failure, and nothing else.
+
 The client reads user-visible items from the stream's *client link*, a bounded
 channel every stage writes to directly, so an item is readable the moment the
 step that made it returns — it never waits behind other streams or behind edge
@@ -21,6 +27,7 @@ import trio
 from ._errors import OmnitrioError
 from ._items import VISIBLE_TYPES, Request, VisibleItem
 from ._link import Link
+from ._statistics import StreamStatistics
 
 logger = logging.getLogger(__name__)
 
@@ -33,12 +40,18 @@ class DeliveryCounters:
     num_non_visible_seen: int = 0
 
 
-class Stream:
-    """Client handle of one stream. Made only by ``Pipeline.open_stream``.
+@dataclass(frozen=True)
+class StreamHooks:
+    """What a stream tells its pipeline: it ended (every actor drops it), it was released."""
 
-    Iterate it (``async for item in stream``) to receive ``TextDelta``,
-    ``AudioChunk`` and ``Event`` items in the order each stage produced them.
-    """
+    on_end: Callable[[StreamState], None]
+    on_released: Callable[[StreamState], None]
+    counters: DeliveryCounters
+    release_timeout_s: float
+
+
+class StreamState:
+    """The runtime's side of one stream. Made by the supervisor when it admits one."""
 
     def __init__(
         self,
@@ -47,26 +60,18 @@ class Stream:
         client: Link,
         edges: Mapping[str, Link],
         holders: frozenset[str],
-        on_end: Callable[[Stream], None],
-        on_released: Callable[[Stream], None],
-        counters: DeliveryCounters,
-        release_timeout_s: float,
+        hooks: StreamHooks,
     ) -> None:
         self.id = stream_id
         self.request = request
         self.client = client
         self.edges = MappingProxyType(dict(edges))
         self._holders = set(holders)
-        self._on_end = on_end
-        self._on_released = on_released
-        self._released = trio.Event()
+        self.hooks = hooks
+        self.released = trio.Event()
         self.failure: OmnitrioError | None = None
         self.cancelled = False
         self.num_delivered = 0
-        self._counters = counters
-        self._release_timeout_s = release_timeout_s
-
-    # ----- runtime side ---------------------------------------------------------------
 
     @property
     def ending(self) -> bool:
@@ -87,17 +92,58 @@ class Stream:
         for link in self.edges.values():
             link.discard()
         self.client.close_send()
-        self._on_end(self)
+        self.hooks.on_end(self)
+
+    @trio.lowlevel.enable_ki_protection
+    def cancel(self) -> None:
+        """The client let go: discard every link and have every stage drop it. A stream
+        every stage has finished (its client link at its end) is not cancelled: the
+        stages are releasing it already."""
+        if self.ending or self.released.is_set() or self.client.producers_done:
+            if not self.client.discarded:
+                self.client.discard()  # completed or failed: later receives raise Closed
+            return
+        self.cancelled = True
+        for link in (*self.edges.values(), self.client):
+            link.discard()
+        self.hooks.on_end(self)
 
     @trio.lowlevel.enable_ki_protection
     def released_by(self, stage: str) -> None:
         """``stage`` freed its state for this stream."""
         self._holders.discard(stage)
-        if not self._holders and not self._released.is_set():
-            self._released.set()
-            self._on_released(self)
+        if not self._holders and not self.released.is_set():
+            self.released.set()
+            self.hooks.on_released(self)
 
-    # ----- client side ----------------------------------------------------------------
+    def statistics(self) -> StreamStatistics:
+        in_flight = {name: link.buffered for name, link in self.edges.items()}
+        in_flight["client"] = self.client.buffered
+        return StreamStatistics(
+            stream_id=self.id,
+            in_flight=MappingProxyType(in_flight),
+            held_by=tuple(sorted(self._holders)),
+            num_delivered=self.num_delivered,
+        )
+
+
+class Stream:
+    """Client handle of one stream. Made only by ``Pipeline.open_stream``.
+
+    Iterate it (``async for item in stream``) to receive ``TextDelta``,
+    ``AudioChunk`` and ``Event`` items in the order each stage produced them.
+    """
+
+    __slots__ = ("_state", "id")
+
+    def __init__(self, state: StreamState) -> None:
+        self.id = state.id
+        self._state = state
+
+    @property
+    def failure(self) -> OmnitrioError | None:
+        """The error the stream failed with (``StageError``, ``PipelineClosed``), or None."""
+        return self._state.failure
 
     @trio.lowlevel.enable_ki_protection
     async def receive(self) -> VisibleItem:
@@ -108,24 +154,26 @@ class Stream:
         ``trio.ClosedResourceError`` after ``aclose()``. Cancellation-safe: a
         cancelled call consumes no item. Taking an item frees one unit of credit.
         """
-        if self.client.discarded:
+        state = self._state
+        client = state.client
+        if client.discarded:
             raise trio.ClosedResourceError(f"stream {self.id!r} is closed")
         try:
-            item = await self.client.receive_channel.receive()
+            item = await client.receive_channel.receive()
         except trio.EndOfChannel:
-            if self.failure is not None:
-                raise self.failure from self.failure.__cause__
+            if state.failure is not None:
+                raise state.failure from state.failure.__cause__
             raise StopAsyncIteration from None
         except trio.ClosedResourceError:
             raise trio.ClosedResourceError(f"stream {self.id!r} is closed") from None
-        self.client.num_taken += 1
-        self.client.wake_producers()
+        client.took(1)
+        counters = state.hooks.counters
         if not isinstance(item, VISIBLE_TYPES):
             # Stages are checked before anything reaches this link; this is the last guard.
-            self._counters.num_non_visible_seen += 1
+            counters.num_non_visible_seen += 1
             raise TypeError(f"stream {self.id!r} got a non-visible {type(item).__name__}")
-        self.num_delivered += 1
-        self._counters.num_delivered += 1
+        state.num_delivered += 1
+        counters.num_delivered += 1
         return item  # type: ignore[return-value]  # narrowed by VISIBLE_TYPES above
 
     def __aiter__(self) -> Self:
@@ -134,32 +182,27 @@ class Stream:
     async def __anext__(self) -> VisibleItem:
         return await self.receive()
 
-    @trio.lowlevel.enable_ki_protection
     async def aclose(self) -> None:
         """Cancel the stream if it is still running and wait until every stage freed it.
 
         Each stage drops the stream at its next step boundary, so this waits at
-        most for the step in progress plus one more per stage, and never longer
+        most for the steps in progress plus one more per stage, and never longer
         than the pipeline's ``shutdown_timeout_s`` (a stage stuck in a step is
         then logged with the stream; the stream keeps its admission slot until
         the stage lets go). If this call is cancelled the stages still free the
         stream; only the waiting stops. Idempotent.
         """
-        if not self.ending and not self._released.is_set():
-            self.cancelled = True
-            for link in (*self.edges.values(), self.client):
-                link.discard()
-            self._on_end(self)
-        elif not self.client.discarded:
-            self.client.discard()  # completed or failed: later receives raise Closed
-        with trio.move_on_after(self._release_timeout_s) as waited:
-            await self._released.wait()
+        state = self._state
+        state.cancel()
+        timeout_s = state.hooks.release_timeout_s
+        with trio.move_on_after(timeout_s) as waited:
+            await state.released.wait()
         if waited.cancelled_caught:
             logger.error(
                 "stream %r is still held by stage(s) %s %.1f s after it closed; "
                 "a step is not returning",
                 self.id,
-                ", ".join(sorted(self._holders)),
-                self._release_timeout_s,
+                ", ".join(sorted(state.holders)),
+                timeout_s,
                 extra={"stream": self.id},
             )

@@ -5,6 +5,8 @@ hands each call to whatever cached thread is free. A model stage wants the
 opposite: one long-lived thread that owns the model (CUDA context, torch
 thread-local state) and runs its calls in order. ``WorkerThread`` is that: a
 job queue into the thread and one ``run_sync_soon`` back into trio per job.
+``submit`` is the seam the actor executes through: plan and apply stay on trio,
+the job runs here (a remote call could take its place).
 """
 
 from __future__ import annotations
@@ -35,12 +37,27 @@ class WorkerThread:
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
+    def submit(self, fn: Callable[[], T], on_done: Callable[[outcome.Outcome[T]], None]) -> None:
+        """Queue ``fn()`` on the worker thread; ``on_done(outcome)`` then runs on the trio
+        thread (one crossing in, one ``run_sync_soon`` back). Never blocks, never waits:
+        the actor keeps a second job queued behind the running one this way."""
+
+        def job() -> None:
+            value = outcome.capture(fn)
+            try:
+                self._token.run_sync_soon(on_done, value)
+            except trio.RunFinishedError:
+                # The trio run is gone (the thread outlived its pipeline): nobody waits.
+                logger.warning("worker %s finished a job after its trio run ended", self.name)
+
+        self._jobs.put(job)
+
     async def run(self, fn: Callable[[], T]) -> T:
         """Run ``fn()`` on the worker thread and return its result (or raise its error).
 
-        One crossing into the thread and one back. Cancellation: the wait is
-        cancellable, but ``fn`` still runs to completion on the thread (a thread
-        cannot be interrupted); its result is then dropped. Later jobs run after it.
+        Cancellation: the wait is cancellable, but ``fn`` still runs to completion on
+        the thread (a thread cannot be interrupted); its result is then dropped. Later
+        jobs run after it.
         """
         done = trio.Event()
         result: list[outcome.Outcome[T]] = []
@@ -49,15 +66,7 @@ class WorkerThread:
             result.append(value)
             done.set()
 
-        def job() -> None:
-            value = outcome.capture(fn)
-            try:
-                self._token.run_sync_soon(finish, value)
-            except trio.RunFinishedError:
-                # The trio run is gone (the thread outlived its pipeline): nobody waits.
-                logger.warning("worker %s finished a job after its trio run ended", self.name)
-
-        self._jobs.put(job)
+        self.submit(fn, finish)
         await done.wait()
         return result[0].unwrap()
 

@@ -12,7 +12,11 @@ For every unit it emits ``outputs_per_input`` payloads to the next stage
 ``visible_every`` units, one user-visible item (``visible``: text, audio or a
 trace event with timings). The service time is ``service_time_ms`` per step
 plus ``per_stream_ms`` per stream in the batch, slept (GIL released, like a GPU
-kernel) or busy-waited (``cpu_bound``, GIL held). In source mode a step that holds
+kernel) or busy-waited (``cpu_bound``, GIL held). A step costs what its profile
+says: its outputs are built within that time and it returns at its deadline (a
+sleep ending ``SLEEP_MARGIN_S`` early, then GIL-releasing polls of the clock,
+since ``time.sleep`` alone wakes late); ``late_total_s`` and ``late_max_s`` say how far
+a loaded machine still made steps overrun. In source mode a step that holds
 streams' first units also costs ``prefill_ms`` once plus ``prefill_ms_per_word``
 per word of their requests' text, like a batched prefill; request options ``max_tokens`` or
 ``max_output_tokens`` (as the server passes them) cap the number of units.
@@ -27,6 +31,7 @@ and ``gate``: a named ``Gate`` every step waits on while it is closed.
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 import weakref
@@ -37,6 +42,9 @@ from typing import ClassVar, Literal
 import numpy
 
 from omnitrio import AudioChunk, Event, Request, StreamOutput, StreamWork, TextDelta, VisibleItem
+
+SLEEP_MARGIN_S = 0.2e-3
+"""How long before a step's deadline its sleep ends; the rest is polled (GIL released)."""
 
 
 class SyntheticFailure(RuntimeError):
@@ -172,6 +180,8 @@ class SyntheticStage:
         self.max_payloads_per_step = max(1, (1 if steps else inputs_per_step) * outputs_per_input)
         self.max_visible_per_step = 1 if visible_every else 0
         self.num_steps = 0
+        self.late_total_s = 0.0  # how far steps ran past their profile's deadline
+        self.late_max_s = 0.0
         self._streams: dict[str, _StreamState] = {}
         _live.add(self)
 
@@ -205,10 +215,15 @@ class SyntheticStage:
         self.num_steps += 1
         if self.gate is not None:
             self.gate.pass_through()
-        self._spend(self.service_time_s + self.per_stream_s * len(batch) + self._prefill_s(batch))
+        cost_s = self.service_time_s + self.per_stream_s * len(batch) + self._prefill_s(batch)
+        deadline_s = time.perf_counter() + cost_s
+        # The outputs are built inside the step's budget, as a GPU stage's host work
+        # overlaps its kernels: the step returns at its deadline, not after it.
+        outputs = {work.stream_id: self._step_one(work, deadline_s) for work in batch}
+        self._wait_until(deadline_s)
         if self.fail_step_at is not None and self.num_steps == self.fail_step_at:
             raise SyntheticFailure(f"step {self.num_steps} of {self.name} failed on purpose")
-        return {work.stream_id: self._step_one(work) for work in batch}
+        return outputs
 
     def _prefill_s(self, batch: Sequence[StreamWork]) -> float:
         """Prefill time of the streams in the batch that have no unit yet (source mode)."""
@@ -218,7 +233,7 @@ class SyntheticStage:
         words = sum(len(state.request.text.split()) for state in fresh)
         return (self.prefill_s if fresh else 0.0) + self.prefill_per_word_s * words
 
-    def _step_one(self, work: StreamWork) -> StreamOutput:
+    def _step_one(self, work: StreamWork, deadline_s: float) -> StreamOutput:
         state = self._streams[work.stream_id]
         inputs: Sequence[object]
         if state.steps_left is not None:
@@ -233,7 +248,7 @@ class SyntheticStage:
             state.units += 1
             if state.fail_after_units is not None and state.units > state.fail_after_units:
                 return StreamOutput(error=SyntheticFailure(f"unit {state.units} failed on purpose"))
-            now = time.perf_counter()
+            now = max(time.perf_counter(), deadline_s)  # produced when the step ends
             payloads += (
                 SyntheticPayload(
                     work.stream_id, self.name, state.units, now, bytes(self.payload_bytes)
@@ -264,12 +279,22 @@ class SyntheticStage:
             },
         )
 
-    def _spend(self, seconds: float) -> None:
-        if seconds <= 0:
-            return
-        if not self.cpu_bound:
-            time.sleep(seconds)
-            return
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            pass
+    def _wait_until(self, deadline_s: float) -> None:
+        """Return at ``deadline_s``; count how late a loaded machine still made the step."""
+        if self.cpu_bound:
+            while time.perf_counter() < deadline_s:
+                pass
+        else:
+            # time.sleep wakes ~0.1 ms late (timer slack, wake-up latency), more on a
+            # loaded machine: sleep until SLEEP_MARGIN_S before the deadline, then poll
+            # the clock with zero-timeout selects. Each releases the GIL without giving
+            # up the CPU or arming a timer, so the runtime's threads run as they would
+            # beside a GPU kernel (a bare spin would hold the GIL).
+            coarse_s = deadline_s - time.perf_counter() - SLEEP_MARGIN_S
+            if coarse_s > 0:
+                time.sleep(coarse_s)
+            while time.perf_counter() < deadline_s:
+                select.select([], [], [], 0)
+        late_s = time.perf_counter() - deadline_s
+        self.late_total_s += late_s
+        self.late_max_s = max(self.late_max_s, late_s)

@@ -283,3 +283,44 @@ async def test_a_stream_whose_downstream_stage_fails_stops_upstream_too() -> Non
             # A short stream (below b's failure point) still completes.
             _, error = await _outcome(pipeline, omnitrio.Request("y", options={"steps": 1}))
             assert error is None
+
+
+async def test_a_hung_stage_serves_again_once_its_step_returns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A hang of bounded length: the watchdog fails the stream in the stuck step;
+    # when the step returns the stage serves again and the failure stays reported.
+    config = omnitrio.parse_config(
+        {
+            "pipeline": {"name": "hang", "shutdown_timeout_s": 5.0},
+            "stages": [
+                {"name": "a", "impl": "stages.synthetic:SyntheticStage", "params": {"steps": 3}},
+                {
+                    "name": "b",
+                    "impl": "stages.faults:FaultInjector",
+                    "step_timeout_s": 0.3,
+                    "params": {
+                        "impl": "stages.synthetic:SyntheticStage",
+                        "params": {"outputs_per_input": 0},
+                    },
+                },
+            ],
+            "edges": [{"from": "a", "to": "b"}],
+        }
+    )
+    async with omnitrio.open_pipeline(config) as pipeline:
+        with trio.fail_after(20):
+            stuck = omnitrio.Request("x", options={"fault.hang_at": 1, "fault.hang_s": 1.5})
+            _, error = await _outcome(pipeline, stuck)
+            assert isinstance(error, omnitrio.StageError)
+            assert "watchdog raised TimeoutError" in str(error)
+            assert pipeline.statistics().stages["b"].hung
+            while pipeline.statistics().stages["b"].hung:  # noqa: ASYNC110 - no event to await: the stuck step returns after 1.5 s
+                await trio.sleep(0.05)
+            items, error = await _outcome(pipeline, omnitrio.Request("y"))
+            assert error is None
+            assert len(items) == 6  # 3 from each stage: served again
+            stats = pipeline.statistics()
+            assert (stats.num_failed, stats.num_completed) == (1, 1)
+            assert stats.stages["b"].num_open_streams == 0
+    assert any("is back" in r.getMessage() for r in caplog.records)

@@ -207,7 +207,8 @@ def traced_peak() -> Iterator[list[int]]:
 
 
 def _event_of_size(size: int, binary: bool) -> bytes:
-    """A valid input_audio_buffer.clear event of exactly ``size`` bytes (padded event_id)."""
+    """An input_audio_buffer.clear event of exactly ``size`` bytes (padded event_id: over
+    the event_id limit, so its answer is an error naming it)."""
     encode = (
         (lambda e: msgpack.packb(e, use_bin_type=True))
         if binary
@@ -237,7 +238,9 @@ async def test_a_frame_at_the_limit_passes_and_one_byte_more_is_refused_with_100
         ) as ws:
             assert (await ws.next_event())["type"] == "session.created"
             await ws.send(ws.frame(opcode, _event_of_size(LIMIT, binary)))
-            assert (await ws.next_event())["type"] == "input_audio_buffer.cleared"
+            # Parsed (so not refused by size): its padded event_id is over its own limit.
+            error = (await ws.next_event())["error"]
+            assert (error["code"], error["param"]) == ("invalid_value", "event_id")
             await ws.send(ws.frame(opcode, _event_of_size(LIMIT + 1, binary)))
             code, events = await ws.close_code()
         assert (code, events) == (MESSAGE_TOO_BIG, [])

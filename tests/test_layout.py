@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import types
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,66 @@ def test_no_sleeping_in_the_runtime() -> None:
             continue
         source = path.read_text()
         assert "sleep(" not in source, f"{path.relative_to(REPO)} sleeps"
+
+
+def _relative_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return {
+        node.module.rsplit(".", 1)[-1]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.level > 0
+    }
+
+
+def test_the_server_has_no_stage_loop_of_its_own() -> None:
+    # One stage loop: the turn detector is the pipeline's side stage, on the actor
+    # machinery; the web layer never runs a stage or a worker thread itself.
+    for path in sorted((REPO / "omnitrio" / "server").rglob("*.py")):
+        used = _relative_imports(path) & {"_runner", "_worker", "_actor"}
+        assert not used, f"{path.relative_to(REPO)} imports {used}"
+
+
+def test_the_public_surface_is_exactly_all() -> None:
+    import omnitrio
+
+    assert sorted(omnitrio.__all__) == [
+        "AudioChunk",
+        "AudioInput",
+        "ConfigError",
+        "DEFAULT_CLIENT_CAPACITY",
+        "DEFAULT_EDGE_CAPACITY",
+        "EdgeSpec",
+        "Event",
+        "OmnitrioError",
+        "Overloaded",
+        "Pipeline",
+        "PipelineClosed",
+        "PipelineConfig",
+        "PipelineSection",
+        "PipelineStatistics",
+        "Request",
+        "Stage",
+        "StageError",
+        "StageLoadError",
+        "StageSpec",
+        "StageStatistics",
+        "Stream",
+        "StreamOutput",
+        "StreamStatistics",
+        "StreamWork",
+        "TextDelta",
+        "VisibleItem",
+        "load_config",
+        "open_pipeline",
+        "parse_config",
+    ]
+    # Nothing public beyond __all__ but the subpackages (server, realtime, bench).
+    public = {
+        name
+        for name, value in vars(omnitrio).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert public == set(omnitrio.__all__)
+    # The handle carries no runtime internals.
+    handle = {n for n in dir(omnitrio.Stream) if not n.startswith("_")}
+    assert handle == {"aclose", "failure", "id", "receive"}

@@ -42,13 +42,17 @@ async def test_credit_counts_buffered_and_reserved_items() -> None:
 async def test_put_wakes_the_consumer_and_take_wakes_producers() -> None:
     link = Link("a->b", capacity=2)
     link.consumer_wakeup, producer = Wakeup(), Wakeup()
-    link.producer_wakeups = [producer]
+    link.wait_for_credit(producer, 1)  # it skipped this stream for want of credit
     link.put(["x"])
     with trio.fail_after(1):
         await link.consumer_wakeup.wait()
     link.take(limit=None)
     with trio.fail_after(1):
         await producer.wait()
+    # Woken once: a later take wakes only producers that asked again.
+    link.put(["y"])
+    link.take(limit=None)
+    assert not producer.consume()
 
 
 async def test_end_of_input_after_the_last_producer_is_done() -> None:
@@ -79,7 +83,7 @@ async def test_take_up_to_the_last_item_reports_the_end() -> None:
 async def test_unused_reservation_wakes_the_producers() -> None:
     link = Link("client", capacity=1, num_producers=2)
     other = Wakeup()
-    link.producer_wakeups = [other]
+    link.wait_for_credit(other, 1)
     link.reserve(1)
     link.settle(1, used=0)
     with trio.fail_after(1):

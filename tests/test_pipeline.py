@@ -214,3 +214,26 @@ async def test_cpu_bound_stages_hold_the_gil_and_still_complete() -> None:
         async with pipeline.open_stream("x") as stream:
             assert len(texts(await collect(stream))) == 10
         assert pipeline.statistics().stages["a"].busy_s >= 5 * 0.002
+
+
+async def test_a_steady_run_wakes_no_stage_for_nothing() -> None:
+    # Targeted wake-ups: a stage is woken only by a change it waits for (an input,
+    # credit it was short of, a new or ended stream), so none plans for nothing.
+    config = chain_config([{"steps": 40}, {}, {"outputs_per_input": 0}], max_streams=16)
+    async with omnitrio.open_pipeline(config) as pipeline:
+
+        async def run() -> None:
+            async with pipeline.open_stream("x") as stream:
+                await collect(stream)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(16):
+                nursery.start_soon(run)
+        stats = pipeline.statistics()
+    assert stats.num_completed == 16
+    assert {name: s.num_empty_plans for name, s in stats.stages.items()} == {
+        "a": 0,
+        "b": 0,
+        "c": 0,
+    }
+    assert all(s.num_steps >= 40 for s in stats.stages.values())

@@ -54,10 +54,7 @@ def start_server(
 def test_signal_with_streams_open_exits_zero_within_the_grace_period(
     tmp_path: Path, signum: signal.Signals
 ) -> None:
-    config = tmp_path / "long.yaml"
-    config.write_text(
-        (REPO / "configs" / "synthetic.yaml").read_text().replace("steps: 24", "steps: 100000")
-    )
+    config = endless_config(tmp_path)
     server_tmp = tmp_path / "server-tmp"  # the server's TMPDIR: must stay empty
     server_tmp.mkdir()
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
@@ -73,24 +70,7 @@ def test_signal_with_streams_open_exits_zero_within_the_grace_period(
     readers: list[threading.Thread] = []
     try:
         for _ in range(64):  # 64 endless streaming responses in flight (max_streams)
-
-            def read() -> None:
-                body = json.dumps(
-                    {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
-                ).encode()
-                request = urllib.request.Request(
-                    f"{url}/v1/chat/completions",
-                    data=body,
-                    headers={"Content-Type": "application/json"},
-                )
-                try:
-                    with urllib.request.urlopen(request, timeout=30) as response:
-                        while response.read(1024):
-                            pass
-                except (OSError, ValueError, http.client.HTTPException):
-                    pass  # the server ending the response mid-stream is the point
-
-            thread = threading.Thread(target=read, daemon=True)
+            thread = threading.Thread(target=read_streaming_chat, args=(url,), daemon=True)
             thread.start()
             readers.append(thread)
         _wait_for_open_streams(url, 64)
@@ -105,6 +85,31 @@ def test_signal_with_streams_open_exits_zero_within_the_grace_period(
     assert list(server_tmp.iterdir()) == []
     shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     assert shm_after - shm_before == set()
+
+
+def endless_config(tmp_path: Path) -> Path:
+    """The synthetic pipeline with answers that never end by themselves."""
+    config = tmp_path / "long.yaml"
+    config.write_text(
+        (REPO / "configs" / "synthetic.yaml").read_text().replace("steps: 24", "steps: 100000")
+    )
+    return config
+
+
+def read_streaming_chat(url: str) -> None:
+    """Read one streaming chat completion until the server ends it."""
+    body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    ).encode()
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            while response.read(1024):
+                pass
+    except (OSError, ValueError, http.client.HTTPException):
+        pass  # the server ending the response mid-stream is the point
 
 
 def _signal_and_wait(

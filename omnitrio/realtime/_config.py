@@ -50,6 +50,8 @@ class SessionConfig:
     output_sample_rate_hz: int = 24000
     max_input_audio_s: float = 60.0
     max_message_bytes: int = 1 << 20
+    max_frame_values: int = 20_000
+    """A frame holding more arrays, maps and elements is refused (bounds decoding work)."""
     max_conversation_items: int = 1024
     max_conversation_bytes: int = 1 << 20
     """Text (and transcripts) a conversation may hold: it is sent with every response."""
@@ -65,6 +67,7 @@ class SessionConfig:
             "input_sample_rate_hz",
             "output_sample_rate_hz",
             "max_message_bytes",
+            "max_frame_values",
             "max_conversation_items",
             "max_conversation_bytes",
         ):

@@ -246,11 +246,16 @@ _PARSERS: Mapping[str, Callable[[Fields, SessionConfig], ClientEvent]] = Mapping
 SUPPORTED_EVENTS: tuple[str, ...] = tuple(_PARSERS)
 
 
+MAX_EVENT_ID_CHARS = 256
+"""A longer client ``event_id`` is not echoed in error events (it would be queued, one
+copy per error, for a client that may not be reading)."""
+
+
 def client_event_id(message: object) -> str | None:
     """The ``event_id`` of a decoded client event, if it has a usable one (for errors)."""
     if isinstance(message, dict):
         event_id = message.get("event_id")
-        if isinstance(event_id, str):
+        if isinstance(event_id, str) and len(event_id) <= MAX_EVENT_ID_CHARS:
             return event_id
     return None
 
@@ -264,7 +269,13 @@ def parse_client_event(message: object, config: SessionConfig) -> ClientEvent:
         raise ClientEventError("invalid_event", "a client event needs a string type", param="type")
     fields = Fields(message, "")
     fields.raw("type")
-    fields.optional_str("event_id")
+    event_id = fields.optional_str("event_id")
+    if event_id is not None and len(event_id) > MAX_EVENT_ID_CHARS:
+        raise ClientEventError(
+            "invalid_value",
+            f"event_id is {len(event_id)} characters, over the limit of {MAX_EVENT_ID_CHARS}",
+            param="event_id",
+        )
     parser = _PARSERS.get(name)
     if parser is None:
         if name in UNSUPPORTED_EVENTS:

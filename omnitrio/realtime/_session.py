@@ -171,7 +171,10 @@ class RealtimeSession:
             raise LocalProtocolError("call start() and send session.created before receive()")
         message: object = None
         try:
-            message = decode_frame(frame, self.config.framing, self.config.max_message_bytes)
+            config = self.config
+            message = decode_frame(
+                frame, config.framing, config.max_message_bytes, config.max_frame_values
+            )
             return self._handle(parse_client_event(message, self.config))
         except ClientEventError as error:
             self._num_errors += 1

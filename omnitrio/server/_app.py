@@ -41,7 +41,9 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.get("/health")
     async def health() -> Response:
-        hung = [s.name for s in state.pipeline.statistics().stages.values() if s.hung]
+        stats = state.pipeline.statistics()
+        stages = [*stats.stages.values(), *([stats.side_stage] if stats.side_stage else [])]
+        hung = [s.name for s in stages if s.hung]
         status = "draining" if state.draining else "degraded" if hung else "ok"
         body = json.dumps({"status": status, "hung_stages": hung} if hung else {"status": status})
         return Response(body, status=503 if hung else 200, mimetype="application/json")

@@ -1,4 +1,5 @@
-"""PCM16 helpers for the web layer: resampling to the session's rate and WAV framing."""
+"""PCM16 helpers for the web layer: resampling to the session's rate, WAV framing, and the
+limits on audio a client uploads (``checked_input_audio``, separate from resampling)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,12 @@ import io
 import wave
 
 import numpy as np
+
+from ._settings import ServerSettings
+
+
+class InputAudioError(ValueError):
+    """Uploaded audio the server will not take; the message says what and the limit."""
 
 
 def resample_pcm16(pcm16: bytes, from_hz: int, to_hz: int) -> bytes:
@@ -49,3 +56,30 @@ def pcm16_from_wav(data: bytes) -> tuple[bytes, int]:
             return wav.readframes(wav.getnframes()), wav.getframerate()
     except (wave.Error, EOFError) as exc:
         raise ValueError(f"not a readable WAV file ({exc})") from None
+
+
+def checked_input_audio(data: bytes, settings: ServerSettings) -> tuple[bytes, int]:
+    """(PCM16 samples, sample rate) of an uploaded mono 16-bit WAV file, within the
+    server's limits: a rate in ``min/max_input_sample_rate_hz`` and at most
+    ``max_input_audio_s`` of audio. Every endpoint that takes audio files calls this
+    before anything is resampled; ``InputAudioError`` names what is wrong."""
+    try:
+        pcm16, rate_hz = pcm16_from_wav(data)
+    except ValueError as exc:
+        raise InputAudioError(str(exc)) from None
+    check_input_audio(len(pcm16) // 2, rate_hz, settings)
+    return pcm16, rate_hz
+
+
+def check_input_audio(num_samples: int, rate_hz: int, settings: ServerSettings) -> None:
+    """``InputAudioError`` unless ``num_samples`` at ``rate_hz`` is within the limits."""
+    low, high = settings.min_input_sample_rate_hz, settings.max_input_sample_rate_hz
+    if not low <= rate_hz <= high:
+        raise InputAudioError(
+            f"the WAV's sample rate {rate_hz} Hz is outside the supported {low}-{high} Hz"
+        )
+    duration_s = num_samples / rate_hz
+    if duration_s > settings.max_input_audio_s:
+        raise InputAudioError(
+            f"{duration_s:.1f} s of audio is over the limit of {settings.max_input_audio_s:g} s"
+        )

@@ -42,7 +42,7 @@ def host_ok(settings: ServerSettings, headers: Headers) -> bool:
     """
     if settings.api_key is not None:
         return True
-    hostname = urlsplit(f"//{headers.get('Host', '')}").hostname or ""
+    hostname = _split(f"//{headers.get('Host', '')}")[1]
     return hostname in LOOPBACK_NAMES or hostname == settings.host
 
 
@@ -51,4 +51,14 @@ def origin_ok(settings: ServerSettings, headers: Headers) -> bool:
     origin = headers.get("Origin")
     if origin is None or "*" in settings.allowed_origins or origin in settings.allowed_origins:
         return True
-    return host_ok(settings, headers) and urlsplit(origin).netloc == headers.get("Host", "")
+    return host_ok(settings, headers) and _split(origin)[0] == headers.get("Host", "")
+
+
+def _split(url: str) -> tuple[str | None, str | None]:
+    """(netloc, hostname) of ``url``; (None, None) when it does not parse (``Host: [``):
+    a header that is not a URL matches nothing, it is not a server error."""
+    try:
+        parts = urlsplit(url)
+        return parts.netloc, parts.hostname
+    except ValueError:
+        return None, None

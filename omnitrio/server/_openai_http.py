@@ -23,10 +23,11 @@ from typing import Any, Literal
 import pydantic
 from quart import Response
 
-from .._errors import OmnitrioError, Overloaded
+from .._errors import OmnitrioError, Overloaded, PipelineClosed
 from .._items import AudioChunk, AudioInput, Event, Request, TextDelta
 from ..realtime import new_id
-from ._audio import pcm16_from_wav, resample_pcm16, wav_bytes, wav_header
+from ._audio import checked_input_audio, resample_pcm16, wav_bytes, wav_header
+from ._settings import ServerSettings
 from ._state import ResponseLog, ServerState
 from ._tools import (
     ChatTool,
@@ -108,10 +109,14 @@ def _refusal(state: ServerState) -> Response | None:
     status later; a stream refused in the narrow race after this check ends with
     an error chunk instead."""
     if state.draining or state.pipeline.is_full:
-        state.refusals.labels("draining" if state.draining else "overloaded").inc()
-        max_streams = state.pipeline.config.pipeline.max_streams
-        return error_response(503, str(Overloaded(max_streams)), "server_overloaded")
+        return _overloaded(state, "draining" if state.draining else "overloaded")
     return None
+
+
+def _overloaded(state: ServerState, reason: str) -> Response:
+    state.refusals.labels(reason).inc()
+    max_streams = state.pipeline.config.pipeline.max_streams
+    return error_response(503, str(Overloaded(max_streams)), "server_overloaded")
 
 
 class _BadContent(ValueError):
@@ -120,7 +125,7 @@ class _BadContent(ValueError):
         self.where = where
 
 
-def _request_of(chat: ChatRequest) -> Request:
+def _request_of(chat: ChatRequest, settings: ServerSettings) -> Request:
     """The pipeline request: the messages as ``role: text`` lines, the audio of the last
     ``input_audio`` part (WAV, PCM16 mono), and the knobs as options. Raises
     ``_BadContent`` for content the pipeline cannot take."""
@@ -135,7 +140,7 @@ def _request_of(chat: ChatRequest) -> Request:
                 if part.get("type") == "text":
                     texts.append(str(part.get("text", "")))
                 elif part.get("type") == "input_audio":
-                    audio = _input_audio(part.get("input_audio"), where)
+                    audio = _input_audio(part.get("input_audio"), where, settings)
                 else:
                     raise _BadContent(where, f"content type {part.get('type')!r} is not supported")
             content = " ".join(texts)
@@ -173,11 +178,12 @@ def _request_of(chat: ChatRequest) -> Request:
     )
 
 
-def _input_audio(part: object, where: str) -> AudioInput:
+def _input_audio(part: object, where: str, settings: ServerSettings) -> AudioInput:
     if not isinstance(part, dict) or part.get("format") != "wav":
         raise _BadContent(f"{where}.input_audio", "only format 'wav' (PCM16 mono) is supported")
     try:
-        pcm16, rate_hz = pcm16_from_wav(base64.b64decode(str(part.get("data", "")), validate=True))
+        wav = base64.b64decode(str(part.get("data", "")), validate=True)
+        pcm16, rate_hz = checked_input_audio(wav, settings)
     except (ValueError, binascii.Error) as exc:
         raise _BadContent(f"{where}.input_audio.data", str(exc)) from None
     return AudioInput(pcm16, rate_hz)
@@ -196,7 +202,7 @@ async def chat_completions(state: ServerState, raw: bytes) -> Response:
     if refusal is not None:
         return refusal
     try:
-        request = _request_of(parsed)
+        request = _request_of(parsed, state.settings)
     except _BadContent as exc:
         return error_response(400, str(exc), "unsupported_content", exc.where)
     completion = _Completion(state, parsed)
@@ -388,15 +394,24 @@ async def speech(state: ServerState, raw: bytes) -> Response:
         return refusal
     rate_hz = state.settings.output_sample_rate_hz
 
-    async def body() -> AsyncIterator[bytes]:
-        if parsed.response_format == "wav":
-            yield wav_header(rate_hz)
+    async def body() -> AsyncGenerator[bytes]:
         async with state.pipeline.open_stream(request) as stream:
+            yield b""  # admitted: see below
+            if parsed.response_format == "wav":
+                yield wav_header(rate_hz)
             async for item in stream:
                 if isinstance(item, AudioChunk):
                     yield resample_pcm16(item.pcm16, item.sample_rate_hz, rate_hz)
 
+    # The stream is admitted here, before the status is sent: ``_refusal`` is only a
+    # first look, and many requests can pass it before any of their bodies starts.
+    chunks = body()
+    try:
+        await anext(chunks)
+    except (Overloaded, PipelineClosed) as exc:
+        await chunks.aclose()
+        return _overloaded(state, "overloaded" if isinstance(exc, Overloaded) else "draining")
     mimetype = "audio/wav" if parsed.response_format == "wav" else "audio/pcm"
-    response = Response(body(), mimetype=mimetype)
+    response = Response(chunks, mimetype=mimetype)
     response.headers["X-Sample-Rate"] = str(rate_hz)
     return response

@@ -119,7 +119,7 @@ class RealtimeConnection:
 
     async def _turns(self, nursery: trio.Nursery, detector: DetectorStream) -> None:
         """Feed the detector's findings to the session (barge-in, commit, response)."""
-        async for event in detector.events:
+        async for event in detector:
             if event.name == "speech_started":
                 start_ms = event.data.get("audio_start_ms")
                 if isinstance(start_ms, int):
@@ -210,5 +210,6 @@ def session_config(state: ServerState, framing: Framing, beta: bool) -> SessionC
         output_sample_rate_hz=settings.output_sample_rate_hz,
         max_input_audio_s=settings.max_input_audio_s,
         max_message_bytes=settings.max_message_bytes,
+        max_frame_values=settings.max_frame_values,
         server_vad=state.turns is not None,
     )

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from functools import partial
 
+import hypercorn.protocol
 import hypercorn.protocol.h2
 import hypercorn.protocol.h11
 import hypercorn.trio.run
@@ -25,9 +26,13 @@ from .._config import PipelineConfig
 from .._listen import listen_socket
 from .._pipeline import open_pipeline
 from ._app import create_app
-from ._settings import ServerSettings
+from ._connections import ATTRIBUTE as CONNECTIONS_ATTRIBUTE
+from ._connections import ConnectionSlots, refuse
+from ._h2c import ATTRIBUTE as H2C_ATTRIBUTE
+from ._h2c import H11WithoutH2c
+from ._settings import ServerSettings, effective_max_connections
 from ._state import ServerState
-from ._turns import open_turn_detector
+from ._turns import TurnDetector
 from ._ws_stream import LINGER_ATTRIBUTE, LimitedWSStream
 
 logger = logging.getLogger(__name__)
@@ -42,6 +47,10 @@ class _ContainedTCPServer(TCPServer):
       for every client (hypercorn #225: a WebSocket upgrade request followed by
       extra bytes makes h11 raise while hypercorn finishes the connection). Here
       it is logged and only that connection is dropped. Cancellation passes.
+    - hypercorn's close of a connection is shielded here (see ``_close``), and a
+      connection whose peer has gone is not kept for the keep-alive timeout.
+    - A connection past the server's limit is answered 503 and closed
+      (``_connections``).
     - hypercorn writes to the socket shielded from cancellation, so a peer that
       stops reading would hold its connection task (and server shutdown) forever.
       Here a write that cannot finish within the server's send timeout drops that
@@ -49,10 +58,32 @@ class _ContainedTCPServer(TCPServer):
     """
 
     async def run(self) -> None:
+        slots: ConnectionSlots = getattr(self.config, CONNECTIONS_ATTRIBUTE)
+        if not slots.take():
+            await refuse(self.stream, slots.max_connections)
+            return
         try:
             await super().run()
         except Exception:
             logger.warning("a connection failed inside the HTTP server; dropped it", exc_info=True)
+        finally:
+            slots.give_back()
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        # The peer closed (or reading failed): without this hypercorn's keep-alive
+        # timer holds the finished connection, its fd and its slot, for
+        # keep_alive_timeout (5 s) more. A response still being written goes on.
+        await self.idle_task.stop()
+
+    async def _close(self) -> None:
+        # Shielded: hypercorn closes a connection (``Connection: close``, a response
+        # sent before its request body was read: a 401 to a client still uploading)
+        # from inside the application's task, which quart cancels as the response
+        # ends, so the close was lost and the connection stayed open for as long as
+        # the peer liked. Both steps are immediate (shutdown and close of the socket).
+        with trio.CancelScope(shield=True):
+            await super()._close()
 
     async def protocol_send(self, event: Event) -> None:
         if not isinstance(event, RawData):
@@ -78,6 +109,8 @@ class _ContainedTCPServer(TCPServer):
 
 
 hypercorn.trio.run.TCPServer = _ContainedTCPServer  # type: ignore[attr-defined]
+# h2c only when the settings turn it on (``_h2c``).
+hypercorn.protocol.H11Protocol = H11WithoutH2c  # type: ignore[attr-defined]
 # WebSocket messages bounded while they are parsed (hypercorn counts them afterwards).
 hypercorn.protocol.h11.WSStream = LimitedWSStream  # type: ignore[attr-defined]
 hypercorn.protocol.h2.WSStream = LimitedWSStream  # type: ignore[attr-defined]
@@ -98,9 +131,10 @@ async def serve(
     modules it imports); then the pipeline starts (its stages load), the server starts
     accepting and ``task_status.started()`` reports its URLs (an empty list if a signal came
     first: a signal while stages load stops the loading at once). On a signal
-    the server stops accepting, in-flight work gets ``grace_period_s`` to finish,
-    then everything left — socket writes to clients that stopped reading included
-    — is cut, the server closes and the pipeline stops.
+    the server stops accepting, in-flight work gets ``grace_period_s`` to finish
+    (a second signal ends it at once), then everything left — socket writes to
+    clients that stopped reading included — is cut, the server closes and the
+    pipeline stops.
     """
     stopped_by: int | None = None
     stop = trio.Event()
@@ -117,6 +151,11 @@ async def serve(
             async def on_signal() -> None:
                 nonlocal stopped_by
                 async for signum in signals:
+                    if stopped_by is not None:  # a second signal: the grace period ends now
+                        logger.info("second %s: stopping now", signal.Signals(signum).name)
+                        outer.cancel_scope.deadline = trio.current_time()
+                        writes.stop_by(trio.current_time())
+                        return
                     stopped_by = signum
                     stop.set()
                     if not states:  # still loading: nothing in flight to wait for
@@ -126,18 +165,10 @@ async def serve(
                     hard_stop_at = trio.current_time() + settings.grace_period_s
                     outer.cancel_scope.deadline = hard_stop_at
                     writes.stop_by(hard_stop_at)
-                    return
 
             outer.start_soon(on_signal)
-            async with (
-                open_pipeline(config) as pipeline,
-                open_turn_detector(
-                    pipeline.config.turn_detection,
-                    pipeline.config.source,
-                    pipeline.config.pipeline.shutdown_timeout_s,
-                ) as turns,
-            ):
-                state = ServerState(pipeline, settings, turns=turns)
+            async with open_pipeline(config) as pipeline:
+                state = ServerState(pipeline, settings, turns=TurnDetector.of(pipeline))
                 states.append(state)
                 app = wrap_app(create_app(state), hyper.wsgi_max_body_size, "asgi")
                 listening_sockets = Sockets([], list(listening), [])
@@ -196,4 +227,6 @@ def _hypercorn_config(settings: ServerSettings, writes: _WriteDeadlines) -> Conf
     config.errorlog = logging.getLogger("hypercorn.error")
     setattr(config, WRITES_ATTRIBUTE, writes)
     setattr(config, LINGER_ATTRIBUTE, settings.close_linger_s)
+    setattr(config, H2C_ATTRIBUTE, settings.h2c)
+    setattr(config, CONNECTIONS_ATTRIBUTE, ConnectionSlots(effective_max_connections(settings)))
     return config

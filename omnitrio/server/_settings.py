@@ -5,9 +5,13 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+import resource
 from dataclasses import dataclass, field
 
 API_KEY_ENV = "OMNITRIO_API_KEY"
+FD_RESERVE = 64
+"""File descriptors kept free of client connections: the listening socket, logs, model
+files, the threads' wakeup pipes, and the refusals themselves."""
 
 
 class SettingsError(ValueError):
@@ -31,10 +35,27 @@ class ServerSettings:
     """After the server fails a WebSocket (1009, protocol error): how long it reads and
     discards, waiting for the client's close reply, before it hangs up."""
     max_input_audio_s: float = 60.0
+    """Input audio longer than this is refused, on every path (Realtime buffer, chat audio)."""
+    min_input_sample_rate_hz: int = 8000
+    max_input_sample_rate_hz: int = 96000
+    """Uploaded audio (a WAV header) must declare a rate in this range: a rate of 100 Hz
+    would resample 1 MB into an hour of audio, a rate of 0 is no rate."""
     max_session_s: float = 3600.0
     output_sample_rate_hz: int = 24000
     outbound_capacity: int = 64
     """Server events queued per connection before its response stops reading the pipeline."""
+    max_connections: int = 1000
+    """Open TCP connections (idle ones included) the server holds; one more is answered
+    503 and closed at once. Lowered at start to the process's file-descriptor limit
+    minus ``FD_RESERVE`` (``effective_max_connections``), so it never runs out of fds."""
+    max_frame_values: int = 20_000
+    """A Realtime message holding more arrays, maps and elements than this is refused
+    with an error event before (JSON) or while (msgpack) it is decoded: decoding runs on
+    the event loop, and a megabyte of empty maps took ~80 ms, delaying every client."""
+    h2c: bool = False
+    """HTTP/2 over cleartext (prior knowledge or ``Upgrade: h2c``). Off by default: the
+    h2 stack buffers whole responses for a peer that keeps its flow-control window shut,
+    which the per-write send deadline cannot see (``docs/reliability.md``)."""
     web_dir: str = field(default_factory=lambda: default_web_dir())
 
     def __post_init__(self) -> None:
@@ -57,12 +78,29 @@ class ServerSettings:
                     f"{name} must be positive and finite, not {getattr(self, name)}"
                 )
 
+        if not 0 < self.min_input_sample_rate_hz <= self.max_input_sample_rate_hz:
+            raise SettingsError(
+                "min_input_sample_rate_hz must be positive and at most max_input_sample_rate_hz, "
+                f"not {self.min_input_sample_rate_hz} and {self.max_input_sample_rate_hz}"
+            )
+        for name in ("max_connections", "max_frame_values"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name} must be at least 1, not {getattr(self, name)}")
+
     @classmethod
     def from_env(cls, **overrides: object) -> ServerSettings:
         """Settings with the API key taken from ``OMNITRIO_API_KEY`` unless given."""
         if overrides.get("api_key") is None and os.environ.get(API_KEY_ENV):
             overrides["api_key"] = os.environ[API_KEY_ENV]
         return cls(**overrides)  # type: ignore[arg-type]
+
+
+def effective_max_connections(settings: ServerSettings) -> int:
+    """``max_connections``, lowered to what the file-descriptor limit leaves room for."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return settings.max_connections
+    return max(1, min(settings.max_connections, soft - FD_RESERVE))
 
 
 def _is_loopback(host: str) -> bool:

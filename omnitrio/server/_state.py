@@ -82,16 +82,17 @@ class _TurnsCollector(Collector):
         self._turns = turns
 
     def collect(self) -> Iterator[Metric]:
+        stats = self._turns.statistics()
         busy = CounterMetricFamily(
             "omnitrio_turn_detector_busy_seconds", "Time the turn detector spent in steps."
         )
-        busy.add_metric([], self._turns.busy_s)
+        busy.add_metric([], stats.busy_s)
         steps = CounterMetricFamily("omnitrio_turn_detector_steps", "Turn detector steps.")
-        steps.add_metric([], self._turns.num_steps)
+        steps.add_metric([], stats.num_steps)
         streams = GaugeMetricFamily(
             "omnitrio_turn_detector_streams", "Sessions the turn detector listens to."
         )
-        streams.add_metric([], self._turns.num_streams)
+        streams.add_metric([], stats.num_open_streams)
         yield from (busy, steps, streams)
 
 

@@ -14,6 +14,12 @@ What changes against hypercorn 0.18's ``WSStream``:
 - When wsproto fails the connection (a protocol error), the peer gets a close
   frame with wsproto's code (hypercorn sends none); what follows is discarded
   unread, since wsproto's parser has stopped.
+- Messages for the application are dropped once it has returned. hypercorn hands
+  them over through a bounded channel that nobody reads after the application
+  ends (and that is never closed), so a client that kept sending while the
+  application closed it (1008, a slow reader) left the connection's reader task
+  blocked in that hand-over for good, with its full buffers, unaffected by the
+  client going away.
 - After either close frame the connection lingers, reading and discarding,
   until the peer closes or ``close_linger_s`` passes: hanging up on a peer that
   is still sending makes the kernel reset the connection, and a reset can drop
@@ -23,11 +29,12 @@ What changes against hypercorn 0.18's ``WSStream``:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
 from typing import Any
 
 import trio
-from hypercorn.protocol.events import Body, Data, Event, StreamClosed
+from hypercorn.protocol.events import Body, Data, Event, Request, StreamClosed
 from hypercorn.protocol.ws_stream import Handshake, WSStream
 from hypercorn.typing import WebsocketAcceptEvent, WebsocketScope
 from wsproto.connection import Connection, ConnectionState
@@ -50,6 +57,8 @@ class LimitedWSStream(WSStream):
         self._linger_s: float = getattr(self.config, LINGER_ATTRIBUTE)
         self._parser_stopped = False  # wsproto failed the connection
         self._linger: trio.CancelScope | None = None
+        self._app_returned = False
+        self._puts: set[trio.CancelScope] = set()  # hand-overs to the app in progress
 
     async def handle(self, event: Event) -> None:
         if isinstance(event, (Body, Data)) and self._parser_stopped:
@@ -57,6 +66,26 @@ class LimitedWSStream(WSStream):
         if isinstance(event, StreamClosed) and self._linger is not None:
             self._linger.cancel()
         await super().handle(event)
+        if isinstance(event, Request) and self.app_put is not None:
+            self.app_put = partial(self._put_to_app, self.app_put)
+
+    async def _put_to_app(self, put: Callable[[Any], Awaitable[None]], message: Any) -> None:
+        """hypercorn's hand-over to the app, given up once the app has returned."""
+        if self._app_returned:
+            return
+        with trio.CancelScope() as scope:
+            self._puts.add(scope)
+            try:
+                await put(message)
+            finally:
+                self._puts.discard(scope)
+
+    async def app_send(self, message: Any) -> None:
+        if message is None:  # the app has returned: nothing will read what it was sent
+            self._app_returned = True
+            for scope in self._puts:
+                scope.cancel()
+        await super().app_send(message)
 
     async def _accept(self, message: WebsocketAcceptEvent) -> None:
         # hypercorn's Handshake.accept negotiates compression and builds the wsproto
