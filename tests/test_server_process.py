@@ -41,6 +41,8 @@ def start_server(
     while time.monotonic() < deadline:
         line = process.stdout.readline()
         if match := SERVING.search(line):
+            realtime = process.stdout.readline()
+            assert f"realtime: {match.group(1).replace('http', 'ws')}/v1/realtime" in realtime
             return process, match.group(1)
         if not line and process.poll() is not None:
             break
@@ -192,23 +194,61 @@ def test_a_signal_while_stages_load_stops_at_once(tmp_path: Path) -> None:
     assert elapsed < 5 + 1.0, elapsed
 
 
-def test_port_in_use_is_one_clear_line() -> None:
+def test_port_in_use_is_one_clear_line_before_any_stage_loads(tmp_path: Path) -> None:
+    slow = tmp_path / "slow.yaml"  # stages that take 20 s to load: the error must not wait
+    slow.write_text(
+        Path(SYNTHETIC).read_text().replace("steps: 24", "steps: 24\n      load_time_ms: 20000")
+    )
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        started = time.monotonic()
         result = subprocess.run(
-            [*RUN_SYNTHETIC, "--port", str(port)],
+            [
+                sys.executable,
+                "-m",
+                "omnitrio._cli",
+                "run",
+                "--config",
+                str(slow),
+                "--port",
+                str(port),
+            ],
             cwd=REPO,
             capture_output=True,
             text=True,
             timeout=30,
         )
+        elapsed = time.monotonic() - started
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.startswith("omnitrio:")]
     assert len(lines) == 1, result.stderr
-    assert "address already in use" in lines[0].lower(), result.stderr
+    assert f"127.0.0.1:{port}" in lines[0], result.stderr
+    assert "already in use" in lines[0], result.stderr
+    assert "--port" in lines[0], result.stderr
     assert "Traceback" not in result.stderr
+    assert "loading stage" not in result.stderr
+    assert elapsed < 10, elapsed  # the Python start-up and imports; no stage load
+
+
+def test_version_and_log_level_after_the_subcommand() -> None:
+    version = subprocess.run(
+        [sys.executable, "-m", "omnitrio._cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert version.returncode == 0
+    assert re.fullmatch(r"omnitrio \d+\.\d+\.\d+\S*\n", version.stdout), version.stdout
+    process, url = start_server("--config", SYNTHETIC, "--port", "0", "--log-level", "ERROR")
+    try:
+        assert url.startswith("http://")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=30)
+    # start_server says WARNING before the subcommand; ERROR after it wins: no INFO lines.
+    assert "INFO" not in err, err
 
 
 def test_model_path_errors_are_one_clear_line(tmp_path: Path) -> None:

@@ -191,6 +191,10 @@ def test_voice_chat_page(tmp_path: Path, chromium: Path, server_url: str) -> Non
     assert seen["playback"] == "worklet"
     assert isinstance(seen["underruns"], int)
     assert len(seen["firstAudioMs"]) == 3
+    # Both barge-ins told the server how much of the reply was heard, and it took it.
+    assert len(seen["truncatedAtMs"]) == 2, seen["truncatedAtMs"]
+    assert all(ms > 0 for ms in seen["truncatedAtMs"])
+    assert seen["eventCounts"]["conversation.item.truncated"] == 2
 
 
 def _wait_until_mid_playback(page: Page, played_before_s: float) -> None:

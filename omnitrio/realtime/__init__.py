@@ -13,7 +13,9 @@ from ._config import SessionConfig as SessionConfig
 from ._config import select_subprotocol as select_subprotocol
 from ._errors import LocalProtocolError as LocalProtocolError
 from ._server_events import ServerEvent as ServerEvent
+from ._server_events import new_id as new_id
 from ._session import CancelResponse as CancelResponse
+from ._session import Output as Output
 from ._session import RealtimeSession as RealtimeSession
 from ._session import SessionStatistics as SessionStatistics
 from ._session import StartResponse as StartResponse
@@ -28,11 +30,13 @@ __all__ = [
     "Framing",
     "ListenAudio",
     "LocalProtocolError",
+    "Output",
     "RealtimeSession",
     "ServerEvent",
     "SessionConfig",
     "SessionStatistics",
     "StartResponse",
     "TurnDetection",
+    "new_id",
     "select_subprotocol",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -13,15 +14,34 @@ ROOT = "root"
 """``previous_item_id`` that puts an item at the start of the conversation."""
 
 
+ItemKind = Literal["text", "audio", "function_call", "function_call_output"]
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+
+
 @dataclass(frozen=True)
 class Item:
-    """One message of the conversation. Audio is not kept: only its transcript, if known."""
+    """One item of the conversation: a message (text or audio; audio is not kept, only
+    its transcript, if known), a function call (the assistant's) or a call's output."""
 
     id: str
     role: Role
-    kind: Literal["text", "audio"]
-    text: str | None  # the text, or the transcript of the audio (None: not known)
+    kind: ItemKind
+    text: str | None  # the text, the audio's transcript (None: not known), the call's
+    # arguments (JSON) or the call's output
     status: ItemStatus = "completed"
+    audio_ms: int = 0  # the assistant's audio (what truncate may cut), in milliseconds
+    call_id: str | None = None  # function_call and function_call_output items
+    name: str | None = None  # function_call items: the function
+
+    def as_line(self) -> str | None:
+        """The item as a line of the conversation's text (None: no text known)."""
+        if self.kind == "function_call":
+            call = f'{{"name": {json.dumps(self.name)}, "arguments": {self.text or "{}"}}}'
+            return f"assistant: {TOOL_CALL_OPEN}{call}{TOOL_CALL_CLOSE}"
+        if self.kind == "function_call_output":
+            return f"tool: {self.text}"
+        return None if self.text is None else f"{self.role}: {self.text}"
 
 
 class Conversation:
@@ -114,14 +134,45 @@ class Conversation:
                 return
         raise KeyError(item.id)
 
+    def remove(self, item_id: str) -> None:
+        """Take the item out of the conversation (``item_not_found`` if there is none)."""
+        item = self._by_id.pop(item_id, None)
+        if item is None:
+            raise ClientEventError(
+                "item_not_found",
+                f"item_id {quote(item_id)} names no item of the conversation",
+                param="item_id",
+            )
+        self._items.remove(item)
+        self._num_bytes -= _size(item)
+
     def as_text(self) -> str:
         """The conversation as plain text: one ``role: text`` line per item with known text.
 
         Audio items without a transcript are left out (their audio is not kept).
         """
-        return "\n".join(
-            f"{item.role}: {item.text}" for item in self._items if item.text is not None
-        )
+        lines = (item.as_line() for item in self._items)
+        return "\n".join(line for line in lines if line is not None)
+
+    def call(self, call_id: str) -> Item | None:
+        """The function_call item with ``call_id``, if there is one."""
+        for item in self._items:
+            if item.kind == "function_call" and item.call_id == call_id:
+                return item
+        return None
+
+
+def played_text(text: str, audio_ms: int, played_ms: int) -> str:
+    """The part of ``text`` spoken in the first ``played_ms`` of its ``audio_ms`` of audio.
+
+    Speech runs at a roughly even rate of characters, so the cut is proportional,
+    moved back to the end of the last whole word heard."""
+    if played_ms >= audio_ms:
+        return text
+    cut = len(text) * played_ms // audio_ms
+    if cut < len(text) and not text[cut].isspace():
+        cut = text.rfind(" ", 0, cut) + 1  # 0 when no word was heard whole
+    return text[:cut].rstrip()
 
 
 def _size(item: Item) -> int:

@@ -36,6 +36,7 @@ ErrorCode = Literal[
     "item_not_found",
     "duplicate_item_id",
     "conversation_too_large",
+    "item_in_progress",
 ]
 
 MAX_ECHO_CHARS = 64

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from ._config import SessionConfig
-from ._conversation import Role
+from ._conversation import ItemKind, Role
 from ._encode import decode_audio
 from ._errors import ClientEventError, quote
 from ._fields import Fields
@@ -44,8 +44,22 @@ class AudioClear:
 class ItemCreate:
     item_id: str | None  # None: the server makes one
     role: Role
-    text: str
+    text: str  # a message's text, a function call's arguments, or a call's output
     previous_item_id: str | None  # None: append; "root": insert first
+    kind: ItemKind = "text"
+    call_id: str | None = None  # function_call and function_call_output items
+    name: str | None = None  # function_call items
+
+
+@dataclass(frozen=True)
+class ItemTruncate:
+    item_id: str
+    audio_end_ms: int  # the audio the client played; the transcript is cut to match
+
+
+@dataclass(frozen=True)
+class ItemDelete:
+    item_id: str
 
 
 @dataclass(frozen=True)
@@ -60,15 +74,21 @@ class ResponseCancel:
 
 
 ClientEvent = (
-    SessionUpdate | AudioAppend | AudioCommit | AudioClear | ItemCreate | ResponseCreate
-) | ResponseCancel
+    SessionUpdate
+    | AudioAppend
+    | AudioCommit
+    | AudioClear
+    | ItemCreate
+    | ItemTruncate
+    | ItemDelete
+    | ResponseCreate
+    | ResponseCancel
+)
 
 # Events of the SDK's client event unions that omnitrio refuses, and why.
 UNSUPPORTED_EVENTS: Mapping[str, str] = MappingProxyType(
     {
-        "conversation.item.delete": "conversation items cannot be deleted",
         "conversation.item.retrieve": "conversation items cannot be retrieved (audio is not kept)",
-        "conversation.item.truncate": "conversation items cannot be truncated",
         "output_audio_buffer.clear": "it is for WebRTC/SIP; send response.cancel to stop a reply",
         "transcription_session.update": "transcription sessions are not available",
     }
@@ -114,10 +134,13 @@ def _item_create(fields: Fields, config: SessionConfig) -> ItemCreate:
     previous_item_id = fields.optional_str("previous_item_id")
     item = fields.required_object("item")
     kind = item.required_str("type")
+    if kind in ("function_call", "function_call_output"):
+        return _call_item_create(item, kind, previous_item_id)
     if kind != "message":
         raise ClientEventError(
             "unsupported_parameter",
-            f"item.type {quote(kind)} is not supported; only message items (text) are",
+            f"item.type {quote(kind)} is not supported; message, function_call and "
+            "function_call_output items are",
             param="item.type",
         )
     role = _ROLES.get(item.choice("role", tuple(_ROLES)) or "")
@@ -141,6 +164,26 @@ def _item_create(fields: Fields, config: SessionConfig) -> ItemCreate:
     return ItemCreate(item_id, role, "\n".join(texts), previous_item_id)
 
 
+def _call_item_create(item: Fields, kind: str, previous_item_id: str | None) -> ItemCreate:
+    """A function_call item (the client replays one) or a function_call_output (a result)."""
+    item_id = item.optional_str("id")
+    item.choice("object", ("realtime.item",))
+    item.choice("status", ("completed", "incomplete", "in_progress"))
+    call_id = item.required_str("call_id")
+    if kind == "function_call_output":
+        output = item.required_str("output")
+        item.done()
+        return ItemCreate(
+            item_id, "user", output, previous_item_id, "function_call_output", call_id
+        )
+    name = item.required_str("name")
+    arguments = item.required_str("arguments")
+    item.done()
+    return ItemCreate(
+        item_id, "assistant", arguments, previous_item_id, "function_call", call_id, name
+    )
+
+
 def _text_part(value: object, path: str, part_type: str) -> str:
     part = Fields(value, path)
     kind = part.required_str("type")
@@ -155,6 +198,22 @@ def _text_part(value: object, path: str, part_type: str) -> str:
     text = part.required_str("text")
     part.done()
     return text
+
+
+def _item_truncate(fields: Fields, config: SessionConfig) -> ItemTruncate:
+    item_id = fields.required_str("item_id")
+    if fields.required_number("content_index") != 0:
+        raise ClientEventError(
+            "invalid_value", "content_index must be 0 (an item has one part)", param="content_index"
+        )
+    end_ms = fields.required_number("audio_end_ms")
+    if end_ms < 0 or end_ms != int(end_ms):
+        raise ClientEventError(
+            "invalid_value",
+            f"audio_end_ms must be a whole number of milliseconds >= 0, not {end_ms:g}",
+            param="audio_end_ms",
+        )
+    return ItemTruncate(item_id, int(end_ms))
 
 
 def _response_create(fields: Fields, config: SessionConfig) -> ResponseCreate:
@@ -174,6 +233,10 @@ _PARSERS: Mapping[str, Callable[[Fields, SessionConfig], ClientEvent]] = Mapping
         "input_audio_buffer.commit": lambda fields, config: AudioCommit(),
         "input_audio_buffer.clear": lambda fields, config: AudioClear(),
         "conversation.item.create": _item_create,
+        "conversation.item.truncate": _item_truncate,
+        "conversation.item.delete": lambda fields, config: ItemDelete(
+            fields.required_str("item_id")
+        ),
         "response.create": _response_create,
         "response.cancel": lambda fields, config: ResponseCancel(
             fields.optional_str("response_id")

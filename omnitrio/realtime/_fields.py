@@ -110,6 +110,12 @@ class Fields:
             )
         return float(value)
 
+    def required_number(self, key: str) -> float:
+        value = self.optional_number(key)
+        if value is None:
+            raise self._missing(key)
+        return value
+
     def optional_array(self, key: str) -> list[object] | None:
         value = self.raw(key)
         if value is None:

@@ -1,5 +1,9 @@
 """One response: pipeline items in, server events out, and the closing events.
 
+A function call from the LLM stage (events ``tool_call``, ``tool_call.arguments``,
+``tool_call.done``; see stages/llm.py) is an output item of its own, of type
+``function_call``, with response.function_call_arguments.delta / .done.
+
 A response has one output item (an assistant message) with one content part:
 an ``audio`` part (audio deltas plus transcript deltas) when the response's
 modalities include audio, else a ``text`` part. The first TextDelta or
@@ -19,7 +23,7 @@ from typing import Literal
 
 from .._items import AudioChunk, Event, JsonValue, Request, TextDelta, VisibleItem
 from ._config import SessionConfig
-from ._conversation import Conversation, Item, ItemStatus
+from ._conversation import Conversation, Item, ItemStatus, played_text
 from ._errors import LocalProtocolError
 from ._server_events import ServerEvent, named, new_id, safe_text
 from ._settings import Settings
@@ -28,6 +32,7 @@ from ._shapes import item_done_event, item_events, item_object, response_object
 Status = Literal["completed", "cancelled", "failed", "incomplete"]
 STATUSES: tuple[Status, ...] = ("completed", "cancelled", "failed", "incomplete")
 AUDIO_TOKENS_PER_S = 10
+CALL_EVENTS = ("tool_call", "tool_call.arguments", "tool_call.done")
 TRANSCRIPT_EVENT = "transcript"
 """The pipeline Event name mapped to an input audio transcript (``data["text"]``)."""
 
@@ -53,7 +58,6 @@ class ActiveResponse:
     ) -> None:
         self.id = response_id
         self.settings = settings
-        self.cancel_requested = False
         self._config = config
         self._conversation_id = conversation_id
         self._metadata = metadata
@@ -64,6 +68,10 @@ class ActiveResponse:
         self._text: list[str] = []
         self._num_text_deltas = 0
         self._num_output_samples = 0
+        self._played_ms: int | None = None  # conversation.item.truncate: what the client played
+        self._call: Item | None = None  # a function call, once the model starts one
+        self._call_index = 0  # its output_index
+        self._call_previous_id: str | None = None
         instructions_bytes = len(settings.instructions.encode("utf-8"))
         self._input_text_tokens = len(request.text.encode("utf-8")) + instructions_bytes
         input_samples = len(request.audio.pcm16) // 2 if request.audio else 0
@@ -89,6 +97,21 @@ class ActiveResponse:
             output=output,
             usage=usage,
         )
+
+    @property
+    def item_id(self) -> str | None:
+        """The assistant item this response is writing (None until its first output)."""
+        return None if self._item is None else self._item.id
+
+    @property
+    def audio_ms(self) -> int:
+        """The output audio sent so far, in milliseconds."""
+        return self._num_output_samples * 1000 // self._config.output_sample_rate_hz
+
+    def truncate(self, played_ms: int) -> None:
+        """The client played only ``played_ms`` of the audio: the item's transcript is cut
+        to match when the response closes."""
+        self._played_ms = played_ms
 
     def created_event(self) -> ServerEvent:
         return ServerEvent("response.created", {"response": self._object("in_progress")})
@@ -150,7 +173,103 @@ class ActiveResponse:
             return self._event(visible, conversation)
         raise LocalProtocolError(f"output() takes a VisibleItem, not a {type(visible).__name__}")
 
+    def _call_event(self, event: Event, conversation: Conversation) -> list[ServerEvent]:
+        """A function call's item and argument events (see the module docstring)."""
+        call_id = event.data.get("call_id")
+        if not isinstance(call_id, str):
+            return []
+        dialect = self._config.dialect
+        if event.name == "tool_call" and self._call is None:
+            name = str(event.data.get("name"))
+            item = Item(
+                new_id("item"),
+                "assistant",
+                "function_call",
+                "",
+                "in_progress",
+                call_id=call_id,
+                name=name,
+            )
+            self._call = item
+            self._call_index = 0 if self._item is None else 1
+            self._call_previous_id = conversation.add(item, checked=False)
+            added: dict[str, JsonValue] = {
+                "response_id": self.id,
+                "output_index": self._call_index,
+                "item": item_object(item, dialect),
+            }
+            return [
+                ServerEvent("response.output_item.added", added),
+                *item_events(item, self._call_previous_id, dialect, done=False),
+            ]
+        call = self._call
+        if call is None or call.call_id != call_id:
+            return []
+        where: dict[str, JsonValue] = {
+            "response_id": self.id,
+            "item_id": call.id,
+            "output_index": self._call_index,
+            "call_id": call_id,
+        }
+        if event.name == "tool_call.arguments":
+            delta = str(event.data.get("delta", ""))
+            self._call = Item(
+                call.id,
+                "assistant",
+                "function_call",
+                (call.text or "") + delta,
+                "in_progress",
+                call_id=call_id,
+                name=call.name,
+            )
+            return [
+                ServerEvent("response.function_call_arguments.delta", {**where, "delta": delta})
+            ]
+        if event.name == "tool_call.done":
+            arguments = str(event.data.get("arguments", call.text or ""))
+            self._call = Item(
+                call.id,
+                "assistant",
+                "function_call",
+                arguments,
+                "in_progress",
+                call_id=call_id,
+                name=call.name,
+            )
+            done: dict[str, JsonValue] = {**where, "arguments": arguments}
+            if dialect == "ga":
+                done["name"] = call.name
+            return [ServerEvent("response.function_call_arguments.done", done)]
+        return []
+
+    def _close_call(
+        self, call: Item, status: Status, conversation: Conversation
+    ) -> list[ServerEvent]:
+        item_status: ItemStatus = "completed" if status == "completed" else "incomplete"
+        final = Item(
+            call.id,
+            "assistant",
+            "function_call",
+            call.text,
+            item_status,
+            call_id=call.call_id,
+            name=call.name,
+        )
+        self._call = final
+        conversation.replace(final)
+        item_done: dict[str, JsonValue] = {
+            "response_id": self.id,
+            "output_index": self._call_index,
+            "item": item_object(final, self._config.dialect),
+        }
+        return [
+            ServerEvent("response.output_item.done", item_done),
+            *item_done_event(final, self._call_previous_id, self._config.dialect),
+        ]
+
     def _event(self, event: Event, conversation: Conversation) -> list[ServerEvent]:
+        if event.name in CALL_EVENTS:
+            return self._call_event(event, conversation)
         # Only a transcript of the turn's input audio has a protocol event; others are internal.
         text = event.data.get("text")
         if event.name != TRANSCRIPT_EVENT or not isinstance(text, str):
@@ -170,17 +289,23 @@ class ActiveResponse:
         return [ServerEvent(name, {**fields, "usage": usage})]
 
     def finish(
-        self, status: Status, error: str | None, conversation: Conversation
+        self, status: Status, error: str | None, conversation: Conversation, *, cancelled: bool
     ) -> list[ServerEvent]:
-        """Close the open part and item (with the full text), then response.done."""
-        if self.cancel_requested:
+        """Close the open part and item (with the full text), then response.done.
+
+        ``cancelled``: the client cancelled it (the session's state says so); the
+        status is then "cancelled" whatever ``status`` is."""
+        if cancelled:
             status = "cancelled"
         events: list[ServerEvent] = []
         output: tuple[JsonValue, ...] = ()
         if self._item is not None:
             events, final = self._close(self._item, status, conversation)
             output = (item_object(final, self._config.dialect),)
-        details = self._status_details(status, error)
+        if self._call is not None:
+            events += self._close_call(self._call, status, conversation)
+            output += (item_object(self._call, self._config.dialect),)
+        details = self._status_details(status, error, cancelled)
         done = self._object(status, status_details=details, output=output, usage=self._usage())
         return [*events, ServerEvent("response.done", {"response": done})]
 
@@ -190,7 +315,10 @@ class ActiveResponse:
         dialect = self._config.dialect
         text = "".join(self._text)
         item_status: ItemStatus = "completed" if status == "completed" else "incomplete"
-        final = Item(item.id, "assistant", item.kind, text, status=item_status)
+        audio_ms = self.audio_ms
+        if self._played_ms is not None:
+            text, audio_ms = played_text(text, audio_ms, self._played_ms), self._played_ms
+        final = Item(item.id, "assistant", item.kind, text, item_status, audio_ms)
         conversation.replace(final)
         where = self._where(item)
         if self._with_audio:
@@ -214,11 +342,13 @@ class ActiveResponse:
         ]
         return events, final
 
-    def _status_details(self, status: Status, error: str | None) -> dict[str, JsonValue] | None:
+    def _status_details(
+        self, status: Status, error: str | None, cancelled: bool
+    ) -> dict[str, JsonValue] | None:
         if status == "completed":
             return None
         details: dict[str, JsonValue] = {"type": status}
-        if status == "cancelled" and self.cancel_requested:
+        if status == "cancelled" and cancelled:
             details["reason"] = "client_cancelled"
         if status == "failed":
             message = safe_text(error) if error else "the pipeline failed the response"

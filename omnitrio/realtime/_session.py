@@ -16,7 +16,10 @@ conversation, the settings, and one response state::
                                 v
                             CANCELLING --finish()--> IDLE
 
-``_TRANSITIONS`` below is that diagram as data. Everything else the client may
+``_TRANSITIONS`` below is that diagram as data, and the only authority: the
+state is changed in one place, ``_move``, which follows it (the response objects
+of _response.py only shape events; they hold no state of the machine). Everything
+else the client may
 send in any OPEN state: session.update (applies to the next response),
 input_audio_buffer.append / commit / clear, conversation.item.create.
 
@@ -39,13 +42,14 @@ or ``receive`` while NEW, is the server's bug: ``LocalProtocolError``.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from .._items import AudioInput, JsonValue, Request, VisibleItem
 from ._config import SessionConfig
-from ._conversation import Conversation, Item
+from ._conversation import Conversation, Item, played_text
 from ._encode import decode_frame, encode_event
 from ._errors import ClientEventError, LocalProtocolError, quote
 from ._events import (
@@ -54,6 +58,8 @@ from ._events import (
     AudioCommit,
     ClientEvent,
     ItemCreate,
+    ItemDelete,
+    ItemTruncate,
     ResponseCancel,
     ResponseCreate,
     SessionUpdate,
@@ -125,6 +131,7 @@ class RealtimeSession:
         self._buffer = bytearray()
         self._committed: list[tuple[str, bytes]] = []  # (user audio item id, PCM16)
         self._response: ActiveResponse | None = None
+        self._state: ResponseState = "IDLE"  # changed only by _move
         self._num_responses = 0
         self._num_errors = 0
         self._listener = Listener()
@@ -139,10 +146,13 @@ class RealtimeSession:
         """The turn detector generation ListenAudio goes to (None: turn detection is off)."""
         return None if self._settings.turn_detection is None else self._listener.generation
 
-    def _response_state(self) -> ResponseState:
-        if self._response is None:
-            return "IDLE"
-        return "CANCELLING" if self._response.cancel_requested else "ACTIVE"
+    def _move(self, trigger: str) -> ResponseState:
+        """Take ``trigger`` in the current state (the one place the state changes)."""
+        after = self._transition(trigger)
+        if after is None:
+            raise LocalProtocolError(f"{trigger} is not allowed in state {self._state}")
+        self._state = after
+        return after
 
     def start(self) -> list[ServerEvent]:
         """Open the session: [session.created]. Call once, before anything else."""
@@ -178,8 +188,8 @@ class RealtimeSession:
         Events other than a ``transcript`` (see docs/protocol.md).
         """
         response = self._require_response(response_id, "output")
-        if response.cancel_requested:
-            return []
+        if self._move("output") == "CANCELLING":
+            return []  # the client asked for no more deltas
         return response.output(item, self._conversation)
 
     def finish(
@@ -194,9 +204,11 @@ class RealtimeSession:
         if status not in STATUSES:
             raise LocalProtocolError(f"finish() status must be one of {STATUSES}, not {status!r}")
         response = self._require_response(response_id, "finish")
+        cancelled = self._state == "CANCELLING"
+        self._move("finish")
         self._response = None
         events: list[ServerEvent | StartResponse] = []
-        events += response.finish(status, error, self._conversation)
+        events += response.finish(status, error, self._conversation, cancelled=cancelled)
         if self._listener.response_pending:
             self._listener.response_pending = False
             events += self._auto_response()
@@ -225,8 +237,8 @@ class RealtimeSession:
             ServerEvent("input_audio_buffer.speech_started", fields)
         ]
         response = self._response
-        if detection.interrupt_response and response and not response.cancel_requested:
-            response.cancel_requested = True
+        if detection.interrupt_response and response and self._state == "ACTIVE":
+            self._move("response.cancel")
             events.append(CancelResponse(response.id))
         return events
 
@@ -302,7 +314,7 @@ class RealtimeSession:
             num_items=len(self._conversation),
             num_responses=self._num_responses,
             num_errors=self._num_errors,
-            response_state=self._response_state(),
+            response_state=self._state,
             active_response_id=self.active_response_id,
         )
 
@@ -334,13 +346,92 @@ class RealtimeSession:
                 self._buffer.clear()
                 return [ServerEvent("input_audio_buffer.cleared")]
             case ItemCreate():
-                item = Item(event.item_id or new_id("item"), event.role, "text", event.text)
-                previous = self._conversation.add(item, event.previous_item_id)
-                return list(item_events(item, previous, self.config.dialect))
+                return self._create_item(event)
+            case ItemTruncate(item_id, played_ms):
+                return self._truncate(item_id, played_ms)
+            case ItemDelete(item_id):
+                return self._delete(item_id)
             case ResponseCreate():
                 return self._create_response(event)
             case ResponseCancel(response_id):
                 return self._cancel(response_id)
+
+    def _create_item(self, event: ItemCreate) -> list[Output]:
+        if event.kind == "function_call_output" and (
+            event.call_id is None or self._conversation.call(event.call_id) is None
+        ):
+            raise ClientEventError(
+                "invalid_value",
+                f"item.call_id {quote(event.call_id or '')} names no function_call item of the "
+                "conversation; send the output of a call the model made",
+                param="item.call_id",
+            )
+        if event.kind == "function_call":
+            try:
+                json.loads(event.text)
+            except ValueError:
+                raise ClientEventError(
+                    "invalid_value",
+                    "item.arguments must be JSON text (the call's arguments object)",
+                    param="item.arguments",
+                ) from None
+        item_id = event.item_id or new_id("item")
+        item = Item(
+            item_id, event.role, event.kind, event.text, call_id=event.call_id, name=event.name
+        )
+        previous = self._conversation.add(item, event.previous_item_id)
+        return list(item_events(item, previous, self.config.dialect))
+
+    def _truncate(self, item_id: str, played_ms: int) -> list[Output]:
+        """Cut an assistant audio item's transcript to the audio the client played."""
+        response = self._response
+        writing = response is not None and response.item_id == item_id
+        item = self._conversation.get(item_id)
+        if item is None:
+            raise ClientEventError(
+                "item_not_found",
+                f"item_id {quote(item_id)} names no item of the conversation",
+                param="item_id",
+            )
+        if item.role != "assistant" or item.kind != "audio":
+            raise ClientEventError(
+                "invalid_value",
+                f"item {quote(item_id)} is a {item.role} {item.kind} item; only an "
+                "assistant's audio can be truncated",
+                param="item_id",
+            )
+        audio_ms = response.audio_ms if response is not None and writing else item.audio_ms
+        if played_ms > audio_ms:
+            raise ClientEventError(
+                "invalid_value",
+                f"audio_end_ms {played_ms} is past the end of the item's audio ({audio_ms} ms)",
+                param="audio_end_ms",
+            )
+        if response is not None and writing:
+            response.truncate(played_ms)  # the transcript is cut when the response closes
+        else:
+            text = played_text(item.text or "", item.audio_ms, played_ms)
+            cut = Item(item.id, item.role, item.kind, text, item.status, played_ms)
+            self._conversation.replace(cut)
+        fields: dict[str, JsonValue] = {
+            "item_id": item_id,
+            "content_index": 0,
+            "audio_end_ms": played_ms,
+        }
+        return [ServerEvent("conversation.item.truncated", fields)]
+
+    def _delete(self, item_id: str) -> list[Output]:
+        response = self._response
+        if response is not None and response.item_id == item_id:
+            raise ClientEventError(
+                "item_in_progress",
+                f"item {quote(item_id)} is being written by response {response.id}; "
+                "cancel it and wait for its response.done first",
+                param="item_id",
+            )
+        self._conversation.remove(item_id)
+        self._committed = [(i, pcm16) for i, pcm16 in self._committed if i != item_id]
+        return [ServerEvent("conversation.item.deleted", {"item_id": item_id})]
 
     def _append(self, pcm16: bytes) -> list[Output]:
         held = len(self._buffer) + sum(len(audio) for _, audio in self._committed)
@@ -385,14 +476,14 @@ class RealtimeSession:
         return [committed, *item_events(item, previous, self.config.dialect)]
 
     def _transition(self, trigger: str) -> ResponseState | None:
-        return _TRANSITIONS.get((self._response_state(), trigger))
+        return _TRANSITIONS.get((self._state, trigger))
 
     def _create_response(self, event: ResponseCreate) -> list[Output]:
         self._conversation.check_room_for_response()
         if self._transition("response.create") is None:
             advice = (
                 "is being cancelled; wait for its response.done"
-                if self._response_state() == "CANCELLING"
+                if self._state == "CANCELLING"
                 else "is still active; wait for its response.done or send response.cancel"
             )
             raise ClientEventError(
@@ -416,6 +507,7 @@ class RealtimeSession:
             audio_item_id=self._committed[-1][0] if self._committed else None,
         )
         self._committed.clear()
+        self._move("response.create")
         self._response = response
         self._num_responses += 1
         return [response.created_event(), StartResponse(response.id, request)]
@@ -432,7 +524,8 @@ class RealtimeSession:
                 f"response {quote(response_id)} is not the active response ({response.id})",
                 param="response_id",
             )
-        if response.cancel_requested:
-            return []  # already CANCELLING
-        response.cancel_requested = True
+        if self._state == "CANCELLING":
+            self._move("response.cancel")
+            return []  # already under way
+        self._move("response.cancel")
         return [CancelResponse(response.id)]

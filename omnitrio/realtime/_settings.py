@@ -5,19 +5,21 @@ under ``audio.input`` / ``audio.output``; beta has flat ``modalities``,
 ``voice``, ``input_audio_format`` ...), so each dialect has its parser and its
 rendering. Both produce and read the same ``Settings``.
 
-Parameters the SDK knows but omnitrio cannot honour (tools, transcription,
-other audio formats) are refused with ``unsupported_parameter`` unless their
-value asks for nothing (``tools: []``). ``turn_detection`` (server VAD) is
+Function tools (``tools``, ``tool_choice``) reach the LLM stage as request
+options (see stages/llm.py). Parameters the SDK knows but omnitrio cannot honour
+(transcription, other audio formats) are refused with ``unsupported_parameter``
+unless their value asks for nothing (``include: []``). ``turn_detection`` (server VAD) is
 honoured when the pipeline has a turn detector (see _turns.py).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from .._items import Scalar
+from .._items import JsonValue, Scalar
 from ._config import SessionConfig
 from ._errors import ClientEventError, quote
 from ._fields import Fields, check_text
@@ -42,13 +44,11 @@ def _is_one(value: object) -> bool:
 
 # Parameters accepted only with a value that asks for nothing: (accepts, why not).
 _IGNORABLE: Mapping[str, tuple[Callable[[object], bool], str]] = {
-    "tools": (_empty_list, "tools (function calling) are not available; send []"),
-    "tool_choice": (lambda v: v in ("auto", "none"), "there are no tools; send auto or none"),
     "tracing": (_never, "tracing is not available; send null"),
     "include": (_empty_list, "transcription logprobs are not available; send []"),
     "prompt": (_never, "prompt templates are not available; send instructions"),
     "reasoning": (_never, "reasoning settings are not available"),
-    "parallel_tool_calls": (lambda v: isinstance(v, bool), "there are no tools"),
+    "parallel_tool_calls": (lambda v: isinstance(v, bool), "a response makes one call at most"),
     "truncation": (lambda v: v in ("auto", "disabled"), "omnitrio never truncates"),
     "speed": (_is_one, "the speech speed is fixed at 1.0"),
     "noise_reduction": (_never, "input noise reduction is not available; send null"),
@@ -66,6 +66,25 @@ def _ignorable(fields: Fields, *keys: str) -> None:
         fields.unsupported_unless(key, accepts, why)
 
 
+ToolMode = Literal["auto", "none", "required"]
+TOOL_MODES: tuple[ToolMode, ...] = ("auto", "none", "required")
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    """A function the model may call: ``parameters`` is its arguments' JSON schema (as JSON)."""
+
+    name: str
+    description: str
+    parameters: str
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: ToolMode = "auto"
+    name: str | None = None  # a named function (mode "required")
+
+
 @dataclass(frozen=True)
 class SettingsPatch:
     """What one session.update or response.create changes; ``None`` leaves a setting."""
@@ -76,6 +95,8 @@ class SettingsPatch:
     temperature: float | None = None
     max_output_tokens: int | Literal["inf"] | None = None
     turn_detection: TurnDetectionPatch = None
+    tools: tuple[FunctionTool, ...] | None = None
+    tool_choice: ToolChoice | None = None
 
 
 @dataclass(frozen=True)
@@ -88,10 +109,30 @@ class Settings:
     temperature: float | None = None  # None: the pipeline's default
     max_output_tokens: int | None = None  # None: no limit ("inf" on the wire)
     turn_detection: TurnDetection | None = None  # None: the client commits
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = ToolChoice()
 
     def apply(self, patch: SettingsPatch) -> Settings:
+        """These settings changed by ``patch``; ``ClientEventError`` if the result asks
+        for a function that is not among the tools."""
         limit = patch.max_output_tokens
+        tools = self.tools if patch.tools is None else patch.tools
+        choice = self.tool_choice if patch.tool_choice is None else patch.tool_choice
+        if choice.name is not None and choice.name not in {t.name for t in tools}:
+            raise ClientEventError(
+                "invalid_value",
+                f"tool_choice names function {quote(choice.name)}, which is not among the tools",
+                param="tool_choice",
+            )
+        if choice.mode == "required" and not tools:
+            raise ClientEventError(
+                "invalid_value",
+                "tool_choice requires a call, but there are no tools",
+                param="tool_choice",
+            )
         return Settings(
+            tools=tools,
+            tool_choice=choice,
             output_modalities=patch.output_modalities or self.output_modalities,
             instructions=self.instructions if patch.instructions is None else patch.instructions,
             voice=patch.voice or self.voice,
@@ -118,8 +159,38 @@ class Settings:
         if self.temperature is not None:
             options["temperature"] = self.temperature
         if self.max_output_tokens is not None:
-            options["max_output_tokens"] = self.max_output_tokens
+            options["max_tokens"] = self.max_output_tokens
+        if self.tools:
+            described = [
+                {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": json.loads(t.parameters),
+                }
+                for t in self.tools
+            ]
+            options["tools"] = json.dumps(described)
+            options["tool_choice"] = self.tool_choice.mode
+            if self.tool_choice.name is not None:
+                options["tool_name"] = self.tool_choice.name
         return options
+
+    def tools_shape(self) -> tuple[JsonValue, ...]:
+        """The tools as session objects show them."""
+        return tuple(
+            {
+                "type": "function",
+                "name": t.name,
+                "description": t.description,
+                "parameters": json.loads(t.parameters),
+            }
+            for t in self.tools
+        )
+
+    def tool_choice_shape(self) -> JsonValue:
+        if self.tool_choice.name is not None:
+            return {"type": "function", "name": self.tool_choice.name}
+        return self.tool_choice.mode
 
 
 def default_settings(config: SessionConfig) -> Settings:
@@ -246,8 +317,10 @@ def parse_session(fields: Fields, config: SessionConfig) -> SettingsPatch:
         temperature=_temperature(fields),
         max_output_tokens=_max_tokens(fields, "max_output_tokens"),
         turn_detection=turn_detection,
+        tools=_tools(fields),
+        tool_choice=_tool_choice(fields),
     )
-    _ignorable(fields, "tools", "tool_choice", "tracing", "include", "prompt", "reasoning")
+    _ignorable(fields, "tracing", "include", "prompt", "reasoning")
     _ignorable(fields, "parallel_tool_calls", "truncation")
     return patch
 
@@ -257,7 +330,7 @@ def _parse_beta_session(fields: Fields, config: SessionConfig) -> SettingsPatch:
     _beta_format(fields, "input_audio_format")
     _beta_format(fields, "output_audio_format")
     turn_detection = parse_turn_detection(fields, "turn_detection", config.server_vad)
-    _ignorable(fields, "tools", "tool_choice", "tracing", "speed")
+    _ignorable(fields, "tracing", "speed")
     _ignorable(fields, "input_audio_transcription", "input_audio_noise_reduction")
     return SettingsPatch(
         output_modalities=_modalities(fields, "modalities"),
@@ -266,12 +339,15 @@ def _parse_beta_session(fields: Fields, config: SessionConfig) -> SettingsPatch:
         temperature=_temperature(fields),
         max_output_tokens=_max_tokens(fields, "max_response_output_tokens"),
         turn_detection=turn_detection,
+        tools=_tools(fields),
+        tool_choice=_tool_choice(fields),
     )
 
 
 def parse_response_params(fields: Fields, config: SessionConfig) -> SettingsPatch:
     """The ``response`` object of a response.create, in the session's dialect."""
-    _ignorable(fields, "tools", "tool_choice", "conversation", "input")
+    _ignorable(fields, "conversation", "input")
+    tools, tool_choice = _tools(fields), _tool_choice(fields)
     if config.dialect == "beta":
         _beta_format(fields, "output_audio_format")
         return SettingsPatch(
@@ -280,6 +356,8 @@ def parse_response_params(fields: Fields, config: SessionConfig) -> SettingsPatc
             voice=_voice(fields, "voice", allow_id=False),
             temperature=_temperature(fields),
             max_output_tokens=_max_tokens(fields, "max_response_output_tokens"),
+            tools=tools,
+            tool_choice=tool_choice,
         )
     _ignorable(fields, "prompt", "reasoning", "parallel_tool_calls")
     voice = None
@@ -297,7 +375,55 @@ def parse_response_params(fields: Fields, config: SessionConfig) -> SettingsPatc
         voice=voice,
         temperature=_temperature(fields),
         max_output_tokens=_max_tokens(fields, "max_output_tokens"),
+        tools=tools,
+        tool_choice=tool_choice,
     )
+
+
+def _tools(fields: Fields) -> tuple[FunctionTool, ...] | None:
+    """``tools``: function tools, each with a JSON-schema object as ``parameters``."""
+    listed = fields.optional_array("tools")
+    if listed is None:
+        return None
+    tools = []
+    for index, value in enumerate(listed):
+        tool = Fields(value, f"{fields.param('tools')}[{index}]")
+        tool.choice("type", ("function",))
+        name = tool.required_str("name")
+        description = tool.optional_str("description") or ""
+        parameters = tool.raw("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise ClientEventError(
+                "invalid_type",
+                f"{tool.param('parameters')} must be a JSON schema object",
+                param=tool.param("parameters"),
+            )
+        tool.done()
+        tools.append(FunctionTool(name, description, json.dumps(parameters)))
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise ClientEventError(
+            "invalid_value", "tools has two functions of one name", param=fields.param("tools")
+        )
+    return tuple(tools)
+
+
+def _tool_choice(fields: Fields) -> ToolChoice | None:
+    """``tool_choice``: auto, none, required, or ``{"type": "function", "name": ...}``."""
+    raw = fields.raw("tool_choice")
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        mode = fields.choice("tool_choice", TOOL_MODES)
+        assert mode is not None
+        return ToolChoice(mode)  # type: ignore[arg-type]
+    named = Fields(raw, fields.param("tool_choice"))
+    named.choice("type", ("function",))
+    name = named.required_str("name")
+    named.done()
+    return ToolChoice("required", name)
 
 
 def parse_metadata(fields: Fields) -> tuple[tuple[str, str], ...]:

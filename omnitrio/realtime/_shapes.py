@@ -18,6 +18,17 @@ from ._settings import Settings
 
 def item_object(item: Item, dialect: Dialect) -> dict[str, JsonValue]:
     """A conversation item as conversation.item.* and response.output_item.* carry it."""
+    if item.kind in ("function_call", "function_call_output"):
+        call: dict[str, JsonValue] = {
+            "id": item.id,
+            "object": "realtime.item",
+            "type": item.kind,
+            "status": item.status,
+            "call_id": item.call_id,
+        }
+        if item.kind == "function_call":
+            return {**call, "name": item.name, "arguments": item.text or ""}
+        return {**call, "output": item.text or ""}
     content: tuple[JsonValue, ...] = ()
     if item.status != "in_progress":
         content = (_content_part(item, dialect),)
@@ -97,8 +108,8 @@ def session_object(settings: Settings, config: SessionConfig) -> dict[str, JsonV
             "output_audio_format": "pcm16",
             "input_audio_transcription": None,
             "turn_detection": turn_detection,
-            "tools": (),
-            "tool_choice": "auto",
+            "tools": settings.tools_shape(),
+            "tool_choice": settings.tool_choice_shape(),
             "temperature": settings.temperature,
             "max_response_output_tokens": limit,
         }
@@ -123,8 +134,8 @@ def session_object(settings: Settings, config: SessionConfig) -> dict[str, JsonV
                 "speed": 1.0,
             },
         },
-        "tools": (),
-        "tool_choice": "auto",
+        "tools": settings.tools_shape(),
+        "tool_choice": settings.tool_choice_shape(),
         "tracing": None,
     }
 

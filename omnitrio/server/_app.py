@@ -10,11 +10,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from quart import Response, request, send_from_directory, websocket
 from quart_trio import QuartTrio
 
-from ..realtime import RealtimeSession
+from ..realtime import RealtimeSession, select_subprotocol
 from ._guard import host_ok, key_ok, origin_ok
 from ._openai_http import chat_completions, error_response, speech
-from ._realtime import CLOSE_TRY_AGAIN_LATER, RealtimeConnection, pick_subprotocol, session_config
+from ._realtime import CLOSE_TRY_AGAIN_LATER, RealtimeConnection, session_config
 from ._state import ServerState
+from ._transcriptions import transcriptions
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,10 @@ def create_app(state: ServerState) -> QuartTrio:
     async def audio_speech() -> Response:
         return await speech(state, await _body())
 
+    @app.post("/v1/audio/transcriptions")
+    async def audio_transcriptions() -> Response:
+        return await transcriptions(state, await request.form, await request.files)
+
     @app.get("/")
     async def index() -> Response:
         return await send_from_directory(settings.web_dir, "index.html")
@@ -85,7 +90,7 @@ def create_app(state: ServerState) -> QuartTrio:
             return error_response(403, "cross-origin WebSocket refused", "forbidden_origin")
         if not key_ok(settings, headers, offered):
             return error_response(401, "invalid or missing API key", "invalid_api_key")
-        subprotocol, framing = pick_subprotocol(offered)
+        framing, subprotocol = select_subprotocol(offered)  # the client's order decides
         beta = "realtime=v1" in headers.get("OpenAI-Beta", "")
         try:
             await websocket.accept(subprotocol=subprotocol)

@@ -1,5 +1,10 @@
 """OpenAI-compatible HTTP endpoints: chat completions (streaming and not) and speech.
 
+Chat completions take ``tools`` and ``tool_choice`` (see _tools.py), honour
+``max_tokens`` / ``max_completion_tokens`` (``finish_reason`` "length" when the
+answer was cut there) and report the LLM's token counts in ``usage`` (streamed
+too with ``stream_options.include_usage``).
+
 Request bodies are validated with pydantic; a bad body is a 400 with an OpenAI-style
 error object naming the field. Every response is one pipeline stream; overload is
 an immediate 503 with Retry-After.
@@ -11,7 +16,7 @@ import base64
 import binascii
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
 from typing import Any, Literal
 
@@ -19,10 +24,20 @@ import pydantic
 from quart import Response
 
 from .._errors import OmnitrioError, Overloaded, PipelineClosed
-from .._items import AudioChunk, AudioInput, Request, TextDelta
+from .._items import AudioChunk, AudioInput, Event, Request, TextDelta
+from ..realtime import new_id
 from ._audio import checked_input_audio, resample_pcm16, wav_bytes, wav_header
 from ._settings import ServerSettings
-from ._state import ResponseLog, ServerState, new_id
+from ._state import ResponseLog, ServerState
+from ._tools import (
+    ChatTool,
+    ToolCall,
+    ToolChoice,
+    arguments_json,
+    call_line,
+    is_tool_event,
+    tool_options,
+)
 
 
 class _Lenient(pydantic.BaseModel):
@@ -30,8 +45,14 @@ class _Lenient(pydantic.BaseModel):
 
 
 class _Message(_Lenient):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class _StreamOptions(_Lenient):
+    include_usage: bool = False
 
 
 class _AudioParams(_Lenient):
@@ -50,6 +71,9 @@ class ChatRequest(_Lenient):
     temperature: float | None = pydantic.Field(default=None, ge=0, le=2)
     top_p: float | None = pydantic.Field(default=None, gt=0, le=1)
     seed: int | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None
+    stream_options: _StreamOptions | None = None
 
 
 class SpeechRequest(_Lenient):
@@ -120,7 +144,23 @@ def _request_of(chat: ChatRequest, settings: ServerSettings) -> Request:
                 else:
                     raise _BadContent(where, f"content type {part.get('type')!r} is not supported")
             content = " ".join(texts)
-        lines.append(f"{message.role}: {content or ''}")
+        role = "system" if message.role == "developer" else message.role
+        if message.role == "tool" and message.tool_call_id is None:
+            raise _BadContent(f"messages.{index}.tool_call_id", "a tool message needs one")
+        for call_index, call in enumerate(message.tool_calls or ()):
+            where = f"messages.{index}.tool_calls.{call_index}.function.arguments"
+            try:
+                arguments = arguments_json(call.function.arguments, where)
+            except ValueError as exc:
+                raise _BadContent(where, str(exc).partition(": ")[2]) from None
+            content = f"{content or ''}{call_line(call.function.name, arguments)}"
+        lines.append(f"{role}: {content or ''}")
+    try:
+        tools = tool_options(
+            [t.function for t in chat.tools or ()], chat.tool_choice, "tool_choice"
+        )
+    except ValueError as exc:
+        raise _BadContent("tool_choice", str(exc).partition(": ")[2]) from None
     max_tokens = chat.max_completion_tokens or chat.max_tokens
     options: dict[str, str | int | float | bool | None] = {
         "modalities": ",".join(chat.modalities),
@@ -129,6 +169,7 @@ def _request_of(chat: ChatRequest, settings: ServerSettings) -> Request:
         "temperature": chat.temperature,
         "top_p": chat.top_p,
         "seed": chat.seed,
+        **tools,
     }
     return Request(
         text="\n".join(lines),
@@ -166,10 +207,10 @@ async def chat_completions(state: ServerState, raw: bytes) -> Response:
         return error_response(400, str(exc), "unsupported_content", exc.where)
     completion = _Completion(state, parsed)
 
-    async def items() -> AsyncGenerator[AudioChunk | TextDelta]:
+    async def items() -> AsyncGenerator[AudioChunk | TextDelta | Event]:
         async with state.pipeline.open_stream(request) as stream:
             async for item in stream:
-                if isinstance(item, AudioChunk | TextDelta):
+                if isinstance(item, AudioChunk | TextDelta) or is_tool_event(item):
                     yield item
 
     if parsed.stream:
@@ -187,30 +228,92 @@ class _Completion:
         self.audio = "audio" in chat.modalities
         self.rate_hz = state.settings.output_sample_rate_hz
         self.log = ResponseLog(state, "chat.completion", self.id)
+        self.calls: dict[str, dict[str, Any]] = {}  # call id -> the call, in order
+        self.num_deltas = 0
+        self.finish: Mapping[str, object] = {}  # the LLM's llm.finish event, if any
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return self._data({"choices": [choice]})
+
+    def _data(self, fields: dict[str, Any]) -> bytes:
         body = {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.state.model_name,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            **fields,
         }
         return f"data: {json.dumps(body)}\n\n".encode()
 
-    async def sse(self, items: AsyncGenerator[AudioChunk | TextDelta]) -> AsyncIterator[bytes]:
+    def finish_reason(self) -> str:
+        reason = self.finish.get("finish_reason")
+        return reason if isinstance(reason, str) else "tool_calls" if self.calls else "stop"
+
+    def usage(self) -> dict[str, int]:
+        prompt = self.finish.get("prompt_tokens")
+        completion = self.finish.get("completion_tokens")
+        prompt_tokens = prompt if isinstance(prompt, int) else 0
+        completion_tokens = completion if isinstance(completion, int) else self.num_deltas
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+
+    def _call_delta(self, event: Event) -> dict[str, Any] | None:
+        """The ``tool_calls`` delta for one tool-call event (None: nothing to send)."""
+        call_id = str(event.data.get("call_id"))
+        if event.name == "tool_call":
+            name = str(event.data.get("name"))
+            self.calls[call_id] = {"id": call_id, "name": name, "arguments": ""}
+            index = len(self.calls) - 1
+            function = {"name": name, "arguments": ""}
+            return {"index": index, "id": call_id, "type": "function", "function": function}
+        call = self.calls.get(call_id)
+        if call is None:
+            return None
+        if event.name == "tool_call.arguments":
+            delta = str(event.data.get("delta", ""))
+            call["arguments"] += delta
+            index = list(self.calls).index(call_id)
+            return {"index": index, "function": {"arguments": delta}}
+        if event.name == "tool_call.done":
+            call["arguments"] = str(event.data.get("arguments", call["arguments"]))
+        return None
+
+    def _take(self, item: AudioChunk | TextDelta | Event) -> bytes | None:
+        """One pipeline item into the completion; the chunk to stream, if any."""
+        if isinstance(item, Event):
+            if item.name == "llm.finish":
+                self.finish = item.data
+                return None
+            delta = self._call_delta(item)
+            return None if delta is None else self._chunk({"tool_calls": [delta]})
+        if isinstance(item, TextDelta):
+            self.num_deltas += 1
+        return self._delta(item)
+
+    async def sse(
+        self, items: AsyncGenerator[AudioChunk | TextDelta | Event]
+    ) -> AsyncIterator[bytes]:
         yield self._chunk({"role": "assistant", "content": "" if not self.audio else None})
         try:
             async with aclosing(items):  # the pipeline stream closes with the response
                 async for item in items:
-                    yield self._delta(item)
+                    chunk = self._take(item)
+                    if chunk is not None:
+                        yield chunk
         except OmnitrioError as exc:
             self.log.done("failed")
             error = {"error": {"message": str(exc), "type": "server_error"}}
             yield f"data: {json.dumps(error)}\n\n".encode()
             return
         self.log.done("completed")
-        yield self._chunk({}, finish="stop")
+        yield self._chunk({}, finish=self.finish_reason())
+        options = self.chat.stream_options
+        if options is not None and options.include_usage:
+            yield self._data({"choices": [], "usage": self.usage()})
         yield b"data: [DONE]\n\n"
 
     def _delta(self, item: AudioChunk | TextDelta) -> bytes:
@@ -222,13 +325,16 @@ class _Completion:
         pcm = resample_pcm16(item.pcm16, item.sample_rate_hz, self.rate_hz)
         return self._chunk({"audio": {"id": self.audio_id, "data": base64.b64encode(pcm).decode()}})
 
-    async def whole(self, items: AsyncGenerator[AudioChunk | TextDelta]) -> Response:
+    async def whole(self, items: AsyncGenerator[AudioChunk | TextDelta | Event]) -> Response:
         text: list[str] = []
         pcm = bytearray()
         try:
             async with aclosing(items):
                 async for item in items:
-                    if isinstance(item, TextDelta):
+                    if isinstance(item, Event):
+                        self._take(item)
+                    elif isinstance(item, TextDelta):
+                        self.num_deltas += 1
                         text.append(item.text)
                     else:
                         self.log.audio()
@@ -239,8 +345,17 @@ class _Completion:
         self.log.done("completed")
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": None if self.audio else "".join(text),
+            "content": None if self.audio or (self.calls and not text) else "".join(text),
         }
+        if self.calls:
+            message["tool_calls"] = [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": call["arguments"]},
+                }
+                for call in self.calls.values()
+            ]
         if self.audio:
             assert self.chat.audio is not None
             audio = (
@@ -254,17 +369,14 @@ class _Completion:
                 "transcript": "".join(text),
                 "expires_at": self.created + 3600,
             }
+        choice = {"index": 0, "message": message, "finish_reason": self.finish_reason()}
         body = {
             "id": self.id,
             "object": "chat.completion",
             "created": self.created,
             "model": self.state.model_name,
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            "usage": {
-                "prompt_tokens": 0,
-                "completion_tokens": len(text),
-                "total_tokens": len(text),
-            },
+            "choices": [choice],
+            "usage": self.usage(),
         }
         return Response(json.dumps(body), mimetype="application/json")
 

@@ -24,23 +24,21 @@ from .._items import AudioChunk
 from .._stream import Stream
 from ..realtime import (
     CancelResponse,
+    Framing,
     ListenAudio,
+    Output,
     RealtimeSession,
     ServerEvent,
     SessionConfig,
     StartResponse,
+    new_id,
 )
 from ._audio import resample_pcm16
-from ._state import ResponseLog, ServerState, new_id
+from ._state import ResponseLog, ServerState
 from ._turns import DetectorStream
-
-Output = ServerEvent | StartResponse | CancelResponse | ListenAudio
 
 logger = logging.getLogger(__name__)
 
-MSGPACK_SUBPROTOCOL = "omnitrio.msgpack.v1"
-JSON_SUBPROTOCOL = "omnitrio.json.v1"
-OPENAI_SUBPROTOCOL = "realtime"
 CLOSE_TOO_SLOW = 1008
 CLOSE_TRY_AGAIN_LATER = 1013
 
@@ -202,22 +200,12 @@ class RealtimeConnection:
             await self._ws.close(code, reason)
 
 
-def pick_subprotocol(requested: list[str]) -> tuple[str | None, str]:
-    """(subprotocol to accept, framing). Browsers insist we echo one they offered."""
-    if MSGPACK_SUBPROTOCOL in requested:
-        return MSGPACK_SUBPROTOCOL, "msgpack"
-    for name in (JSON_SUBPROTOCOL, OPENAI_SUBPROTOCOL):
-        if name in requested:
-            return name, "json"
-    return None, "json"
-
-
-def session_config(state: ServerState, framing: str, beta: bool) -> SessionConfig:
+def session_config(state: ServerState, framing: Framing, beta: bool) -> SessionConfig:
     settings = state.settings
     return SessionConfig(
         session_id=new_id("sess"),
         model=state.model_name,
-        framing="msgpack" if framing == "msgpack" else "json",
+        framing=framing,
         dialect="beta" if beta else "ga",
         output_sample_rate_hz=settings.output_sample_rate_hz,
         max_input_audio_s=settings.max_input_audio_s,

@@ -6,6 +6,9 @@ import logging
 import math
 import os
 import signal
+import socket
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from functools import partial
 
 import hypercorn.protocol
@@ -13,12 +16,14 @@ import hypercorn.protocol.h2
 import hypercorn.protocol.h11
 import hypercorn.trio.run
 import trio
-from hypercorn.config import Config
+from hypercorn.config import Config, Sockets
 from hypercorn.events import Closed, Event, RawData
-from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.trio.run import worker_serve
 from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.utils import wrap_app
 
 from .._config import PipelineConfig
+from .._listen import listen_socket
 from .._pipeline import open_pipeline
 from ._app import create_app
 from ._connections import ATTRIBUTE as CONNECTIONS_ATTRIBUTE
@@ -115,12 +120,16 @@ async def serve(
     config: PipelineConfig | str | os.PathLike[str],
     settings: ServerSettings,
     *,
+    sockets: Sequence[socket.socket] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> int | None:
     """Serve until SIGINT/SIGTERM (returned) or cancellation.
 
-    The pipeline starts first (its stages load); then the server binds and
-    ``task_status.started()`` reports its URLs (an empty list if a signal came
+    The port is bound first (a taken port is a ``BindError`` at once, before any
+    stage loads), unless the caller bound it already (``sockets``, from
+    ``bound_sockets``: the CLI binds before it even reads the config, whose stage
+    modules it imports); then the pipeline starts (its stages load), the server starts
+    accepting and ``task_status.started()`` reports its URLs (an empty list if a signal came
     first: a signal while stages load stops the loading at once). On a signal
     the server stops accepting, in-flight work gets ``grace_period_s`` to finish
     (a second signal ends it at once), then everything left — socket writes to
@@ -132,7 +141,11 @@ async def serve(
     writes = _WriteDeadlines(settings.send_timeout_s)
     states: list[ServerState] = []
     started = False
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    hyper = _hypercorn_config(settings, writes)
+    with (
+        nullcontext(sockets) if sockets is not None else bound_sockets(settings) as listening,
+        trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
+    ):
         async with trio.open_nursery() as outer:
 
             async def on_signal() -> None:
@@ -157,8 +170,9 @@ async def serve(
             async with open_pipeline(config) as pipeline:
                 state = ServerState(pipeline, settings, turns=TurnDetector.of(pipeline))
                 states.append(state)
-                hyper = _hypercorn_config(settings, writes)
-                serve_http = partial(hypercorn_serve, create_app(state), hyper)
+                app = wrap_app(create_app(state), hyper.wsgi_max_body_size, "asgi")
+                listening_sockets = Sockets([], list(listening), [])
+                serve_http = partial(worker_serve, app, hyper, sockets=listening_sockets)
                 async with trio.open_nursery() as server:  # ends before the pipeline does
                     binds = await server.start(partial(serve_http, shutdown_trigger=stop.wait))
                     task_status.started(binds)
@@ -167,6 +181,16 @@ async def serve(
     if not started:
         task_status.started([])
     return stopped_by
+
+
+@contextmanager
+def bound_sockets(settings: ServerSettings) -> Iterator[list[socket.socket]]:
+    """A socket listening on ``settings.host:port`` (for ``serve``), closed on leaving.
+
+    Raises ``BindError`` (one line naming host:port) when the address is taken."""
+    sock = listen_socket(settings.host, settings.port)
+    with sock:
+        yield [sock]
 
 
 class _WriteDeadlines:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .._pipeline import Pipeline
@@ -76,10 +75,6 @@ class ResponseLog:
         logger.info("%s %s: first audio %s, took %.0f ms", self._what, status, ttfa, total_ms)
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(8)}"
-
-
 class _TurnsCollector(Collector):
     """The turn detector's work, read at scrape time."""
 
@@ -88,11 +83,11 @@ class _TurnsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         stats = self._turns.statistics()
-        busy = GaugeMetricFamily(
+        busy = CounterMetricFamily(
             "omnitrio_turn_detector_busy_seconds", "Time the turn detector spent in steps."
         )
         busy.add_metric([], stats.busy_s)
-        steps = GaugeMetricFamily("omnitrio_turn_detector_steps", "Turn detector steps.")
+        steps = CounterMetricFamily("omnitrio_turn_detector_steps", "Turn detector steps.")
         steps.add_metric([], stats.num_steps)
         streams = GaugeMetricFamily(
             "omnitrio_turn_detector_streams", "Sessions the turn detector listens to."
@@ -119,15 +114,23 @@ class _PipelineCollector(Collector):
             ),
             "batch": ("omnitrio_stage_last_batch_size", "Streams in the stage's latest step."),
             "mean_batch": ("omnitrio_stage_mean_batch_size", "Mean streams per step."),
+            "step_time": ("omnitrio_stage_mean_step_seconds", "Mean time per step."),
+            "hung": ("omnitrio_stage_hung", "1 when a step outlived the stage's step_timeout_s."),
+        }
+        # Totals since start are counters: exported as <name>_total.
+        counters = {
             "steps": ("omnitrio_stage_steps", "Steps run by the stage."),
             "busy": (
                 "omnitrio_stage_busy_seconds",
                 "Time the stage's thread spent in stage calls.",
             ),
-            "step_time": ("omnitrio_stage_mean_step_seconds", "Mean time per step."),
-            "hung": ("omnitrio_stage_hung", "1 when a step outlived the stage's step_timeout_s."),
         }
-        families = {k: GaugeMetricFamily(n, h, labels=["stage"]) for k, (n, h) in gauges.items()}
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            k: GaugeMetricFamily(n, h, labels=["stage"]) for k, (n, h) in gauges.items()
+        }
+        families.update(
+            {k: CounterMetricFamily(n, h, labels=["stage"]) for k, (n, h) in counters.items()}
+        )
         for name, stage in stats.stages.items():
             families["queue_depth"].add_metric([name], sum(stage.queue_depth.values()))
             families["batch"].add_metric([name], stage.last_batch_size)
@@ -138,7 +141,7 @@ class _PipelineCollector(Collector):
             families["step_time"].add_metric([name], mean_step)
             families["hung"].add_metric([name], 1.0 if stage.hung else 0.0)
         yield from families.values()
-        totals = GaugeMetricFamily(
+        totals = CounterMetricFamily(
             "omnitrio_streams", "Streams by outcome since start.", labels=["outcome"]
         )
         for outcome, count in (

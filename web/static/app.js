@@ -32,10 +32,18 @@ const omnitrio = (window.omnitrio = {
   handsFree: false, // we are streaming the microphone and the server detects turns
   keepAudio: false, // tests set it: audio sent and received is kept (base64 PCM16)
   sentAudio: [], replyAudio: [], userTranscripts: [],
+  truncatedAtMs: [], // audio_end_ms of each conversation.item.truncate sent on barge-in
 });
 
+// The assistant item whose audio is playing, and how much of it was heard: on barge-in
+// the page sends conversation.item.truncate, so the conversation keeps what was heard.
+let heard = null; // {itemId, seconds}
+
 const player = createPlayer({
-  onPlayed: (seconds) => (omnitrio.audioSecondsPlayed += seconds),
+  onPlayed: (seconds) => {
+    omnitrio.audioSecondsPlayed += seconds;
+    if (heard) heard.seconds += seconds;
+  },
   onUnderrun: (total) => (omnitrio.underruns = total),
   onChange: updateStop, onError: showError,
 });
@@ -167,6 +175,23 @@ function bargeIn() {
     reply.cancelled = true;
     if (reply.id) cancelledIds.add(reply.id);
   }
+  stopPlaying();
+}
+
+// Silence the reply and tell the server how much of its audio was heard.
+function stopPlaying() {
+  if (heard && player.busy()) {
+    const audioEndMs = Math.floor(heard.seconds * 1000);
+    omnitrio.truncatedAtMs.push(audioEndMs);
+    send({
+      type: "conversation.item.truncate",
+      event_id: `evt_page_${++numSent}`,
+      item_id: heard.itemId,
+      content_index: 0,
+      audio_end_ms: audioEndMs,
+    });
+  }
+  heard = null;
   player.stop();
   updateStop();
 }
@@ -244,6 +269,10 @@ const handlers = {
     player.end(); // a short last burst below the jitter threshold plays out now
     if (reply && (reply.id === id || reply.id === null)) endReply();
   },
+  "response.output_item.added": (e) => {
+    if (cancelledIds.has(e.response_id) || !e.item?.id) return;
+    heard = { itemId: e.item.id, seconds: 0 };
+  },
   "response.output_audio.done": () => player.end(),
   "response.audio.done": () => player.end(),
   // The GA names, and the older beta names some servers still send.
@@ -263,8 +292,7 @@ const handlers = {
       reply.cancelled = true;
       if (reply.id) cancelledIds.add(reply.id);
     }
-    player.stop();
-    updateStop();
+    stopPlaying();
   },
   // ... and stop: it commits the turn and answers; first audio is timed from here.
   "input_audio_buffer.speech_stopped": () => (turnStartedAt = performance.now()),

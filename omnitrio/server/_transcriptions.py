@@ -1,0 +1,92 @@
+"""``POST /v1/audio/transcriptions``: the pipeline's ASR stage behind OpenAI's endpoint.
+
+The upload (multipart, field ``file``) is decoded with PyAV (FFmpeg: WAV, MP3, FLAC,
+OGG/Opus, M4A, WebM ...) to mono PCM16 and sent down the pipeline as one stream
+with option ``task: transcribe``: the ASR stage's ``transcript`` event is the
+answer, and the stages after it do nothing for that stream (stages/asr.py,
+stages/llm.py). ``response_format`` is ``json`` (the default), ``text`` or
+``verbose_json``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+from quart import Response
+
+from .._errors import OmnitrioError
+from .._items import AudioInput, Event, Request
+from ..realtime import new_id
+from ._openai_http import _refusal, error_response
+from ._state import ResponseLog, ServerState
+
+DECODE_RATE_HZ = 16000
+FORMATS = ("json", "text", "verbose_json")
+
+
+class UndecodableAudio(ValueError):
+    """The upload is not audio FFmpeg can read."""
+
+
+def decode_audio(data: bytes, rate_hz: int = DECODE_RATE_HZ) -> bytes:
+    """Any audio file FFmpeg reads, as mono PCM16 at ``rate_hz``."""
+    import av  # installed with faster-whisper (the voice extra)
+
+    pcm = bytearray()
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            if not container.streams.audio:
+                raise UndecodableAudio("the file has no audio stream")
+            resampler = av.AudioResampler(format="s16", layout="mono", rate=rate_hz)
+            for frame in container.decode(container.streams.audio[0]):
+                for out in resampler.resample(frame):
+                    pcm += out.to_ndarray().tobytes()
+            for out in resampler.resample(None):
+                pcm += out.to_ndarray().tobytes()
+    except (av.FFmpegError, ValueError) as exc:  # FFmpegError: not audio at all
+        raise UndecodableAudio(f"cannot decode the file as audio ({exc})") from None
+    if not pcm:
+        raise UndecodableAudio("the file holds no audio samples")
+    return bytes(pcm)
+
+
+async def transcriptions(state: ServerState, form: Any, files: Any) -> Response:
+    upload = files.get("file")
+    if upload is None:
+        return error_response(
+            400, "file: required (the audio to transcribe)", "invalid_request", "file"
+        )
+    response_format = form.get("response_format", "json")
+    if response_format not in FORMATS:
+        message = f"response_format: must be one of {', '.join(FORMATS)}, not {response_format!r}"
+        return error_response(400, message, "invalid_request", "response_format")
+    try:
+        pcm16 = decode_audio(upload.read())
+    except UndecodableAudio as exc:
+        return error_response(400, f"file: {exc}", "invalid_audio", "file")
+    refusal = _refusal(state)
+    if refusal is not None:
+        return refusal
+    request = Request(audio=AudioInput(pcm16, DECODE_RATE_HZ), options={"task": "transcribe"})
+    log = ResponseLog(state, "transcription", new_id("trans"))
+    texts: list[str] = []
+    try:
+        async with state.pipeline.open_stream(request) as stream:
+            async for item in stream:
+                if isinstance(item, Event) and item.name == "transcript":
+                    texts.append(str(item.data.get("text", "")))
+    except OmnitrioError as exc:
+        log.done("failed")
+        return error_response(500, str(exc), "pipeline_error")
+    log.done("completed")
+    text = " ".join(texts).strip()
+    if response_format == "text":
+        return Response(text + "\n", mimetype="text/plain")
+    body: dict[str, Any] = {"text": text}
+    if response_format == "verbose_json":
+        duration_s = len(pcm16) / 2 / DECODE_RATE_HZ
+        language = form.get("language") or "en"
+        body = {"task": "transcribe", "language": language, "duration": duration_s, "text": text}
+    return Response(json.dumps(body), mimetype="application/json")

@@ -1,0 +1,77 @@
+"""/v1/audio/transcriptions on the voice chat's ASR stage, through the official SDK:
+WAV and MP3 uploads (decoded by PyAV), the json, text and verbose_json formats."""
+
+from __future__ import annotations
+
+import io
+import wave
+from pathlib import Path
+
+import av
+import numpy as np
+import openai
+import pytest
+import trio
+
+from omnitrio.server import ServerSettings, serve
+from tests.voice_support import INPUT_RATE_HZ, VOICE_CONFIG, needs_voice, spoken, word_error_rate
+
+pytestmark = [needs_voice, pytest.mark.usefixtures("voice_weights")]
+
+SENTENCE = "What do cats like to eat?"
+
+
+def _mp3(pcm16: bytes, rate_hz: int) -> bytes:
+    """``pcm16`` encoded as MP3 by PyAV (FFmpeg's LAME)."""
+    out = io.BytesIO()
+    with av.open(out, "w", format="mp3") as container:
+        stream = container.add_stream("mp3", rate=rate_hz)
+        stream.layout = "mono"
+        samples = np.frombuffer(pcm16, dtype=np.int16)[None, :]
+        frame = av.AudioFrame.from_ndarray(samples, format="s16", layout="mono")
+        frame.sample_rate = rate_hz
+        for packet in stream.encode(frame):
+            container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return out.getvalue()
+
+
+async def test_transcriptions_of_wav_and_mp3_in_every_format(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    binds = await nursery.start(serve, VOICE_CONFIG, ServerSettings(port=0))
+    client = openai.OpenAI(base_url=f"{binds[0]}/v1", api_key="unused", max_retries=0)
+    wav_path = tmp_path / "fox.wav"
+    pcm16 = spoken(SENTENCE, wav_path)
+    with wave.open(str(wav_path), "rb") as wav:
+        assert wav.getframerate() == INPUT_RATE_HZ
+    mp3 = _mp3(pcm16, INPUT_RATE_HZ)
+
+    def run() -> None:
+        files = {"fox.wav": wav_path.read_bytes(), "fox.mp3": mp3}
+        for name, data in files.items():
+            plain = client.audio.transcriptions.create(
+                model="voice-chat", file=(name, data), response_format="json"
+            )
+            assert word_error_rate(SENTENCE, plain.text) <= 0.15, (name, plain.text)
+        text = client.audio.transcriptions.create(
+            model="voice-chat", file=("fox.mp3", mp3), response_format="text"
+        )
+        assert isinstance(text, str)
+        assert word_error_rate(SENTENCE, text) <= 0.15, text
+        verbose = client.audio.transcriptions.create(
+            model="voice-chat",
+            file=("fox.wav", wav_path.read_bytes()),
+            response_format="verbose_json",
+        )
+        assert verbose.language == "en"
+        assert verbose.duration == pytest.approx(len(pcm16) / 2 / INPUT_RATE_HZ, abs=0.05)
+        assert word_error_rate(SENTENCE, verbose.text) <= 0.15
+        with pytest.raises(openai.BadRequestError, match="file"):
+            client.audio.transcriptions.create(
+                model="voice-chat", file=("noise.wav", b"not audio at all")
+            )
+
+    with trio.fail_after(240):
+        await trio.to_thread.run_sync(run)
