@@ -216,11 +216,16 @@ def meta_model() -> Qwen3OmniMoeForConditionalGeneration:
 
 
 def random_model(
-    device: str | torch.device, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0
+    device: str | torch.device,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    config: Qwen3OmniMoeConfig | None = None,
 ) -> Qwen3OmniMoeForConditionalGeneration:
-    """The full-size model with random weights, allocated and initialised on ``device``."""
+    """A model of ``config`` (default: the full size) with random weights, allocated and
+    initialised on ``device``: no host copy of the weights is ever made."""
     torch.manual_seed(seed)
-    config = published_config()
+    config = config if config is not None else published_config()
     with torch.device(device):
         model = Qwen3OmniMoeForConditionalGeneration._from_config(config, dtype=dtype)
     initialise_unset_weights(model)
@@ -232,7 +237,7 @@ def initialise_unset_weights(model: torch.nn.Module) -> None:
     (normal, the config's initializer_range) so a random model is a function of its seed."""
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            if ".experts." in name and parameter.dim() == 3:
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
                 parameter.normal_(0.0, 0.02)
 
 
