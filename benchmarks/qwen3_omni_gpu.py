@@ -187,7 +187,7 @@ async def measure(args: argparse.Namespace, live: LiveModel) -> dict[str, Any]:
         "max_tokens": args.max_tokens,
         "talker.max_tokens": args.max_frames,
     }
-    reference = ReferenceGenerate.from_model(live.model, live.tokenizer)
+    reference = ReferenceGenerate(live.model, live.tokenizer)
     results: dict[str, Any] = {}
     generate: dict[int, dict[str, Any]] = {}
     for streams in args.streams:

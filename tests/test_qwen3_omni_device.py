@@ -181,6 +181,7 @@ COMPILE_DEVICES = [
 
 
 @pytest.mark.parametrize("device", COMPILE_DEVICES)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:torch")  # torch.compile's own imports
 async def test_the_compiled_decode_matches_generate(checkpoint: Path, device: str) -> None:
     """decode_fast_path: compile gives the reference's ids and codes (inductor compiles
     code for each shape it meets: slow on CPU, so that case runs on request)."""
@@ -193,7 +194,12 @@ async def test_the_compiled_decode_matches_generate(checkpoint: Path, device: st
     )
     options = {**GREEDY, "max_tokens": 8, "talker.max_tokens": 12}
     requests = [omnitrio.Request(p, options=options) for p in ("hello there", "hi", "ok then")]
-    results = await run_streams(config.model_copy(update={"stages": stages}), requests)
+    try:
+        results = await run_streams(config.model_copy(update={"stages": stages}), requests)
+    finally:
+        from torch._inductor.async_compile import shutdown_compile_workers
+
+        shutdown_compile_workers()  # inductor's process-wide compile pool
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(checkpoint).eval().to(device)
     for req, (text, frames, _) in zip(requests, results, strict=True):
         ref_text, ref_codes, _ = reference_run(model, checkpoint, req.text, 8, 12)

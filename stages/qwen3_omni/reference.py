@@ -28,7 +28,9 @@ class ReferenceGenerate:
     """Greedy ``generate(return_audio=True)`` for one request at a time."""
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
-        self.model = model  # a Qwen3OmniMoeForConditionalGeneration on any device
+        # A Qwen3OmniMoeForConditionalGeneration on any device: loaded from a folder, or
+        # the very model a pipeline's stages serve (a live model: weights.py).
+        self.model = model
         self.tokenizer = tokenizer
 
     @classmethod
@@ -36,11 +38,6 @@ class ReferenceGenerate:
         torch.set_num_threads(torch_threads)
         model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_path).eval()
         return cls(model, AutoTokenizer.from_pretrained(model_path))
-
-    @classmethod
-    def from_model(cls, model: Any, tokenizer: Any) -> ReferenceGenerate:
-        """The same weights the stages serve (a live model: stages/qwen3_omni/weights.py)."""
-        return cls(model, tokenizer)
 
     def __call__(self, request: Request) -> list[VisibleItem]:
         messages = [{"role": "user", "content": request.text}]
