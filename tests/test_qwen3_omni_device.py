@@ -2,6 +2,7 @@
 memory serves the stages and ``generate`` alike, clear errors for a device or fast
 path the machine cannot run. The CUDA cases skip without a GPU, saying why."""
 
+# ruff: noqa: F811  (the checkpoint fixture is imported from test_qwen3_omni)
 from __future__ import annotations
 
 import os
@@ -26,7 +27,6 @@ from stages.qwen3_omni.fast_paths import FastPathError  # noqa: E402
 from stages.qwen3_omni.payloads import CodecFrame, TalkerPrompt, TextToken  # noqa: E402
 from stages.qwen3_omni.talker import Qwen3OmniTalker  # noqa: E402
 from stages.qwen3_omni.thinker import Qwen3OmniThinker  # noqa: E402
-from stages.qwen3_omni.tiny import make_tiny_checkpoint  # noqa: E402
 from stages.qwen3_omni.weights import (  # noqa: E402
     LiveModel,
     register_live_model,
@@ -35,6 +35,7 @@ from stages.qwen3_omni.weights import (  # noqa: E402
 from tests.test_qwen3_omni import (  # noqa: E402
     DEVICES,
     GREEDY,
+    checkpoint,  # noqa: F401 - a fixture
     frames_of,
     recorder_config,
     reference_run,
@@ -44,14 +45,6 @@ from tests.test_qwen3_omni import (  # noqa: E402
 NO_CUDA = not torch.cuda.is_available()
 # transformers' own generate() warns about its talker call; that is the reference's business.
 pytestmark = pytest.mark.filterwarnings("ignore:Passing `repetition_penalty` with `inputs_embeds`")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.set_num_threads(1)
-    directory = tmp_path_factory.mktemp("tiny-qwen3-omni-device")
-    make_tiny_checkpoint(directory, seed=0)
-    return directory
 
 
 def run_to_end(stage, stream_id: str, inputs=()) -> list[object]:  # type: ignore[no-untyped-def]

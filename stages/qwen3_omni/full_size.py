@@ -26,8 +26,13 @@ from transformers import (
     Qwen3OmniMoeForConditionalGeneration,
 )
 
-from stages.qwen3_omni.tiny import ROLE_WORDS, SPECIAL_TOKENS, build_feature_extractor
-from stages.tiny_tokenizer import CHAT_TEMPLATE, NUM_BYTE_TOKENS, _bytes_to_unicode
+from stages.qwen3_omni.tiny import (
+    ROLE_WORDS,
+    SPECIAL_TOKENS,
+    build_feature_extractor,
+    composite_config,
+)
+from stages.tiny_tokenizer import NUM_BYTE_TOKENS, build_byte_tokenizer, byte_symbols
 
 PUBLISHED_PARAMETERS = 35_259_818_545  # thinker + talker + code2wav (Instruct)
 PUBLISHED_THINKER_PARAMETERS = 31_719_205_488  # the thinker-only Thinking checkpoint
@@ -193,20 +198,7 @@ def published_config() -> Qwen3OmniMoeConfig:
         "upsample_rates": [8, 5, 4, 3],
         "upsampling_ratios": [2, 2],
     }
-    return Qwen3OmniMoeConfig(
-        thinker_config=thinker,
-        talker_config=talker,
-        code2wav_config=code2wav,
-        enable_audio_output=True,
-        im_start_token_id=ids["<|im_start|>"],
-        im_end_token_id=ids["<|im_end|>"],
-        tts_pad_token_id=ids["<|tts_pad|>"],
-        tts_bos_token_id=ids["<|tts_bos|>"],
-        tts_eos_token_id=ids["<|tts_eos|>"],
-        system_token_id=ids["system"],
-        user_token_id=ids["user"],
-        assistant_token_id=ids["assistant"],
-    )
+    return composite_config(thinker, talker, code2wav, ids)
 
 
 def meta_model() -> Qwen3OmniMoeForConditionalGeneration:
@@ -245,27 +237,12 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     """Byte-level, ``TEXT_VOCAB_SIZE`` ids: bytes at 0-255, the special tokens and role
     words at their published ids, and every other id a filler word (`` w<id>``) so any
     id the random model samples decodes to something."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    to_unicode = _bytes_to_unicode()
-    vocab = {to_unicode[byte]: byte for byte in range(NUM_BYTE_TOKENS)}
-    named = {**TOKEN_IDS}
+    vocab = {byte_symbols(bytes([byte])): byte for byte in range(NUM_BYTE_TOKENS)}
+    filler = {index: byte_symbols(f" w{index}".encode()) for index in range(TEXT_VOCAB_SIZE)}
+    published = {index: token for token, index in TOKEN_IDS.items()}
     for index in range(NUM_BYTE_TOKENS, TEXT_VOCAB_SIZE):
-        vocab["".join(to_unicode[b] for b in f" w{index}".encode())] = index
-    fillers = {index: token for token, index in vocab.items()}
-    for token, index in named.items():  # replace the filler at each published id
-        del vocab[fillers[index]]
-        vocab[token] = index
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer)
-    fast.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
-    fast.add_tokens(list(ROLE_WORDS))
-    fast.chat_template = CHAT_TEMPLATE
-    fast.eos_token = "<|im_end|>"
-    fast.pad_token = "<|im_end|>"
-    return fast
+        vocab[published.get(index, filler[index])] = index
+    return build_byte_tokenizer(SPECIAL_TOKENS, ROLE_WORDS, vocab=vocab)
 
 
 __all__ = [
