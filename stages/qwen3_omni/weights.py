@@ -71,11 +71,11 @@ class ModelSource:
                     "pipeline opens, or give model_path"
                 )
             self.live = _live[live_model]
-            on = self.live.model.device
-            if on != device:
+            model_device = self.live.model.device
+            if model_device != device:
                 raise DeviceError(
-                    f"stage {stage!r}: the live model {live_model!r} is on {on}, the stage's "
-                    f"device is {device}; set the stage's device to {on}"
+                    f"stage {stage!r}: the live model {live_model!r} is on {model_device}, the "
+                    f"stage's device is {device}; set the stage's device to {model_device}"
                 )
 
     def module(self, part: str, model_class: Any) -> Any:
