@@ -235,6 +235,11 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=None)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.model == "full-size" and not args.device.startswith("cuda"):
+        parser.error(
+            f"--model full-size needs ~70.5 GB of bf16 weights on a GPU, not {args.device}; "
+            "on a CPU run --model tiny (a smoke test of the script)"
+        )
     args.streams = [int(n) for n in args.streams.split(",")]
     args.fast_paths = args.fast_paths.split(",")
     if args.torch_threads is not None:
