@@ -43,8 +43,9 @@ def batched_decode(
     ``inputs`` hold ``input_ids`` [B, 1] or ``inputs_embeds`` [B, 1, D]; the model's
     output is returned as is, and every cache has grown by one position.
     """
+    device = position_ids.device  # the stage's device: masks are made there too
     if len(caches) == 1:
-        mask = torch.ones(1, cache_length(caches[0]) + 1, dtype=torch.long)
+        mask = torch.ones(1, cache_length(caches[0]) + 1, dtype=torch.long, device=device)
         return forward(
             **inputs,
             attention_mask=mask,
@@ -59,7 +60,7 @@ def batched_decode(
         keys = _left_padded([c.layers[layer_index].keys for c in caches], longest)
         values = _left_padded([c.layers[layer_index].values for c in caches], longest)
         batch_cache.update(keys, values, layer_index)
-    mask = torch.zeros(len(caches), longest + 1, dtype=torch.long)
+    mask = torch.zeros(len(caches), longest + 1, dtype=torch.long, device=device)
     for row, length in enumerate(lengths):
         mask[row, longest - length :] = 1
     output = forward(

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from stages._packaging import Outbox, Packager
+from stages._torch_device import stage_device
 from stages._torch_kv import cache_nbytes
 from stages._torch_timing import StepClock
 
@@ -24,7 +25,7 @@ class AutoregressiveStage:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)  # process-wide: set the same in every stage
         self.name = name
-        self.device = torch.device(device)
+        self.device = stage_device(name, device)
         self.streams: dict[str, Any] = {}
         self.outboxes: dict[str, Outbox] = {}
         self.clock = StepClock()

@@ -49,6 +49,7 @@ from stages._grammar import (
     Vocabulary,
     tool_call_grammar,
 )
+from stages._torch_device import stage_device
 from stages._torch_kv import batched_decode, cache_length
 from stages._torch_sampling import OptionError, Sampler, SamplingParams
 
@@ -119,9 +120,11 @@ class SmolLM2:
         num_threads: int | None = 1,
     ) -> None:
         self.name = name
+        self.device = stage_device(name, device)
         if num_threads is not None:
             torch.set_num_threads(num_threads)  # process-wide; see docs/benchmarks.md
-        self._model, self._tokenizer = load_smollm2(cache_dir)
+        model, self._tokenizer = load_smollm2(cache_dir)
+        self._model = model.to(self.device)
         self.max_new_tokens = max_new_tokens
         self.max_prompt_tokens = max_prompt_tokens
         self.max_history_messages = max_history_messages
@@ -205,7 +208,7 @@ class SmolLM2:
     @torch.inference_mode()
     def _prefill(self, turn: _Turn) -> int:
         assert turn.prompt is not None
-        input_ids = torch.tensor([turn.prompt])  # input_ids: [1, S]
+        input_ids = torch.tensor([turn.prompt], device=self.device)  # input_ids: [1, S]
         out = self._model(input_ids=input_ids, use_cache=True)
         turn.cache = out.past_key_values
         return self._pick(out.logits[0, -1], turn)
@@ -213,8 +216,8 @@ class SmolLM2:
     @torch.inference_mode()
     def _decode(self, turns: list[_Turn], ids: list[str]) -> dict[str, int]:
         caches = [t.cache for t in turns if t.cache is not None]
-        last = torch.tensor([[t.generated[-1]] for t in turns])  # last: [B, 1]
-        positions = torch.tensor([[cache_length(c)] for c in caches])  # [B, 1]
+        last = torch.tensor([[t.generated[-1]] for t in turns], device=self.device)  # [B, 1]
+        positions = torch.tensor([[cache_length(c)] for c in caches], device=self.device)  # [B, 1]
         out = batched_decode(self._model, caches, positions, input_ids=last)
         logits = out.logits[:, -1]  # logits: [B, V]
         return {

@@ -31,16 +31,19 @@ CHAT_TEMPLATE = (
 
 
 def build_byte_tokenizer(
-    special_tokens: Sequence[str], words: Sequence[str] = ()
+    special_tokens: Sequence[str], words: Sequence[str] = (), vocab: dict[str, int] | None = None
 ) -> PreTrainedTokenizerFast:
     """A byte-level tokenizer: bytes, then ``special_tokens``, then ``words``.
 
     ``special_tokens`` are never split and are skipped by ``decode(...,
     skip_special_tokens=True)``; ``words`` (e.g. ``user``, ``assistant``) are
-    matched whole in text but decode as text.
+    matched whole in text but decode as text. A ``vocab`` (byte-level symbols ->
+    id, the 256 bytes included) fixes the ids: a special token or word already in
+    it keeps its id.
     """
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {symbol: index for index, symbol in enumerate(sorted(alphabet, key=_byte_order))}
+    if vocab is None:
+        alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=_byte_order)
+        vocab = {symbol: index for index, symbol in enumerate(alphabet)}
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -52,6 +55,11 @@ def build_byte_tokenizer(
         fast.eos_token = "<|im_end|>"
         fast.pad_token = "<|im_end|>"
     return fast
+
+
+def byte_symbols(data: bytes) -> str:
+    """``data`` in the byte-level alphabet (how a vocab spells byte sequences)."""
+    return "".join(_BYTE_TO_UNICODE[byte] for byte in data)
 
 
 def _byte_order(symbol: str) -> int:
@@ -75,4 +83,5 @@ def _bytes_to_unicode() -> dict[int, str]:
     return mapping
 
 
-_UNICODE_TO_BYTE = {char: byte for byte, char in _bytes_to_unicode().items()}
+_BYTE_TO_UNICODE = _bytes_to_unicode()
+_UNICODE_TO_BYTE = {char: byte for byte, char in _BYTE_TO_UNICODE.items()}

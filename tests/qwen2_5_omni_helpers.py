@@ -39,13 +39,15 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 
 def tiny_config(
-    checkpoint: pathlib.Path, **stage_params: dict[str, Any]
+    checkpoint: pathlib.Path, device: str = "cpu", **stage_params: dict[str, Any]
 ) -> omnitrio.PipelineConfig:
-    """configs/qwen2.5-omni-tiny.yaml pointed at ``checkpoint``, with extra params per stage."""
+    """configs/qwen2.5-omni-tiny.yaml pointed at ``checkpoint``, every stage on ``device``,
+    with extra params per stage."""
     import yaml
 
     data = yaml.safe_load(CONFIG.read_text())
     for stage in data["stages"]:
+        stage["device"] = device
         stage["params"]["model_path"] = str(checkpoint)
         stage["params"].update(stage_params.get(stage["name"], {}))
     return omnitrio.parse_config(data, source=str(CONFIG))
@@ -71,14 +73,15 @@ class Reference:
     code is a stop code).
     """
 
-    def __init__(self, checkpoint: pathlib.Path) -> None:
+    def __init__(self, checkpoint: pathlib.Path, device: str = "cpu") -> None:
         from transformers import (
             AutoTokenizer,
             Qwen2_5OmniForConditionalGeneration,
             WhisperFeatureExtractor,
         )
 
-        self.model = Qwen2_5OmniForConditionalGeneration.from_pretrained(checkpoint).eval()
+        model = Qwen2_5OmniForConditionalGeneration.from_pretrained(checkpoint).eval()
+        self.model = model.to(device)
         self.tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         self.features = WhisperFeatureExtractor.from_pretrained(checkpoint)
 
@@ -102,19 +105,20 @@ class Reference:
             return out
 
         def decode(code: Any, **kwargs: Any) -> Any:
-            return token2wav_forward(code, **kwargs) if code.shape[1] else torch.zeros(0)
+            return token2wav_forward(code, **kwargs) if code.shape[1] else code.new_zeros(0)
 
+        device = model.device
         extra = {}
         if prompt.input_features is not None:
             extra = {
-                "input_features": prompt.input_features,
-                "feature_attention_mask": prompt.feature_attention_mask,
+                "input_features": prompt.input_features.to(device),
+                "feature_attention_mask": prompt.feature_attention_mask.to(device),
             }
         model.talker.generate, model.token2wav.forward = keep_codes, decode
         try:
             torch.manual_seed(seed)
             sequences, wave = model.generate(
-                prompt.input_ids,
+                prompt.input_ids.to(device),
                 speaker=speaker,
                 thinker_max_new_tokens=thinker_max_tokens,
                 talker_max_new_tokens=talker_max_tokens,

@@ -114,9 +114,12 @@ async def _run(
     return [results[i] for i in range(len(requests))], stats
 
 
-def _config(checkpoint: pathlib.Path, token2wav: dict[str, int]) -> omnitrio.PipelineConfig:
+def _config(
+    checkpoint: pathlib.Path, token2wav: dict[str, int], device: str = "cpu"
+) -> omnitrio.PipelineConfig:
     return tiny_config(
         checkpoint,
+        device,
         thinker={"emit_ids": True},
         talker={"emit_codes": True},
         token2wav=token2wav,
@@ -175,3 +178,24 @@ async def test_a_talker_that_ends_before_the_thinker_still_equals_generate(
     assert len(got.text_ids) > len(got.codes)
     assert (got.text_ids, got.text, got.codes) == (want.text_ids, want.text, want.codes)
     assert got.pcm16 == want.pcm16  # 3 codes: one window
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
+)
+async def test_eight_concurrent_streams_on_cuda_equal_generate_on_cuda(
+    tiny_checkpoint: pathlib.Path,  # noqa: F811
+) -> None:
+    """Every stage on the GPU: text ids and codec codes equal generate's on the GPU (the
+    waveform's noise is drawn on the host by the stage, on the GPU by generate: checked
+    for length and finiteness only)."""
+    reference = Reference(tiny_checkpoint, "cuda")
+    cases = _requests()
+    got, _ = await _run(_config(tiny_checkpoint, CHUNKED, "cuda"), [c[0] for c in cases])
+    for (request, thinker_max, talker_max, seed), output in zip(cases, got, strict=True):
+        want = reference.run(
+            request, thinker_max_tokens=thinker_max, talker_max_tokens=talker_max, seed=seed
+        )
+        assert output.text_ids == want.text_ids, request.text
+        assert output.codes == want.codes, request.text
+        assert len(output.pcm16) == len(want.pcm16), request.text

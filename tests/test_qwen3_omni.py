@@ -36,6 +36,17 @@ pytestmark = pytest.mark.filterwarnings("ignore:Passing `repetition_penalty` wit
 
 GREEDY = {"temperature": 0, "talker.temperature": 0}
 CONFIG = Path(__file__).parent.parent / "configs" / "qwen3-omni-tiny.yaml"
+# Parity runs on every device present: the GPU cases skip, saying why, without one.
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(
+            not torch.cuda.is_available(),
+            reason="needs a CUDA GPU (torch.cuda.is_available() is False)",
+        ),
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +62,13 @@ def reference(checkpoint: Path):  # type: ignore[no-untyped-def]
     return Qwen3OmniMoeForConditionalGeneration.from_pretrained(checkpoint).eval()
 
 
+@pytest.fixture(scope="module", params=DEVICES)
+def device_reference(request: pytest.FixtureRequest, checkpoint: Path):  # type: ignore[no-untyped-def]
+    """(device, the reference model on it)."""
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(checkpoint).eval()
+    return request.param, model.to(request.param)
+
+
 def reference_run(model, checkpoint: Path, prompt: str, max_tokens: int, max_frames: int, **extra):  # type: ignore[no-untyped-def]
     """Reference answer text, codec codes [G, T] and waveform of ``generate``."""
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -60,6 +78,7 @@ def reference_run(model, checkpoint: Path, prompt: str, max_tokens: int, max_fra
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
         )
         input_ids = torch.tensor([tokenizer(text)["input_ids"]])
+    input_ids = input_ids.to(model.device)
     captured = []
     decode = model.code2wav.chunked_decode
 
@@ -81,17 +100,23 @@ def reference_run(model, checkpoint: Path, prompt: str, max_tokens: int, max_fra
     finally:
         del model.code2wav.chunked_decode
     answer = tokenizer.decode(sequences[0, input_ids.shape[1] :], skip_special_tokens=True)
-    return answer, captured[0][0], wav.reshape(-1)
+    return answer, captured[0][0].cpu(), wav.reshape(-1).cpu()
 
 
-def recorder_config(checkpoint: Path) -> omnitrio.PipelineConfig:
+def on_device(config: omnitrio.PipelineConfig, device: str) -> omnitrio.PipelineConfig:
+    """Every stage of ``config`` on ``device``."""
+    stages = tuple(spec.model_copy(update={"device": device}) for spec in config.stages)
+    return config.model_copy(update={"stages": stages})
+
+
+def recorder_config(checkpoint: Path, device: str = "cpu") -> omnitrio.PipelineConfig:
     """The tiny pipeline with code2wav swapped for a stage that shows each codec frame."""
     config = with_model_path(omnitrio.load_config(CONFIG), checkpoint)
     stages = list(config.stages)
     stages[2] = stages[2].model_copy(
         update={"impl": "tests.codec_recorder:CodecRecorder", "params": {}}
     )
-    return config.model_copy(update={"stages": tuple(stages)})
+    return on_device(config.model_copy(update={"stages": tuple(stages)}), device)
 
 
 async def run_streams(config, requests, statistics=None):  # type: ignore[no-untyped-def]
@@ -124,10 +149,11 @@ def frames_of(codes: torch.Tensor) -> list[tuple[int, ...]]:
     return [tuple(int(c) for c in column) for column in codes.T]
 
 
-async def test_one_stream_matches_generate(checkpoint: Path, reference) -> None:  # type: ignore[no-untyped-def]
+async def test_one_stream_matches_generate(checkpoint: Path, device_reference) -> None:  # type: ignore[no-untyped-def]
+    device, reference = device_reference
     options = {**GREEDY, "max_tokens": 12, "talker.max_tokens": 40}
     [(text, frames, _)] = await run_streams(
-        recorder_config(checkpoint), [omnitrio.Request("hello there", options=options)]
+        recorder_config(checkpoint, device), [omnitrio.Request("hello there", options=options)]
     )
     ref_text, ref_codes, _ = reference_run(reference, checkpoint, "hello there", 12, 40)
     assert text == ref_text
@@ -135,36 +161,10 @@ async def test_one_stream_matches_generate(checkpoint: Path, reference) -> None:
     assert len(frames) == 39  # 40 talker tokens, the last one's residual codes never drawn
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-async def test_one_stream_matches_generate_on_gpu(checkpoint: Path) -> None:
-    reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(checkpoint).eval().to("cuda")
-    config = recorder_config(checkpoint)
-    stages = tuple(
-        spec.model_copy(update={"device": "cuda"}) if spec.name != "code2wav" else spec
-        for spec in config.stages
-    )
-    options = {**GREEDY, "max_tokens": 12, "talker.max_tokens": 40}
-    [(text, frames, _)] = await run_streams(
-        config.model_copy(update={"stages": stages}),
-        [omnitrio.Request("hello there", options=options)],
-    )
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "hello there"}], add_generation_prompt=True, tokenize=False
-    )
-    ref_text, ref_codes, _ = reference_run(
-        reference,
-        checkpoint,
-        "",
-        12,
-        40,
-        input_ids=torch.tensor([tokenizer(ids)["input_ids"]], device="cuda"),
-    )
-    assert text == ref_text
-    assert frames == frames_of(ref_codes.cpu())
-
-
-async def test_eight_concurrent_streams_each_match_generate(checkpoint: Path, reference) -> None:  # type: ignore[no-untyped-def]
+async def test_eight_concurrent_streams_each_match_generate(
+    checkpoint: Path, device_reference
+) -> None:  # type: ignore[no-untyped-def]
+    device, reference = device_reference
     prompts = [
         "hi",
         "hello there",
@@ -181,7 +181,7 @@ async def test_eight_concurrent_streams_each_match_generate(checkpoint: Path, re
         for p, (t, f) in zip(prompts, lengths, strict=True)
     ]
     statistics: list[omnitrio.PipelineStatistics] = []
-    results = await run_streams(recorder_config(checkpoint), requests, statistics)
+    results = await run_streams(recorder_config(checkpoint, device), requests, statistics)
     # They really ran batched: one forward served several streams.
     assert statistics[0].stages["thinker"].max_batch_size > 1
     assert statistics[0].stages["talker"].max_batch_size > 1
@@ -217,8 +217,9 @@ async def test_audio_input_matches_generate(checkpoint: Path, reference) -> None
     assert frames == frames_of(ref_codes)
 
 
-async def test_full_pipeline_streams_audio_chunks(checkpoint: Path) -> None:
-    config = with_model_path(omnitrio.load_config(CONFIG), checkpoint)
+@pytest.mark.parametrize("device", DEVICES)
+async def test_full_pipeline_streams_audio_chunks(checkpoint: Path, device: str) -> None:
+    config = on_device(with_model_path(omnitrio.load_config(CONFIG), checkpoint), device)
     options = {**GREEDY, "max_tokens": 6, "talker.max_tokens": 40}
     [(text, _, audio)] = await run_streams(config, [omnitrio.Request("hello", options=options)])
     assert text

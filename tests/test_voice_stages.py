@@ -66,6 +66,33 @@ def test_batched_decoding_gives_each_stream_its_own_answer(llm: object) -> None:
     assert llm._turns == {}  # type: ignore[attr-defined]  # every KV cache freed
 
 
+def test_the_llm_on_cuda_without_a_gpu_is_refused_naming_the_stage() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("checks the refusal on a machine without a CUDA GPU")
+    from stages._torch_device import DeviceError
+    from stages.llm import SmolLM2
+
+    with pytest.raises(DeviceError, match=r"stage 'llm': device 'cuda' needs a CUDA GPU"):
+        SmolLM2("llm", "cuda")
+
+
+@needs_voice
+def test_the_llm_on_cuda_answers_as_on_cpu(llm: object) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    from stages.llm import SmolLM2
+
+    on_gpu = SmolLM2("llm", "cuda", max_new_tokens=16)
+    try:
+        question = {"a": "What do cats like to eat?"}
+        # bf16 on two devices: the greedy answers agree at least in their first words.
+        assert _answer(on_gpu, question)["a"].split()[:3] == _answer(llm, question)["a"].split()[:3]
+    finally:
+        on_gpu.close()
+
+
 @needs_voice
 def test_a_cancelled_stream_leaves_the_batch_at_the_next_step(llm: object) -> None:
     from stages.voice_common import Utterance

@@ -1,7 +1,8 @@
 """Loading one stage's weights from its own folder, loudly.
 
 The loud loading itself is shared (``stages/_torch_loading.py``); here are the
-Qwen2.5-Omni specifics: the stage folders, the speaker dictionary, the device.
+Qwen2.5-Omni specifics: the stage folders and the speaker dictionary. Each stage moves
+its model to its device (``stages/_torch_device.py``).
 """
 
 from __future__ import annotations
@@ -30,15 +31,6 @@ def stage_folder(checkpoint: str | pathlib.Path, stage: str) -> pathlib.Path:
             f"tiny one with `omnitrio make-tiny-model {root} --family qwen2.5-omni`"
         )
     return folder
-
-
-def check_device(stage: str, device: str) -> None:
-    """The Qwen2.5-Omni stages build their step tensors on the CPU; other devices are refused."""
-    if device != "cpu":
-        raise ValueError(
-            f"stage {stage!r}: device {device!r} is not supported yet by the Qwen2.5-Omni "
-            "stages (they run on cpu); set device: cpu"
-        )
 
 
 def load_stage_model(model_class: type[M], folder: pathlib.Path, stage: str) -> M:

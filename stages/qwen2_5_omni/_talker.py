@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 import torch
 from transformers import DynamicCache, Qwen2_5OmniTalkerForConditionalGeneration
 
 from omnitrio import Event, Request, StreamOutput, StreamWork
 from stages._packaging import Outbox, Packager, Piece, step_output
+from stages._torch_device import on, stage_device
 from stages._torch_kv import batched_decode, cache_length, cache_nbytes
 from stages._torch_sampling import Sampler, SamplingParams
 
-from ._loading import check_device, load_stage_model, stage_folder
+from ._loading import load_stage_model, stage_folder
 from ._payloads import CodecCodes, ReplyEnd, ReplyStart, ReplyToken
 from ._registry import register
 from ._stats import ARStageStatistics, StepClock
@@ -103,10 +104,11 @@ class TalkerStage:
     ) -> None:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
-        check_device(name, device)
+        self.device = stage_device(name, device)
         self.name = name
         folder = stage_folder(model_path, "talker")
-        self.model = load_stage_model(Qwen2_5OmniTalkerForConditionalGeneration, folder, name)
+        model = load_stage_model(Qwen2_5OmniTalkerForConditionalGeneration, folder, name)
+        self.model = model.to(self.device)
         self.defaults = SamplingParams(
             temperature, top_p, top_k, repetition_penalty, max_tokens, seed
         )
@@ -119,8 +121,8 @@ class TalkerStage:
         self.stop_codes = frozenset([model.codec_pad_token, model.codec_eos_token])
         with torch.no_grad():
             codec = model.get_input_embeddings()
-            self._codec_bos = codec(torch.tensor(model.codec_bos_token))  # [D]
-            self._codec_pad = codec(torch.tensor(model.codec_pad_token))  # [D]
+            self._codec_bos = codec(torch.tensor(model.codec_bos_token, device=self.device))  # [D]
+            self._codec_pad = codec(torch.tensor(model.codec_pad_token, device=self.device))  # [D]
         self._streams: dict[str, _Stream] = {}
         self._clock = StepClock()
         self._packager = Packager(f"omnitrio-{name}", max_queued_jobs=packaging_queue_jobs)
@@ -145,7 +147,7 @@ class TalkerStage:
         started = self._clock.step_started()
         ids = [w.stream_id for w in batch]
         for work in batch:
-            self._take(self._streams[work.stream_id], work.inputs)
+            self._take(self._streams[work.stream_id], work.inputs, self.device)
         for sid in ids:
             stream = self._streams[sid]
             if stream.can_prefill():
@@ -170,12 +172,13 @@ class TalkerStage:
     # ----- the critical path ------------------------------------------------------------
 
     @staticmethod
-    def _take(stream: _Stream, inputs: Sequence[object]) -> None:
+    def _take(stream: _Stream, inputs: Sequence[object], device: torch.device) -> None:
+        """The thinker's tensors, read where they are when it shares the device."""
         for item in inputs:
             if isinstance(item, ReplyStart):
-                stream.start = item
+                stream.start = ReplyStart(*(on(t, device) for t in astuple(item)))
             elif isinstance(item, ReplyToken):
-                stream.replies.append(item.reply)
+                stream.replies.append(on(item.reply, device))
             elif isinstance(item, ReplyEnd):
                 stream.num_text_tokens = item.num_tokens
             else:
@@ -197,11 +200,12 @@ class TalkerStage:
         history += [model.codec_pad_token, model.codec_bos_token]
         stream.sampler = Sampler(stream.params, history, suppress=[model.codec_bos_token])
         stream.cache = DynamicCache(config=model.config)
-        positions = torch.arange(length).view(1, 1, length).expand(3, 1, length)  # [3, 1, L+2]
+        positions = torch.arange(length, device=self.device)
+        positions = positions.view(1, 1, length).expand(3, 1, length)  # [3, 1, L+2]
         forward_started = time.perf_counter()
         out = model(
             inputs_embeds=embeds,
-            attention_mask=torch.ones(1, length, dtype=torch.long),
+            attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
             position_ids=positions,
             past_key_values=stream.cache,
             use_cache=True,
@@ -211,10 +215,10 @@ class TalkerStage:
     def _decode(self, sids: list[str]) -> None:
         streams = [self._streams[sid] for sid in sids]
         caches = [s.cache for s in streams if s.cache is not None]
-        codes = torch.tensor([[s.last_code] for s in streams])  # [B, 1]
+        codes = torch.tensor([[s.last_code] for s in streams], device=self.device)  # [B, 1]
         entries = torch.stack([s.entry(s.num_decoded) for s in streams])  # type: ignore[misc]
         embeds = self.model.get_input_embeddings()(codes) + entries[:, None, :]  # [B, 1, D]
-        positions = torch.tensor([cache_length(c) for c in caches])  # [B]
+        positions = torch.tensor([cache_length(c) for c in caches], device=self.device)  # [B]
         positions = positions.view(1, -1, 1).expand(3, -1, 1)  # [3, B, 1]
         forward_started = time.perf_counter()
         out = batched_decode(self.model, caches, positions, inputs_embeds=embeds)

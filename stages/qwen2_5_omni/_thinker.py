@@ -25,10 +25,11 @@ from transformers import (
 
 from omnitrio import Event, Request, StreamOutput, StreamWork, TextDelta, VisibleItem
 from stages._packaging import Outbox, Packager, Piece, step_output
+from stages._torch_device import on, stage_device
 from stages._torch_kv import batched_decode, cache_length, cache_nbytes
 from stages._torch_sampling import Sampler, SamplingParams
 
-from ._loading import check_device, load_speakers, load_stage_model, speaker_of, stage_folder
+from ._loading import load_speakers, load_stage_model, speaker_of, stage_folder
 from ._payloads import ReplyEnd, ReplyStart, ReplyToken
 from ._prompt import Prompt, build_prompt
 from ._registry import register
@@ -82,10 +83,11 @@ class ThinkerStage:
     ) -> None:
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
-        check_device(name, device)
+        self.device = stage_device(name, device)
         self.name = name
         folder = stage_folder(model_path, "thinker")
-        self.model = load_stage_model(Qwen2_5OmniThinkerForConditionalGeneration, folder, name)
+        model = load_stage_model(Qwen2_5OmniThinkerForConditionalGeneration, folder, name)
+        self.model = model.to(self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.features = WhisperFeatureExtractor.from_pretrained(folder)
         self.speakers = load_speakers(folder, name)
@@ -103,9 +105,10 @@ class ThinkerStage:
         embed = self.model.get_input_embeddings()
         with torch.no_grad():
             ids = [talker.tts_text_end_token_id, talker.tts_text_pad_token_id]
-            self._text_eos, self._text_pad = embed(torch.tensor(ids)).unbind(0)  # [D] each
+            ids_here = torch.tensor(ids, device=self.device)
+            self._text_eos, self._text_pad = embed(ids_here).unbind(0)  # [D] each
             self._text_bos = {
-                speaker_name: embed(torch.tensor(int(spk["bos_token"])))
+                speaker_name: embed(torch.tensor(int(spk["bos_token"]), device=self.device))
                 for speaker_name, spk in self.speakers.items()
             }
         self._streams: dict[str, _Stream] = {}
@@ -116,7 +119,9 @@ class ThinkerStage:
     # ----- the stage protocol ---------------------------------------------------------
 
     def open_stream(self, stream_id: str, request: Request) -> None:
-        prompt = build_prompt(request, self.tokenizer, self.features, self.system_prompt)
+        prompt = _on_device(
+            build_prompt(request, self.tokenizer, self.features, self.system_prompt), self.device
+        )
         params = SamplingParams.from_options(self.defaults, request.options, self.name)
         speaker = speaker_of(request.options, self.speakers, self.default_speaker)
         sampler = Sampler(params, prompt.input_ids[0].tolist())
@@ -160,7 +165,8 @@ class ThinkerStage:
         prompt = stream.prompt
         length = prompt.input_ids.shape[1]
         stream.cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
-        positions = torch.arange(length).view(1, 1, length).expand(4, 1, length)  # [4, 1, L]
+        positions = torch.arange(length, device=self.device)
+        positions = positions.view(1, 1, length).expand(4, 1, length)  # [4, 1, L]
         extra: dict[str, Any] = {}
         if prompt.input_features is not None:
             extra = {
@@ -170,7 +176,7 @@ class ThinkerStage:
         forward_started = time.perf_counter()
         out = self.model(
             input_ids=prompt.input_ids,
-            attention_mask=torch.ones(1, length, dtype=torch.long),
+            attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
             position_ids=positions,
             past_key_values=stream.cache,
             use_cache=True,
@@ -185,8 +191,8 @@ class ThinkerStage:
     def _decode(self, sids: list[str]) -> None:
         streams = [self._streams[sid] for sid in sids]
         caches = [s.cache for s in streams if s.cache is not None]
-        tokens = torch.tensor([[s.next_token] for s in streams])  # [B, 1]
-        positions = torch.tensor([cache_length(c) for c in caches])  # [B]
+        tokens = torch.tensor([[s.next_token] for s in streams], device=self.device)  # [B, 1]
+        positions = torch.tensor([cache_length(c) for c in caches], device=self.device)  # [B]
         positions = positions.view(1, -1, 1).expand(4, -1, 1)  # [4, B, 1]
         forward_started = time.perf_counter()
         out = batched_decode(
@@ -297,6 +303,15 @@ class _Detokenizer:
             return ""  # an incomplete UTF-8 sequence: wait for its next byte
         delta, self._sent = text[len(self._sent) :], text
         return delta
+
+
+def _on_device(prompt: Prompt, device: torch.device) -> Prompt:
+    features, mask = prompt.input_features, prompt.feature_attention_mask
+    return Prompt(
+        on(prompt.input_ids, device),
+        None if features is None else on(features, device),
+        None if mask is None else on(mask, device),
+    )
 
 
 def _eos_ids(model: Qwen2_5OmniThinkerForConditionalGeneration) -> frozenset[int]:

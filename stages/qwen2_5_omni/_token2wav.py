@@ -39,8 +39,9 @@ from transformers import Qwen2_5OmniToken2WavModel
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
 from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
+from stages._torch_device import stage_device
 
-from ._loading import check_device, load_speakers, load_stage_model, speaker_of, stage_folder
+from ._loading import load_speakers, load_stage_model, speaker_of, stage_folder
 from ._payloads import CodecCodes
 from ._registry import register
 
@@ -99,10 +100,11 @@ class Token2WavStage:
                 raise ValueError(f"{label} must be at least 1, got {value}")
         if left_context_frames < 0 or right_context_frames < 0:
             raise ValueError("context frames must be at least 0")
-        check_device(name, device)
+        self.device = stage_device(name, device)
         self.name = name
         folder = stage_folder(model_path, "token2wav")
-        self.model = load_stage_model(Qwen2_5OmniToken2WavModel, folder, name).float()
+        model = load_stage_model(Qwen2_5OmniToken2WavModel, folder, name).float()
+        self.model = model.to(self.device)
         self.speakers = load_speakers(folder, name)
         self.default_speaker = speaker_of({"speaker": speaker}, self.speakers, speaker)
         self.chunk_frames = chunk_frames
@@ -133,9 +135,12 @@ class Token2WavStage:
         seed = request.options.get(f"{self.name}.seed", request.options.get("seed", self.seed))
         generator = torch.Generator().manual_seed(int(seed or 0))
         mel_dim = self.model.code2wav_dit_model.mel_dim
+        # Drawn on the host (the reference's draw), then kept on the device.
         noise = torch.randn([1, self.max_codes * self.repeats, mel_dim], generator=generator)
         self._streams[stream_id] = _Stream(
-            noise, speaker["cond"].float(), speaker["ref_mel"].float()
+            noise.to(self.device),
+            speaker["cond"].float().to(self.device),
+            speaker["ref_mel"].float().to(self.device),
         )
 
     def close_stream(self, stream_id: str) -> None:
@@ -231,7 +236,9 @@ class Token2WavStage:
         pairs = [(self._streams[w.stream_id], w) for w in group]
         streams = [s for s, _ in pairs]
         r = self.repeats
-        codes = torch.tensor([s.codes[w.left : w.right] for s, w in pairs])  # [B, n]
+        codes = torch.tensor(
+            [s.codes[w.left : w.right] for s, w in pairs], device=self.device
+        )  # [B, n]
         noise = torch.cat([s.noise[:, w.left * r : w.right * r] for s, w in pairs])  # [B, n*r, mel]
         conditioning = torch.cat([s.conditioning for s in streams])  # [B, E]
         reference_mel = torch.cat([s.reference_mel for s in streams])  # [B, T, mel]
@@ -282,7 +289,9 @@ class Token2WavStage:
             guided, null = torch.chunk(out, 2, dim=0)
             return guided + (guided - null) * guidance
 
-        times = torch.linspace(0, 1, int(self.ode["num_steps"]), dtype=conditioning.dtype)
+        times = torch.linspace(
+            0, 1, int(self.ode["num_steps"]), dtype=conditioning.dtype, device=self.device
+        )
         sway = self.ode["sway"]
         if sway is not None:
             times += sway * (torch.cos(torch.pi / 2 * times) - 1 + times)
@@ -302,6 +311,6 @@ class _Window:
 
 
 def to_pcm16(wave: torch.Tensor) -> bytes:
-    """[-1, 1] float samples -> PCM16 little-endian bytes."""
-    samples = (wave.clamp(-1.0, 1.0) * 32767.0).round().to(torch.int16)
+    """[-1, 1] float samples (any device) -> PCM16 little-endian bytes: the host copy."""
+    samples = (wave.clamp(-1.0, 1.0) * 32767.0).round().to(torch.int16).cpu()
     return samples.numpy().astype("<i2").tobytes()

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from transformers import Qwen3OmniMoeCode2Wav
 
 from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
-from stages._torch_loading import load_pretrained
+from stages._torch_device import on, stage_device
 from stages.qwen3_omni.payloads import CodecFrame
+from stages.qwen3_omni.weights import ModelSource
 
 SAMPLE_RATE_HZ = 24_000
 
@@ -42,7 +42,8 @@ class Qwen3OmniCode2Wav:
         *,
         name: str,
         device: str = "cpu",
-        model_path: str,
+        model_path: str | None = None,
+        live_model: str | None = None,
         chunk_frames: int = 25,
         first_chunk_frames: int = 4,
         left_context_frames: int = 25,
@@ -55,10 +56,9 @@ class Qwen3OmniCode2Wav:
                 "chunk_frames and first_chunk_frames must be >= 1 and left_context_frames >= 0"
             )
         self.name = name
-        self.device = torch.device(device)
-        self.model = load_pretrained(
-            Qwen3OmniMoeCode2Wav, Path(model_path) / "code2wav", stage=name
-        ).to(self.device)
+        self.device = stage_device(name, device)
+        source = ModelSource(name, self.device, model_path, live_model)
+        self.model = source.module("code2wav", Qwen3OmniMoeCode2Wav)
         self.samples_per_frame = int(self.model.total_upsample)
         self.chunk_frames = chunk_frames
         self.first_chunk_frames = first_chunk_frames
@@ -109,6 +109,7 @@ class Qwen3OmniCode2Wav:
         stream.decoded = end
         stream.num_samples += wav.shape[0]
         self.num_windows += 1
+        # The user-visible end of the pipeline: the one host copy of the audio.
         pcm = (wav.float().clamp(-1, 1) * 32767).round().to(torch.int16).cpu().numpy()
         return AudioChunk(pcm.astype("<i2").tobytes(), SAMPLE_RATE_HZ)
 
@@ -121,5 +122,5 @@ def decode_window(
     context = min(context, start)
     codes = torch.stack(frames[start - context : end], dim=1)[None]  # [1, G, T]
     with torch.no_grad():
-        wav = model(codes.to(model.device))  # [1, 1, T * samples_per_frame - lost]
+        wav = model(on(codes, model.device))  # [1, 1, T * samples_per_frame - lost]
     return wav[0, 0, context * int(model.total_upsample) :]

@@ -7,6 +7,10 @@ prompt's audio positions; the thinker's other hidden states never leave it
 (seed 003).
 
 talker -> code2wav: one ``CodecFrame`` per 80 ms frame, all code groups.
+
+Every tensor stays on the producing stage's device: when both stages of an edge
+share the device (all three on one GPU), nothing is copied to the host on the way
+(``stages/_torch_device.py``).
 """
 
 from __future__ import annotations

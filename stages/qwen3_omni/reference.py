@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
@@ -26,17 +27,24 @@ DEFAULT_MAX_FRAMES = 256  # and its talker's
 class ReferenceGenerate:
     """Greedy ``generate(return_audio=True)`` for one request at a time."""
 
-    def __init__(self, model_path: Path, torch_threads: int = 1) -> None:
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        # A Qwen3OmniMoeForConditionalGeneration on any device: loaded from a folder, or
+        # the very model a pipeline's stages serve (a live model: weights.py).
+        self.model = model
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_folder(cls, model_path: Path, torch_threads: int = 1) -> ReferenceGenerate:
         torch.set_num_threads(torch_threads)
-        self.model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_path).eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_path).eval()
+        return cls(model, AutoTokenizer.from_pretrained(model_path))
 
     def __call__(self, request: Request) -> list[VisibleItem]:
         messages = [{"role": "user", "content": request.text}]
         text = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False
         )
-        input_ids = torch.tensor([self.tokenizer(text)["input_ids"]])  # [1, S]
+        input_ids = torch.tensor([self.tokenizer(text)["input_ids"]], device=self.model.device)
         with torch.inference_mode(), warnings.catch_warnings():
             # generate() warns about its own talker call; that is the reference's business.
             warnings.filterwarnings("ignore", "Passing `repetition_penalty` with `inputs_embeds`")
@@ -55,7 +63,7 @@ class ReferenceGenerate:
             TextDelta(self.tokenizer.decode([token], skip_special_tokens=True)) for token in answer
         ]
         if wav is not None:
-            pcm = (wav.reshape(-1).float().clamp(-1, 1) * 32767).round().to(torch.int16)
+            pcm = (wav.reshape(-1).float().clamp(-1, 1) * 32767).round().to(torch.int16).cpu()
             items.append(AudioChunk(pcm.numpy().astype("<i2").tobytes(), SAMPLE_RATE_HZ))
         return items
 
@@ -65,4 +73,4 @@ def monolithic(config: PipelineConfig) -> ReferenceGenerate:
     model_path = config.stages[0].params.get("model_path")
     if not isinstance(model_path, str):
         raise ValueError(f"stage {config.stages[0].name!r} has no model_path; pass --model-path")
-    return ReferenceGenerate(Path(model_path))
+    return ReferenceGenerate.from_folder(Path(model_path))

@@ -16,18 +16,19 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import torch
 from transformers import DynamicCache, Qwen3OmniMoeTalkerForConditionalGeneration
 
 from omnitrio import Request, StreamOutput, StreamWork
 from stages._packaging import Outbox, Piece, step_output
+from stages._torch_device import on
 from stages._torch_kv import batched_decode, cache_length
-from stages._torch_loading import load_pretrained
 from stages._torch_sampling import OptionError, Sampler, SamplingParams
 from stages._torch_stage import AutoregressiveStage
+from stages.qwen3_omni.fast_paths import fast_decode_forward
 from stages.qwen3_omni.payloads import CodecFrame, TalkerPrompt, TextToken
+from stages.qwen3_omni.weights import ModelSource
 
 # generate(return_audio=True)'s talker defaults.
 TALKER_DEFAULTS = SamplingParams(
@@ -60,18 +61,20 @@ class Qwen3OmniTalker(AutoregressiveStage):
         *,
         name: str,
         device: str = "cpu",
-        model_path: str,
+        model_path: str | None = None,
+        live_model: str | None = None,
         max_frames: int = 1024,
         speaker: str = "ethan",
         torch_threads: int | None = None,
         packaging_queue: int = 4,
+        decode_fast_path: str = "off",
     ) -> None:
         super().__init__(
             name=name, device=device, torch_threads=torch_threads, packaging_queue=packaging_queue
         )
-        self.model = load_pretrained(
-            Qwen3OmniMoeTalkerForConditionalGeneration, Path(model_path) / "talker", stage=name
-        ).to(self.device)
+        source = ModelSource(name, self.device, model_path, live_model)
+        self.model = source.module("talker", Qwen3OmniMoeTalkerForConditionalGeneration)
+        self.decode_forward = fast_decode_forward(name, self.model, decode_fast_path)
         self.config = self.model.config
         self.embed = self.model.get_input_embeddings()
         self.residual_embeds = self.model.code_predictor.get_input_embeddings()
@@ -80,7 +83,7 @@ class Qwen3OmniTalker(AutoregressiveStage):
         self.suppress_ids = [i for i in range(vocab - 1024, vocab) if i != self.eos_id]
         self.defaults = replace(TALKER_DEFAULTS, max_tokens=max_frames)
         self.default_speaker = speaker
-        self.tts_pad_token_id = _composite_value(Path(model_path), "tts_pad_token_id")
+        self.tts_pad_token_id = int(source.composite("tts_pad_token_id"))
         self.streams: dict[str, _Stream] = {}
 
     # -- the stage protocol ------------------------------------------------------
@@ -157,13 +160,13 @@ class Qwen3OmniTalker(AutoregressiveStage):
                 if isinstance(item, TalkerPrompt):
                     stream.prompt = item
                     stream.text_complete = item.first_is_last
-                    self.special = project(item.special_vectors.to(self.device))  # [3, H]
+                    self.special = project(on(item.special_vectors, self.device))  # [3, H]
                 elif isinstance(item, TextToken):
                     if item.last:
                         stream.text.append(self.special[1])  # tts_eos
                         stream.text_complete = True
                     else:
-                        stream.text.append(project(item.vector.to(self.device)))
+                        stream.text.append(project(on(item.vector, self.device)))
 
     # -- the critical path ---------------------------------------------------------
 
@@ -196,13 +199,15 @@ class Qwen3OmniTalker(AutoregressiveStage):
         self, stream: _Stream, prompt: TalkerPrompt
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The prefill input, as the reference builds it: user part, then assistant part."""
-        vectors = prompt.user_vectors.to(self.device)
+        vectors = on(prompt.user_vectors, self.device)
         user = torch.where(
-            prompt.user_multimodal[:, None].to(self.device),
+            on(prompt.user_multimodal, self.device)[:, None],
             self.model.hidden_projection(vectors),
             self.model.text_projection(vectors),
         )  # [U, H]
-        assistant = self.model.text_projection(prompt.assistant_vectors.to(self.device))  # [3|4, H]
+        assistant = self.model.text_projection(
+            on(prompt.assistant_vectors, self.device)
+        )  # [3|4, H]
         bos, _, pad = self.special
         first_text = assistant[3:4] if len(assistant) > 3 else self.special[1:2]
         text_part = torch.cat((assistant[:3], pad.expand(4, -1), bos[None], first_text))  # [9, H]
@@ -220,9 +225,9 @@ class Qwen3OmniTalker(AutoregressiveStage):
         codec_part = torch.cat((torch.zeros_like(text_part[:3]), self.embed(codec_ids)))  # [9, H]
         embeds = torch.cat((user, text_part + codec_part))[None]  # [1, U + 9, H]
         assistant_ids = torch.full((9,), self.tts_pad_token_id, device=self.device)
-        talker_ids = torch.cat((prompt.user_ids.to(self.device), assistant_ids))[None]
+        talker_ids = torch.cat((on(prompt.user_ids, self.device), assistant_ids))[None]
         lengths = prompt.audio_feature_lengths
-        return embeds, talker_ids, None if lengths is None else lengths.to(self.device)
+        return embeds, talker_ids, None if lengths is None else on(lengths, self.device)
 
     def _decode(self, streams: list[_Stream]) -> list[torch.Tensor]:
         """Finish each stream's previous frame and sample its next group-0 code."""
@@ -243,7 +248,7 @@ class Qwen3OmniTalker(AutoregressiveStage):
             .expand(3, -1, -1)
         )  # [3, B, 1]
         out = batched_decode(
-            self.model,
+            self.decode_forward,
             caches,  # type: ignore[arg-type]
             positions,
             inputs_embeds=(embeds + text)[:, None],
@@ -254,7 +259,7 @@ class Qwen3OmniTalker(AutoregressiveStage):
         for row, stream in enumerate(streams):
             stream.last_hidden = out.hidden_states[0][-1][row, -1]
             self._sample(stream, logits[row])
-        return list(frames.cpu())
+        return list(frames)  # on the device: code2wav reads them there when it shares it
 
     def _residual_codes(self, streams: list[_Stream], last_codes: torch.Tensor) -> torch.Tensor:
         """The code predictor's groups 1 .. G-1 for each stream's last group-0 code."""
@@ -308,9 +313,3 @@ def _ready(stream: _Stream) -> bool:
     if stream.kv is None or stream.finished:
         return False
     return stream.text_complete or len(stream.codes) - 1 < len(stream.text)
-
-
-def _composite_value(model_path: Path, key: str) -> int:
-    import json
-
-    return int(json.loads((model_path / "config.json").read_text())[key])

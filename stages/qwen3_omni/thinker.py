@@ -8,20 +8,13 @@ deltas, the talker's vectors — is built on the packaging thread (seed 002).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import (
-    AutoTokenizer,
-    DynamicCache,
-    Qwen3OmniMoeThinkerForConditionalGeneration,
-    WhisperFeatureExtractor,
-)
+from transformers import DynamicCache, Qwen3OmniMoeThinkerForConditionalGeneration
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     _get_feat_extract_output_lengths,
 )
@@ -29,10 +22,11 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 from omnitrio import Request, StreamOutput, StreamWork, TextDelta
 from stages._packaging import Outbox, Piece, step_output
 from stages._torch_kv import batched_decode, cache_length
-from stages._torch_loading import load_pretrained
 from stages._torch_sampling import Sampler, SamplingParams
 from stages._torch_stage import AutoregressiveStage
+from stages.qwen3_omni.fast_paths import fast_decode_forward
 from stages.qwen3_omni.payloads import TalkerPrompt, TextToken
+from stages.qwen3_omni.weights import ModelSource
 
 AUDIO_INPUT_SAMPLE_RATE_HZ = 16_000
 
@@ -62,30 +56,33 @@ class Qwen3OmniThinker(AutoregressiveStage):
         *,
         name: str,
         device: str = "cpu",
-        model_path: str,
+        model_path: str | None = None,
+        live_model: str | None = None,
         max_tokens: int = 256,
         system_prompt: str = "",
         torch_threads: int | None = None,
         packaging_queue: int = 4,
+        decode_fast_path: str = "off",
     ) -> None:
         super().__init__(
             name=name, device=device, torch_threads=torch_threads, packaging_queue=packaging_queue
         )
-        folder = Path(model_path) / "thinker"
-        self.model = load_pretrained(
-            Qwen3OmniMoeThinkerForConditionalGeneration, folder, stage=name
-        ).to(self.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.features = WhisperFeatureExtractor.from_pretrained(folder)
+        source = ModelSource(name, self.device, model_path, live_model)
+        self.model = source.module("thinker", Qwen3OmniMoeThinkerForConditionalGeneration)
+        self.decode_forward = fast_decode_forward(name, self.model, decode_fast_path)
+        self.tokenizer = source.tokenizer()
+        self.features = source.features()
         self.config = self.model.config
-        self.eos_ids = {self.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        # Special ids from the composite config: a published tokenizer names them differently.
+        self.eos_ids = {int(source.composite("im_end_token_id"))}
         self.defaults = SamplingParams(max_tokens=max_tokens)
         self.system_prompt = system_prompt
-        self.accept_layer = _accept_layer(Path(model_path))
-        token_id = self.tokenizer.convert_tokens_to_ids
-        self.im_start_id = token_id("<|im_start|>")
-        self.user_id = token_id("user")
-        self.special_ids = [token_id(t) for t in ("<|tts_bos|>", "<|tts_eos|>", "<|tts_pad|>")]
+        self.accept_layer = int(source.composite("talker_config")["accept_hidden_layer"])
+        self.im_start_id = int(source.composite("im_start_token_id"))
+        self.user_id = int(source.composite("user_token_id"))
+        self.special_ids = [
+            int(source.composite(f"tts_{kind}_token_id")) for kind in ("bos", "eos", "pad")
+        ]
         self.multimodal_ids = torch.tensor(
             [self.config.audio_token_id, self.config.image_token_id, self.config.video_token_id]
         )
@@ -168,7 +165,7 @@ class Qwen3OmniThinker(AutoregressiveStage):
             [[cache_length(c) + s.rope_delta] for c, s in zip(caches, streams, strict=True)],  # type: ignore[arg-type]
             device=self.device,
         ).view(1, -1, 1)  # [1, B, 1]
-        out = batched_decode(self.model, caches, positions, input_ids=tokens)  # type: ignore[arg-type]
+        out = batched_decode(self.decode_forward, caches, positions, input_ids=tokens)  # type: ignore[arg-type]
         return out.logits[:, -1].float().cpu()  # one device -> host copy per step
 
     def _sample(self, stream: _Stream, logits: torch.Tensor) -> int:
@@ -199,7 +196,7 @@ class Qwen3OmniThinker(AutoregressiveStage):
         if prompt_states is not None:
             payload: object = self._talker_prompt(stream, ids, prompt_states, last)
         elif last:
-            payload = TextToken(index, torch.empty(0), last=True)
+            payload = TextToken(index, torch.empty(0, device=self.device), last=True)
         else:
             payload = TextToken(index, self._embed(ids[-1]), last=False)
         visible: tuple[TextDelta, ...] = ()
@@ -212,17 +209,19 @@ class Qwen3OmniThinker(AutoregressiveStage):
     def _talker_prompt(
         self, stream: _Stream, ids: list[int], states: torch.Tensor, last: bool
     ) -> TalkerPrompt:
-        prompt = torch.tensor(ids[:-1])  # [S]
-        states = states.cpu()
+        """On the thinker's device: the talker reads it there when it shares the device."""
+        prompt = torch.tensor(ids[:-1])  # [S], on the host: index bookkeeping only
         user = _user_positions(prompt, self.im_start_id, self.user_id)  # [U]
-        multimodal = torch.isin(prompt[user], self.multimodal_ids)
+        user_ids = prompt[user].to(self.device)  # [U]
+        multimodal = torch.isin(prompt[user], self.multimodal_ids).to(self.device)  # [U]
+        user = user.to(self.device)
         vectors = torch.where(multimodal[:, None], states[1][user], states[0][user])  # [U, H]
         first = [] if last else [self._embed(ids[-1])[None]]
         return TalkerPrompt(
             user_vectors=vectors,
             user_multimodal=multimodal,
-            user_ids=prompt[user],
-            audio_feature_lengths=stream.audio_lengths,
+            user_ids=user_ids,
+            audio_feature_lengths=stream.audio_lengths,  # on the device with the features
             assistant_vectors=torch.cat((states[0][-3:], *first)),
             special_vectors=self._embed_many(self.special_ids),
             first_is_last=last,
@@ -232,8 +231,9 @@ class Qwen3OmniThinker(AutoregressiveStage):
         return self._embed_many([token])[0]
 
     def _embed_many(self, tokens: list[int]) -> torch.Tensor:
+        """Token embeddings [N, H], on the thinker's device."""
         with torch.no_grad():
-            return self.model.get_input_embeddings()(torch.tensor(tokens, device=self.device)).cpu()
+            return self.model.get_input_embeddings()(torch.tensor(tokens, device=self.device))
 
     def _deliver(self, stream_id: str, stream: _Stream) -> StreamOutput:
         return step_output(
@@ -292,9 +292,3 @@ def _resample(pcm: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
     return np.interp(np.arange(num_out) * from_hz / to_hz, np.arange(len(pcm)), pcm).astype(
         np.float32
     )
-
-
-def _accept_layer(model_path: Path) -> int:
-    """The thinker layer whose hidden states the talker reads (from the talker's config)."""
-    config = json.loads((model_path / "talker" / "config.json").read_text())
-    return int(config["accept_hidden_layer"])

@@ -168,10 +168,21 @@ def tiny_config() -> Qwen3OmniMoeConfig:
         "num_key_value_heads": 2,
         "decoder_dim": 32,
     }
+    return composite_config(thinker, talker, code2wav, ids)
+
+
+def composite_config(
+    thinker: dict[str, object],
+    talker: dict[str, object],
+    code2wav: dict[str, object],
+    ids: dict[str, int],
+) -> Qwen3OmniMoeConfig:
+    """The composite config of three stage configs, with the token ids ``generate`` reads."""
     return Qwen3OmniMoeConfig(
         thinker_config=thinker,
         talker_config=talker,
         code2wav_config=code2wav,
+        enable_audio_output=True,
         im_start_token_id=ids["<|im_start|>"],
         im_end_token_id=ids["<|im_end|>"],
         tts_pad_token_id=ids["<|tts_pad|>"],
