@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from omnitrio import Event, Request, StreamWork, TextDelta
-from stages.phrases import PhraseSplitter
+from stages.voice.phrases import PhraseSplitter
 from tests.voice_support import INPUT_RATE_HZ, needs_voice, spoken
 
 
@@ -27,7 +27,7 @@ def test_phrases_end_at_sentence_ends_long_commas_and_the_word_limit() -> None:
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[object]:
-    from stages.llm import SmolLM2
+    from stages.voice.llm import SmolLM2
 
     stage = SmolLM2("llm", max_new_tokens=16)
     yield stage
@@ -36,7 +36,7 @@ def llm() -> Iterator[object]:
 
 def _answer(stage: object, questions: dict[str, str]) -> dict[str, str]:
     """Run streams to the end together, the way the actor does; their texts."""
-    from stages.voice_common import Utterance
+    from stages.voice.voice_common import Utterance
 
     for sid in questions:
         stage.open_stream(sid, Request())  # type: ignore[attr-defined]
@@ -68,7 +68,7 @@ def test_batched_decoding_gives_each_stream_its_own_answer(llm: object) -> None:
 
 @needs_voice
 def test_a_cancelled_stream_leaves_the_batch_at_the_next_step(llm: object) -> None:
-    from stages.voice_common import Utterance
+    from stages.voice.voice_common import Utterance
 
     llm.open_stream("x", Request())  # type: ignore[attr-defined]
     llm.open_stream("y", Request())  # type: ignore[attr-defined]
@@ -83,7 +83,7 @@ def test_a_cancelled_stream_leaves_the_batch_at_the_next_step(llm: object) -> No
 
 @needs_voice
 def test_vad_finds_the_turn_and_batches_streams(tmp_path: Path) -> None:
-    from stages.vad import SileroVad
+    from stages.voice.vad import SileroVad
 
     speech = bytes(2 * INPUT_RATE_HZ // 2) + spoken("What do cats like to eat?", tmp_path / "q.wav")
     speech += bytes(2 * INPUT_RATE_HZ)  # 1 s of silence ends the turn
@@ -106,8 +106,8 @@ def test_vad_finds_the_turn_and_batches_streams(tmp_path: Path) -> None:
 
 @needs_voice
 def test_tts_speaks_the_first_phrase_before_the_text_ends() -> None:
-    from stages.tts import PiperTts
-    from stages.voice_common import TextPiece
+    from stages.voice.tts import PiperTts
+    from stages.voice.voice_common import TextPiece
 
     tts = PiperTts("tts")
     tts.open_stream("s", Request())
