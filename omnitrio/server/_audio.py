@@ -1,24 +1,12 @@
-"""PCM16 helpers for the web layer: resampling to the session's rate and WAV framing."""
+"""PCM16 helpers for the web layer: resampling to the session's rate (omnitrio's one
+resampler, soxr) and WAV framing."""
 
 from __future__ import annotations
 
 import io
 import wave
 
-import numpy as np
-
-
-def resample_pcm16(pcm16: bytes, from_hz: int, to_hz: int) -> bytes:
-    """Linear-interpolation resampling of mono PCM16 (chunk by chunk; good enough for speech
-    previews, not for music)."""
-    if from_hz == to_hz or not pcm16:
-        return pcm16
-    samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32)
-    num_out = max(1, round(len(samples) * to_hz / from_hz))
-    # positions of output samples on the input's time axis
-    positions = np.arange(num_out, dtype=np.float64) * (from_hz / to_hz)
-    out = np.interp(positions, np.arange(len(samples)), samples)
-    return np.clip(np.rint(out), -32768, 32767).astype("<i2").tobytes()
+from .._resample import resample_pcm16 as resample_pcm16
 
 
 def wav_bytes(pcm16: bytes, sample_rate_hz: int) -> bytes:
