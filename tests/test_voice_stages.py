@@ -25,6 +25,16 @@ def test_phrases_end_at_sentence_ends_long_commas_and_the_word_limit() -> None:
     assert splitter.feed("one two three four five six seven ") == ["one two", "three four five"]
 
 
+def test_a_cut_for_length_falls_before_a_boundary_word_and_not_after_an_abbreviation() -> None:
+    splitter = PhraseSplitter(first_max_words=6)
+    text = "Dr. Smith lives in the old house by the river "
+    assert splitter.feed(text) == ["Dr. Smith lives"]  # not "Dr." alone, not "... in the"
+    assert splitter.flush() == "in the old house by the river"
+    splitter = PhraseSplitter(first_max_words=4)
+    assert splitter.feed("Cats like to eat fish ") == ["Cats like"]
+    assert splitter.feed("and meat. ") == ["to eat fish and meat."]
+
+
 @pytest.fixture(scope="module")
 def llm() -> Iterator[object]:
     from stages.voice.llm import SmolLM2

@@ -38,8 +38,10 @@ from .voice_common import (
 WHISPER_RATE_HZ = 16000
 FRAMES_PER_S = 100  # Whisper's mel features: one frame per 10 ms
 MAX_WINDOW_FRAMES = 3000  # 30 s, what the model was trained on
+MIN_WINDOW_FRAMES = 3000
 PAD_FRAMES = 100  # a window is padded to the next whole second past its end
-MAX_TOKENS_PER_S = 12  # the decode's length limit (speech is ~4 tokens a second)
+MAX_TOKENS_PER_S = 8  # the decode's length limit (speech is ~4 tokens a second) ...
+MIN_MAX_TOKENS = 12  # ... but never below this
 
 
 class WhisperAsr:
@@ -110,9 +112,8 @@ class WhisperAsr:
         texts = []
         for start in range(0, max(1, features.shape[-1]), MAX_WINDOW_FRAMES):
             window = features[:, start : start + MAX_WINDOW_FRAMES]
-            frames = min(
-                MAX_WINDOW_FRAMES, -(-(window.shape[-1] + PAD_FRAMES) // PAD_FRAMES) * PAD_FRAMES
-            )
+            padded_to = -(-(window.shape[-1] + PAD_FRAMES) // PAD_FRAMES) * PAD_FRAMES
+            frames = min(MAX_WINDOW_FRAMES, max(MIN_WINDOW_FRAMES, padded_to))
             padded = np.zeros((1, window.shape[0], frames), np.float32)  # padded: [1, 80, F]
             padded[0, :, : window.shape[-1]] = window
             encoded = self._model.model.encode(ctranslate2.StorageView.from_array(padded))
@@ -120,7 +121,7 @@ class WhisperAsr:
                 encoded,
                 [self._prompt],
                 beam_size=self.beam_size,
-                max_length=MAX_TOKENS_PER_S * frames // FRAMES_PER_S,
+                max_length=MIN_MAX_TOKENS + MAX_TOKENS_PER_S * window.shape[-1] // FRAMES_PER_S,
                 suppress_blank=True,
             )
             texts.append(self._tokenizer.decode(result[0].sequences_ids[0]).strip())
