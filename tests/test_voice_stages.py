@@ -132,3 +132,26 @@ def test_tts_speaks_the_first_phrase_before_the_text_ends() -> None:
     assert last.done
     tts.close_stream("s")
     tts.close()
+
+
+@needs_voice
+@pytest.mark.parametrize(
+    ("impl", "params", "named"),
+    [
+        ("stages.voice.tts:PiperTts", {"voice_path": "nowhere/voice.onnx"}, "voice_path"),
+        ("stages.voice.asr:WhisperAsr", {"model_path": "nowhere/whisper"}, "model_path"),
+        ("stages.voice.llm:SmolLM2", {"model_path": "nowhere/llm"}, "model_path"),
+        ("stages.voice.llm:SmolLM2", {"model_path": "nowhere/llm.gguf"}, "model_path"),
+    ],
+)
+def test_a_missing_model_file_names_the_param_and_the_path(
+    impl: str, params: dict[str, str], named: str
+) -> None:
+    import importlib
+
+    from stages.voice.voice_common import MissingModelFile
+
+    module, _, name = impl.partition(":")
+    stage_class = getattr(importlib.import_module(module), name)
+    with pytest.raises(MissingModelFile, match=f"param {named}: .*{params[named]}"):
+        stage_class("stage", **params)
