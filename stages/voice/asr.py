@@ -17,10 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-import ctranslate2
-import numpy as np
 from faster_whisper import WhisperModel
-from faster_whisper.tokenizer import Tokenizer
 
 from omnitrio import Event, Request, StreamOutput, StreamWork
 
@@ -36,12 +33,6 @@ from .voice_common import (
 )
 
 WHISPER_RATE_HZ = 16000
-FRAMES_PER_S = 100  # Whisper's mel features: one frame per 10 ms
-MAX_WINDOW_FRAMES = 3000  # 30 s, what the model was trained on
-MIN_WINDOW_FRAMES = 3000
-PAD_FRAMES = 100  # a window is padded to the next whole second past its end
-MAX_TOKENS_PER_S = 8  # the decode's length limit (speech is ~4 tokens a second) ...
-MIN_MAX_TOKENS = 12  # ... but never below this
 
 
 class WhisperAsr:
@@ -74,13 +65,6 @@ class WhisperAsr:
         )
         self.beam_size = beam_size
         self.language = language
-        self._tokenizer = Tokenizer(
-            self._model.hf_tokenizer,
-            self._model.model.is_multilingual,
-            task="transcribe",
-            language=language,
-        )
-        self._prompt = [*self._tokenizer.sot_sequence, self._tokenizer.no_timestamps]
         self._audio: dict[str, Floats | None] = {}
         self.audio_s = 0.0  # audio transcribed, for the real-time factor
         self.busy_s = 0.0
@@ -100,32 +84,17 @@ class WhisperAsr:
         self._audio.clear()
 
     def transcribe(self, samples: Floats) -> str:
-        """Text of 16 kHz float samples (also used by the tests as an independent check).
-
-        faster-whisper's ``transcribe`` pads every window to 30 s of features, and the
-        encoder's cost grows with them; CTranslate2's encoder takes fewer frames, so each
-        window (30 s at most) is padded only to a whole second past its end. One greedy
-        (or beam) decode per window, without timestamps.
-        """
+        """Text of 16 kHz float samples (also used by the tests as an independent check)."""
         started = time.perf_counter()
-        features = self._model.feature_extractor(samples)  # features: [80, frames]
-        texts = []
-        for start in range(0, max(1, features.shape[-1]), MAX_WINDOW_FRAMES):
-            window = features[:, start : start + MAX_WINDOW_FRAMES]
-            padded_to = -(-(window.shape[-1] + PAD_FRAMES) // PAD_FRAMES) * PAD_FRAMES
-            frames = min(MAX_WINDOW_FRAMES, max(MIN_WINDOW_FRAMES, padded_to))
-            padded = np.zeros((1, window.shape[0], frames), np.float32)  # padded: [1, 80, F]
-            padded[0, :, : window.shape[-1]] = window
-            encoded = self._model.model.encode(ctranslate2.StorageView.from_array(padded))
-            result = self._model.model.generate(
-                encoded,
-                [self._prompt],
-                beam_size=self.beam_size,
-                max_length=MIN_MAX_TOKENS + MAX_TOKENS_PER_S * window.shape[-1] // FRAMES_PER_S,
-                suppress_blank=True,
-            )
-            texts.append(self._tokenizer.decode(result[0].sequences_ids[0]).strip())
-        text = " ".join(t for t in texts if t)
+        segments, _ = self._model.transcribe(
+            samples,
+            language=self.language,
+            beam_size=self.beam_size,
+            condition_on_previous_text=False,
+            without_timestamps=True,
+            vad_filter=False,
+        )
+        text = " ".join(segment.text.strip() for segment in segments).strip()
         self.busy_s += time.perf_counter() - started
         self.audio_s += samples.size / WHISPER_RATE_HZ
         return text
