@@ -4,6 +4,10 @@ real-time factor, at several numbers of concurrent conversations.
 Usage (from the repository root; needs `scripts/setup dev,voice`)::
 
     python benchmarks/voice_latency.py [--levels 1,2,4] [--turns 20] [--json out.json]
+        [--checkout DIR]
+
+``--checkout DIR`` serves another checkout of omnitrio (e.g. a ``git worktree`` of
+an older commit) with this client, for before/after figures from one session.
 
 What runs
 ---------
@@ -11,8 +15,16 @@ What runs
 this process is the client. Each conversation is one Realtime WebSocket with
 server_vad turn detection, fed like a microphone: 20 ms PCM16 chunks, each sent
 when its last sample would have been recorded (real time), silence between
-questions. A turn is a question spoken by espeak-ng (rotating through a few),
-then silence until the answer's response.done; the next turn follows at once.
+questions. A turn is a question spoken by espeak-ng (rotating through a few; half
+of them have a mid-sentence pause, two espeak-ng renderings joined by
+``PAUSE_S`` of silence), then silence until the answer's response.done; the next
+turn follows at once.
+
+Turn splits and false barge-ins: a ``speech_stopped`` that arrives before the
+question's speech has ended is a split (the server took the pause for the end of
+the turn); a response cancelled while the question is still being spoken is a
+false barge-in. The turn's answer is the response created after the last
+``speech_stopped``; its first audio is what the latency measures.
 
 At each level, ``--turns`` turns in all are spread over the conversations (at
 least one each), all conversations running at once.
@@ -57,15 +69,16 @@ sys.path.insert(0, str(REPO))
 from tests.voice_support import INPUT_RATE_HZ, spoken  # noqa: E402
 
 CHUNK_S = 0.02
+PAUSE_S = 0.4  # a hesitation in the middle of a sentence
 QUESTIONS = (
     "What do cats like to eat?",
-    "Why is the sky blue?",
+    "Why is the sky blue, | and why are sunsets red?",
     "Tell me a story about a dragon.",
-    "What is a good name for a dog?",
+    "What is a good name | for a small dog?",
 )
 SILENCE_LEVEL = 0.01
 SERVING = re.compile(r"omnitrio serving .* at (http://[^\s,]+)")
-TURN_TIMEOUT_S = 120.0
+TURN_TIMEOUT_S = 300.0  # a loaded machine answers slowly at four conversations
 
 
 @dataclass
@@ -80,6 +93,8 @@ class Turn:
     input_audio_s: float = 0.0
     answer_audio_s: float = 0.0
     num_text_deltas: int = 0
+    num_splits: int = 0  # speech_stopped before the question's speech ended
+    num_false_barge_ins: int = 0  # responses cancelled while the question went on
     status: str = ""
 
 
@@ -93,9 +108,22 @@ class Level:
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute, at the start and the end
 
 
+def trimmed(pcm16: bytes) -> bytes:
+    """espeak-ng's rendering without its silence before and after the speech."""
+    samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768
+    loud = np.nonzero(np.abs(samples) > SILENCE_LEVEL)[0]
+    return pcm16[2 * int(loud[0]) : 2 * (int(loud[-1]) + 1)]
+
+
 def speech(question: str, folder: Path) -> tuple[bytes, float]:
-    """PCM16 of the question and where its speech ends (seconds)."""
-    pcm16 = spoken(question, folder / f"q{abs(hash(question))}.wav")
+    """PCM16 of the question (``|`` marks a pause of ``PAUSE_S``) and where its speech
+    ends (seconds)."""
+    pause = bytes(int(PAUSE_S * INPUT_RATE_HZ) * 2)
+    parts = [
+        trimmed(spoken(part.strip(), folder / f"q{abs(hash(question))}-{n}.wav"))
+        for n, part in enumerate(question.split("|"))
+    ]
+    pcm16 = pause.join(parts)
     samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768
     loud = np.nonzero(np.abs(samples) > SILENCE_LEVEL)[0]
     return pcm16, (int(loud[-1]) + 1) / INPUT_RATE_HZ
@@ -139,24 +167,47 @@ async def converse(
                     nursery.cancel_scope.cancel()
 
 
+ANSWER_EVENTS = (
+    "response.output_audio.delta",
+    "response.output_audio_transcript.delta",
+    "response.done",
+)
+
+
+def response_id(event: dict[str, object]) -> object:
+    response = event.get("response")
+    return response.get("id") if isinstance(response, dict) else event.get("response_id")
+
+
 async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end: float) -> None:
     stopped: float | None = None
     transcript: float | None = None
     first_text: float | None = None
+    answer: str | None = None  # the response id of the turn's answer
     while True:
         event = json.loads(await ws.get_message())
         kind = event["type"]
+        now = trio.current_time()
         if kind == "error":
             raise RuntimeError(f"error event: {event['error']}")
-        if kind == "input_audio_buffer.speech_stopped":
-            stopped = trio.current_time()
+        if kind == "input_audio_buffer.speech_started":
+            answer = None  # a response under way now is to part of the question
+        elif kind == "input_audio_buffer.speech_stopped":
+            if now < speech_end:
+                turn.num_splits += 1
+            stopped, transcript, first_text, answer = now, None, None, None
+        elif kind == "response.created" and stopped is not None:
+            answer = event["response"]["id"]
         elif kind == "conversation.item.input_audio_transcription.completed":
             turn.input_audio_s = float(event.get("usage", {}).get("seconds", 0.0))
-            transcript = trio.current_time()
+            transcript = now
             if stopped is not None:
                 turn.speech_stopped_to_transcript_s = transcript - stopped
+        elif kind in ANSWER_EVENTS and (answer is None or response_id(event) != answer):
+            if kind == "response.done" and event["response"]["status"] == "cancelled":
+                turn.num_false_barge_ins += 1
+            continue  # a response to part of the question
         elif kind == "response.output_audio.delta":
-            now = trio.current_time()
             if turn.end_of_speech_to_first_audio_s is None:
                 turn.end_of_speech_to_first_audio_s = now - speech_end
                 if stopped is not None:
@@ -167,7 +218,7 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
         elif kind == "response.output_audio_transcript.delta":
             turn.num_text_deltas += 1
             if first_text is None:
-                first_text = trio.current_time()
+                first_text = now
                 if transcript is not None:
                     turn.transcript_to_first_text_s = first_text - transcript
         elif kind == "response.done":
@@ -240,8 +291,8 @@ def report(levels: list[Level]) -> str:
     lines = [
         "| conversations | turns | end of speech -> first audio p50 / p90 (ms) "
         "| speech_stopped -> first audio p50 / p90 (ms) | RTF vad | RTF asr | RTF llm "
-        "| llm ms/delta | RTF tts |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| llm ms/delta | RTF tts | turn splits | false barge-ins |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         done = [t for t in level.turns if t.end_of_speech_to_first_audio_s is not None]
@@ -263,17 +314,19 @@ def report(levels: list[Level]) -> str:
             f"| {busy.get('asr', math.nan) / input_s:.3f} "
             f"| {busy.get('llm', math.nan) / answer_s:.3f} "
             f"| {busy.get('llm', math.nan) / deltas * 1000:.1f} "
-            f"| {busy.get('tts', math.nan) / answer_s:.3f} |"
+            f"| {busy.get('tts', math.nan) / answer_s:.3f} "
+            f"| {sum(t.num_splits for t in level.turns)} "
+            f"| {sum(t.num_false_barge_ins for t in level.turns)} |"
         )
     return "\n".join(lines)
 
 
-def start_server(log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(log_path: Path, checkout: Path) -> tuple[subprocess.Popen[bytes], str]:
     command = [sys.executable, "-m", "omnitrio._cli", "--log-level", "WARNING", "run"]
     with log_path.open("wb") as log:
         server = subprocess.Popen(
             [*command, "--port", "0"],
-            cwd=REPO,
+            cwd=checkout,
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -292,10 +345,13 @@ def main() -> None:
     parser.add_argument("--levels", default="1,2,4", help="concurrent conversations")
     parser.add_argument("--turns", type=int, default=20, help="turns per level, in all")
     parser.add_argument("--json", type=Path, help="write the raw turns here")
+    parser.add_argument(
+        "--checkout", type=Path, default=REPO, help="the omnitrio checkout to serve"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         voices = {q: speech(q, Path(scratch)) for q in QUESTIONS}
-        server, base_url = start_server(Path(scratch) / "server.log")
+        server, base_url = start_server(Path(scratch) / "server.log", args.checkout.resolve())
         try:
             levels = [
                 trio.run(run_level, base_url, int(n), args.turns, voices)

@@ -22,6 +22,9 @@ from ._items import TextDelta as TextDelta
 from ._items import VisibleItem as VisibleItem
 from ._pipeline import Pipeline as Pipeline
 from ._pipeline import open_pipeline as open_pipeline
+from ._resample import StreamResampler as StreamResampler
+from ._resample import resample_float as resample_float
+from ._resample import resample_pcm16 as resample_pcm16
 from ._stage import Stage as Stage
 from ._stage import StreamOutput as StreamOutput
 from ._stage import StreamWork as StreamWork
@@ -55,6 +58,7 @@ __all__ = [
     "StageStatistics",
     "Stream",
     "StreamOutput",
+    "StreamResampler",
     "StreamStatistics",
     "StreamWork",
     "TextDelta",
@@ -62,4 +66,6 @@ __all__ = [
     "load_config",
     "open_pipeline",
     "parse_config",
+    "resample_float",
+    "resample_pcm16",
 ]

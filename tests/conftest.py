@@ -93,7 +93,7 @@ def chromium() -> Path:
 def voice_weights() -> None:
     """The LLM's weights cache, converted before any voice server starts: a first
     conversion (~20 s) would not fit in the servers' start timeouts."""
-    from stages.llm_weights import ensure_converted
+    from stages.voice.llm_weights import ensure_converted
 
     ensure_converted(None)
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from playwright.sync_api import sync_playwright
 
-from stages.voice_common import float_to_pcm16, pcm16_to_float, resample
+from stages.voice.voice_common import float_to_pcm16, pcm16_to_float, resample
 from tests.test_web_page import SERVING, fake_microphone_args
 from tests.voice_support import (
     INPUT_RATE_HZ,

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
-from stages.voice_common import float_to_pcm16, pcm16_to_float, resample
+from stages.voice.voice_common import float_to_pcm16, pcm16_to_float, resample
 
 if TYPE_CHECKING:
-    from stages.asr import WhisperAsr
+    from stages.voice.asr import WhisperAsr
 
 REPO = Path(__file__).resolve().parent.parent
 VOICE_CONFIG = REPO / "configs" / "voice-chat.yaml"
@@ -103,6 +103,6 @@ def transcribe_pcm16(pcm16: bytes, rate_hz: int) -> str:
 
 @functools.cache
 def _checker() -> WhisperAsr:
-    from stages.asr import WhisperAsr
+    from stages.voice.asr import WhisperAsr
 
     return WhisperAsr("checker")

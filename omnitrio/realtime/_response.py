@@ -1,7 +1,7 @@
 """One response: pipeline items in, server events out, and the closing events.
 
 A function call from the LLM stage (events ``tool_call``, ``tool_call.arguments``,
-``tool_call.done``; see stages/llm.py) is an output item of its own, of type
+``tool_call.done``; see stages/voice/llm.py) is an output item of its own, of type
 ``function_call``, with response.function_call_arguments.delta / .done.
 
 A response has one output item (an assistant message) with one content part:

@@ -6,7 +6,7 @@ under ``audio.input`` / ``audio.output``; beta has flat ``modalities``,
 rendering. Both produce and read the same ``Settings``.
 
 Function tools (``tools``, ``tool_choice``) reach the LLM stage as request
-options (see stages/llm.py). Parameters the SDK knows but omnitrio cannot honour
+options (see stages/voice/llm.py). Parameters the SDK knows but omnitrio cannot honour
 (transcription, other audio formats) are refused with ``unsupported_parameter``
 unless their value asks for nothing (``include: []``). ``turn_detection`` (server VAD) is
 honoured when the pipeline has a turn detector (see _turns.py).

@@ -1,31 +1,18 @@
-"""PCM16 helpers for the web layer: resampling to the session's rate, WAV framing, and the
-limits on audio a client uploads (``checked_input_audio``, separate from resampling)."""
+"""PCM16 helpers for the web layer: resampling to the session's rate (omnitrio's one
+resampler, soxr), WAV framing, and the limits on audio a client uploads
+(``checked_input_audio``)."""
 
 from __future__ import annotations
 
 import io
 import wave
 
-import numpy as np
-
+from .._resample import resample_pcm16 as resample_pcm16
 from ._settings import ServerSettings
 
 
 class InputAudioError(ValueError):
     """Uploaded audio the server will not take; the message says what and the limit."""
-
-
-def resample_pcm16(pcm16: bytes, from_hz: int, to_hz: int) -> bytes:
-    """Linear-interpolation resampling of mono PCM16 (chunk by chunk; good enough for speech
-    previews, not for music)."""
-    if from_hz == to_hz or not pcm16:
-        return pcm16
-    samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32)
-    num_out = max(1, round(len(samples) * to_hz / from_hz))
-    # positions of output samples on the input's time axis
-    positions = np.arange(num_out, dtype=np.float64) * (from_hz / to_hz)
-    out = np.interp(positions, np.arange(len(samples)), samples)
-    return np.clip(np.rint(out), -32768, 32767).astype("<i2").tobytes()
 
 
 def wav_bytes(pcm16: bytes, sample_rate_hz: int) -> bytes:

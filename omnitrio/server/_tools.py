@@ -5,7 +5,7 @@ The pipeline speaks of tools through ``Request.options`` (``tools``: a JSON list
 ``{"name", "description", "parameters"}``; ``tool_choice``: ``auto``, ``none`` or
 ``required``; ``tool_name``: the function a named choice forces) and answers with
 events (``tool_call``, ``tool_call.arguments``, ``tool_call.done``, ``llm.finish``);
-see stages/llm.py. A conversation's calls and results travel as text lines:
+see stages/voice/llm.py. A conversation's calls and results travel as text lines:
 ``assistant: <tool_call>{"name": ..., "arguments": ...}</tool_call>`` and
 ``tool: <result>``.
 """

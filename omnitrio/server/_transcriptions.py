@@ -3,8 +3,8 @@
 The upload (multipart, field ``file``) is decoded with PyAV (FFmpeg: WAV, MP3, FLAC,
 OGG/Opus, M4A, WebM ...) to mono PCM16 and sent down the pipeline as one stream
 with option ``task: transcribe``: the ASR stage's ``transcript`` event is the
-answer, and the stages after it do nothing for that stream (stages/asr.py,
-stages/llm.py). ``response_format`` is ``json`` (the default), ``text`` or
+answer, and the stages after it do nothing for that stream (stages/voice/asr.py,
+stages/voice/llm.py). ``response_format`` is ``json`` (the default), ``text`` or
 ``verbose_json``.
 """
 

@@ -1,5 +1,7 @@
-// Audio helpers for the voice chat page: microphone capture to PCM16 at a fixed rate,
-// a streaming resampler, and the PCM16 <-> base64 conversions of the Realtime API.
+// Audio helpers for the voice chat page: microphone capture to PCM16 at a fixed rate
+// and the PCM16 <-> base64 conversions of the Realtime API. No resampling here: the
+// AudioContext is asked for the rate the server wants, and the browser converts
+// the microphone to it (with its own anti-aliased resampler).
 // Reply playback lives in player.js (and playback-worklet.js).
 
 // ---------------------------------------------------------------- capture
@@ -11,11 +13,10 @@ export async function openMicrophone({ rateHz, intervalMs, onPcm }) {
   const stream = await navigator.mediaDevices.getUserMedia({
     audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
   });
-  const ctx = new AudioContext();
-  const resampler = new Resampler(ctx.sampleRate, rateHz);
+  const ctx = new AudioContext({ sampleRate: rateHz });
   let pending = []; // Int16Array chunks not yet delivered
   let delivered = 0;
-  const onSamples = (float32) => pending.push(floatToPcm16(resampler.push(float32)));
+  const onSamples = (float32) => pending.push(floatToPcm16(float32));
   const flush = () => {
     const pcm = concat(pending);
     pending = [];
@@ -63,37 +64,6 @@ function concat(chunks) {
     offset += chunk.length;
   }
   return out;
-}
-
-// Streaming linear-interpolation resampler. Output sample k sits at input position
-// k * step (step = fromHz / toHz). `pos` is the next output's position relative to the
-// current chunk; index -1 is the previous chunk's last sample, so interpolation runs
-// across chunk boundaries without clicks. E.g. 48 kHz -> 24 kHz: step 2, every other
-// input sample; 16 kHz -> 48 kHz: step 1/3, two interpolated samples between inputs.
-// (No low-pass filter before downsampling: fine for speech, which has little energy
-// above 12 kHz; upsampling by interpolation leaves faint images above the old Nyquist.)
-export class Resampler {
-  constructor(fromHz, toHz) {
-    this.step = fromHz / toHz;
-    this.pos = 0;
-    this.last = 0;
-  }
-
-  push(input) {
-    const n = input.length;
-    const out = new Float32Array(Math.ceil((n - this.pos) / this.step) + 1);
-    let count = 0;
-    while (Math.floor(this.pos) + 1 < n) {
-      const i = Math.floor(this.pos);
-      const frac = this.pos - i;
-      const a = i < 0 ? this.last : input[i];
-      out[count++] = a + (input[i + 1] - a) * frac;
-      this.pos += this.step;
-    }
-    this.pos -= n; // now in [-1, step - 1): relative to the next chunk
-    if (n > 0) this.last = input[n - 1];
-    return out.subarray(0, count);
-  }
 }
 
 // ---------------------------------------------------------------- PCM16 <-> base64

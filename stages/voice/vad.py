@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime
 
-from omnitrio import Event, Request, StreamOutput, StreamWork, VisibleItem
+from omnitrio import Event, Request, StreamOutput, StreamResampler, StreamWork, VisibleItem
 
-from .voice_common import INSTALL_HINT, Floats, package_dir, pcm16_to_float, resample
+from .voice_common import INSTALL_HINT, Floats, package_dir, pcm16_to_float
 
 VAD_RATE_HZ = 16000
 WINDOW_SAMPLES = 512  # 32 ms at 16 kHz, what the model takes
@@ -38,6 +38,7 @@ class _Track:
     threshold: float
     silence_windows_to_stop: int
     prefix_padding_ms: int
+    resampler: StreamResampler  # the microphone's rate -> 16 kHz, across chunks
     state: Floats = field(default_factory=lambda: np.zeros(STATE_SHAPE, np.float32))
     context: Floats = field(default_factory=lambda: np.zeros(CONTEXT_SAMPLES, np.float32))
     pending: Floats = field(default_factory=lambda: np.zeros(0, np.float32))
@@ -98,7 +99,8 @@ class SileroVad:
         if not isinstance(silence_ms, int) or not isinstance(padding_ms, int):
             raise ValueError("silence_duration_ms and prefix_padding_ms must be integers")
         silence_windows = max(1, silence_ms // self.window_ms)
-        self._tracks[stream_id] = _Track(float(threshold), silence_windows, padding_ms)
+        resampler = StreamResampler(self.input_sample_rate_hz, VAD_RATE_HZ)
+        self._tracks[stream_id] = _Track(float(threshold), silence_windows, padding_ms, resampler)
 
     def close_stream(self, stream_id: str) -> None:
         del self._tracks[stream_id]
@@ -113,7 +115,7 @@ class SileroVad:
             for chunk in work.inputs:
                 if not isinstance(chunk, bytes):
                     raise TypeError(f"vad takes PCM16 bytes, not {type(chunk).__name__}")
-                audio = resample(pcm16_to_float(chunk), self.input_sample_rate_hz, VAD_RATE_HZ)
+                audio = track.resampler.push(pcm16_to_float(chunk))
                 track.pending = np.concatenate([track.pending, audio])
         while True:
             ready = [w.stream_id for w in batch if self._tracks[w.stream_id].pending.size >= 512]

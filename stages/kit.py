@@ -1,0 +1,68 @@
+"""The stage kit: what a model stage's author uses, in one public module.
+
+A stage is any class with the ``omnitrio.Stage`` shape (``open_stream``,
+``step``, ``close_stream``, ``close``) constructed as ``Stage(name, device, *,
+params...)`` from a config's ``impl``/``device``/``params``; a thread-count param
+is called ``num_threads`` where a stage has one. What this module gives it:
+
+- ``AutoregressiveStage``: the base of an autoregressive model stage (device, torch
+  threads, per-stream state in ``streams``, ``clock``, ``packager``, statistics).
+- ``Packager``, ``Piece``, ``Outbox``, ``step_output``, ``PackagingError``: packaging
+  off the critical path (detokenizing, slicing hidden states) on one thread per stage,
+  collected by the stream's next step.
+- ``batched_decode``, ``cache_length``, ``cache_nbytes``: one decode forward for
+  every stream of a step, each with its own ``DynamicCache``.
+- ``SamplingParams``, ``Sampler``, ``OptionError``: per-stream sampling from request
+  options (greedy by default), with transformers' own logits processors.
+- ``load_pretrained``, ``WeightsError``: loading a local checkpoint folder, refusing
+  missing or mismatched weights.
+- ``StepClock``: forward, sampling and packaging time per step.
+- ``stage_device``, ``DeviceError``: the stage's torch device, refused with the stage's
+  name when it is unknown or absent (``cuda`` without a GPU).
+- ``tool_call_grammar``, ``Grammar``, ``ToolSpec``, ``Vocabulary``, ``TOOL_CALL_OPEN``,
+  ``TOOL_CALL_CLOSE``: JSON-schema-constrained tool calls, a ``Sampler`` constraint.
+
+The implementations live in the private ``stages._*`` modules; import them from here.
+"""
+
+from stages._grammar import TOOL_CALL_CLOSE as TOOL_CALL_CLOSE
+from stages._grammar import TOOL_CALL_OPEN as TOOL_CALL_OPEN
+from stages._grammar import Grammar as Grammar
+from stages._grammar import ToolSpec as ToolSpec
+from stages._grammar import Vocabulary as Vocabulary
+from stages._grammar import tool_call_grammar as tool_call_grammar
+from stages._packaging import Outbox as Outbox
+from stages._packaging import Packager as Packager
+from stages._packaging import PackagingError as PackagingError
+from stages._packaging import Piece as Piece
+from stages._packaging import step_output as step_output
+from stages._torch_device import DeviceError as DeviceError
+from stages._torch_device import stage_device as stage_device
+from stages._torch_kv import batched_decode as batched_decode
+from stages._torch_kv import cache_length as cache_length
+from stages._torch_kv import cache_nbytes as cache_nbytes
+from stages._torch_loading import WeightsError as WeightsError
+from stages._torch_loading import load_pretrained as load_pretrained
+from stages._torch_sampling import OptionError as OptionError
+from stages._torch_sampling import Sampler as Sampler
+from stages._torch_sampling import SamplingParams as SamplingParams
+from stages._torch_stage import AutoregressiveStage as AutoregressiveStage
+from stages._torch_timing import StepClock as StepClock
+
+__all__ = [
+    "AutoregressiveStage",
+    "OptionError",
+    "Outbox",
+    "Packager",
+    "PackagingError",
+    "Piece",
+    "Sampler",
+    "SamplingParams",
+    "StepClock",
+    "WeightsError",
+    "batched_decode",
+    "cache_length",
+    "cache_nbytes",
+    "load_pretrained",
+    "step_output",
+]
