@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from ._config import PipelineConfig, load_config, resolve_impl
+from ._config import PipelineConfig, load_config, resolve_impl, uses_ray
 from ._errors import ConfigError, OmnitrioError
 from ._items import AudioChunk, Event, TextDelta
 from ._pipeline import Pipeline, open_pipeline
@@ -72,6 +72,8 @@ def _serve(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.model_path is not None:
         config = with_model_path(config, args.model_path)
+    if args.ray_address is not None:
+        config = with_ray_address(config, args.ray_address)
     settings = ServerSettings.from_env(
         host=args.host,
         port=args.port,
@@ -123,6 +125,22 @@ def with_model_path(config: PipelineConfig, model_path: Path) -> PipelineConfig:
     return config.model_copy(update={"stages": stages})
 
 
+def with_ray_address(config: PipelineConfig, address: str) -> PipelineConfig:
+    """``config`` with ``pipeline.ray_address`` set (its stages with ``placement: ray``
+    join that cluster instead of a Ray instance started for the pipeline)."""
+    if not address:
+        raise ConfigError(config.source, "--ray-address", "empty; give the cluster's address")
+    if not uses_ray(config):
+        raise ConfigError(
+            config.source,
+            "--ray-address",
+            f"no stage of pipeline {config.pipeline.name!r} has placement: ray; drop "
+            "--ray-address, or set placement: ray on the stages to place on the cluster",
+        )
+    pipeline = config.pipeline.model_copy(update={"ray_address": address})
+    return config.model_copy(update={"pipeline": pipeline})
+
+
 def _leaves(exc: BaseException) -> Iterator[BaseException]:
     """The exceptions inside (nested) exception groups, or ``exc`` itself."""
     if isinstance(exc, BaseExceptionGroup):
@@ -147,6 +165,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--model-path", type=Path, help="local model folder for the stages that load one"
+    )
+    run.add_argument(
+        "--ray-address",
+        help="Ray cluster for stages with placement: ray (default: pipeline.ray_address, "
+        "else a local Ray instance started with the pipeline)",
     )
     run.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     run.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")

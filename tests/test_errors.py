@@ -25,9 +25,9 @@ async def _outcome(pipeline: omnitrio.Pipeline, request: omnitrio.Request) -> tu
     return items, None
 
 
-async def test_an_exception_in_one_streams_work_fails_only_that_stream() -> None:
+async def test_an_exception_in_one_streams_work_fails_only_that_stream(placement: str) -> None:
     results: dict[str, tuple[list, object]] = {}
-    async with omnitrio.open_pipeline(chain_config(THREE)) as pipeline:
+    async with omnitrio.open_pipeline(chain_config(THREE, placement=placement)) as pipeline:
 
         async def run(label: str, options: dict[str, int]) -> None:
             results[label] = await _outcome(pipeline, omnitrio.Request(label, options=options))

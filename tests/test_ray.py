@@ -1,0 +1,207 @@
+"""Stages placed on Ray actors (``placement: ray``), on the session's two-node cluster.
+
+The runtime's invariant tests also run with Ray placement (their ``placement``
+fixture); these are the Ray-only ones: payloads by reference, a killed stage
+process, a clean stop, and a stage pinned to the second node.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import omnitrio
+from tests.conftest import chain_config, collect, texts
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+MB = 1024 * 1024
+
+
+def _rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def _peak_growth_bytes(placements: tuple[str, str]) -> tuple[int, int]:
+    """Stream 24 payloads of 8 MB from a to b; (the supervisor's peak memory growth
+    meanwhile, the payload bytes it relayed)."""
+    config = chain_config(
+        [{"steps": 24, "payload_bytes": 8 * MB}, {"outputs_per_input": 0}], edge_capacity=2
+    )
+    stages = [
+        s.model_copy(update={"placement": p})
+        for s, p in zip(config.stages, placements, strict=True)
+    ]
+    config = config.model_copy(update={"stages": tuple(stages)})
+    peak = 0
+    async with omnitrio.open_pipeline(config) as pipeline:
+        baseline = _rss_bytes()
+
+        async def sample() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, _rss_bytes())
+                await trio.sleep(0.005)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sample)
+            async with pipeline.open_stream("big") as stream:
+                items = await collect(stream)
+            nursery.cancel_scope.cancel()
+        stats = pipeline.statistics()
+    assert [t for t in texts(items) if t.startswith("b:")] == [f"b:{i} " for i in range(1, 25)]
+    assert stats.num_payloads_routed == 24
+    return peak - baseline, stats.num_payload_bytes_relayed
+
+
+async def test_payloads_between_ray_stages_stay_out_of_the_supervisor() -> None:
+    growth, relayed = await _peak_growth_bytes(("ray", "ray"))
+    assert relayed == 0
+    assert growth < 8 * MB, growth / MB  # it never held one of them
+    # Against a thread consumer, the same payloads come through the supervisor.
+    growth, relayed = await _peak_growth_bytes(("ray", "thread"))
+    assert relayed > 24 * 8 * MB
+    assert growth > 8 * MB
+
+
+async def test_payloads_between_a_thread_and_a_ray_stage_are_counted() -> None:
+    config = omnitrio.parse_config(
+        {
+            "pipeline": {"name": "mixed"},
+            "stages": [
+                {
+                    "name": "a",
+                    "impl": "stages.synthetic:SyntheticStage",
+                    "params": {"steps": 3, "payload_bytes": 1000},
+                },
+                {
+                    "name": "b",
+                    "impl": "stages.synthetic:SyntheticStage",
+                    "params": {"outputs_per_input": 0},
+                    "placement": "ray",
+                },
+            ],
+            "edges": [{"from": "a", "to": "b"}],
+        }
+    )
+    async with omnitrio.open_pipeline(config) as pipeline:
+        async with pipeline.open_stream("x") as stream:
+            await collect(stream)
+        stats = pipeline.statistics()
+    assert stats.stages["a"].num_payload_bytes_relayed == 0  # a thread: nothing copied
+    assert stats.stages["b"].pid is not None
+    assert stats.stages["a"].pid is None
+    assert 3 * 1000 < stats.stages["b"].num_payload_bytes_relayed < 3 * 2000
+
+
+async def test_killing_a_stage_process_fails_the_streams_it_held_and_it_comes_back() -> None:
+    config = chain_config([{"steps": 100_000}, {}, {"outputs_per_input": 0}], placement="ray")
+    async with omnitrio.open_pipeline(config) as pipeline:
+        pid = pipeline.statistics().stages["b"].pid
+        assert pid is not None
+        failures: list[BaseException] = []
+
+        async def doomed(label: str, started: trio.Event) -> None:
+            async with pipeline.open_stream(label) as stream:
+                try:
+                    async for item in stream:
+                        if isinstance(item, omnitrio.TextDelta) and item.text.startswith("b:"):
+                            started.set()  # b holds it
+                except omnitrio.StageError as exc:
+                    failures.append(exc)
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for label in ("one", "two"):
+                    started = trio.Event()
+                    nursery.start_soon(doomed, label, started)
+                    await started.wait()
+                os.kill(pid, signal.SIGKILL)
+        assert len(failures) == 2
+        for error in failures:
+            assert isinstance(error, omnitrio.StageError)
+            assert error.stage == "b"
+            assert "died" in str(error)
+        # Out of service until the fresh actor has loaded the stage, then it serves.
+        with trio.fail_after(60):
+            while pipeline.statistics().stages["b"].hung:  # noqa: ASYNC110 (another process)
+                await trio.sleep(0.05)
+            request = omnitrio.Request("after", options={"steps": 3})
+            async with pipeline.open_stream(request) as stream:
+                items = await collect(stream)
+        stats = pipeline.statistics().stages["b"]
+    assert [t for t in texts(items) if t.startswith("b:")] == ["b:1 ", "b:2 ", "b:3 "]
+    assert stats.pid not in (None, pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_leaving_removes_every_ray_actor_within_the_shutdown_timeout() -> None:
+    config = chain_config(
+        [{"steps": 100_000}, {"service_time_ms": 1}, {"outputs_per_input": 0}],
+        placement="ray",
+        shutdown_timeout_s=2.0,
+    )
+    async with omnitrio.open_pipeline(config) as pipeline:
+        pids = [s.pid for s in pipeline.statistics().stages.values()]
+        async with pipeline.open_stream("left running") as stream:
+            await stream.receive()
+        started = trio.current_time()
+    assert trio.current_time() - started < 2.0
+    assert all(pid is not None for pid in pids)
+    with trio.fail_after(10):  # the processes exit on their own once killed
+        while any(_alive(pid) for pid in pids if pid is not None):  # noqa: ASYNC110
+            await trio.sleep(0.05)
+
+
+async def test_a_stage_pinned_by_a_custom_resource_runs_on_the_second_node(
+    ray_cluster: Any,
+) -> None:
+    config = omnitrio.parse_config(
+        {
+            "pipeline": {"name": "two-nodes"},
+            "stages": [
+                {
+                    "name": "a",
+                    "impl": "stages.synthetic:SyntheticStage",
+                    "params": {"steps": 5},
+                    "placement": "ray",
+                },
+                {
+                    "name": "b",
+                    "impl": "stages.synthetic:SyntheticStage",
+                    "placement": "ray",
+                    "params": {"outputs_per_input": 0},
+                    "resources": {"custom": {"node_b": 1}},
+                },
+            ],
+            "edges": [{"from": "a", "to": "b"}],
+        }
+    )
+    head, second = ray_cluster.list_all_nodes()
+    async with omnitrio.open_pipeline(config) as pipeline:
+        async with pipeline.open_stream("x") as stream:
+            items = await collect(stream)
+        stages = pipeline.statistics().stages
+    assert [t for t in texts(items) if t.startswith("b:")] == [f"b:{i} " for i in range(1, 6)]
+    # A worker is a child of its node's raylet.
+    raylets = {node: node.all_processes["raylet"][0].process.pid for node in (head, second)}
+    assert _parent(stages["b"].pid) == raylets[second]
+    assert _parent(stages["a"].pid) == raylets[head]
+
+
+def _parent(pid: int | None) -> int:
+    assert pid is not None
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
