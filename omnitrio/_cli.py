@@ -69,11 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from .server import ServerSettings, serve  # the web stack loads only for the server
 
-    config = load_config(args.config)
-    if args.model_path is not None:
-        config = with_model_path(config, args.model_path)
-    if args.ray_address is not None:
-        config = with_ray_address(config, args.ray_address)
+    config = _configured(args)
     settings = ServerSettings.from_env(
         host=args.host,
         port=args.port,
@@ -95,6 +91,16 @@ def _serve(args: argparse.Namespace) -> int:
     trio.run(run)
     print("omnitrio: stopped", file=sys.stderr)
     return 0
+
+
+def _configured(args: argparse.Namespace) -> PipelineConfig:
+    """The config of ``--config`` with ``--model-path`` and ``--ray-address`` applied."""
+    config = load_config(args.config)
+    if args.model_path is not None:
+        config = with_model_path(config, args.model_path)
+    if args.ray_address is not None:
+        config = with_ray_address(config, args.ray_address)
+    return config
 
 
 def with_model_path(config: PipelineConfig, model_path: Path) -> PipelineConfig:
@@ -166,11 +172,6 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--model-path", type=Path, help="local model folder for the stages that load one"
     )
-    run.add_argument(
-        "--ray-address",
-        help="Ray cluster for stages with placement: ray (default: pipeline.ray_address, "
-        "else a local Ray instance started with the pipeline)",
-    )
     run.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     run.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")
     run.add_argument(
@@ -194,6 +195,12 @@ def _parser() -> argparse.ArgumentParser:
     prompt.add_argument(
         "--model-path", type=Path, help="local model folder for the stages that load one"
     )
+    for command in (run, prompt):
+        command.add_argument(
+            "--ray-address",
+            help="the Ray cluster for stages with placement: ray (default: pipeline.ray_address,"
+            " else a local Ray instance started with the pipeline)",
+        )
     bench.add_parser(commands)
     check = commands.add_parser("check-config", help="validate a pipeline config")
     check.add_argument("config", type=Path)
@@ -268,9 +275,7 @@ async def _until_signal(
 
 async def _prompt(args: argparse.Namespace) -> None:
     prompts = [p for p in (args.prompt or ["Hello, omnitrio!"]) for _ in range(args.streams)]
-    config = load_config(args.config)
-    if args.model_path is not None:
-        config = with_model_path(config, args.model_path)
+    config = _configured(args)
     async with open_pipeline(config) as pipeline:
         stages = " -> ".join(s.name for s in pipeline.config.stages)
         print(f"pipeline {pipeline.config.pipeline.name!r} ready: {stages}", flush=True)

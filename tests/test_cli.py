@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import omnitrio
 from omnitrio._cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,3 +73,18 @@ def test_signals_stop_a_running_pipeline_cleanly(tmp_path: Path, signum: signal.
     assert process.returncode == 128 + signum, err
     assert f"{signum.name}; pipeline stopped" in err
     assert time.monotonic() - started < 5
+
+
+def test_ray_address_applies_to_pipelines_with_ray_stages(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from omnitrio._cli import with_ray_address
+
+    ray = omnitrio.load_config(REPO / "configs" / "synthetic-ray.yaml")
+    assert with_ray_address(ray, "10.0.0.1:6379").pipeline.ray_address == "10.0.0.1:6379"
+    thread = REPO / "configs" / "synthetic.yaml"
+    assert main(["prompt", "--config", str(thread), "--ray-address", "10.0.0.1:6379"]) == 2
+    assert (
+        f"omnitrio: {thread}: --ray-address: no stage of pipeline 'synthetic-omni' has "
+        "placement: ray" in capsys.readouterr().err
+    )
