@@ -8,7 +8,12 @@ process, a clean stop, and a stage pinned to the second node.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +26,7 @@ from tests.conftest import chain_config, collect, texts
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 MB = 1024 * 1024
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _rss_bytes() -> int:
@@ -100,7 +106,10 @@ async def test_payloads_between_a_thread_and_a_ray_stage_are_counted() -> None:
 
 
 async def test_killing_a_stage_process_fails_the_streams_it_held_and_it_comes_back() -> None:
-    config = chain_config([{"steps": 100_000}, {}, {"outputs_per_input": 0}], placement="ray")
+    # b takes 0.5 s to load: long enough to see it out of service while it loads again.
+    config = chain_config(
+        [{"steps": 100_000}, {"load_time_ms": 500}, {"outputs_per_input": 0}], placement="ray"
+    )
     async with omnitrio.open_pipeline(config) as pipeline:
         pid = pipeline.statistics().stages["b"].pid
         assert pid is not None
@@ -127,6 +136,7 @@ async def test_killing_a_stage_process_fails_the_streams_it_held_and_it_comes_ba
             assert isinstance(error, omnitrio.StageError)
             assert error.stage == "b"
             assert "died" in str(error)
+        assert pipeline.statistics().stages["b"].hung  # /health: degraded
         # Out of service until the fresh actor has loaded the stage, then it serves.
         with trio.fail_after(60):
             while pipeline.statistics().stages["b"].hung:  # noqa: ASYNC110 (another process)
@@ -205,3 +215,57 @@ async def test_a_stage_pinned_by_a_custom_resource_runs_on_the_second_node(
 def _parent(pid: int | None) -> int:
     assert pid is not None
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        if text.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_sigterm_stops_the_pipeline_and_the_ray_instance_it_started(tmp_path: Path) -> None:
+    config = tmp_path / "long.yaml"
+    config.write_text(
+        (REPO / "configs" / "synthetic-ray.yaml").read_text().replace("steps: 24", "steps: 100000")
+    )
+    # Its own Ray instance (not the session's cluster), found by its temp folder: every
+    # Ray process of the instance names it on its command line.
+    ray_temp = Path(tempfile.mkdtemp(prefix="omnitrio-ray-", dir="/tmp"))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": str(ray_temp)}
+    env.pop("RAY_ADDRESS", None)
+    command = [sys.executable, "-m", "omnitrio._cli", "prompt", "--config", str(config)]
+    process = subprocess.Popen(
+        [*command, "--streams", "4"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    try:
+        assert "ready" in process.stdout.readline()  # blocks until the pipeline is up
+        assert _processes_mentioning(str(ray_temp))  # the instance runs
+        process.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert "SIGTERM; pipeline stopped" in err
+    assert time.monotonic() - started < 5.0 + 10.0  # shutdown_timeout_s, plus Ray's own stop
+    deadline = time.monotonic() + 10
+    while (stray := _processes_mentioning(str(ray_temp))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert stray == []
+    shutil.rmtree(ray_temp, ignore_errors=True)
