@@ -7,9 +7,10 @@ callback), as a thread's does. In the Ray actor (``_StageProcess``) the same
 ``StageRunner`` loads and steps the unchanged stage class.
 
 Payloads between two Ray-placed stages stay in Ray's object store: the upstream
-actor ``ray.put``s each payload and returns its reference, the supervisor routes
-references on the edge as it routes any payload (credits count items, not bytes),
-and the downstream actor fetches them. Payloads to or from a thread-placed stage
+actor ``ray.put``s a step's payloads as one object and returns a ``_Slice`` (the
+object's reference and an index) for each, the supervisor routes slices on the edge
+as it routes any payload (credits count items, not bytes), and the downstream actor
+fetches each object once per step. Payloads to or from a thread-placed stage
 are copied through the supervisor and counted (``num_payload_bytes_relayed``).
 
 If the actor's process dies, every turn out fails with ``StageLost`` (the actor
@@ -72,6 +73,14 @@ async def open_ray(config: PipelineConfig) -> AsyncIterator[None]:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class _Slice:
+    """One payload of a step, in Ray's object store with the rest of that step's."""
+
+    ref: ray.ObjectRef[tuple[object, ...]]
+    index: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Reply:
     """What a Ray actor sends back for a ``Plan``."""
 
@@ -99,7 +108,7 @@ class _StageProcess:
         result = self._runner.execute(dataclasses.replace(plan, batch=batch))
         num_out = 0
         if self._by_reference:
-            result.outputs = {sid: _by_reference(o) for sid, o in result.outputs.items()}
+            result.outputs = _by_reference(result.outputs)
         else:
             num_out = sum(_nbytes(p) for o in result.outputs.values() for p in o.payloads)
         return _Reply(result, num_in + num_out, self._runner.model_statistics())
@@ -109,27 +118,37 @@ class _StageProcess:
 
 
 def _fetched(batch: tuple[StreamWork, ...]) -> tuple[tuple[StreamWork, ...], int]:
-    """The batch with its inputs' object references fetched (one ``ray.get`` for all),
-    and the bytes of the inputs that came by value through the supervisor."""
-    refs = [i for w in batch for i in w.inputs if isinstance(i, ray.ObjectRef)]
-    num_bytes = sum(_nbytes(i) for w in batch for i in w.inputs if not isinstance(i, ray.ObjectRef))
+    """The batch with its inputs' slices fetched (one ``ray.get`` for every object they
+    are in), and the bytes of the inputs that came by value through the supervisor."""
+    refs = list({i.ref: None for w in batch for i in w.inputs if isinstance(i, _Slice)})
+    num_bytes = sum(_nbytes(i) for w in batch for i in w.inputs if not isinstance(i, _Slice))
     if not refs:
         return batch, num_bytes
-    values = iter(ray.get(refs))
+    objects = dict(zip(refs, ray.get(refs), strict=True))
     fetched = tuple(
         dataclasses.replace(
             w,
-            inputs=tuple(next(values) if isinstance(i, ray.ObjectRef) else i for i in w.inputs),
+            inputs=tuple(objects[i.ref][i.index] if isinstance(i, _Slice) else i for i in w.inputs),
         )
         for w in batch
     )
     return fetched, num_bytes
 
 
-def _by_reference(output: StreamOutput) -> StreamOutput:
-    if not output.payloads:
-        return output
-    return dataclasses.replace(output, payloads=tuple(ray.put(p) for p in output.payloads))
+def _by_reference(outputs: Mapping[str, StreamOutput]) -> dict[str, StreamOutput]:
+    """The step's payloads as one object in Ray's object store, a slice of it each."""
+    payloads = tuple(p for o in outputs.values() for p in o.payloads)
+    if not payloads:
+        return dict(outputs)
+    ref = ray.put(payloads)
+    index = 0
+    sliced: dict[str, StreamOutput] = {}
+    for sid, output in outputs.items():
+        count = len(output.payloads)
+        slices = tuple(_Slice(ref, index + i) for i in range(count))
+        sliced[sid] = dataclasses.replace(output, payloads=slices) if count else output
+        index += count
+    return sliced
 
 
 def _nbytes(payload: object) -> int:
