@@ -104,8 +104,12 @@ class _StageProcess:
         return self._runner.limits, os.getpid()
 
     def execute(self, plan: Plan) -> _Reply:
-        batch, num_in = _fetched(plan.batch)
+        batch, lost, num_in = _fetched(plan.batch)
         result = self._runner.execute(dataclasses.replace(plan, batch=batch))
+        if lost:  # those streams fail here: the stage never saw them in this step
+            result.stepped += list(lost)
+            failed = {sid: StreamOutput(error=error) for sid, error in lost.items()}
+            result.outputs = {**result.outputs, **failed}
         num_out = 0
         if self._by_reference:
             result.outputs = _by_reference(result.outputs)
@@ -117,22 +121,41 @@ class _StageProcess:
         self._runner.close_all()
 
 
-def _fetched(batch: tuple[StreamWork, ...]) -> tuple[tuple[StreamWork, ...], int]:
+class PayloadLost(RuntimeError):
+    """An input payload was lost with the Ray process that made it (that stage died)."""
+
+
+def _fetched(
+    batch: tuple[StreamWork, ...],
+) -> tuple[tuple[StreamWork, ...], dict[str, PayloadLost], int]:
     """The batch with its inputs' slices fetched (one ``ray.get`` for every object they
-    are in), and the bytes of the inputs that came by value through the supervisor."""
+    are in); the streams whose inputs were lost, left out of it; and the bytes of the
+    inputs that came by value through the supervisor."""
     refs = list({i.ref: None for w in batch for i in w.inputs if isinstance(i, _Slice)})
     num_bytes = sum(_nbytes(i) for w in batch for i in w.inputs if not isinstance(i, _Slice))
     if not refs:
-        return batch, num_bytes
-    objects = dict(zip(refs, ray.get(refs), strict=True))
-    fetched = tuple(
-        dataclasses.replace(
-            w,
-            inputs=tuple(objects[i.ref][i.index] if isinstance(i, _Slice) else i for i in w.inputs),
-        )
-        for w in batch
-    )
-    return fetched, num_bytes
+        return batch, {}, num_bytes
+    objects: dict[Any, Any] = {}
+    try:
+        objects.update(zip(refs, ray.get(refs), strict=True))
+    except ray.exceptions.ObjectLostError:
+        for ref in refs:  # which ones: the rest of the batch steps
+            try:
+                objects[ref] = ray.get(ref)
+            except ray.exceptions.ObjectLostError as error:
+                problem = f"an input was lost with the Ray process that made it ({error!r:.80})"
+                objects[ref] = PayloadLost(problem)
+    fetched: list[StreamWork] = []
+    lost: dict[str, PayloadLost] = {}
+    for work in batch:
+        missing = [objects[i.ref] for i in work.inputs if isinstance(i, _Slice)]
+        gone = next((m for m in missing if isinstance(m, PayloadLost)), None)
+        if gone is not None:
+            lost[work.stream_id] = gone
+            continue
+        values = tuple(objects[i.ref][i.index] if isinstance(i, _Slice) else i for i in work.inputs)
+        fetched.append(dataclasses.replace(work, inputs=values))
+    return tuple(fetched), lost, num_bytes
 
 
 def _by_reference(outputs: Mapping[str, StreamOutput]) -> dict[str, StreamOutput]:

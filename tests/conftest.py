@@ -84,7 +84,8 @@ def count_tasks() -> int:
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Any]:
     """One local two-node Ray cluster for the whole test session (Ray takes seconds to
-    start): the head, and a second node with the custom resource ``node_b``. This
+    start): the head, with the custom resource ``node_a``, and a second node with
+    ``node_b``. This
     process stays connected to it, so pipelines with ``placement: ray`` use it and
     leave it running (``open_ray``)."""
     ray = pytest.importorskip("ray")
@@ -92,7 +93,7 @@ def ray_cluster() -> Iterator[Any]:
 
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 2, "include_dashboard": False},
+        head_node_args={"num_cpus": 2, "resources": {"node_a": 1}, "include_dashboard": False},
     )
     cluster.add_node(num_cpus=1, resources={"node_b": 1})
     ray.init(address=cluster.address, logging_level="WARNING")

@@ -188,6 +188,7 @@ async def test_a_stage_pinned_by_a_custom_resource_runs_on_the_second_node(
                     "impl": "stages.synthetic:SyntheticStage",
                     "params": {"steps": 5},
                     "placement": "ray",
+                    "resources": {"custom": {"node_a": 1}},
                 },
                 {
                     "name": "b",
