@@ -27,6 +27,7 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 MB = 1024 * 1024
 REPO = Path(__file__).resolve().parent.parent
+CLI = (sys.executable, "-m", "omnitrio._cli")
 
 
 def _rss_bytes() -> int:
@@ -114,6 +115,7 @@ async def test_killing_a_stage_process_fails_the_streams_it_held_and_it_comes_ba
         pid = pipeline.statistics().stages["b"].pid
         assert pid is not None
         failures: list[BaseException] = []
+        hung_when_failed: list[bool] = []  # /health: degraded
 
         async def doomed(label: str, started: trio.Event) -> None:
             async with pipeline.open_stream(label) as stream:
@@ -123,6 +125,7 @@ async def test_killing_a_stage_process_fails_the_streams_it_held_and_it_comes_ba
                             started.set()  # b holds it
                 except omnitrio.StageError as exc:
                     failures.append(exc)
+                    hung_when_failed.append(pipeline.statistics().stages["b"].hung)
 
         with trio.fail_after(60):
             async with trio.open_nursery() as nursery:
@@ -136,7 +139,7 @@ async def test_killing_a_stage_process_fails_the_streams_it_held_and_it_comes_ba
             assert isinstance(error, omnitrio.StageError)
             assert error.stage == "b"
             assert "died" in str(error)
-        assert pipeline.statistics().stages["b"].hung  # /health: degraded
+        assert hung_when_failed == [True, True]
         # Out of service until the fresh actor has loaded the stage, then it serves.
         with trio.fail_after(60):
             while pipeline.statistics().stages["b"].hung:  # noqa: ASYNC110 (another process)
@@ -242,9 +245,8 @@ def test_sigterm_stops_the_pipeline_and_the_ray_instance_it_started(tmp_path: Pa
     ray_temp = Path(tempfile.mkdtemp(prefix="omnitrio-ray-", dir="/tmp"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": str(ray_temp)}
     env.pop("RAY_ADDRESS", None)
-    command = [sys.executable, "-m", "omnitrio._cli", "prompt", "--config", str(config)]
     process = subprocess.Popen(
-        [*command, "--streams", "4"],
+        [*CLI, "prompt", "--config", str(config), "--streams", "4"],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -270,3 +272,22 @@ def test_sigterm_stops_the_pipeline_and_the_ray_instance_it_started(tmp_path: Pa
         time.sleep(0.1)
     assert stray == []
     shutil.rmtree(ray_temp, ignore_errors=True)
+
+
+def test_a_ray_address_that_does_not_answer_is_a_config_error_at_once() -> None:
+    config = REPO / "configs" / "synthetic-ray.yaml"
+    started = time.monotonic()
+    done = subprocess.run(
+        [*CLI, "prompt", "--config", str(config), "--ray-address", "127.0.0.1:1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert (
+        f"omnitrio: {config}: pipeline.ray_address: no Ray cluster answers at 127.0.0.1:1"
+        in done.stderr
+    )
+    assert "start one (ray start --head) or fix the address" in done.stderr
+    assert time.monotonic() - started < 30
