@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
+import subprocess
+import sys
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +20,7 @@ import trio
 import omnitrio
 
 SYNTHETIC = "stages.synthetic:SyntheticStage"
+REPO = Path(__file__).resolve().parent.parent
 
 # The leak check below counts threads, so the model libraries' own long-lived helper
 # threads are turned off for the whole run, whichever test loads a model first:
@@ -66,6 +72,54 @@ def chain_config(
             ],
         }
     )
+
+
+@dataclass(frozen=True)
+class Stopped:
+    returncode: int
+    stderr: str
+    exit_s: float
+    """From the signal to the process's exit."""
+
+
+def prompt_until_signal(
+    config: Path,
+    signum: signal.Signals,
+    *,
+    env: Mapping[str, str] | None = None,
+    when_ready: Callable[[], None] = lambda: None,
+) -> Stopped:
+    """Run ``omnitrio prompt`` on ``config`` (8 streams) in a child process until its
+    pipeline is ready, call ``when_ready``, send ``signum`` and wait (60 s at most)."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "omnitrio._cli",
+            "prompt",
+            "--config",
+            str(config),
+            "--streams",
+            "8",
+        ],
+        cwd=REPO,
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    try:
+        assert "ready" in process.stdout.readline()  # blocks until the pipeline is up
+        when_ready()
+        process.send_signal(signum)
+        started = time.monotonic()
+        _, err = process.communicate(timeout=60)
+        return Stopped(process.returncode, err, time.monotonic() - started)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
 
 
 def stage_threads() -> list[threading.Thread]:

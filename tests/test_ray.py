@@ -21,7 +21,7 @@ import pytest
 import trio
 
 import omnitrio
-from tests.conftest import chain_config, collect, texts
+from tests.conftest import chain_config, collect, prompt_until_signal, texts
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -243,30 +243,15 @@ def test_sigterm_stops_the_pipeline_and_the_ray_instance_it_started(tmp_path: Pa
     # Its own Ray instance (not the session's cluster), found by its temp folder: every
     # Ray process of the instance names it on its command line.
     ray_temp = Path(tempfile.mkdtemp(prefix="omnitrio-ray-", dir="/tmp"))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": str(ray_temp)}
-    env.pop("RAY_ADDRESS", None)
-    process = subprocess.Popen(
-        [*CLI, "prompt", "--config", str(config), "--streams", "4"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdout is not None
-    try:
-        assert "ready" in process.stdout.readline()  # blocks until the pipeline is up
+    env = {"RAY_TMPDIR": str(ray_temp)}
+
+    def running() -> None:
         assert _processes_mentioning(str(ray_temp))  # the instance runs
-        process.send_signal(signal.SIGTERM)
-        started = time.monotonic()
-        _, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    assert process.returncode == 128 + signal.SIGTERM, err
-    assert "SIGTERM; pipeline stopped" in err
-    assert time.monotonic() - started < 5.0 + 10.0  # shutdown_timeout_s, plus Ray's own stop
+
+    stopped = prompt_until_signal(config, signal.SIGTERM, env=env, when_ready=running)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    assert "SIGTERM; pipeline stopped" in stopped.stderr
+    assert stopped.exit_s < 5.0 + 10.0  # shutdown_timeout_s, plus Ray's own stop
     deadline = time.monotonic() + 10
     while (stray := _processes_mentioning(str(ray_temp))) and time.monotonic() < deadline:
         time.sleep(0.1)
