@@ -21,6 +21,9 @@ fresh pipeline, and the thread and Ray runs of a measure alternate.
   at once; tokens per second over the whole run, all-thread against all-Ray.
 - **Payload bytes relayed** by the supervisor in the CPU-bound Ray run (its
   thinker->talker payloads are 8 KiB each): 0 when every edge is Ray to Ray.
+- **Ray's own costs**, what a Ray hop is made of (median of 200 each, blocking
+  ``ray.get`` from this process, no omnitrio): an actor call's round trip; a call
+  whose method ``ray.put``s 8 KiB; a call whose method gets 8 KiB another actor put.
 """
 
 from __future__ import annotations
@@ -116,6 +119,40 @@ async def throughput_once(placement: str, streams: int, tokens: int) -> tuple[fl
     return streams * tokens / elapsed_s, relayed
 
 
+@ray.remote
+class _Probe:
+    def echo(self, value: int) -> int:
+        return value
+
+    def put(self) -> tuple[Any, ...]:
+        return (ray.put(bytes(8192)),)
+
+    def get(self, refs: tuple[Any, ...]) -> int:
+        return len(ray.get(refs[0]))
+
+
+def ray_costs_ms(repeats: int = 200) -> dict[str, float]:
+    a, b = (_Probe.options(num_cpus=0).remote() for _ in range(2))  # type: ignore[attr-defined]
+    ray.get([a.echo.remote(0), b.echo.remote(0)])
+    refs = iter([ray.get(a.put.remote()) for _ in range(repeats)])
+    calls = {
+        "call_round_trip": lambda: ray.get(a.echo.remote(0)),
+        "call_with_put_8KiB": lambda: ray.get(a.put.remote()),
+        "call_with_get_of_another_actors_8KiB": lambda: ray.get(b.get.remote(next(refs))),
+    }
+    costs = {}
+    for name, call in calls.items():
+        samples = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            call()
+            samples.append(time.perf_counter() - started)
+        costs[name] = statistics.median(samples) * 1000
+    for actor in (a, b):
+        ray.kill(actor)
+    return costs
+
+
 def _ms(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
@@ -143,6 +180,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_bound_ratio_ray_over_thread": statistics.median(rates["ray"])
         / statistics.median(rates["thread"]),
         "payload_bytes_relayed": relayed,
+        "ray_costs_ms": ray_costs_ms(),
     }
 
 
