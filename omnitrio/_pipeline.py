@@ -335,7 +335,7 @@ async def _ray_if_placed(config: PipelineConfig) -> AsyncIterator[None]:
     if not uses_ray(config):
         yield
         return
-    from ._ray import open_ray
+    from ._ray_cluster import open_ray
 
     async with open_ray(config):
         yield

@@ -24,9 +24,8 @@ import dataclasses
 import logging
 import os
 import pickle
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, TypeVar
 
@@ -35,9 +34,8 @@ import ray
 import ray.exceptions
 import trio
 
-from ._config import PipelineConfig, StageSpec
+from ._config import StageSpec
 from ._contract import Limits
-from ._errors import ConfigError
 from ._placement import OnDone, StageLost
 from ._runner import Plan, Result, StageRunner
 from ._stage import StreamOutput, StreamWork
@@ -45,77 +43,6 @@ from ._stage import StreamOutput, StreamWork
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-RAY_CONNECT_TIMEOUT_S = 10.0
-"""How long ``pipeline.ray_address`` may take to accept a connection (Ray's own
-client would retry for minutes)."""
-
-
-class _Instance:
-    """The Ray connection omnitrio made, shared by the pipelines of this process."""
-
-    lock = trio.Lock()
-    num_users = 0
-
-
-@asynccontextmanager
-async def open_ray(config: PipelineConfig) -> AsyncIterator[None]:
-    """Ray for the pipeline's lifetime: join ``pipeline.ray_address``, or start a local
-    instance; once the last pipeline using it is done, disconnect (a local instance
-    stops). If this process connected to Ray itself (its own ``ray.init``), the pipeline
-    uses that connection and leaves it as it found it."""
-    async with _Instance.lock:
-        if ray.is_initialized() and _Instance.num_users == 0:
-            owned = False  # someone else's connection
-        else:
-            owned = True
-            if _Instance.num_users == 0:
-                await _connect(config)
-            _Instance.num_users += 1
-    try:
-        yield
-    finally:
-        if owned:
-            with trio.CancelScope(shield=True):
-                async with _Instance.lock:
-                    _Instance.num_users -= 1
-                    if _Instance.num_users == 0:
-                        await trio.to_thread.run_sync(ray.shutdown)
-
-
-async def _connect(config: PipelineConfig) -> None:
-    address = config.pipeline.ray_address
-    logger.info("starting Ray (%s)", address or "a local instance")
-    if address is not None:
-        await _check_reachable(config, address)
-    init = partial(
-        ray.init,
-        address=address,
-        include_dashboard=False,
-        logging_level=logging.WARNING,
-        log_to_driver=True,
-    )
-    await trio.to_thread.run_sync(init)
-
-
-async def _check_reachable(config: PipelineConfig, address: str) -> None:
-    """A ``host:port`` address must accept a connection (``auto`` and ``ray://`` are
-    Ray's to resolve)."""
-    host, colon, port = address.rpartition(":")
-    if not colon or not port.isdigit() or "://" in host:
-        return
-    try:
-        with trio.fail_after(RAY_CONNECT_TIMEOUT_S):
-            stream = await trio.open_tcp_stream(host, int(port))
-            await stream.aclose()
-    except (OSError, trio.TooSlowError) as exc:
-        problem = f"no Ray cluster answers at {address} ({exc or 'timed out'})"
-        raise ConfigError(
-            config.source,
-            "pipeline.ray_address",
-            f"{problem}; start one (ray start --head) or fix the address",
-        ) from None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
