@@ -112,8 +112,10 @@ async def test_protocol_violations_fail_the_stream_with_a_clear_error(
         assert pipeline.statistics().num_payloads_to_client == 0
 
 
-async def test_a_stage_that_fails_to_load_stops_the_ones_already_started() -> None:
-    config = chain_config([{"steps": 1}, {"inputs_per_step": 0}])
+async def test_a_stage_that_fails_to_load_stops_the_ones_already_started(
+    placement: str,
+) -> None:
+    config = chain_config([{"steps": 1}, {"inputs_per_step": 0}], placement=placement)
     with pytest.raises(omnitrio.StageLoadError, match="stage 'b' failed to load: ValueError"):
         async with omnitrio.open_pipeline(config):
             pass  # pragma: no cover
