@@ -1,10 +1,12 @@
-"""A stage actor: one trio task plus one dedicated worker thread.
+"""A stage actor: one trio task plus the place its stage executes (a dedicated
+worker thread, or a Ray actor: ``_placement.py``).
 
 The task decides, the thread executes. Each turn is::
 
     plan     (trio)    drop ended streams, pick a batch of ready streams that fit,
                        reserve their credit, take their inputs
     execute  (thread)  close/open per-stream state, stage.step(batch), close finished
+                       (in a Ray actor's process with ``placement: ray``)
     apply    (trio)    hand payloads to the next stage (which plans at once), then
                        visible items to clients; fail streams whose work failed
 
@@ -36,12 +38,12 @@ from ._config import StageSpec
 from ._contract import Limits, ProtocolError
 from ._errors import StageError
 from ._link import Link, Wakeup
-from ._runner import Plan, Result, StageRunner
+from ._placement import StageLost, place
+from ._runner import Plan, Result
 from ._scheduler import Candidate, pick_batch
 from ._stage import StreamOutput, StreamWork
 from ._statistics import StageStatistics
 from ._stream import StreamState
-from ._worker import WorkerThread
 
 logger = logging.getLogger(__name__)
 
@@ -104,18 +106,28 @@ class _Hang:
 class StageActor:
     """Runs one configured stage. Made by the supervisor in ``open_pipeline``.
 
-    ``outbox`` is False for the last stage of the chain and for a side stage.
+    ``outbox`` is False for the last stage of the chain and for a side stage;
+    ``payloads_by_reference``: this stage and the next are both on Ray.
     """
 
-    def __init__(self, spec: StageSpec, source: str, *, has_outbox: bool) -> None:
+    def __init__(
+        self,
+        spec: StageSpec,
+        source: str,
+        *,
+        has_outbox: bool,
+        payloads_by_reference: bool = False,
+    ) -> None:
         self.spec = spec
         self.name = spec.name
         self.wakeup = Wakeup()
         self.counters = _Counters()
         self.slots: dict[str, _Slot] = {}
         self.downstream: StageActor | None = None
-        self._runner = StageRunner(spec, source, has_outbox=has_outbox)
-        self._worker: WorkerThread | None = None
+        self._placement = place(
+            spec, source, has_outbox=has_outbox, payloads_by_reference=payloads_by_reference
+        )
+        self._loading = False  # load() was called: shutdown closes what it made
         self._turns: deque[_Turn] = deque()
         self._unopened: list[_Slot] = []
         self._ending: set[str] = set()
@@ -128,7 +140,9 @@ class StageActor:
 
     @property
     def hung(self) -> bool:
-        return self._hang is not None
+        """Out of service: a step outlived ``step_timeout_s``, or the stage's Ray actor
+        is being restarted."""
+        return self._hang is not None or self._placement.restarting
 
     # ----- lifecycle ----------------------------------------------------------------
 
@@ -156,23 +170,31 @@ class StageActor:
             trio_s=c.trio_s,
             idle_s=c.idle_s,
             hung=self.hung,
-            model=MappingProxyType(self._runner.model_statistics()),
+            model=MappingProxyType(self._placement.model_statistics()),
+            num_payload_bytes_relayed=self._placement.num_payload_bytes_relayed,
+            pid=self._placement.pid,
         )
 
     async def load(self) -> Limits:
-        """Start the worker thread and load the stage on it; returns its ``Limits``."""
-        self._worker = WorkerThread(f"omnitrio-stage-{self.name}")
+        """Start the stage's thread (or Ray actor) and load the stage; returns its ``Limits``."""
+        self._loading = True
         started = time.perf_counter()
-        logger.info("loading stage %r (%s)", self.name, self.spec.impl, extra={"stage": self.name})
-        await self._worker.run(self._runner.load)
+        logger.info(
+            "loading stage %r (%s) on a %s",
+            self.name,
+            self.spec.impl,
+            self.spec.placement,
+            extra={"stage": self.name},
+        )
+        limits = await self._placement.load()
         logger.info(
             "stage %r ready in %.2f s",
             self.name,
             time.perf_counter() - started,
             extra={"stage": self.name},
         )
-        self.limits = self._runner.limits
-        return self.limits
+        self.limits = limits
+        return limits
 
     async def serve(self) -> None:
         """Serve until cancelled (then ``shutdown``, shielded and bounded, is the caller's)."""
@@ -183,17 +205,13 @@ class StageActor:
             self._serving = False
 
     async def shutdown(self, timeout_s: float) -> None:
-        """Close what the stage holds, close the stage, join the thread (bounded)."""
+        """Close what the stage holds, close the stage, join its thread or remove its
+        Ray actor (bounded by ``timeout_s``, shielded)."""
         self._serving = False
-        worker, runner = self._worker, self._runner
-        if worker is None:
+        if not self._loading:
             return
-        deadline = trio.current_time() + timeout_s
-        # Queued behind any job still running (a load or a step cut off by
-        # cancellation), the final job closes whatever the stage holds by then.
-        with trio.CancelScope(shield=True, deadline=deadline):
-            await worker.run(runner.close_all)
-        if not await worker.stop(deadline):
+        self._loading = False
+        if not await self._placement.close(trio.current_time() + timeout_s):
             logger.error(
                 "stage %r did not finish its step within %.1f s of shutdown; streams in flight: %s",
                 self.name,
@@ -203,7 +221,6 @@ class StageActor:
             )
         for slot in list(self.slots.values()):
             self._release(slot)
-        self._worker = None
 
     # ----- streams coming and going -------------------------------------------------
 
@@ -306,7 +323,6 @@ class StageActor:
         return acted
 
     def _submit(self, turn: _Turn) -> None:
-        assert self._worker is not None
         first = not self._turns
         self._turns.append(turn)
         if first:
@@ -316,9 +332,7 @@ class StageActor:
                 self._idle_since = None
             if self._waiting is not None:  # submitted from outside the task: arm the watchdog
                 self._waiting.deadline = self._watchdog_deadline()
-        self._worker.submit(
-            partial(self._runner.execute, turn.plan), partial(self._turn_done, turn)
-        )
+        self._placement.submit(turn.plan, partial(self._turn_done, turn))
 
     def _hung(self, turn: _Turn) -> None:
         """The oldest turn did not return within ``step_timeout_s``. A thread cannot be
@@ -467,6 +481,8 @@ class StageActor:
     def _apply_turn(self, turn: _Turn) -> None:
         try:
             result = turn.result.unwrap() if turn.result is not None else Result()
+        except StageLost as lost:
+            result = self._lost(lost)
         except Exception as broken:  # the runner itself broke: a runtime bug, loud
             logger.exception("stage %r: a turn failed outside the stage", self.name)
             stepped = [w.stream_id for w in turn.plan.batch]
@@ -567,6 +583,15 @@ class StageActor:
                 outbox.producer_done(wake=False)
         slot.more = output.more
         slot.input_closed_delivered |= work.input_closed
+
+    def _lost(self, lost: StageLost) -> Result:
+        """The stage's process died with every stream it held (opened, or opening in a
+        turn out): they fail with a ``StageError`` naming the stage and are freed (their
+        state died with it). Streams it had not opened yet wait for the restart."""
+        held = [s for s in self.slots.values() if s.opened or s.in_flight]
+        for slot in held:
+            self._fail(slot.stream.id, "the stage's process", lost)
+        return Result(closed=[slot.stream.id for slot in held])
 
     def _recover(self) -> None:
         hang = self._hang

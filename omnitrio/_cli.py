@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._config import PipelineConfig, load_config, resolve_impl
+from ._config import PipelineConfig, load_config, resolve_impl, uses_ray
 from ._errors import ConfigError, OmnitrioError
 from ._items import AudioChunk, Event, TextDelta
 from ._listen import listen_socket
@@ -85,9 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
             allowed_origins=tuple(args.allow_origin or ()),
             grace_period_s=args.grace_period_s,
         )
-        config = load_config(args.config)
-        if args.model_path is not None:
-            config = with_model_path(config, args.model_path)
+        config = _configured(args)
         return _serve_on(config, settings, sock)
 
 
@@ -113,6 +111,16 @@ def _serve_on(config: PipelineConfig, settings: ServerSettings, sock: socket.soc
     trio.run(run)
     print("omnitrio: stopped", file=sys.stderr)
     return 0
+
+
+def _configured(args: argparse.Namespace) -> PipelineConfig:
+    """The config of ``--config`` with ``--model-path`` and ``--ray-address`` applied."""
+    config = load_config(args.config)
+    if args.model_path is not None:
+        config = with_model_path(config, args.model_path)
+    if args.ray_address is not None:
+        config = with_ray_address(config, args.ray_address)
+    return config
 
 
 def with_model_path(config: PipelineConfig, model_path: Path) -> PipelineConfig:
@@ -141,6 +149,22 @@ def with_model_path(config: PipelineConfig, model_path: Path) -> PipelineConfig:
         for s in config.stages
     )
     return config.model_copy(update={"stages": stages})
+
+
+def with_ray_address(config: PipelineConfig, address: str) -> PipelineConfig:
+    """``config`` with ``pipeline.ray_address`` set (its stages with ``placement: ray``
+    join that cluster instead of a Ray instance started for the pipeline)."""
+    if not address:
+        raise ConfigError(config.source, "--ray-address", "empty; give the cluster's address")
+    if not uses_ray(config):
+        raise ConfigError(
+            config.source,
+            "--ray-address",
+            f"no stage of pipeline {config.pipeline.name!r} has placement: ray; drop "
+            "--ray-address, or set placement: ray on the stages to place on the cluster",
+        )
+    pipeline = config.pipeline.model_copy(update={"ray_address": address})
+    return config.model_copy(update={"pipeline": pipeline})
 
 
 def _leaves(exc: BaseException) -> Iterator[BaseException]:
@@ -192,6 +216,12 @@ def _parser() -> argparse.ArgumentParser:
     prompt.add_argument(
         "--model-path", type=Path, help="local model folder for the stages that load one"
     )
+    for command in (run, prompt):
+        command.add_argument(
+            "--ray-address",
+            help="the Ray cluster for stages with placement: ray (default: pipeline.ray_address,"
+            " else a local Ray instance started with the pipeline)",
+        )
     bench.add_parser(commands)
     check = commands.add_parser("check-config", help="validate a pipeline config")
     check.add_argument("config", type=Path)
@@ -274,9 +304,7 @@ async def _until_signal(
 
 async def _prompt(args: argparse.Namespace) -> None:
     prompts = [p for p in (args.prompt or ["Hello, omnitrio!"]) for _ in range(args.streams)]
-    config = load_config(args.config)
-    if args.model_path is not None:
-        config = with_model_path(config, args.model_path)
+    config = _configured(args)
     async with open_pipeline(config) as pipeline:
         stages = " -> ".join(s.name for s in pipeline.config.stages)
         print(f"pipeline {pipeline.config.pipeline.name!r} ready: {stages}", flush=True)

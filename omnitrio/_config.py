@@ -8,11 +8,12 @@ parameters), the edges between them and their capacities. Every problem is a
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pydantic
 import yaml
@@ -37,6 +38,21 @@ class PipelineSection(_Strict):
     max_streams: int = pydantic.Field(default=DEFAULT_MAX_STREAMS, ge=1)
     client_capacity: int = pydantic.Field(default=DEFAULT_CLIENT_CAPACITY, ge=1)
     shutdown_timeout_s: float = pydantic.Field(default=5.0, gt=0, allow_inf_nan=False)
+    ray_address: str | None = pydantic.Field(default=None, min_length=1)
+    """The Ray cluster that stages with ``placement: ray`` join (``ray start --head``
+    prints it). None: a local Ray instance is started with the pipeline and stopped
+    with it."""
+
+
+class RayResources(_Strict):
+    """What a Ray-placed stage's actor reserves on its node (``docs/scale-out.md``)."""
+
+    num_cpus: float = pydantic.Field(default=0.0, ge=0, allow_inf_nan=False)
+    """CPUs reserved: 0 (the default) places the stage beside others, as a thread would."""
+    num_gpus: float = pydantic.Field(default=0.0, ge=0, allow_inf_nan=False)
+    custom: dict[str, float] = pydantic.Field(default_factory=dict)
+    """Custom resources, e.g. ``{node_b: 1}`` to pin the stage to the node started with
+    ``ray start --resources '{"node_b": 1}'``."""
 
 
 class StageSpec(_Strict):
@@ -50,6 +66,10 @@ class StageSpec(_Strict):
     """Watchdog: a turn on the worker thread (closes, opens, one step) that takes
     longer marks the stage hung (None: no watchdog)."""
     params: dict[str, Any] = pydantic.Field(default_factory=dict)
+    placement: Literal["thread", "ray"] = "thread"
+    """Where the stage executes: a thread of this process, or a Ray actor."""
+    resources: RayResources | None = None
+    """With ``placement: ray``: what its actor reserves (default: nothing)."""
 
 
 class EdgeSpec(_Strict):
@@ -124,8 +144,10 @@ def parse_config(data: object, *, source: str = "<in-code config>") -> PipelineC
     _check_graph(config)
     for index, spec in enumerate(config.stages):
         _check_impl(spec, config.source, f"stages[{index}]")
+        _check_placement(spec, config.source, f"stages[{index}]")
     if config.turn_detection is not None:
         _check_impl(config.turn_detection, config.source, "turn_detection")
+        _check_placement(config.turn_detection, config.source, "turn_detection")
     return config.model_copy(update={"stages": _chain_order(config)})
 
 
@@ -254,6 +276,30 @@ def _check_impl(spec: StageSpec, source: str, key: str) -> None:
                 f"{key}.params.{pname}",
                 f"{spec.impl} requires parameter {pname!r}; add it under params",
             )
+
+
+def _check_placement(spec: StageSpec, source: str, key: str) -> None:
+    if spec.placement == "thread":
+        if spec.resources is not None:
+            raise ConfigError(
+                source,
+                f"{key}.resources",
+                "resources apply to placement: ray only; set placement: ray or remove them",
+            )
+        return
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            source,
+            f"{key}.placement",
+            "ray is not installed; install the ray extra (pip install 'omnitrio[ray]') "
+            "or use placement: thread",
+        )
+
+
+def uses_ray(config: PipelineConfig) -> bool:
+    """True if any stage (the side stage included) has ``placement: ray``."""
+    side = (config.turn_detection,) if config.turn_detection is not None else ()
+    return any(spec.placement == "ray" for spec in (*config.stages, *side))
 
 
 def resolve_impl(impl: str, source: str, key: str) -> Any:

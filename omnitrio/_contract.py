@@ -19,7 +19,12 @@ class ProtocolError(RuntimeError):
     """A stage broke the stage protocol (the stage's bug, reported on its stream)."""
 
     def __init__(self, problem: str) -> None:
+        self.problem = problem
         super().__init__(f"stage broke the protocol: {problem}")
+
+    def __reduce__(self) -> tuple[type[ProtocolError], tuple[str]]:
+        # Made in a Ray-placed stage's process too: it pickles by its problem.
+        return (ProtocolError, (self.problem,))
 
 
 @dataclass(frozen=True, slots=True)

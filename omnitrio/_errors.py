@@ -16,6 +16,10 @@ class ConfigError(OmnitrioError):
         self.problem = problem
         super().__init__(f"{source}: {key}: {problem}")
 
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str, str]]:
+        # Raised in a Ray-placed stage's process too: it pickles by its fields.
+        return (ConfigError, (self.source, self.key, self.problem))
+
 
 class Overloaded(OmnitrioError):
     """The pipeline already serves ``max_streams`` streams; a new one is refused at once."""
@@ -47,7 +51,12 @@ class StageLoadError(OmnitrioError):
 
     def __init__(self, stage: str, problem: str) -> None:
         self.stage = stage
+        self.problem = problem
         super().__init__(f"stage {stage!r} failed to load: {problem}")
+
+    def __reduce__(self) -> tuple[type[StageLoadError], tuple[str, str]]:
+        # Raised in a Ray-placed stage's process too: it pickles by its fields.
+        return (StageLoadError, (self.stage, self.problem))
 
 
 class PipelineClosed(OmnitrioError):

@@ -41,6 +41,10 @@ class Request:
         if not isinstance(self.options, MappingProxyType):
             object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
 
+    def __reduce__(self) -> tuple[type[Request], tuple[str, AudioInput | None, dict[str, Scalar]]]:
+        # A frozen mapping does not pickle; a Ray-placed stage receives it by pickle.
+        return (Request, (self.text, self.audio, dict(self.options)))
+
 
 @dataclass(frozen=True)
 class TextDelta:
@@ -84,6 +88,10 @@ class Event:
         _check_json("Event.data", self.data)
         if not isinstance(self.data, MappingProxyType):
             object.__setattr__(self, "data", MappingProxyType(dict(self.data)))
+
+    def __reduce__(self) -> tuple[type[Event], tuple[str, dict[str, JsonValue]]]:
+        # A frozen mapping does not pickle; a Ray-placed stage sends events by pickle.
+        return (Event, (self.name, dict(self.data)))
 
 
 def _check_json(where: str, value: object) -> None:

@@ -23,7 +23,7 @@ from types import MappingProxyType
 import trio
 
 from ._actor import StageActor, stage_statistics
-from ._config import PipelineConfig, StageSpec, check_stage_limits, load_config
+from ._config import PipelineConfig, StageSpec, check_stage_limits, load_config, uses_ray
 from ._errors import Overloaded, PipelineClosed
 from ._items import Request
 from ._link import Link
@@ -194,8 +194,9 @@ class Pipeline:
     def statistics(self) -> PipelineStatistics:
         """A frozen snapshot of every stage and stream. Cheap; never blocks."""
         actors = self._actors
+        stages = stage_statistics({a.name: a for a in actors})
         return PipelineStatistics(
-            stages=stage_statistics({a.name: a for a in actors}),
+            stages=stages,
             streams=MappingProxyType({s.id: s.statistics() for s in self._streams.values()}),
             num_open_streams=len(self._streams),
             max_streams=self.config.pipeline.max_streams,
@@ -205,6 +206,7 @@ class Pipeline:
             num_failed=self._outcomes["failed"],
             num_cancelled=self._outcomes["cancelled"],
             num_payloads_routed=sum(a.counters.num_payloads_sent for a in actors),
+            num_payload_bytes_relayed=sum(s.num_payload_bytes_relayed for s in stages.values()),
             num_items_delivered=self._delivery.num_delivered,
             num_payloads_to_client=self._delivery.num_non_visible_seen,
             side_stage=None if self._side is None else self._side.statistics(),
@@ -288,9 +290,17 @@ async def open_pipeline(config: PipelineConfig | str | os.PathLike[str]) -> Asyn
     if not isinstance(config, PipelineConfig):
         config = load_config(config)
     source = config.source
+    specs = config.stages
     actors = [
-        StageActor(spec, source, has_outbox=config.edge_from(spec.name) is not None)
-        for spec in config.stages
+        StageActor(
+            spec,
+            source,
+            has_outbox=config.edge_from(spec.name) is not None,
+            payloads_by_reference=spec.placement == "ray"
+            and index + 1 < len(specs)
+            and specs[index + 1].placement == "ray",
+        )
+        for index, spec in enumerate(specs)
     ]
     for upstream, downstream in itertools.pairwise(actors):
         upstream.downstream = downstream
@@ -298,7 +308,7 @@ async def open_pipeline(config: PipelineConfig | str | os.PathLike[str]) -> Asyn
     side = None if side_spec is None else StageActor(side_spec, source, has_outbox=False)
     timeout_s = config.pipeline.shutdown_timeout_s
     error: BaseException | None = None
-    async with trio.open_nursery() as nursery:
+    async with _ray_if_placed(config), trio.open_nursery() as nursery:
         try:
             for actor in [*actors, *([side] if side else [])]:
                 check = _checker(config, actor.name, on_chain=actor is not side)
@@ -317,6 +327,18 @@ async def open_pipeline(config: PipelineConfig | str | os.PathLike[str]) -> Asyn
             nursery.cancel_scope.cancel()
     if error is not None:
         raise error
+
+
+@asynccontextmanager
+async def _ray_if_placed(config: PipelineConfig) -> AsyncIterator[None]:
+    """Ray around the pipeline if a stage has ``placement: ray`` (only then is it imported)."""
+    if not uses_ray(config):
+        yield
+        return
+    from ._ray_cluster import open_ray
+
+    async with open_ray(config):
+        yield
 
 
 def _checker(config: PipelineConfig, stage: str, *, on_chain: bool) -> Callable[[int, int], None]:

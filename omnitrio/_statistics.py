@@ -37,10 +37,17 @@ class StageStatistics:
     idle_s: float
     """Time the actor waited with nothing ready."""
     hung: bool = False
-    """A step outlived the stage's ``step_timeout_s``: the stage is out of service."""
+    """The stage is out of service: a step outlived its ``step_timeout_s``, or its Ray
+    actor is being restarted after its process died."""
     model: Mapping[str, float] = field(default_factory=dict)
     """The stage's own figures, if it reports any (``stage_statistics()``): e.g. forward,
     sampling and packaging time per step, tokens made, KV bytes in use."""
+    num_payload_bytes_relayed: int = 0
+    """Bytes of edge payloads copied through the supervisor's process to or from this
+    stage's Ray actor. 0 for a thread (nothing is copied) and on an edge between two
+    Ray-placed stages (the supervisor routes object references only)."""
+    pid: int | None = None
+    """The process id of the stage's Ray actor (``placement: ray``); None for a thread."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,8 @@ class PipelineStatistics:
     """Non-visible objects that reached a client's channel. The data-plane rule keeps it 0."""
     side_stage: StageStatistics | None = None
     """The side stage (the config's ``turn_detection``), if there is one."""
+    num_payload_bytes_relayed: int = 0
+    """Sum of the stages' ``num_payload_bytes_relayed``."""
     max_trio_stall_s: float = 0.0
     """The longest single task step on the trio thread while pipelines ran (a collector
     pause counts): the longest time no actor and no client could move."""

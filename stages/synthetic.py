@@ -207,6 +207,11 @@ class SyntheticStage:
     def close_stream(self, stream_id: str) -> None:
         del self._streams[stream_id]
 
+    def stage_statistics(self) -> Mapping[str, float]:
+        """The streams it holds state for: readable from the supervisor wherever the
+        stage runs (``live_streams`` sees this process only)."""
+        return {"num_open_streams": float(len(self._streams))}
+
     def close(self) -> None:
         self._streams.clear()
         _live.discard(self)

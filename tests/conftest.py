@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
+import subprocess
+import sys
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +20,7 @@ import trio
 import omnitrio
 
 SYNTHETIC = "stages.synthetic:SyntheticStage"
+REPO = Path(__file__).resolve().parent.parent
 
 # The leak check below counts threads, so the model libraries' own long-lived helper
 # threads are turned off for the whole run, whichever test loads a model first:
@@ -37,8 +43,10 @@ def chain_config(
     max_batch_size: int = 8,
     shutdown_timeout_s: float = 2.0,
     impls: Sequence[str] | None = None,
+    placement: str = "thread",
 ) -> omnitrio.PipelineConfig:
-    """A chain of stages named a, b, c, ... (synthetic unless ``impls`` says otherwise)."""
+    """A chain of stages named a, b, c, ... (synthetic unless ``impls`` says otherwise),
+    every one with ``placement`` (thread, or ray: see the ``placement`` fixture)."""
     names = [chr(ord("a") + i) for i in range(len(stage_params))]
     return omnitrio.parse_config(
         {
@@ -54,6 +62,7 @@ def chain_config(
                     "impl": impls[i] if impls else SYNTHETIC,
                     "max_batch_size": max_batch_size,
                     "params": params,
+                    "placement": placement,
                 }
                 for i, (name, params) in enumerate(zip(names, stage_params, strict=True))
             ],
@@ -63,6 +72,54 @@ def chain_config(
             ],
         }
     )
+
+
+@dataclass(frozen=True)
+class Stopped:
+    returncode: int
+    stderr: str
+    exit_s: float
+    """From the signal to the process's exit."""
+
+
+def prompt_until_signal(
+    config: Path,
+    signum: signal.Signals,
+    *,
+    env: Mapping[str, str] | None = None,
+    when_ready: Callable[[], None] = lambda: None,
+) -> Stopped:
+    """Run ``omnitrio prompt`` on ``config`` (8 streams) in a child process until its
+    pipeline is ready, call ``when_ready``, send ``signum`` and wait (60 s at most)."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "omnitrio._cli",
+            "prompt",
+            "--config",
+            str(config),
+            "--streams",
+            "8",
+        ],
+        cwd=REPO,
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    try:
+        assert "ready" in process.stdout.readline()  # blocks until the pipeline is up
+        when_ready()
+        process.send_signal(signum)
+        started = time.monotonic()
+        _, err = process.communicate(timeout=60)
+        return Stopped(process.returncode, err, time.monotonic() - started)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
 
 
 def stage_threads() -> list[threading.Thread]:
@@ -76,6 +133,37 @@ def count_tasks() -> int:
         return 1 + sum(walk(c) for n in task.child_nurseries for c in n.child_tasks)
 
     return walk(trio.lowlevel.current_root_task())
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """One local two-node Ray cluster for the whole test session (Ray takes seconds to
+    start): the head, with the custom resource ``node_a``, and a second node with
+    ``node_b``. This
+    process stays connected to it, so pipelines with ``placement: ray`` use it and
+    leave it running (``open_ray``)."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "resources": {"node_a": 1}, "include_dashboard": False},
+    )
+    cluster.add_node(num_cpus=1, resources={"node_b": 1})
+    ray.init(address=cluster.address, logging_level="WARNING")
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture(params=["thread", "ray"])
+def placement(request: pytest.FixtureRequest) -> str:
+    """Run the test with every stage on a thread, then with every stage on Ray."""
+    if request.param == "ray":
+        request.getfixturevalue("ray_cluster")
+    return str(request.param)
 
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -107,9 +195,17 @@ def no_leaked_threads() -> Iterator[None]:
     assert _our_threads() <= before
 
 
+# The session's Ray connection (``ray_cluster``) keeps these for its lifetime: not ours.
+RAY_DRIVER_THREADS = frozenset({"PythonGCThread", "ray_listen_error_messages", "ray_print_logs"})
+
+
 def _our_threads() -> int:
     # trio.to_thread's cache keeps idle "Trio thread N" workers for a while: not ours.
-    return sum(1 for t in threading.enumerate() if not t.name.startswith("Trio thread"))
+    return sum(
+        1
+        for t in threading.enumerate()
+        if not t.name.startswith("Trio thread") and t.name not in RAY_DRIVER_THREADS
+    )
 
 
 async def collect(stream: omnitrio.Stream) -> list[omnitrio.VisibleItem]:

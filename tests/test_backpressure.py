@@ -13,6 +13,7 @@ CAPACITY = 4
 
 
 def _config(**overrides: object) -> omnitrio.PipelineConfig:
+    """Every stage on ``placement`` (a keyword of ``overrides``; thread by default)."""
     return chain_config(
         [{"steps": 100_000, "payload_bytes": 1024}, {}, {"outputs_per_input": 0}],
         edge_capacity=CAPACITY,
@@ -36,11 +37,12 @@ async def _run_reader(pipeline: omnitrio.Pipeline, units: int) -> tuple[int, int
     )
 
 
-async def test_a_stalled_client_holds_bounded_memory_and_slows_nobody() -> None:
+async def test_a_stalled_client_holds_bounded_memory_and_slows_nobody(placement: str) -> None:
     units = 200
-    async with omnitrio.open_pipeline(_config()) as pipeline:
+    async with omnitrio.open_pipeline(_config(placement=placement)) as pipeline:
         alone = await _run_reader(pipeline, units)
-    async with AsyncExitStack() as streams, omnitrio.open_pipeline(_config()) as pipeline:
+    config = _config(placement=placement)
+    async with AsyncExitStack() as streams, omnitrio.open_pipeline(config) as pipeline:
         stalled = await streams.enter_async_context(pipeline.open_stream("never read"))
         beside = await _run_reader(pipeline, units)
         stats = pipeline.statistics()

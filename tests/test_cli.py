@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
+import omnitrio
 from omnitrio._cli import main
+from tests.conftest import prompt_until_signal
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,34 +39,22 @@ def test_signals_stop_a_running_pipeline_cleanly(tmp_path: Path, signum: signal.
     config.write_text(
         (REPO / "configs" / "synthetic.yaml").read_text().replace("steps: 24", "steps: 100000")
     )
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "omnitrio._cli",
-            "prompt",
-            "--config",
-            str(config),
-            "--streams",
-            "8",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    stopped = prompt_until_signal(config, signum)
+    assert stopped.returncode == 128 + signum, stopped.stderr
+    assert f"{signum.name}; pipeline stopped" in stopped.stderr
+    assert stopped.exit_s < 5
+
+
+def test_ray_address_applies_to_pipelines_with_ray_stages(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from omnitrio._cli import with_ray_address
+
+    ray = omnitrio.load_config(REPO / "configs" / "synthetic-ray.yaml")
+    assert with_ray_address(ray, "10.0.0.1:6379").pipeline.ray_address == "10.0.0.1:6379"
+    thread = REPO / "configs" / "synthetic.yaml"
+    assert main(["prompt", "--config", str(thread), "--ray-address", "10.0.0.1:6379"]) == 2
+    assert (
+        f"omnitrio: {thread}: --ray-address: no stage of pipeline 'synthetic-omni' has "
+        "placement: ray" in capsys.readouterr().err
     )
-    assert process.stdout is not None
-    try:
-        assert "ready" in process.stdout.readline()  # blocks until the pipeline is up
-        process.send_signal(signum)
-        started = time.monotonic()
-        _, err = process.communicate(timeout=10)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    assert process.returncode == 128 + signum, err
-    assert f"{signum.name}; pipeline stopped" in err
-    assert time.monotonic() - started < 5

@@ -118,6 +118,31 @@ BAD = [
         GOOD.replace("name: a,", "name: a, step_timeout_s: .inf,"),
         "stages[1].step_timeout_s: should be a finite number; fix the value",
     ),
+    (
+        GOOD.replace("name: a,", "name: a, placement: gpu,"),
+        "stages[1].placement: input should be 'thread' or 'ray'; fix the value",
+    ),
+    (
+        GOOD.replace("name: a,", "name: a, resources: {num_gpus: 1},"),
+        "stages[1].resources: resources apply to placement: ray only; "
+        "set placement: ray or remove them",
+    ),
+    (
+        GOOD.replace("name: a,", "name: a, placement: ray, resources: {num_gpus: -1},"),
+        "stages[1].resources.num_gpus: input should be greater than or equal to 0",
+    ),
+    (
+        GOOD.replace("name: a,", "name: a, placement: ray, resources: {gpus: 1},"),
+        "stages[1].resources.gpus: unknown key; remove it or fix its spelling",
+    ),
+    (
+        GOOD.replace("name: a,", "name: a, placement: ray, resources: {custom: {node_b: x}},"),
+        "stages[1].resources.custom.node_b: input should be a valid number",
+    ),
+    (
+        GOOD.replace("pipeline: {name: t}", "pipeline: {name: t, ray_address: ''}"),
+        "pipeline.ray_address: string should have at least 1 character",
+    ),
     ("pipeline: [\n", "line 2: not valid YAML"),
     ("- just\n- a list\n", "<top>: a config must be a mapping with pipeline, stages, edges"),
 ]
@@ -155,3 +180,19 @@ def test_required_stage_parameter(tmp_path: Path) -> None:
 class NeedsModel:
     def __init__(self, name: str, device: str, model_path: str) -> None:
         self.model_path = model_path
+
+
+def test_placement_defaults_to_a_thread_and_ray_settings_load(tmp_path: Path) -> None:
+    config = omnitrio.load_config(_write(tmp_path, GOOD))
+    assert all(s.placement == "thread" and s.resources is None for s in config.stages)
+    assert config.pipeline.ray_address is None
+    ray = omnitrio.load_config(REPO / "configs" / "synthetic-ray.yaml")
+    assert all(s.placement == "ray" for s in ray.stages)
+    placed = GOOD.replace(
+        "name: a,", "name: a, placement: ray, resources: {num_cpus: 1, custom: {node_b: 1}},"
+    ).replace("pipeline: {name: t}", "pipeline: {name: t, ray_address: '10.0.0.1:6379'}")
+    config = omnitrio.load_config(_write(tmp_path, placed))
+    resources = config.stages[0].resources
+    assert resources is not None
+    assert (resources.num_cpus, resources.num_gpus, dict(resources.custom)) == (1, 0, {"node_b": 1})
+    assert config.pipeline.ray_address == "10.0.0.1:6379"

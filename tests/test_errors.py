@@ -25,9 +25,9 @@ async def _outcome(pipeline: omnitrio.Pipeline, request: omnitrio.Request) -> tu
     return items, None
 
 
-async def test_an_exception_in_one_streams_work_fails_only_that_stream() -> None:
+async def test_an_exception_in_one_streams_work_fails_only_that_stream(placement: str) -> None:
     results: dict[str, tuple[list, object]] = {}
-    async with omnitrio.open_pipeline(chain_config(THREE)) as pipeline:
+    async with omnitrio.open_pipeline(chain_config(THREE, placement=placement)) as pipeline:
 
         async def run(label: str, options: dict[str, int]) -> None:
             results[label] = await _outcome(pipeline, omnitrio.Request(label, options=options))
@@ -112,8 +112,10 @@ async def test_protocol_violations_fail_the_stream_with_a_clear_error(
         assert pipeline.statistics().num_payloads_to_client == 0
 
 
-async def test_a_stage_that_fails_to_load_stops_the_ones_already_started() -> None:
-    config = chain_config([{"steps": 1}, {"inputs_per_step": 0}])
+async def test_a_stage_that_fails_to_load_stops_the_ones_already_started(
+    placement: str,
+) -> None:
+    config = chain_config([{"steps": 1}, {"inputs_per_step": 0}], placement=placement)
     with pytest.raises(omnitrio.StageLoadError, match="stage 'b' failed to load: ValueError"):
         async with omnitrio.open_pipeline(config):
             pass  # pragma: no cover

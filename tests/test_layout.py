@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -110,3 +112,19 @@ def test_the_public_surface_is_exactly_all() -> None:
     # The handle carries no runtime internals.
     handle = {n for n in dir(omnitrio.Stream) if not n.startswith("_")}
     assert handle == {"aclose", "failure", "id", "receive"}
+
+
+def test_ray_is_imported_only_by_pipelines_that_place_a_stage_on_it() -> None:
+    # Two modules speak to Ray (the stages' actors, the instance), and the runtime
+    # imports them only for placement: ray.
+    importers = [
+        path.relative_to(REPO).as_posix()
+        for path in sorted((REPO / "omnitrio").rglob("*.py"))
+        if "ray" in _imports(path)
+    ]
+    assert importers == ["omnitrio/_ray.py", "omnitrio/_ray_cluster.py"]
+    code = (
+        "import sys, omnitrio, omnitrio.server; "
+        "assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -16,9 +16,9 @@ from tests.conftest import chain_config, collect, count_tasks, stage_threads, te
 THREE = [{"steps": 5}, {}, {"outputs_per_input": 0, "visible": "audio"}]
 
 
-async def test_a_stream_gets_every_stage_output_in_order() -> None:
+async def test_a_stream_gets_every_stage_output_in_order(placement: str) -> None:
     async with (
-        omnitrio.open_pipeline(chain_config(THREE)) as pipeline,
+        omnitrio.open_pipeline(chain_config(THREE, placement=placement)) as pipeline,
         pipeline.open_stream("hi") as stream,
     ):
         items = await collect(stream)
@@ -81,8 +81,8 @@ async def test_overloaded_at_once_beyond_max_streams() -> None:
             await collect(stream)
 
 
-async def test_cancelling_a_stream_frees_its_state_everywhere() -> None:
-    config = chain_config([{"steps": 10_000}, {}, {"outputs_per_input": 0}])
+async def test_cancelling_a_stream_frees_its_state_everywhere(placement: str) -> None:
+    config = chain_config([{"steps": 10_000}, {}, {"outputs_per_input": 0}], placement=placement)
     async with omnitrio.open_pipeline(config) as pipeline:
         async with trio.open_nursery() as nursery:
             other: list[omnitrio.VisibleItem] = []
@@ -107,11 +107,16 @@ async def test_cancelling_a_stream_frees_its_state_everywhere() -> None:
         for stage in "ab":
             got = [t for t in texts(other) if t.startswith(stage)]
             assert got == [f"{stage}:{i} " for i in range(1, 31)]
-        assert pipeline.statistics().num_cancelled == 1
+        stats = pipeline.statistics()
+        assert stats.num_cancelled == 1
+        # Both streams are gone from every stage, wherever it runs.
+        assert all(s.model["num_open_streams"] == 0 for s in stats.stages.values())
 
 
-async def test_leaving_with_producers_on_full_channels_is_prompt_and_clean() -> None:
-    config = chain_config([{"steps": 100_000}, {}, {"outputs_per_input": 0}], max_streams=8)
+async def test_leaving_with_producers_on_full_channels_is_prompt_and_clean(placement: str) -> None:
+    config = chain_config(
+        [{"steps": 100_000}, {}, {"outputs_per_input": 0}], max_streams=8, placement=placement
+    )
     tasks_before = count_tasks()
     threads_before = len(stage_threads())
     async with AsyncExitStack() as streams, omnitrio.open_pipeline(config) as pipeline:

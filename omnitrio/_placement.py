@@ -1,0 +1,116 @@
+"""Where a stage executes: the seam between an actor's deciding and executing halves.
+
+A ``StageActor`` plans and applies on trio whatever the placement; only *execute*
+moves. ``ThreadPlacement`` runs the ``StageRunner`` on a dedicated thread of this
+process (the default). ``placement: ray`` runs the same runner in a Ray actor
+(``_ray.py``, imported only then, so the runtime needs no Ray otherwise). Each hands
+a ``Plan`` over with ``submit`` and brings the ``Result`` back with one
+``run_sync_soon`` into trio, so the actor cannot tell them apart except by
+``StageLost`` (the stage's process died) and ``restarting``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Protocol
+
+import outcome
+import trio
+
+from ._config import StageSpec
+from ._contract import Limits
+from ._runner import Plan, Result, StageRunner
+from ._worker import WorkerThread
+
+OnDone = Callable[[outcome.Outcome[Result]], None]
+
+
+class StageLost(RuntimeError):
+    """The process that held the stage died (e.g. ``kill -9``): every stream the stage
+    held is gone with it. The placement brings the stage back (``restarting``)."""
+
+
+class Placement(Protocol):
+    """What an actor needs of the place its stage runs in."""
+
+    @property
+    def restarting(self) -> bool:
+        """The stage is being loaded again after ``StageLost``: out of service."""
+        ...
+
+    @property
+    def pid(self) -> int | None:
+        """The id of the process the stage runs in, if not this one."""
+        ...
+
+    @property
+    def num_payload_bytes_relayed(self) -> int:
+        """Bytes of edge payloads copied through this process to or from the stage
+        (0 for a thread: payloads never leave the process)."""
+        ...
+
+    async def load(self) -> Limits:
+        """Load the stage; raises ``StageLoadError`` (or ``ConfigError``)."""
+        ...
+
+    def submit(self, plan: Plan, on_done: OnDone) -> None:
+        """Execute ``plan``; ``on_done(outcome)`` runs later on the trio thread. Never blocks."""
+        ...
+
+    async def close(self, deadline: float) -> bool:
+        """Close every stream the stage holds, then the stage, until trio time
+        ``deadline`` (shielded). False if it did not finish in time."""
+        ...
+
+    def model_statistics(self) -> Mapping[str, float]:
+        """The stage's own figures (``stage_statistics()``), cheap, never blocking."""
+        ...
+
+
+class ThreadPlacement:
+    """The stage on a dedicated thread of this process."""
+
+    restarting = False
+    pid = None
+    num_payload_bytes_relayed = 0
+
+    def __init__(self, spec: StageSpec, source: str, *, has_outbox: bool) -> None:
+        self._runner = StageRunner(spec, source, has_outbox=has_outbox)
+        self._worker: WorkerThread | None = None
+
+    async def load(self) -> Limits:
+        self._worker = WorkerThread(f"omnitrio-stage-{self._runner.name}")
+        await self._worker.run(self._runner.load)
+        return self._runner.limits
+
+    def submit(self, plan: Plan, on_done: OnDone) -> None:
+        assert self._worker is not None
+        self._worker.submit(partial(self._runner.execute, plan), on_done)
+
+    async def close(self, deadline: float) -> bool:
+        worker = self._worker
+        if worker is None:
+            return True
+        # Queued behind any job still running (a load or a step cut off by
+        # cancellation), the final job closes whatever the stage holds by then.
+        with trio.CancelScope(shield=True, deadline=deadline):
+            await worker.run(self._runner.close_all)
+        return await worker.stop(deadline)
+
+    def model_statistics(self) -> Mapping[str, float]:
+        return self._runner.model_statistics()
+
+
+def place(
+    spec: StageSpec, source: str, *, has_outbox: bool, payloads_by_reference: bool
+) -> Placement:
+    """The placement ``spec`` asks for. ``payloads_by_reference``: the next stage is on
+    Ray too, so a Ray stage's payloads stay in Ray's object store."""
+    if spec.placement == "ray":
+        from ._ray import RayPlacement  # Ray is imported only by pipelines that use it
+
+        return RayPlacement(
+            spec, source, has_outbox=has_outbox, payloads_by_reference=payloads_by_reference
+        )
+    return ThreadPlacement(spec, source, has_outbox=has_outbox)

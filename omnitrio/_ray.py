@@ -1,0 +1,289 @@
+"""Stages placed on Ray actors (``placement: ray``); imported only by pipelines that use it.
+
+The supervisor's ``StageActor`` plans and applies exactly as for a thread; only
+execute moves: ``RayPlacement.submit`` is one ``execute.remote(plan)`` and its
+result comes back into trio with one ``run_sync_soon`` (from the future's
+callback), as a thread's does. In the Ray actor (``_StageProcess``) the same
+``StageRunner`` loads and steps the unchanged stage class.
+
+Payloads between two Ray-placed stages stay in Ray's object store: the upstream
+actor ``ray.put``s a step's payloads as one object and returns a ``_Slice`` (the
+object's reference and an index) for each, the supervisor routes slices on the edge
+as it routes any payload (credits count items, not bytes), and the downstream actor
+fetches each object once per step. Payloads to or from a thread-placed stage
+are copied through the supervisor and counted (``num_payload_bytes_relayed``).
+
+If the actor's process dies, every turn out fails with ``StageLost`` (the actor
+then fails the streams the stage held) and a fresh actor loads the stage; until it
+has, the stage is out of service (``restarting``, so ``/health`` says degraded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from functools import partial
+from typing import Any, TypeVar
+
+import outcome
+import ray
+import ray.exceptions
+import trio
+
+from ._config import StageSpec
+from ._contract import Limits
+from ._placement import OnDone, StageLost
+from ._runner import Plan, Result, StageRunner
+from ._stage import StreamOutput, StreamWork
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Slice:
+    """One payload of a step, in Ray's object store with the rest of that step's."""
+
+    ref: ray.ObjectRef[tuple[object, ...]]
+    index: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Reply:
+    """What a Ray actor sends back for a ``Plan``."""
+
+    result: Result
+    num_payload_bytes_relayed: int
+    model: Mapping[str, float]
+
+
+class _StageProcess:
+    """The executing half in a Ray actor's process: a ``StageRunner`` and the payload
+    references on its edges."""
+
+    def __init__(
+        self, spec: StageSpec, source: str, has_outbox: bool, payloads_by_reference: bool
+    ) -> None:
+        self._runner = StageRunner(spec, source, has_outbox=has_outbox)
+        self._by_reference = payloads_by_reference
+
+    def load(self) -> tuple[Limits, int]:
+        self._runner.load()
+        return self._runner.limits, os.getpid()
+
+    def execute(self, plan: Plan) -> _Reply:
+        batch, lost, num_in = _fetched(plan.batch)
+        result = self._runner.execute(dataclasses.replace(plan, batch=batch))
+        if lost:  # those streams fail here: the stage never saw them in this step
+            result.stepped += list(lost)
+            failed = {sid: StreamOutput(error=error) for sid, error in lost.items()}
+            result.outputs = {**result.outputs, **failed}
+        num_out = 0
+        if self._by_reference:
+            result.outputs = _by_reference(result.outputs)
+        else:
+            num_out = sum(_nbytes(p) for o in result.outputs.values() for p in o.payloads)
+        return _Reply(result, num_in + num_out, self._runner.model_statistics())
+
+    def close_all(self) -> None:
+        self._runner.close_all()
+
+
+class PayloadLost(RuntimeError):
+    """An input payload was lost with the Ray process that made it (that stage died)."""
+
+
+def _fetched(
+    batch: tuple[StreamWork, ...],
+) -> tuple[tuple[StreamWork, ...], dict[str, PayloadLost], int]:
+    """The batch with its inputs' slices fetched (one ``ray.get`` for every object they
+    are in); the streams whose inputs were lost, left out of it; and the bytes of the
+    inputs that came by value through the supervisor."""
+    refs = list({i.ref: None for w in batch for i in w.inputs if isinstance(i, _Slice)})
+    num_bytes = sum(_nbytes(i) for w in batch for i in w.inputs if not isinstance(i, _Slice))
+    if not refs:
+        return batch, {}, num_bytes
+    objects: dict[Any, Any] = {}
+    try:
+        objects.update(zip(refs, ray.get(refs), strict=True))
+    except ray.exceptions.ObjectLostError:
+        for ref in refs:  # which ones: the rest of the batch steps
+            try:
+                objects[ref] = ray.get(ref)
+            except ray.exceptions.ObjectLostError as error:
+                problem = f"an input was lost with the Ray process that made it ({error!r:.80})"
+                objects[ref] = PayloadLost(problem)
+    fetched: list[StreamWork] = []
+    lost: dict[str, PayloadLost] = {}
+    for work in batch:
+        missing = [objects[i.ref] for i in work.inputs if isinstance(i, _Slice)]
+        gone = next((m for m in missing if isinstance(m, PayloadLost)), None)
+        if gone is not None:
+            lost[work.stream_id] = gone
+            continue
+        values = tuple(objects[i.ref][i.index] if isinstance(i, _Slice) else i for i in work.inputs)
+        fetched.append(dataclasses.replace(work, inputs=values))
+    return tuple(fetched), lost, num_bytes
+
+
+def _by_reference(outputs: Mapping[str, StreamOutput]) -> dict[str, StreamOutput]:
+    """The step's payloads as one object in Ray's object store, a slice of it each."""
+    payloads = tuple(p for o in outputs.values() for p in o.payloads)
+    if not payloads:
+        return dict(outputs)
+    ref = ray.put(payloads)
+    index = 0
+    sliced: dict[str, StreamOutput] = {}
+    for sid, output in outputs.items():
+        count = len(output.payloads)
+        slices = tuple(_Slice(ref, index + i) for i in range(count))
+        sliced[sid] = dataclasses.replace(output, payloads=slices) if count else output
+        index += count
+    return sliced
+
+
+def _nbytes(payload: object) -> int:
+    """Serialized size of a payload (out-of-band buffers, e.g. arrays, counted, not copied)."""
+    buffers: list[pickle.PickleBuffer] = []
+    pickled = pickle.dumps(payload, protocol=5, buffer_callback=buffers.append)
+    return len(pickled) + sum(b.raw().nbytes for b in buffers)
+
+
+# A dead actor is not restarted by Ray: ``RayPlacement`` makes a fresh one, so that
+# every turn sent to the dead one fails (``StageLost``) and none runs on the new one.
+_RemoteStage: Any = ray.remote(max_restarts=0)(_StageProcess)
+
+
+class RayPlacement:
+    """A stage in a Ray actor, as seen from the supervisor (see the module docstring)."""
+
+    def __init__(
+        self, spec: StageSpec, source: str, *, has_outbox: bool, payloads_by_reference: bool
+    ) -> None:
+        self._spec = spec
+        self._args = (spec, source, has_outbox, payloads_by_reference)
+        self._actor: Any = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._model: Mapping[str, float] = {}
+        self.restarting = False
+        self.num_payload_bytes_relayed = 0
+        self.pid: int | None = None
+        """The process id of the stage's current actor (for operators and tests)."""
+
+    async def load(self) -> Limits:
+        self._token = trio.lowlevel.current_trio_token()
+        self._actor = self._create()
+        done = trio.Event()
+        loaded: list[outcome.Outcome[tuple[Limits, int]]] = []
+
+        def finish(value: outcome.Outcome[tuple[Limits, int]]) -> None:
+            loaded.append(value)
+            done.set()
+
+        self._when_ready(self._actor.load.remote(), finish)
+        await done.wait()
+        limits, self.pid = loaded[0].unwrap()
+        return limits
+
+    def submit(self, plan: Plan, on_done: OnDone) -> None:
+        actor = self._actor
+        self._when_ready(actor.execute.remote(plan), partial(self._executed, actor, on_done))
+
+    async def close(self, deadline: float) -> bool:
+        actor, self._actor = self._actor, None
+        if actor is None:
+            return True
+        done = trio.Event()
+        self._when_ready(actor.close_all.remote(), lambda _: done.set())
+        with trio.CancelScope(shield=True, deadline=deadline):
+            await done.wait()
+        # Queued behind any step still running, close_all ran or the deadline passed:
+        # either way the actor goes now (a stuck step dies with its process).
+        ray.kill(actor, no_restart=True)
+        return done.is_set()
+
+    def model_statistics(self) -> Mapping[str, float]:
+        return self._model  # as of the latest turn back
+
+    def _create(self) -> Any:
+        spec, resources = self._spec, self._spec.resources
+        options: dict[str, Any] = {"name": None}
+        if resources is not None:
+            options.update(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus)
+            if resources.custom:
+                options["resources"] = dict(resources.custom)
+        else:
+            options.update(num_cpus=0)
+        logger.info("placing stage %r on a Ray actor (%s)", spec.name, options)
+        return _RemoteStage.options(**options).remote(*self._args)
+
+    def _executed(self, actor: Any, on_done: OnDone, value: outcome.Outcome[_Reply]) -> None:
+        if isinstance(value, outcome.Error):
+            if isinstance(value.error, StageLost) and actor is self._actor:
+                self._restart()
+            on_done(outcome.Error(value.error))
+            return
+        reply = value.unwrap()
+        self.num_payload_bytes_relayed += reply.num_payload_bytes_relayed
+        self._model = reply.model
+        on_done(outcome.Value(reply.result))
+
+    def _restart(self) -> None:
+        """The actor's process died: load the stage on a fresh actor (turns submitted
+        meanwhile queue behind its load)."""
+        logger.error(
+            "stage %r: its Ray actor's process (pid %s) died; restarting it",
+            self._spec.name,
+            self.pid,
+            extra={"stage": self._spec.name},
+        )
+        self.restarting = True
+        self._actor = actor = self._create()
+        self._when_ready(actor.load.remote(), partial(self._restarted, actor))
+
+    def _restarted(self, actor: Any, value: outcome.Outcome[tuple[Limits, int]]) -> None:
+        if actor is not self._actor:
+            return
+        if isinstance(value, outcome.Error):
+            logger.error(
+                "stage %r did not load again after its process died; it stays out of service",
+                self._spec.name,
+                exc_info=value.error,
+                extra={"stage": self._spec.name},
+            )
+            return
+        _, self.pid = value.unwrap()
+        self.restarting = False
+        logger.warning("stage %r is back (pid %s)", self._spec.name, self.pid)
+
+    def _when_ready(self, ref: Any, callback: Callable[[outcome.Outcome[T]], None]) -> None:
+        """``callback(outcome)`` on the trio thread once ``ref`` is ready: one
+        ``run_sync_soon`` from the future's callback, as a worker thread's."""
+        token = self._token
+        assert token is not None
+
+        def landed(future: Future[T]) -> None:
+            value = outcome.capture(_result, future, self._spec.name)
+            try:
+                token.run_sync_soon(callback, value)
+            except trio.RunFinishedError:
+                logger.warning("stage %r: a Ray call ended after its trio run", self._spec.name)
+
+        ref.future().add_done_callback(landed)
+
+
+def _result(future: Future[T], stage: str) -> T:
+    """The future's value; Ray's wrappers unwrapped: the stage's own error as itself,
+    a dead actor as ``StageLost``."""
+    try:
+        return future.result()
+    except ray.exceptions.RayTaskError as error:
+        cause = error.cause
+        raise (cause if isinstance(cause, Exception) else error) from None
+    except ray.exceptions.RayActorError as error:
+        raise StageLost(f"stage {stage!r}: its Ray actor died ({type(error).__name__})") from None

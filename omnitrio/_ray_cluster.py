@@ -1,0 +1,89 @@
+"""The Ray instance a pipeline with ``placement: ray`` stages runs on; imported only
+by such pipelines. Joining or starting it is here; the stages' actors are
+``_ray.py``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+
+import ray
+import trio
+
+from ._config import PipelineConfig
+from ._errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+RAY_CONNECT_TIMEOUT_S = 10.0
+"""How long ``pipeline.ray_address`` may take to accept a connection (Ray's own
+client would retry for minutes)."""
+
+
+class _Instance:
+    """The Ray connection omnitrio made, shared by the pipelines of this process."""
+
+    lock = trio.Lock()
+    num_users = 0
+
+
+@asynccontextmanager
+async def open_ray(config: PipelineConfig) -> AsyncIterator[None]:
+    """Ray for the pipeline's lifetime: join ``pipeline.ray_address``, or start a local
+    instance; once the last pipeline using it is done, disconnect (a local instance
+    stops). If this process connected to Ray itself (its own ``ray.init``), the pipeline
+    uses that connection and leaves it as it found it."""
+    async with _Instance.lock:
+        if ray.is_initialized() and _Instance.num_users == 0:
+            owned = False  # someone else's connection
+        else:
+            owned = True
+            if _Instance.num_users == 0:
+                await _connect(config)
+            _Instance.num_users += 1
+    try:
+        yield
+    finally:
+        if owned:
+            with trio.CancelScope(shield=True):
+                async with _Instance.lock:
+                    _Instance.num_users -= 1
+                    if _Instance.num_users == 0:
+                        await trio.to_thread.run_sync(ray.shutdown)
+
+
+async def _connect(config: PipelineConfig) -> None:
+    address = config.pipeline.ray_address
+    logger.info("starting Ray (%s)", address or "a local instance")
+    if address is not None:
+        await _check_reachable(config, address)
+    init = partial(
+        ray.init,
+        address=address,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        log_to_driver=True,
+    )
+    await trio.to_thread.run_sync(init)
+
+
+async def _check_reachable(config: PipelineConfig, address: str) -> None:
+    """A ``host:port`` address must accept a connection (``auto`` and ``ray://`` are
+    Ray's to resolve)."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not port.isdigit() or "://" in host:
+        return
+    try:
+        with trio.fail_after(RAY_CONNECT_TIMEOUT_S):
+            stream = await trio.open_tcp_stream(host, int(port))
+            await stream.aclose()
+    except (OSError, trio.TooSlowError) as exc:
+        problem = f"no Ray cluster answers at {address} ({exc or 'timed out'})"
+        raise ConfigError(
+            config.source,
+            "pipeline.ray_address",
+            f"{problem}; start one (ray start --head) or fix the address",
+        ) from None
