@@ -5,8 +5,8 @@ A stage is any class with the ``omnitrio.Stage`` shape (``open_stream``,
 params...)`` from a config's ``impl``/``device``/``params``; a thread-count param
 is called ``num_threads`` where a stage has one. What this module gives it:
 
-- ``AutoregressiveStage``: the base of an autoregressive model stage (device, torch
-  threads, per-stream state in ``streams``, ``clock``, ``packager``, statistics).
+- ``AutoregressiveStage``: the base of an autoregressive model stage (device,
+  ``num_threads``, per-stream state in ``streams``, ``clock``, ``packager``, statistics).
 - ``Packager``, ``Piece``, ``Outbox``, ``step_output``, ``PackagingError``: packaging
   off the critical path (detokenizing, slicing hidden states) on one thread per stage,
   collected by the stream's next step.
