@@ -89,6 +89,7 @@ def test_the_public_surface_is_exactly_all() -> None:
         "StageStatistics",
         "Stream",
         "StreamOutput",
+        "StreamResampler",
         "StreamStatistics",
         "StreamWork",
         "TextDelta",
@@ -96,6 +97,8 @@ def test_the_public_surface_is_exactly_all() -> None:
         "load_config",
         "open_pipeline",
         "parse_config",
+        "resample_float",
+        "resample_pcm16",
     ]
     # Nothing public beyond __all__ but the subpackages (server, realtime, bench).
     public = {

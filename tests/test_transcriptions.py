@@ -19,6 +19,7 @@ from tests.voice_support import INPUT_RATE_HZ, VOICE_CONFIG, needs_voice, spoken
 pytestmark = [needs_voice, pytest.mark.usefixtures("voice_weights")]
 
 SENTENCE = "What do cats like to eat?"
+SYNTHETIC_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "synthetic.yaml"
 
 
 def _mp3(pcm16: bytes, rate_hz: int) -> bytes:
@@ -74,4 +75,22 @@ async def test_transcriptions_of_wav_and_mp3_in_every_format(
             )
 
     with trio.fail_after(240):
+        await trio.to_thread.run_sync(run)
+
+
+async def test_an_upload_over_the_input_limits_is_a_400_naming_the_limit(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Decoded audio is held to ``max_input_audio_s`` as it decodes (any pipeline)."""
+    settings = ServerSettings(port=0, max_input_audio_s=1.0)
+    binds = await nursery.start(serve, SYNTHETIC_CONFIG, settings)
+    client = openai.OpenAI(base_url=f"{binds[0]}/v1", api_key="unused", max_retries=0)
+    three_s = np.zeros(3 * INPUT_RATE_HZ, dtype=np.int16).tobytes()
+
+    def run() -> None:
+        for name, data in {"long.mp3": _mp3(three_s, INPUT_RATE_HZ)}.items():
+            with pytest.raises(openai.BadRequestError, match="over the limit of 1 s"):
+                client.audio.transcriptions.create(model="synthetic", file=(name, data))
+
+    with trio.fail_after(60):
         await trio.to_thread.run_sync(run)

@@ -63,7 +63,7 @@ def check_input_audio(num_samples: int, rate_hz: int, settings: ServerSettings) 
     low, high = settings.min_input_sample_rate_hz, settings.max_input_sample_rate_hz
     if not low <= rate_hz <= high:
         raise InputAudioError(
-            f"the WAV's sample rate {rate_hz} Hz is outside the supported {low}-{high} Hz"
+            f"the audio's sample rate {rate_hz} Hz is outside the supported {low}-{high} Hz"
         )
     duration_s = num_samples / rate_hz
     if duration_s > settings.max_input_audio_s:

@@ -11,15 +11,19 @@ stages/voice/llm.py). ``response_format`` is ``json`` (the default), ``text`` or
 from __future__ import annotations
 
 import io
+import itertools
 import json
 from typing import Any
 
+import trio
 from quart import Response
 
 from .._errors import OmnitrioError
 from .._items import AudioInput, Event, Request
 from ..realtime import new_id
+from ._audio import InputAudioError, check_input_audio, resample_pcm16
 from ._openai_http import _refusal, error_response
+from ._settings import ServerSettings
 from ._state import ResponseLog, ServerState
 
 DECODE_RATE_HZ = 16000
@@ -30,8 +34,11 @@ class UndecodableAudio(ValueError):
     """The upload is not audio FFmpeg can read."""
 
 
-def decode_audio(data: bytes, rate_hz: int = DECODE_RATE_HZ) -> bytes:
-    """Any audio file FFmpeg reads, as mono PCM16 at ``rate_hz``."""
+def decode_audio(data: bytes, settings: ServerSettings) -> bytes:
+    """Any audio file FFmpeg reads, as mono PCM16 at ``DECODE_RATE_HZ``, within the
+    server's input-audio limits (``check_input_audio``: the rate, and the duration,
+    checked as it decodes so a long file is refused before it is all decoded). The
+    rate change is omnitrio's one resampler (soxr), as for every other upload."""
     import av  # installed with faster-whisper (the voice extra)
 
     pcm = bytearray()
@@ -39,17 +46,22 @@ def decode_audio(data: bytes, rate_hz: int = DECODE_RATE_HZ) -> bytes:
         with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.audio:
                 raise UndecodableAudio("the file has no audio stream")
-            resampler = av.AudioResampler(format="s16", layout="mono", rate=rate_hz)
-            for frame in container.decode(container.streams.audio[0]):
-                for out in resampler.resample(frame):
+            audio = container.streams.audio[0]
+            rate_hz = int(audio.rate or 0)
+            check_input_audio(0, rate_hz, settings)
+            to_mono_s16 = av.AudioResampler(format="s16", layout="mono", rate=rate_hz)
+            frames = itertools.chain(container.decode(audio), [None])
+            for frame in frames:
+                for out in to_mono_s16.resample(frame):
                     pcm += out.to_ndarray().tobytes()
-            for out in resampler.resample(None):
-                pcm += out.to_ndarray().tobytes()
+                check_input_audio(len(pcm) // 2, rate_hz, settings)
     except (av.FFmpegError, ValueError) as exc:  # FFmpegError: not audio at all
+        if isinstance(exc, InputAudioError):
+            raise
         raise UndecodableAudio(f"cannot decode the file as audio ({exc})") from None
     if not pcm:
         raise UndecodableAudio("the file holds no audio samples")
-    return bytes(pcm)
+    return resample_pcm16(bytes(pcm), rate_hz, DECODE_RATE_HZ)
 
 
 async def transcriptions(state: ServerState, form: Any, files: Any) -> Response:
@@ -62,9 +74,9 @@ async def transcriptions(state: ServerState, form: Any, files: Any) -> Response:
     if response_format not in FORMATS:
         message = f"response_format: must be one of {', '.join(FORMATS)}, not {response_format!r}"
         return error_response(400, message, "invalid_request", "response_format")
-    try:
-        pcm16 = decode_audio(upload.read())
-    except UndecodableAudio as exc:
+    try:  # off the event loop: decoding a whole file takes a while
+        pcm16 = await trio.to_thread.run_sync(decode_audio, upload.read(), state.settings)
+    except (UndecodableAudio, InputAudioError) as exc:
         return error_response(400, f"file: {exc}", "invalid_audio", "file")
     refusal = _refusal(state)
     if refusal is not None:
