@@ -31,7 +31,7 @@ import trio
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import omnitrio
-from stages.qwen2_5_omni import build_prompt, live_stage, make_tiny_checkpoint
+from stages.qwen2_5_omni import build_prompt, make_tiny_checkpoint
 from tests.qwen2_5_omni_helpers import tiny_config
 
 # A prompt whose reply on the tiny weights runs the talker to TALKER_CODES (2.4 s of audio):
@@ -63,22 +63,24 @@ async def pipelined(checkpoint: pathlib.Path, num_streams: int) -> dict[str, flo
             for _ in range(num_streams):
                 nursery.start_soon(one)
         wall_s = time.perf_counter() - started
-        thinker, talker = live_stage("thinker").statistics(), live_stage("talker").statistics()
+        stages = pipeline.statistics().stages
+        thinker, talker = stages["thinker"].model, stages["talker"].model
+        token2wav = stages["token2wav"].model
     return {
         "ttfa_s": statistics.median(first_audio_s),
-        "thinker_tokens_per_s": thinker.num_tokens / wall_s,
-        "talker_codes_per_s": talker.num_tokens / wall_s,
-        "thinker_forward_ms": thinker.forward_mean_s * 1e3,
-        "thinker_sampling_ms": thinker.sampling_mean_s * 1e3,
-        "thinker_packaging_ms": thinker.packaging_mean_s * 1e3,
-        "thinker_gap_ms": thinker.step_gap_mean_s * 1e3,
-        "talker_forward_ms": talker.forward_mean_s * 1e3,
-        "talker_sampling_ms": talker.sampling_mean_s * 1e3,
-        "talker_packaging_ms": talker.packaging_mean_s * 1e3,
-        "talker_gap_ms": talker.step_gap_mean_s * 1e3,
-        "audio_s_per_stream": live_stage("token2wav").statistics().audio_s / num_streams,
-        "thinker_max_batch": thinker.max_batch_size,
-        "talker_max_batch": talker.max_batch_size,
+        "thinker_tokens_per_s": thinker["num_tokens"] / wall_s,
+        "talker_codes_per_s": talker["num_tokens"] / wall_s,
+        "thinker_forward_ms": thinker["forward_ms_mean"],
+        "thinker_sampling_ms": thinker["sampling_ms_mean"],
+        "thinker_packaging_ms": thinker["packaging_ms_mean"],
+        "thinker_gap_ms": thinker["step_gap_ms_mean"],
+        "talker_forward_ms": talker["forward_ms_mean"],
+        "talker_sampling_ms": talker["sampling_ms_mean"],
+        "talker_packaging_ms": talker["packaging_ms_mean"],
+        "talker_gap_ms": talker["step_gap_ms_mean"],
+        "audio_s_per_stream": token2wav["audio_s"] / num_streams,
+        "thinker_max_batch": thinker["max_decode_batch_size"],
+        "talker_max_batch": talker["max_decode_batch_size"],
     }
 
 

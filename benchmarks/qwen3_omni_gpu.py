@@ -232,7 +232,7 @@ def main() -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--max-frames", type=int, default=128)
-    parser.add_argument("--torch-threads", type=int, default=None)
+    parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.model == "full-size" and not args.device.startswith("cuda"):
@@ -242,8 +242,8 @@ def main() -> None:
         )
     args.streams = [int(n) for n in args.streams.split(",")]
     args.fast_paths = args.fast_paths.split(",")
-    if args.torch_threads is not None:
-        torch.set_num_threads(args.torch_threads)
+    if args.num_threads is not None:
+        torch.set_num_threads(args.num_threads)
     built = time.perf_counter()
     live = build_live_model(args.model, args.device)
     build_s = time.perf_counter() - built

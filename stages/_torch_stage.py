@@ -20,10 +20,10 @@ from stages._torch_timing import StepClock
 
 class AutoregressiveStage:
     def __init__(
-        self, *, name: str, device: str, torch_threads: int | None, packaging_queue: int
+        self, name: str, device: str, *, num_threads: int | None, packaging_queue: int
     ) -> None:
-        if torch_threads is not None:
-            torch.set_num_threads(torch_threads)  # process-wide: set the same in every stage
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)  # process-wide: set the same in every stage
         self.name = name
         self.device = stage_device(name, device)
         self.streams: dict[str, Any] = {}

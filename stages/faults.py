@@ -60,7 +60,7 @@ class _Plan:
 
 class FaultInjector:
     def __init__(
-        self, *, name: str, device: str = "cpu", impl: str, params: Mapping[str, Any] | None = None
+        self, name: str, device: str = "cpu", *, impl: str, params: Mapping[str, Any] | None = None
     ) -> None:
         module, _, attr = impl.partition(":")
         factory = getattr(importlib.import_module(module), attr)

@@ -5,8 +5,8 @@ A stage is any class with the ``omnitrio.Stage`` shape (``open_stream``,
 params...)`` from a config's ``impl``/``device``/``params``; a thread-count param
 is called ``num_threads`` where a stage has one. What this module gives it:
 
-- ``AutoregressiveStage``: the base of an autoregressive model stage (device, torch
-  threads, per-stream state in ``streams``, ``clock``, ``packager``, statistics).
+- ``AutoregressiveStage``: the base of an autoregressive model stage (device,
+  ``num_threads``, per-stream state in ``streams``, ``clock``, ``packager``, statistics).
 - ``Packager``, ``Piece``, ``Outbox``, ``step_output``, ``PackagingError``: packaging
   off the critical path (detokenizing, slicing hidden states) on one thread per stage,
   collected by the stream's next step.
@@ -18,7 +18,8 @@ is called ``num_threads`` where a stage has one. What this module gives it:
   missing or mismatched weights.
 - ``StepClock``: forward, sampling and packaging time per step.
 - ``stage_device``, ``DeviceError``: the stage's torch device, refused with the stage's
-  name when it is unknown or absent (``cuda`` without a GPU).
+  name when it is unknown or absent (``cuda`` without a GPU); ``on``: a tensor on a
+  device, not copied when it is already there.
 - ``tool_call_grammar``, ``Grammar``, ``ToolSpec``, ``Vocabulary``, ``TOOL_CALL_OPEN``,
   ``TOOL_CALL_CLOSE``: JSON-schema-constrained tool calls, a ``Sampler`` constraint.
 
@@ -37,6 +38,7 @@ from stages._packaging import PackagingError as PackagingError
 from stages._packaging import Piece as Piece
 from stages._packaging import step_output as step_output
 from stages._torch_device import DeviceError as DeviceError
+from stages._torch_device import on as on
 from stages._torch_device import stage_device as stage_device
 from stages._torch_kv import batched_decode as batched_decode
 from stages._torch_kv import cache_length as cache_length
@@ -50,7 +52,11 @@ from stages._torch_stage import AutoregressiveStage as AutoregressiveStage
 from stages._torch_timing import StepClock as StepClock
 
 __all__ = [
+    "TOOL_CALL_CLOSE",
+    "TOOL_CALL_OPEN",
     "AutoregressiveStage",
+    "DeviceError",
+    "Grammar",
     "OptionError",
     "Outbox",
     "Packager",
@@ -59,10 +65,15 @@ __all__ = [
     "Sampler",
     "SamplingParams",
     "StepClock",
+    "ToolSpec",
+    "Vocabulary",
     "WeightsError",
     "batched_decode",
     "cache_length",
     "cache_nbytes",
     "load_pretrained",
+    "on",
+    "stage_device",
     "step_output",
+    "tool_call_grammar",
 ]

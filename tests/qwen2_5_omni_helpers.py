@@ -53,6 +53,36 @@ def tiny_config(
     return omnitrio.parse_config(data, source=str(CONFIG))
 
 
+@dataclass(frozen=True, slots=True)
+class ARStageStatistics:
+    """What an autoregressive stage reports (``stage_statistics()``, through the pipeline's
+    statistics), in seconds. ``max_batch_size``: most streams in one decode forward."""
+
+    num_active_streams: int
+    kv_bytes: int
+    num_tokens: int
+    max_batch_size: int
+    forward_mean_s: float
+    sampling_mean_s: float
+    packaging_mean_s: float  # per packaging job, on the packaging thread
+    step_gap_mean_s: float  # between consecutive step starts
+
+
+def ar_statistics(pipeline: omnitrio.Pipeline, name: str) -> ARStageStatistics:
+    """Stage ``name``'s own figures, read from the running pipeline."""
+    model = pipeline.statistics().stages[name].model
+    return ARStageStatistics(
+        num_active_streams=int(model["num_active_streams"]),
+        kv_bytes=int(model["kv_bytes"]),
+        num_tokens=int(model["num_tokens"]),
+        max_batch_size=int(model["max_decode_batch_size"]),
+        forward_mean_s=model["forward_ms_mean"] / 1000,
+        sampling_mean_s=model["sampling_ms_mean"] / 1000,
+        packaging_mean_s=model["packaging_ms_mean"] / 1000,
+        step_gap_mean_s=model["step_gap_ms_mean"] / 1000,
+    )
+
+
 @dataclass(frozen=True)
 class Output:
     """One stream's result: sampled text ids, codec codes (stop code excluded), PCM16."""

@@ -17,8 +17,10 @@ import trio
 
 import omnitrio
 from tests.qwen2_5_omni_helpers import (
+    ARStageStatistics,
     Output,
     Reference,
+    ar_statistics,
     collect_output,
     pcm_difference,
     tiny_checkpoint,  # noqa: F401 - a fixture
@@ -27,7 +29,6 @@ from tests.qwen2_5_omni_helpers import (
 
 torch = pytest.importorskip("torch")
 
-from stages.qwen2_5_omni import ARStageStatistics, live_stage  # noqa: E402
 
 WHOLE = {"first_chunk_frames": 4096, "chunk_frames": 4096, "left_context_frames": 0}
 CHUNKED = {
@@ -110,7 +111,7 @@ async def _run(
         async with trio.open_nursery() as nursery:
             for index, request in enumerate(requests):
                 nursery.start_soon(one, index, request)
-        stats = {name: live_stage(name).statistics() for name in ("thinker", "talker")}
+        stats = {name: ar_statistics(pipeline, name) for name in ("thinker", "talker")}
     return [results[i] for i in range(len(requests))], stats
 
 

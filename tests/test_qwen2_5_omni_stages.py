@@ -10,7 +10,12 @@ import pytest
 import trio
 
 import omnitrio
-from tests.qwen2_5_omni_helpers import collect_output, tiny_checkpoint, tiny_config  # noqa: F401
+from tests.qwen2_5_omni_helpers import (  # noqa: F401
+    ar_statistics,
+    collect_output,
+    tiny_checkpoint,
+    tiny_config,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -18,7 +23,7 @@ from transformers import DynamicCache  # noqa: E402
 
 from omnitrio import StreamWork  # noqa: E402
 from stages._torch_kv import batched_decode  # noqa: E402
-from stages.qwen2_5_omni import CodecCodes, ThinkerStage, Token2WavStage, live_stage  # noqa: E402
+from stages.qwen2_5_omni import CodecCodes, ThinkerStage, Token2WavStage  # noqa: E402
 
 BATCHED_LOGITS_ATOL = 1e-5
 
@@ -73,7 +78,7 @@ async def test_cancelled_and_finished_streams_leave_no_state(
             items = [item async for item in finished]
         assert any(isinstance(i, omnitrio.AudioChunk) for i in items)
         for name in ("thinker", "talker"):
-            stats = live_stage(name).statistics()
+            stats = ar_statistics(pipeline, name)
             assert stats.num_active_streams == 0, name
             assert stats.kv_bytes == 0, name
         assert pipeline.statistics().num_cancelled == 1
@@ -130,7 +135,7 @@ async def test_slow_packaging_leaves_the_step_cadence_unchanged(
     async with omnitrio.open_pipeline(config) as pipeline:
         async with pipeline.open_stream("tell me a story") as stream:
             [item async for item in stream]
-        stats = live_stage("thinker").statistics()
+        stats = ar_statistics(pipeline, "thinker")
     if slow_packaging:  # every job but the prefill's sleeps
         assert stats.packaging_mean_s >= 0.5 * delay_ms / 1000
     # Serial packaging would put the gap at two delays; overlapped it stays near one.

@@ -5,31 +5,24 @@ of a checkpoint (``checkpoint/thinker``, ``checkpoint/talker``,
 ``checkpoint/token2wav``); ``make_tiny_checkpoint`` writes a tiny random-init one.
 """
 
-from stages._packaging import Packager as Packager
-
 from ._loading import StageWeightsError as StageWeightsError
 from ._payloads import CodecCodes as CodecCodes
 from ._payloads import ReplyEnd as ReplyEnd
 from ._payloads import ReplyStart as ReplyStart
 from ._payloads import ReplyToken as ReplyToken
 from ._prompt import build_prompt as build_prompt
-from ._registry import live_stage as live_stage
-from ._stats import ARStageStatistics as ARStageStatistics
 from ._talker import CODES_EVENT as CODES_EVENT
 from ._talker import TalkerStage as TalkerStage
 from ._thinker import TEXT_IDS_EVENT as TEXT_IDS_EVENT
 from ._thinker import ThinkerStage as ThinkerStage
 from ._tiny import make_tiny_checkpoint as make_tiny_checkpoint
 from ._token2wav import Token2WavStage as Token2WavStage
-from ._token2wav import Token2WavStatistics as Token2WavStatistics
 from ._token2wav import to_pcm16 as to_pcm16
 
 __all__ = [
     "CODES_EVENT",
     "TEXT_IDS_EVENT",
-    "ARStageStatistics",
     "CodecCodes",
-    "Packager",
     "ReplyEnd",
     "ReplyStart",
     "ReplyToken",
@@ -37,9 +30,7 @@ __all__ = [
     "TalkerStage",
     "ThinkerStage",
     "Token2WavStage",
-    "Token2WavStatistics",
     "build_prompt",
-    "live_stage",
     "make_tiny_checkpoint",
     "to_pcm16",
 ]

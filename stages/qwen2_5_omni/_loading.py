@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from stages._torch_loading import WeightsError, load_pretrained
+from stages.kit import WeightsError, load_pretrained
 
 M = TypeVar("M", bound=torch.nn.Module)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,16 +24,22 @@ from transformers import (
 )
 
 from omnitrio import Event, Request, StreamOutput, StreamWork, TextDelta, VisibleItem
-from stages._packaging import Outbox, Packager, Piece, step_output
-from stages._torch_device import on, stage_device
-from stages._torch_kv import batched_decode, cache_length, cache_nbytes
-from stages._torch_sampling import Sampler, SamplingParams
+from stages.kit import (
+    AutoregressiveStage,
+    Outbox,
+    Piece,
+    Sampler,
+    SamplingParams,
+    batched_decode,
+    cache_length,
+    on,
+    step_output,
+)
 
 from ._loading import load_speakers, load_stage_model, speaker_of, stage_folder
 from ._payloads import ReplyEnd, ReplyStart, ReplyToken
 from ._prompt import Prompt, build_prompt
-from ._registry import register
-from ._stats import ARStageStatistics, StepClock
+from ._stats import DecodeBatches
 
 
 @dataclass
@@ -42,17 +48,16 @@ class _Stream:
     sampler: Sampler
     speaker: str
     detok: _Detokenizer
-    cache: DynamicCache | None = None
+    kv: DynamicCache | None = None  # this stream's own KV cache
     next_token: int | None = None  # sampled, to be fed back at the next step
     num_generated: int = 0
     finished: bool = False  # the last token is sampled
-    outbox: Outbox = field(default_factory=Outbox)
 
 
 TEXT_IDS_EVENT = "thinker.text_ids"
 
 
-class ThinkerStage:
+class ThinkerStage(AutoregressiveStage):
     """The Qwen2.5-Omni thinker as an omnitrio stage (see the module docstring).
 
     ``emit_ids``: also send each sampled token id to the client as an
@@ -78,13 +83,10 @@ class ThinkerStage:
         speaker: str = "Chelsie",
         system_prompt: str | None = None,
         emit_ids: bool = False,
-        torch_threads: int | None = None,
-        packaging_queue_jobs: int = 8,
+        num_threads: int | None = None,
+        packaging_queue: int = 8,
     ) -> None:
-        if torch_threads is not None:
-            torch.set_num_threads(torch_threads)
-        self.device = stage_device(name, device)
-        self.name = name
+        super().__init__(name, device, num_threads=num_threads, packaging_queue=packaging_queue)
         folder = stage_folder(model_path, "thinker")
         model = load_stage_model(Qwen2_5OmniThinkerForConditionalGeneration, folder, name)
         self.model = model.to(self.device)
@@ -111,10 +113,8 @@ class ThinkerStage:
                 speaker_name: embed(torch.tensor(int(spk["bos_token"]), device=self.device))
                 for speaker_name, spk in self.speakers.items()
             }
-        self._streams: dict[str, _Stream] = {}
-        self._clock = StepClock()
-        self._packager = Packager(f"omnitrio-{name}", max_queued_jobs=packaging_queue_jobs)
-        register(self)
+        self.streams: dict[str, _Stream] = {}
+        self.batches = DecodeBatches()
 
     # ----- the stage protocol ---------------------------------------------------------
 
@@ -125,46 +125,34 @@ class ThinkerStage:
         params = SamplingParams.from_options(self.defaults, request.options, self.name)
         speaker = speaker_of(request.options, self.speakers, self.default_speaker)
         sampler = Sampler(params, prompt.input_ids[0].tolist())
-        self._streams[stream_id] = _Stream(prompt, sampler, speaker, _Detokenizer(self.tokenizer))
-
-    def close_stream(self, stream_id: str) -> None:
-        del self._streams[stream_id]  # its KV cache goes with it
-        self._packager.drop(stream_id)
-
-    def close(self) -> None:
-        self._streams.clear()
-        self._packager.close()
+        self.streams[stream_id] = _Stream(prompt, sampler, speaker, _Detokenizer(self.tokenizer))
+        self.outboxes[stream_id] = Outbox()
 
     @torch.no_grad()
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
-        started = self._clock.step_started()
+        self.clock.start_step()
         ids = [w.stream_id for w in batch]
         for sid in ids:
-            if self._streams[sid].cache is None:
+            if self.streams[sid].kv is None:
                 self._prefill(sid)
-        decoding = [sid for sid in ids if self._streams[sid].next_token is not None]
-        decoding = [sid for sid in decoding if not self._streams[sid].finished]
+        decoding = [sid for sid in ids if self.streams[sid].next_token is not None]
+        decoding = [sid for sid in decoding if not self.streams[sid].finished]
         if decoding:
             self._decode(decoding)
-        self._clock.last_batch_size = len(decoding)
-        self._clock.max_batch_size = max(self._clock.max_batch_size, len(decoding))
-        outputs = {sid: self._output(sid) for sid in ids}
-        self._clock.step_s += time.perf_counter() - started
-        return outputs
+        self.batches.record(len(decoding))
+        self.clock.end_compute()
+        return {sid: self._output(sid) for sid in ids}
 
-    def statistics(self) -> ARStageStatistics:
-        kv_bytes = sum(cache_nbytes(s.cache) for s in self._streams.values() if s.cache)
-        return self._clock.snapshot(
-            num_active=len(self._streams), kv_bytes=kv_bytes, packaging=self._packager.times_s()
-        )
+    def stage_statistics(self) -> Mapping[str, float]:
+        return {**super().stage_statistics(), **self.batches.snapshot()}
 
     # ----- the critical path ------------------------------------------------------------
 
     def _prefill(self, sid: str) -> None:
-        stream = self._streams[sid]
+        stream = self.streams[sid]
         prompt = stream.prompt
         length = prompt.input_ids.shape[1]
-        stream.cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
+        stream.kv = DynamicCache(config=self.model.config.get_text_config(decoder=True))
         positions = torch.arange(length, device=self.device)
         positions = positions.view(1, 1, length).expand(4, 1, length)  # [4, 1, L]
         extra: dict[str, Any] = {}
@@ -173,37 +161,33 @@ class ThinkerStage:
                 "input_features": prompt.input_features,
                 "feature_attention_mask": prompt.feature_attention_mask,
             }
-        forward_started = time.perf_counter()
         out = self.model(
             input_ids=prompt.input_ids,
             attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
             position_ids=positions,
-            past_key_values=stream.cache,
+            past_key_values=stream.kv,
             use_cache=True,
             output_hidden_states=True,
             **extra,
         )
-        news = self._sample({sid: out.logits[0, -1]}, forward_started)
+        news = self._sample({sid: out.logits[0, -1]})
         embeds, last = out.hidden_states[0], out.hidden_states[-1]  # [1, L, D] each
         start = self._reply_start
-        self._packager.submit((sid,), lambda: {sid: start(sid, embeds, last, news[sid])})
+        self.packager.submit((sid,), lambda: {sid: start(sid, embeds, last, news[sid])})
 
     def _decode(self, sids: list[str]) -> None:
-        streams = [self._streams[sid] for sid in sids]
-        caches = [s.cache for s in streams if s.cache is not None]
+        streams = [self.streams[sid] for sid in sids]
+        caches = [s.kv for s in streams if s.kv is not None]
         tokens = torch.tensor([[s.next_token] for s in streams], device=self.device)  # [B, 1]
         positions = torch.tensor([cache_length(c) for c in caches], device=self.device)  # [B]
         positions = positions.view(1, -1, 1).expand(4, -1, 1)  # [4, B, 1]
-        forward_started = time.perf_counter()
         out = batched_decode(
             self.model, caches, positions, input_ids=tokens, output_hidden_states=True
         )
-        news = self._sample(
-            {sid: out.logits[row, -1] for row, sid in enumerate(sids)}, forward_started
-        )
+        news = self._sample({sid: out.logits[row, -1] for row, sid in enumerate(sids)})
         embeds, last = out.hidden_states[0], out.hidden_states[-1]  # [B, 1, D] each
         token = self._reply_token
-        self._packager.submit(
+        self.packager.submit(
             tuple(sids),
             lambda: {
                 sid: token(sid, embeds[row, 0], last[row, 0], news[sid])
@@ -211,14 +195,12 @@ class ThinkerStage:
             },
         )
 
-    def _sample(self, logits: dict[str, torch.Tensor], forward_started: float) -> dict[str, _News]:
+    def _sample(self, logits: dict[str, torch.Tensor]) -> dict[str, _News]:
         """Pick each stream's next token and store it: all the next step needs."""
         sampling_started = time.perf_counter()
-        self._clock.forward_s += sampling_started - forward_started
-        self._clock.num_forwards += 1
         news = {}
         for sid, row in logits.items():
-            stream = self._streams[sid]
+            stream = self.streams[sid]
             token = stream.sampler.pick(row.float())
             stream.num_generated += 1
             stream.next_token = token
@@ -227,9 +209,7 @@ class ThinkerStage:
                 or stream.num_generated >= stream.sampler.params.max_tokens
             )
             news[sid] = _News(token, stream.finished, stream.num_generated)
-        self._clock.sampling_s += time.perf_counter() - sampling_started
-        self._clock.num_samplings += 1
-        self._clock.num_tokens += len(logits)
+        self.clock.add_sampling(time.perf_counter() - sampling_started, len(logits))
         return news
 
     # ----- packaging (on the packaging thread) -----------------------------------------
@@ -237,7 +217,7 @@ class ThinkerStage:
     def _reply_start(
         self, sid: str, embeds: torch.Tensor, last: torch.Tensor, news: _News
     ) -> Piece:
-        stream = self._streams.get(sid)
+        stream = self.streams.get(sid)
         if stream is None:
             return Piece()
         input_ids = stream.prompt.input_ids[0]  # [L]
@@ -252,7 +232,7 @@ class ThinkerStage:
         return self._with_news(stream, (start,), news)
 
     def _reply_token(self, sid: str, embed: torch.Tensor, last: torch.Tensor, news: _News) -> Piece:
-        stream = self._streams.get(sid)
+        stream = self.streams.get(sid)
         if stream is None:
             return Piece()
         return self._with_news(stream, (ReplyToken(last + embed),), news)
@@ -268,11 +248,11 @@ class ThinkerStage:
         return Piece(payloads, visible)
 
     def _output(self, sid: str) -> StreamOutput:
-        stream = self._streams[sid]
+        stream = self.streams[sid]
         return step_output(
-            self._packager,
+            self.packager,
             sid,
-            stream.outbox,
+            self.outboxes[sid],
             computing=not stream.finished,
             can_continue=not stream.finished,
             max_payloads=self.max_payloads_per_step,

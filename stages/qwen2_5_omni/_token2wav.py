@@ -39,11 +39,10 @@ from transformers import Qwen2_5OmniToken2WavModel
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
 from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
-from stages._torch_device import stage_device
+from stages.kit import stage_device
 
 from ._loading import load_speakers, load_stage_model, speaker_of, stage_folder
 from ._payloads import CodecCodes
-from ._registry import register
 
 
 @dataclass
@@ -53,15 +52,6 @@ class _Stream:
     reference_mel: torch.Tensor  # [1, T, mel]
     codes: list[int] = field(default_factory=list)
     num_emitted: int = 0  # codes whose audio was sent
-
-
-@dataclass(frozen=True, slots=True)
-class Token2WavStatistics:
-    num_windows: int
-    num_codes_decoded: int  # context included
-    decode_mean_s: float  # per window
-    audio_s: float
-    real_time_factor: float  # decode time / audio time
 
 
 class Token2WavStage:
@@ -88,10 +78,10 @@ class Token2WavStage:
         sway_coefficient: float = -1.0,
         seed: int = 0,
         speaker: str = "Chelsie",
-        torch_threads: int | None = None,
+        num_threads: int | None = None,
     ) -> None:
-        if torch_threads is not None:
-            torch.set_num_threads(torch_threads)
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
         for label, value in (
             ("chunk_frames", chunk_frames),
             ("first_chunk_frames", first_chunk_frames),
@@ -128,7 +118,6 @@ class Token2WavStage:
         self._streams: dict[str, _Stream] = {}
         self._counts = {"windows": 0, "codes": 0, "samples": 0}
         self._decode_s = 0.0
-        register(self)
 
     def open_stream(self, stream_id: str, request: Request) -> None:
         speaker = self.speakers[speaker_of(request.options, self.speakers, self.default_speaker)]
@@ -172,16 +161,20 @@ class Token2WavStage:
             )
         return outputs
 
-    def statistics(self) -> Token2WavStatistics:
+    def stage_statistics(self) -> Mapping[str, float]:
+        """Windows decoded, codes decoded (context included), mean decode time per window,
+        audio made, and the real-time factor (decode time / audio time)."""
         counts = self._counts
         audio_s = counts["samples"] / self.sample_rate_hz
-        return Token2WavStatistics(
-            num_windows=counts["windows"],
-            num_codes_decoded=counts["codes"],
-            decode_mean_s=self._decode_s / counts["windows"] if counts["windows"] else 0.0,
-            audio_s=audio_s,
-            real_time_factor=self._decode_s / audio_s if audio_s else 0.0,
-        )
+        return {
+            "num_windows": counts["windows"],
+            "num_codes_decoded": counts["codes"],
+            "decode_ms_mean": 1000 * self._decode_s / counts["windows"]
+            if counts["windows"]
+            else 0.0,
+            "audio_s": audio_s,
+            "real_time_factor": self._decode_s / audio_s if audio_s else 0.0,
+        }
 
     def _take(self, stream: _Stream, inputs: Sequence[object]) -> Exception | None:
         for item in inputs:

@@ -18,7 +18,7 @@ import torch
 from transformers import Qwen3OmniMoeCode2Wav
 
 from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
-from stages._torch_device import on, stage_device
+from stages.kit import on, stage_device
 from stages.qwen3_omni.payloads import CodecFrame
 from stages.qwen3_omni.weights import ModelSource
 
@@ -39,18 +39,18 @@ class Qwen3OmniCode2Wav:
 
     def __init__(
         self,
-        *,
         name: str,
         device: str = "cpu",
+        *,
         model_path: str | None = None,
         live_model: str | None = None,
         chunk_frames: int = 25,
         first_chunk_frames: int = 4,
         left_context_frames: int = 25,
-        torch_threads: int | None = None,
+        num_threads: int | None = None,
     ) -> None:
-        if torch_threads is not None:
-            torch.set_num_threads(torch_threads)
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
         if min(chunk_frames, first_chunk_frames) < 1 or left_context_frames < 0:
             raise ValueError(
                 "chunk_frames and first_chunk_frames must be >= 1 and left_context_frames >= 0"

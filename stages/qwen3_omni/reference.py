@@ -34,8 +34,8 @@ class ReferenceGenerate:
         self.tokenizer = tokenizer
 
     @classmethod
-    def from_folder(cls, model_path: Path, torch_threads: int = 1) -> ReferenceGenerate:
-        torch.set_num_threads(torch_threads)
+    def from_folder(cls, model_path: Path, num_threads: int = 1) -> ReferenceGenerate:
+        torch.set_num_threads(num_threads)
         model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_path).eval()
         return cls(model, AutoTokenizer.from_pretrained(model_path))
 

@@ -21,11 +21,18 @@ import torch
 from transformers import DynamicCache, Qwen3OmniMoeTalkerForConditionalGeneration
 
 from omnitrio import Request, StreamOutput, StreamWork
-from stages._packaging import Outbox, Piece, step_output
-from stages._torch_device import on
-from stages._torch_kv import batched_decode, cache_length
-from stages._torch_sampling import OptionError, Sampler, SamplingParams
-from stages._torch_stage import AutoregressiveStage
+from stages.kit import (
+    AutoregressiveStage,
+    OptionError,
+    Outbox,
+    Piece,
+    Sampler,
+    SamplingParams,
+    batched_decode,
+    cache_length,
+    on,
+    step_output,
+)
 from stages.qwen3_omni.fast_paths import fast_decode_forward
 from stages.qwen3_omni.payloads import CodecFrame, TalkerPrompt, TextToken
 from stages.qwen3_omni.weights import ModelSource
@@ -58,20 +65,18 @@ class Qwen3OmniTalker(AutoregressiveStage):
 
     def __init__(
         self,
-        *,
         name: str,
         device: str = "cpu",
+        *,
         model_path: str | None = None,
         live_model: str | None = None,
         max_frames: int = 1024,
         speaker: str = "ethan",
-        torch_threads: int | None = None,
+        num_threads: int | None = None,
         packaging_queue: int = 4,
         decode_fast_path: str = "off",
     ) -> None:
-        super().__init__(
-            name=name, device=device, torch_threads=torch_threads, packaging_queue=packaging_queue
-        )
+        super().__init__(name, device, num_threads=num_threads, packaging_queue=packaging_queue)
         source = ModelSource(name, self.device, model_path, live_model)
         self.model = source.module("talker", Qwen3OmniMoeTalkerForConditionalGeneration)
         self.decode_forward = fast_decode_forward(name, self.model, decode_fast_path)

@@ -20,10 +20,16 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 from omnitrio import Request, StreamOutput, StreamWork, TextDelta
-from stages._packaging import Outbox, Piece, step_output
-from stages._torch_kv import batched_decode, cache_length
-from stages._torch_sampling import Sampler, SamplingParams
-from stages._torch_stage import AutoregressiveStage
+from stages.kit import (
+    AutoregressiveStage,
+    Outbox,
+    Piece,
+    Sampler,
+    SamplingParams,
+    batched_decode,
+    cache_length,
+    step_output,
+)
 from stages.qwen3_omni.fast_paths import fast_decode_forward
 from stages.qwen3_omni.payloads import TalkerPrompt, TextToken
 from stages.qwen3_omni.weights import ModelSource
@@ -53,20 +59,18 @@ class Qwen3OmniThinker(AutoregressiveStage):
 
     def __init__(
         self,
-        *,
         name: str,
         device: str = "cpu",
+        *,
         model_path: str | None = None,
         live_model: str | None = None,
         max_tokens: int = 256,
         system_prompt: str = "",
-        torch_threads: int | None = None,
+        num_threads: int | None = None,
         packaging_queue: int = 4,
         decode_fast_path: str = "off",
     ) -> None:
-        super().__init__(
-            name=name, device=device, torch_threads=torch_threads, packaging_queue=packaging_queue
-        )
+        super().__init__(name, device, num_threads=num_threads, packaging_queue=packaging_queue)
         source = ModelSource(name, self.device, model_path, live_model)
         self.model = source.module("thinker", Qwen3OmniMoeThinkerForConditionalGeneration)
         self.decode_forward = fast_decode_forward(name, self.model, decode_fast_path)

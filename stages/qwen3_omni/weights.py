@@ -23,8 +23,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase, WhisperFeatureExtractor
 
-from stages._torch_device import DeviceError
-from stages._torch_loading import WeightsError, load_pretrained
+from stages.kit import DeviceError, WeightsError, load_pretrained
 
 
 @dataclass(frozen=True)
