@@ -100,6 +100,9 @@ class GrammarConstraint:
         return bool(self._matcher.is_stopped())
 
 
+COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
 def tool_call_grammar(vocabulary: Vocabulary, tools: Sequence[ToolSpec]) -> Grammar:
     """``<tool_call>{"name": "<one of tools>", "arguments": <valid JSON>}</tool_call>``.
 
@@ -111,7 +114,10 @@ def tool_call_grammar(vocabulary: Vocabulary, tools: Sequence[ToolSpec]) -> Gram
     for index, tool in enumerate(tools):
         head = json.dumps(f'{{"name": {json.dumps(tool.name)}, "arguments": ')
         rules.append(f'call_{index}: {head} args_{index} "}}"')
-        rules.append(f"args_{index}: %json {json.dumps(dict(tool.parameters))}")
+        # Compact JSON (one space after ':' and ','): a small model spends no tokens on
+        # layout, and free whitespace lured SmolLM2 into empty values.
+        schema = {**tool.parameters, "x-guidance": COMPACT_JSON}
+        rules.append(f"args_{index}: %json {json.dumps(schema)}")
     try:
         return Grammar(vocabulary, "\n".join(rules))
     except (GrammarError, ValueError, RuntimeError) as exc:
