@@ -183,3 +183,13 @@ def test_a_missing_model_file_names_the_param_and_the_path(
     stage_class = getattr(importlib.import_module(module), name)
     with pytest.raises(MissingModelFile, match=f"param {named}: .*{params[named]}"):
         stage_class("stage", **params)
+
+
+@needs_voice
+def test_the_cpu_only_voice_stages_refuse_another_device_naming_the_stage() -> None:
+    from stages.voice.tts import PiperTts
+    from stages.voice.vad import SileroVad
+
+    for stage in (PiperTts, SileroVad):
+        with pytest.raises(ValueError, match=r"stage 'x' runs on the CPU only.*'cuda'"):
+            stage("x", "cuda")

@@ -18,11 +18,11 @@ from typing import Any
 import trio
 from quart import Response
 
-from .._errors import OmnitrioError
+from .._errors import OmnitrioError, Overloaded, PipelineClosed
 from .._items import AudioInput, Event, Request
 from ..realtime import new_id
 from ._audio import InputAudioError, check_input_audio, resample_pcm16
-from ._openai_http import _refusal, error_response
+from ._openai_http import _overloaded, _refusal, error_response
 from ._settings import ServerSettings
 from ._state import ResponseLog, ServerState
 
@@ -34,12 +34,19 @@ class UndecodableAudio(ValueError):
     """The upload is not audio FFmpeg can read."""
 
 
+class NoDecoder(RuntimeError):
+    """This install has no audio decoder (PyAV comes with the voice extra)."""
+
+
 def decode_audio(data: bytes, settings: ServerSettings) -> bytes:
     """Any audio file FFmpeg reads, as mono PCM16 at ``DECODE_RATE_HZ``, within the
     server's input-audio limits (``check_input_audio``: the rate, and the duration,
     checked as it decodes so a long file is refused before it is all decoded). The
     rate change is omnitrio's one resampler (soxr), as for every other upload."""
-    import av  # installed with faster-whisper (the voice extra)
+    try:
+        import av  # installed with faster-whisper (the voice extra)
+    except ImportError:
+        raise NoDecoder("decoding uploads needs PyAV: install omnitrio's voice extra") from None
 
     pcm = bytearray()
     try:
@@ -78,6 +85,8 @@ async def transcriptions(state: ServerState, form: Any, files: Any) -> Response:
         pcm16 = await trio.to_thread.run_sync(decode_audio, upload.read(), state.settings)
     except (UndecodableAudio, InputAudioError) as exc:
         return error_response(400, f"file: {exc}", "invalid_audio", "file")
+    except NoDecoder as exc:
+        return error_response(501, str(exc), "not_implemented")
     refusal = _refusal(state)
     if refusal is not None:
         return refusal
@@ -89,6 +98,9 @@ async def transcriptions(state: ServerState, form: Any, files: Any) -> Response:
             async for item in stream:
                 if isinstance(item, Event) and item.name == "transcript":
                     texts.append(str(item.data.get("text", "")))
+    except (Overloaded, PipelineClosed) as exc:  # admitted after _refusal looked: a race
+        log.done("failed")
+        return _overloaded(state, "overloaded" if isinstance(exc, Overloaded) else "draining")
     except OmnitrioError as exc:
         log.done("failed")
         return error_response(500, str(exc), "pipeline_error")

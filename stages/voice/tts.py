@@ -31,6 +31,7 @@ from .voice_common import (
     INSTALL_HINT,
     Floats,
     TextPiece,
+    cpu_only,
     existing_path,
     float_to_pcm16,
     package_dir,
@@ -77,6 +78,7 @@ class PiperTts:
         espeak_timeout_s: float = 5.0,
         num_threads: int = 1,
     ) -> None:
+        cpu_only(name, device)
         self.name = name
         onnx, config = voice_files(voice_path, voice_config_path)
         self.symbols = VoiceSymbols.from_json(config)

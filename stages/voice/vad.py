@@ -25,7 +25,7 @@ import onnxruntime
 
 from omnitrio import Event, Request, StreamOutput, StreamResampler, StreamWork, VisibleItem
 
-from .voice_common import INSTALL_HINT, Floats, package_dir, pcm16_to_float
+from .voice_common import INSTALL_HINT, Floats, cpu_only, package_dir, pcm16_to_float
 
 VAD_RATE_HZ = 16000
 WINDOW_SAMPLES = 512  # 32 ms at 16 kHz, what the model takes
@@ -70,6 +70,7 @@ class SileroVad:
     ) -> None:
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must be between 0 and 1, got {threshold}")
+        cpu_only(name, device)
         self.name = name
         self.input_sample_rate_hz = input_sample_rate_hz
         self.threshold = threshold

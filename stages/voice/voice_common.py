@@ -73,6 +73,12 @@ class MissingModelFile(FileNotFoundError):
     """A stage param names a model file or folder that is not there."""
 
 
+def cpu_only(stage: str, device: str) -> None:
+    """A ``ValueError`` naming the stage unless ``device`` is ``cpu`` (ONNX/espeak stages)."""
+    if device != "cpu":
+        raise ValueError(f"stage {stage!r} runs on the CPU only; set device: cpu, not {device!r}")
+
+
 def existing_path(param: str, path: str, *, folder: bool = False) -> Path:
     """``path`` (a stage param's value) if it exists, else ``MissingModelFile`` naming both."""
     found = Path(path).expanduser()
