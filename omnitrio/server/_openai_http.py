@@ -339,6 +339,11 @@ class _Completion:
                     else:
                         self.log.audio()
                         pcm += resample_pcm16(item.pcm16, item.sample_rate_hz, self.rate_hz)
+        except (Overloaded, PipelineClosed) as exc:  # admitted after _refusal looked: a race
+            self.log.done("failed")
+            return _overloaded(
+                self.state, "overloaded" if isinstance(exc, Overloaded) else "draining"
+            )
         except OmnitrioError as exc:
             self.log.done("failed")
             return error_response(500, str(exc), "pipeline_error")
