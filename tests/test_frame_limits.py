@@ -375,7 +375,7 @@ async def test_a_standard_client_gets_1009_for_16_mib(
         # close_timeout: the 1009 is what matters here, not how soon the server closes
         # TCP after the close handshake (see test_the_close_handshake_after_a_1009_ends).
         with websockets.sync.client.connect(
-            url, open_timeout=10, close_timeout=1, compression=compression
+            url, open_timeout=10, close_timeout=1, compression=compression, ping_interval=None
         ) as ws:
             assert ws.response is not None
             negotiated = ws.response.headers.get("Sec-WebSocket-Extensions", "")

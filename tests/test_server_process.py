@@ -151,7 +151,7 @@ def test_sigterm_with_a_stalled_websocket_client_is_bounded(tmp_path: Path) -> N
     process, url = start_server("--config", str(config), "--port", "0", "--grace-period-s", "1")
     ws_url = url.replace("http", "ws") + "/v1/realtime"
     try:
-        with websockets.sync.client.connect(ws_url, max_queue=1) as ws:
+        with websockets.sync.client.connect(ws_url, max_queue=1, ping_interval=None) as ws:
             ws.recv(timeout=10)
             ws.send(json.dumps({"type": "response.create"}))
             time.sleep(1.0)  # never read again: the server's writes to us stall

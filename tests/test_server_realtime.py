@@ -195,7 +195,7 @@ async def test_oversized_frame_closes_with_1009_and_server_stays_up(nursery: tri
     url = base_url.replace("http", "ws") + "/v1/realtime"
 
     def send_too_much() -> int | None:
-        with websockets.sync.client.connect(url, open_timeout=10) as ws:
+        with websockets.sync.client.connect(url, open_timeout=10, ping_interval=None) as ws:
             ws.recv(timeout=10)  # session.created
             ws.send("x" * (128 * 1024))
             with pytest.raises(websockets.ConnectionClosed) as closed:
@@ -288,7 +288,9 @@ async def test_a_client_that_stops_reading_is_closed_and_costs_nobody_else(
     url = base_url.replace("http", "ws") + "/v1/realtime"
 
     def stall_then_read() -> tuple[int | None, int]:
-        with websockets.sync.client.connect(url, open_timeout=10, max_queue=2) as ws:
+        with websockets.sync.client.connect(
+            url, open_timeout=10, max_queue=2, ping_interval=None
+        ) as ws:
             ws.recv(timeout=10)
             ws.send(json.dumps({"type": "response.create"}))
             time.sleep(4)  # read nothing: a stalled player (a thread: no event to wait on)
@@ -331,7 +333,7 @@ async def test_session_length_limit_closes_the_connection(nursery: trio.Nursery)
     url = base_url.replace("http", "ws") + "/v1/realtime"
 
     def wait_for_close() -> tuple[int | None, str]:
-        with websockets.sync.client.connect(url, open_timeout=10) as ws:
+        with websockets.sync.client.connect(url, open_timeout=10, ping_interval=None) as ws:
             ws.recv(timeout=10)
             with pytest.raises(websockets.ConnectionClosed) as closed:
                 ws.recv(timeout=10)
@@ -355,7 +357,7 @@ async def test_a_full_pipeline_refuses_new_connections_with_1013(nursery: trio.N
 
         def refused() -> tuple[int | None, str]:
             with (
-                websockets.sync.client.connect(url, open_timeout=10) as ws,
+                websockets.sync.client.connect(url, open_timeout=10, ping_interval=None) as ws,
                 pytest.raises(websockets.ConnectionClosed) as closed,
             ):
                 ws.recv(timeout=10)
