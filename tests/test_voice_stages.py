@@ -76,6 +76,12 @@ def test_batched_decoding_gives_each_stream_its_own_answer(llm: object) -> None:
     assert together == alone  # greedy: the batch changes nothing, padding included
     assert alone["a"] != alone["b"]
     assert llm.streams == {}  # type: ignore[attr-defined]  # every KV cache freed
+    # The stage kit's statistics (AutoregressiveStage): tokens, forward time, KV bytes.
+    figures = llm.stage_statistics()  # type: ignore[attr-defined]
+    assert figures["num_tokens"] > 0
+    assert figures["forward_ms_mean"] > 0
+    assert figures["kv_bytes"] == 0
+    assert figures["num_active_streams"] == 0
 
 
 def test_the_llm_on_cuda_without_a_gpu_is_refused_naming_the_stage() -> None:
