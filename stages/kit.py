@@ -3,7 +3,12 @@
 A stage is any class with the ``omnitrio.Stage`` shape (``open_stream``,
 ``step``, ``close_stream``, ``close``) constructed as ``Stage(name, device, *,
 params...)`` from a config's ``impl``/``device``/``params``; a thread-count param
-is called ``num_threads`` where a stage has one. What this module gives it:
+is called ``num_threads`` where a stage has one, and a model's folder ``model_path``.
+Stages that read parts of one checkpoint folder (a model family's thinker, talker
+and vocoder) say so with a class attribute, ``checkpoint = "<family>"``: then
+``omnitrio run --model-path DIR`` gives them all ``DIR``; stages that each take a
+model of their own leave it out, and the flag names them (``--model-path STAGE=PATH``).
+What this module gives it:
 
 - ``AutoregressiveStage``: the base of an autoregressive model stage (device,
   ``num_threads``, per-stream state in ``streams``, ``clock``, ``packager``, statistics).

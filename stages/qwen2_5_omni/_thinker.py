@@ -65,6 +65,7 @@ class ThinkerStage(AutoregressiveStage):
     ``Event("thinker.text_ids", {"ids": [...]})`` (for parity checks and tracing).
     """
 
+    checkpoint = "qwen2.5-omni"  # model_path: one folder shared with the family's other stages
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 4
     max_visible_per_step = 1
