@@ -116,35 +116,83 @@ def _serve_on(config: PipelineConfig, settings: ServerSettings, sock: socket.soc
 def _configured(args: argparse.Namespace) -> PipelineConfig:
     """The config of ``--config`` with ``--model-path`` and ``--ray-address`` applied."""
     config = load_config(args.config)
-    if args.model_path is not None:
-        config = with_model_path(config, args.model_path)
+    for value in args.model_path or ():
+        config = with_model_path_arg(config, value)
     if args.ray_address is not None:
         config = with_ray_address(config, args.ray_address)
     return config
 
 
-def with_model_path(config: PipelineConfig, model_path: Path) -> PipelineConfig:
-    """``config`` with ``params.model_path`` set on every stage that takes one."""
-    if not model_path.is_dir():
+MODEL_PATH_HELP = (
+    "a local model for the stages that load one: DIR gives every such stage the same "
+    "checkpoint folder (refused where the stages each take their own model); "
+    "STAGE=PATH gives one stage its model (repeatable)"
+)
+
+
+def with_model_path_arg(config: PipelineConfig, value: str) -> PipelineConfig:
+    """``config`` with one ``--model-path`` applied: ``STAGE=PATH`` (a stage of the
+    pipeline) or ``DIR`` (see ``with_model_path``)."""
+    stage, sep, path = value.partition("=")
+    if sep and stage in {s.name for s in config.stages}:
+        return with_model_path(config, Path(path), stage=stage)
+    return with_model_path(config, Path(value))
+
+
+def _takes_model_path(config: PipelineConfig) -> dict[str, str | None]:
+    """Each stage that takes a ``model_path`` param: the checkpoint it declares
+    (its class's ``checkpoint``; None: the stage takes a model of its own)."""
+    takes = {}
+    for spec in config.stages:
+        factory = resolve_impl(spec.impl, config.source, "impl")
+        if "model_path" in inspect.signature(factory).parameters:
+            takes[spec.name] = getattr(factory, "checkpoint", None)
+    return takes
+
+
+def with_model_path(
+    config: PipelineConfig, model_path: Path, *, stage: str | None = None
+) -> PipelineConfig:
+    """``config`` with ``params.model_path`` set on ``stage``, or (``stage`` None) on
+    every stage that takes one. Several stages share one folder only where they
+    declare one checkpoint (a class attribute, ``checkpoint = "qwen3-omni"``: each reads
+    its part of the folder); stages that each take their own model (the voice chat's
+    ASR and LLM) make one folder for all ambiguous: refused, naming the stages."""
+    flag = "--model-path" if stage is None else f"--model-path {stage}=..."
+    if not model_path.exists() or (stage is None and not model_path.is_dir()):
         raise ConfigError(
-            str(model_path), "--model-path", "no such folder; give a local model folder"
+            str(model_path),
+            flag,
+            "no such folder; give a local model folder"
+            if stage is None
+            else "no such file or folder; give the stage's local model",
         )
-    takes = [
-        spec
-        for spec in config.stages
-        if "model_path"
-        in inspect.signature(resolve_impl(spec.impl, config.source, "impl")).parameters
-    ]
+    takes = _takes_model_path(config)
+    if stage is not None and stage not in takes:
+        raise ConfigError(
+            config.source, flag, f"stage {stage!r} takes no model_path; drop it, or name another"
+        )
     if not takes:
         raise ConfigError(
             config.source,
-            "--model-path",
+            flag,
             f"no stage of pipeline {config.pipeline.name!r} loads a model; drop --model-path, "
             "or pick a pipeline whose stages take one with --config",
         )
+    checkpoints = set(takes.values())
+    if stage is None and len(takes) > 1 and (None in checkpoints or len(checkpoints) > 1):
+        names = " and ".join(repr(n) for n in takes)
+        raise ConfigError(
+            config.source,
+            flag,
+            f"ambiguous on pipeline {config.pipeline.name!r}: stages {names} each take a "
+            f"model_path of their own; name the stage, e.g. --model-path {list(takes)[-1]}=PATH "
+            "(repeatable)",
+        )
+    chosen = set(takes) if stage is None else {stage}
     stages = tuple(
         s.model_copy(update={"params": {**s.params, "model_path": str(model_path)}})
-        if s in takes
+        if s.name in chosen
         else s
         for s in config.stages
     )
@@ -191,7 +239,7 @@ def _parser() -> argparse.ArgumentParser:
         help="pipeline YAML (default configs/voice-chat.yaml)",
     )
     run.add_argument(
-        "--model-path", type=Path, help="local model folder for the stages that load one"
+        "--model-path", action="append", metavar="DIR | STAGE=PATH", help=MODEL_PATH_HELP
     )
     run.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     run.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")
@@ -214,7 +262,7 @@ def _parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt", action="append", help="a prompt (repeat for several streams)")
     prompt.add_argument("--streams", type=int, default=1, help="concurrent copies of each prompt")
     prompt.add_argument(
-        "--model-path", type=Path, help="local model folder for the stages that load one"
+        "--model-path", action="append", metavar="DIR | STAGE=PATH", help=MODEL_PATH_HELP
     )
     for command in (run, prompt):
         command.add_argument(

@@ -1,6 +1,8 @@
 """Constrained decoding: a grammar (from a tool's JSON schema) as a ``Sampler`` constraint.
 
-Built on llguidance (its Lark dialect embeds JSON schemas with ``%json``). A
+Built on llguidance (its Lark dialect embeds JSON schemas with ``%json``); the
+tool-call grammar's text, and the rules tools meet, are omnitrio's
+(``omnitrio.tool_call_lark``, ``omnitrio.check_tools``). A
 ``Grammar`` is compiled once per request from the stage's tokenizer; each
 stream gets its own ``GrammarConstraint`` (a matcher with the stream's
 position in the grammar). The sampler masks every token the grammar does not
@@ -10,9 +12,7 @@ tool call's arguments validate against the tool's schema.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import llguidance
@@ -20,8 +20,7 @@ import llguidance.hf
 import numpy as np
 import torch
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
+from omnitrio import FunctionTool, tool_call_lark
 
 
 class Constraint(Protocol):
@@ -43,14 +42,6 @@ class Constraint(Protocol):
 
 class GrammarError(ValueError):
     """A tool's schema (or a grammar built from it) that cannot be compiled; names the tool."""
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    """One function the model may call: its name and its arguments' JSON schema."""
-
-    name: str
-    parameters: Mapping[str, Any]
 
 
 class Vocabulary:
@@ -100,26 +91,12 @@ class GrammarConstraint:
         return bool(self._matcher.is_stopped())
 
 
-COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-def tool_call_grammar(vocabulary: Vocabulary, tools: Sequence[ToolSpec]) -> Grammar:
-    """``<tool_call>{"name": "<one of tools>", "arguments": <valid JSON>}</tool_call>``.
-
-    Each tool's arguments follow its own schema (its name fixes which)."""
+def tool_call_grammar(vocabulary: Vocabulary, tools: Sequence[FunctionTool]) -> Grammar:
+    """One call to any of ``tools`` (``omnitrio.tool_call_lark``), compiled for the vocabulary."""
     if not tools:
         raise GrammarError("a tool call needs at least one tool")
-    rules = [f"start: {json.dumps(TOOL_CALL_OPEN)} call {json.dumps(TOOL_CALL_CLOSE)}"]
-    rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(tools))))
-    for index, tool in enumerate(tools):
-        head = json.dumps(f'{{"name": {json.dumps(tool.name)}, "arguments": ')
-        rules.append(f'call_{index}: {head} args_{index} "}}"')
-        # Compact JSON (one space after ':' and ','): a small model spends no tokens on
-        # layout, and free whitespace lured SmolLM2 into empty values.
-        schema = {**tool.parameters, "x-guidance": COMPACT_JSON}
-        rules.append(f"args_{index}: %json {json.dumps(schema)}")
     try:
-        return Grammar(vocabulary, "\n".join(rules))
+        return Grammar(vocabulary, tool_call_lark(tools))
     except (GrammarError, ValueError, RuntimeError) as exc:
         names = ", ".join(repr(t.name) for t in tools)
         raise GrammarError(f"the parameters schema of {names} cannot be compiled: {exc}") from None

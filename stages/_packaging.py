@@ -18,6 +18,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from omnitrio import Event, StreamOutput, TextDelta, VisibleItem
 
@@ -139,6 +140,25 @@ class Packager:
                 self._changed.notify_all()
 
 
+class Detokenizer:
+    """Streaming detokenization (on the packaging thread): each token's new text."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._tokens: list[int] = []
+        self._sent = ""
+
+    def add(self, token: int | None, *, final: bool) -> str:
+        """The text ``token`` adds (None: no token, e.g. a stop token left out)."""
+        if token is not None:
+            self._tokens.append(token)
+        text = str(self._tokenizer.decode(self._tokens, skip_special_tokens=True))
+        if text.endswith("\ufffd") and not final:
+            return ""  # an incomplete UTF-8 sequence: wait for its next byte
+        delta, self._sent = text[len(self._sent) :], text
+        return delta
+
+
 # -- a stream's packaged pieces as the StreamOutput of one step ---------------------------
 
 
@@ -157,18 +177,22 @@ def step_output(
     computing: bool,
     can_continue: bool,
     max_payloads: int,
+    wait: bool = False,
 ) -> StreamOutput:
     """This step's output for one stream.
 
     ``computing``: the stream still has model work (its last token is not sampled);
-    only when it has none does this wait for its packaging. ``can_continue``: the
+    only when it has none does this wait for its packaging, unless ``wait``: then
+    it always does, so this step's pieces go out with this step (for a stage whose
+    consumer waits on every token, like the voice LLM's TTS, when packaging is
+    cheaper than a step's delay). ``can_continue``: the
     stage can step it again without new input. Text pieces merge into one delta,
     events of one name into one event (their tuple fields concatenated).
     """
     texts: list[str] = []
     events: dict[str, dict[str, tuple[object, ...]]] = {}
     try:
-        pieces = packager.collect(stream_id, wait=not computing)
+        pieces = packager.collect(stream_id, wait=wait or not computing)
     except PackagingError as exc:
         return StreamOutput(error=exc)
     for piece in pieces:

@@ -3,13 +3,18 @@
 A stage is any class with the ``omnitrio.Stage`` shape (``open_stream``,
 ``step``, ``close_stream``, ``close``) constructed as ``Stage(name, device, *,
 params...)`` from a config's ``impl``/``device``/``params``; a thread-count param
-is called ``num_threads`` where a stage has one. What this module gives it:
+is called ``num_threads`` where a stage has one, and a model's folder ``model_path``.
+Stages that read parts of one checkpoint folder (a model family's thinker, talker
+and vocoder) say so with a class attribute, ``checkpoint = "<family>"``: then
+``omnitrio run --model-path DIR`` gives them all ``DIR``; stages that each take a
+model of their own leave it out, and the flag names them (``--model-path STAGE=PATH``).
+What this module gives it:
 
 - ``AutoregressiveStage``: the base of an autoregressive model stage (device,
   ``num_threads``, per-stream state in ``streams``, ``clock``, ``packager``, statistics).
-- ``Packager``, ``Piece``, ``Outbox``, ``step_output``, ``PackagingError``: packaging
-  off the critical path (detokenizing, slicing hidden states) on one thread per stage,
-  collected by the stream's next step.
+- ``Packager``, ``Piece``, ``Outbox``, ``step_output``, ``PackagingError``,
+  ``Detokenizer``: packaging off the critical path (detokenizing, slicing hidden
+  states) on one thread per stage, collected by the stream's next step.
 - ``batched_decode``, ``cache_length``, ``cache_nbytes``: one decode forward for
   every stream of a step, each with its own ``DynamicCache``.
 - ``SamplingParams``, ``Sampler``, ``OptionError``: per-stream sampling from request
@@ -20,18 +25,17 @@ is called ``num_threads`` where a stage has one. What this module gives it:
 - ``stage_device``, ``DeviceError``: the stage's torch device, refused with the stage's
   name when it is unknown or absent (``cuda`` without a GPU); ``on``: a tensor on a
   device, not copied when it is already there.
-- ``tool_call_grammar``, ``Grammar``, ``ToolSpec``, ``Vocabulary``, ``TOOL_CALL_OPEN``,
-  ``TOOL_CALL_CLOSE``: JSON-schema-constrained tool calls, a ``Sampler`` constraint.
+- ``tool_call_grammar``, ``Grammar``, ``Vocabulary``: JSON-schema-constrained tool
+  calls, a ``Sampler`` constraint (the tools, their markers and their rules are
+  omnitrio's: ``omnitrio.FunctionTool``, ``TOOL_CALL_OPEN``, ``check_tools`` ...).
 
 The implementations live in the private ``stages._*`` modules; import them from here.
 """
 
-from stages._grammar import TOOL_CALL_CLOSE as TOOL_CALL_CLOSE
-from stages._grammar import TOOL_CALL_OPEN as TOOL_CALL_OPEN
 from stages._grammar import Grammar as Grammar
-from stages._grammar import ToolSpec as ToolSpec
 from stages._grammar import Vocabulary as Vocabulary
 from stages._grammar import tool_call_grammar as tool_call_grammar
+from stages._packaging import Detokenizer as Detokenizer
 from stages._packaging import Outbox as Outbox
 from stages._packaging import Packager as Packager
 from stages._packaging import PackagingError as PackagingError
@@ -52,9 +56,8 @@ from stages._torch_stage import AutoregressiveStage as AutoregressiveStage
 from stages._torch_timing import StepClock as StepClock
 
 __all__ = [
-    "TOOL_CALL_CLOSE",
-    "TOOL_CALL_OPEN",
     "AutoregressiveStage",
+    "Detokenizer",
     "DeviceError",
     "Grammar",
     "OptionError",
@@ -65,7 +68,6 @@ __all__ = [
     "Sampler",
     "SamplingParams",
     "StepClock",
-    "ToolSpec",
     "Vocabulary",
     "WeightsError",
     "batched_decode",

@@ -58,3 +58,20 @@ def test_ray_address_applies_to_pipelines_with_ray_stages(
         f"omnitrio: {thread}: --ray-address: no stage of pipeline 'synthetic-omni' has "
         "placement: ray" in capsys.readouterr().err
     )
+
+
+def test_model_path_names_one_stage_or_goes_to_one_checkpoint(tmp_path: Path) -> None:
+    from omnitrio._cli import with_model_path_arg
+
+    voice = omnitrio.load_config(REPO / "configs" / "voice-chat.yaml")
+    folder = tmp_path / "smollm2-360m"
+    folder.mkdir()
+    params = {s.name: s.params for s in with_model_path_arg(voice, f"llm={folder}").stages}
+    assert params["llm"]["model_path"] == str(folder)
+    assert params["asr"]["model_path"] is None  # untouched
+    with pytest.raises(omnitrio.ConfigError, match="stages 'asr' and 'llm' each take"):
+        with_model_path_arg(voice, str(folder))
+    # The Qwen-Omni stages declare one checkpoint: one folder serves them all.
+    qwen = omnitrio.load_config(REPO / "configs" / "qwen3-omni-tiny.yaml")
+    paths = {s.params.get("model_path") for s in with_model_path_arg(qwen, str(folder)).stages}
+    assert paths == {str(folder)}

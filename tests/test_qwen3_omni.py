@@ -217,6 +217,32 @@ async def test_audio_input_matches_generate(checkpoint: Path, reference) -> None
     assert frames == frames_of(ref_codes)
 
 
+def test_audio_at_another_rate_goes_through_the_one_resampler(checkpoint: Path) -> None:
+    """48 kHz input is brought to the encoder's 16 kHz by omnitrio's resampler (soxr,
+    anti-aliased): a 14 kHz tone, which linear interpolation folds down to 2 kHz, is
+    filtered out, so the features equal those of the same audio resampled by the client."""
+    seconds = np.arange(48_000) / 48_000
+    rng = np.random.default_rng(1)
+    wave = 0.3 * np.sin(2 * np.pi * 14_000 * seconds) + 0.05 * rng.standard_normal(48_000)
+    pcm_48k = (wave * 32767).astype("<i2")
+    at_16k = omnitrio.resample_float(pcm_48k.astype(np.float32) / 32768.0, 48_000, 16_000)
+    pcm_16k = (np.clip(at_16k, -1, 1) * 32768.0).round().clip(-32768, 32767).astype("<i2")
+    thinker = Qwen3OmniThinker(name="thinker", model_path=str(checkpoint))
+    try:
+        _, features_48k = thinker._prompt(
+            omnitrio.Request("hi", audio=omnitrio.AudioInput(pcm_48k.tobytes(), 48_000))
+        )
+        _, features_16k = thinker._prompt(
+            omnitrio.Request("hi", audio=omnitrio.AudioInput(pcm_16k.tobytes(), 16_000))
+        )
+    finally:
+        thinker.close()
+    mels_48k, mels_16k = features_48k["input_features"], features_16k["input_features"]
+    assert mels_48k.shape == mels_16k.shape
+    # Only the PCM16 rounding of the client's copy differs.
+    assert torch.allclose(mels_48k, mels_16k, atol=1e-2)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 async def test_full_pipeline_streams_audio_chunks(checkpoint: Path, device: str) -> None:
     config = on_device(with_model_path(omnitrio.load_config(CONFIG), checkpoint), device)

@@ -268,6 +268,33 @@ def test_model_path_errors_are_one_clear_line(tmp_path: Path) -> None:
         assert "Traceback" not in result.stderr
 
 
+def test_model_path_on_the_voice_chat_names_the_stages_or_the_stage(tmp_path: Path) -> None:
+    """The voice chat's ASR and LLM each take their own model_path: one folder for both
+    is refused before anything loads, naming them; STAGE=PATH names the one to set."""
+    voice = [sys.executable, "-m", "omnitrio._cli", "run", "--port", "0"]  # the default config
+    for args, message in [
+        (
+            ["--model-path", str(tmp_path)],
+            "--model-path: ambiguous on pipeline 'voice-chat': stages 'asr' and 'llm' each "
+            "take a model_path of their own; name the stage, e.g. --model-path llm=PATH",
+        ),
+        (
+            ["--model-path", f"tts={tmp_path}"],
+            "--model-path tts=...: stage 'tts' takes no model_path",
+        ),
+        (
+            ["--model-path", f"llm={tmp_path / 'missing.gguf'}"],
+            "--model-path llm=...: no such file or folder",
+        ),
+    ]:
+        result = subprocess.run(
+            [*voice, *args], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 2, result.stderr
+        assert message in result.stderr
+        assert "Traceback" not in result.stderr
+
+
 def test_bad_config_is_one_clear_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("pipeline: {name: x}\nstages: []\n")

@@ -81,16 +81,42 @@ async def test_transcriptions_of_wav_and_mp3_in_every_format(
 async def test_an_upload_over_the_input_limits_is_a_400_naming_the_limit(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    """Decoded audio is held to ``max_input_audio_s`` as it decodes (any pipeline)."""
+    """Decoded audio is held to ``max_input_audio_s`` as it decodes."""
     settings = ServerSettings(port=0, max_input_audio_s=1.0)
-    binds = await nursery.start(serve, SYNTHETIC_CONFIG, settings)
+    binds = await nursery.start(serve, VOICE_CONFIG, settings)
     client = openai.OpenAI(base_url=f"{binds[0]}/v1", api_key="unused", max_retries=0)
     three_s = np.zeros(3 * INPUT_RATE_HZ, dtype=np.int16).tobytes()
 
     def run() -> None:
         for name, data in {"long.mp3": _mp3(three_s, INPUT_RATE_HZ)}.items():
             with pytest.raises(openai.BadRequestError, match="over the limit of 1 s"):
-                client.audio.transcriptions.create(model="synthetic", file=(name, data))
+                client.audio.transcriptions.create(model="voice-chat", file=(name, data))
+
+    with trio.fail_after(60):
+        await trio.to_thread.run_sync(run)
+
+
+async def test_a_pipeline_without_an_asr_stage_answers_404_and_stays_up(
+    nursery: trio.Nursery,
+) -> None:
+    """No stage declares the transcribe task: a 404 naming the pipeline, before the
+    upload is decoded (it was a 200 with empty text); the server keeps serving."""
+    binds = await nursery.start(serve, SYNTHETIC_CONFIG, ServerSettings(port=0))
+    client = openai.OpenAI(base_url=f"{binds[0]}/v1", api_key="unused", max_retries=0)
+    one_s = np.zeros(INPUT_RATE_HZ, dtype=np.int16).tobytes()
+
+    def run() -> None:
+        for data in (_mp3(one_s, INPUT_RATE_HZ), b"not audio at all"):
+            with pytest.raises(openai.NotFoundError) as caught:
+                client.audio.transcriptions.create(model="synthetic", file=("a.mp3", data))
+            error = caught.value.body
+            assert isinstance(error, dict)
+            assert error["code"] == "unsupported_endpoint"
+            assert "pipeline 'synthetic-omni' has no speech-recognition stage" in error["message"]
+        reply = client.chat.completions.create(
+            model="synthetic", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert reply.choices[0].message.content
 
     with trio.fail_after(60):
         await trio.to_thread.run_sync(run)

@@ -35,8 +35,9 @@ def test_a_cut_for_length_falls_before_a_boundary_word_and_not_after_an_abbrevia
     assert splitter.feed("and meat. ") == ["to eat fish and meat."]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def llm() -> Iterator[object]:
+    """One per test: its packaging thread (started by the first step) ends with it."""
     from stages.voice.llm import SmolLM2
 
     # float32: in bf16 the batch's shape changes rounding, and greedy answers may part.
@@ -74,7 +75,13 @@ def test_batched_decoding_gives_each_stream_its_own_answer(llm: object) -> None:
     together = _answer(llm, questions)
     assert together == alone  # greedy: the batch changes nothing, padding included
     assert alone["a"] != alone["b"]
-    assert llm._turns == {}  # type: ignore[attr-defined]  # every KV cache freed
+    assert llm.streams == {}  # type: ignore[attr-defined]  # every KV cache freed
+    # The stage kit's statistics (AutoregressiveStage): tokens, forward time, KV bytes.
+    figures = llm.stage_statistics()  # type: ignore[attr-defined]
+    assert figures["num_tokens"] > 0
+    assert figures["forward_ms_mean"] > 0
+    assert figures["kv_bytes"] == 0
+    assert figures["num_active_streams"] == 0
 
 
 def test_the_llm_on_cuda_without_a_gpu_is_refused_naming_the_stage() -> None:
@@ -115,7 +122,7 @@ def test_a_cancelled_stream_leaves_the_batch_at_the_next_step(llm: object) -> No
     llm.close_stream("x")  # type: ignore[attr-defined]  # what cancelling does
     outputs = llm.step([StreamWork("y", (), True)])  # type: ignore[attr-defined]
     assert set(outputs) == {"y"}
-    assert set(llm._turns) == {"y"}  # type: ignore[attr-defined]
+    assert set(llm.streams) == {"y"}  # type: ignore[attr-defined]
     llm.close_stream("y")  # type: ignore[attr-defined]
 
 

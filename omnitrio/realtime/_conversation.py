@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Literal
 
+from .._tools import call_text
 from ._errors import ClientEventError, quote
 
 Role = Literal["user", "assistant", "system"]
@@ -15,8 +15,6 @@ ROOT = "root"
 
 
 ItemKind = Literal["text", "audio", "function_call", "function_call_output"]
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
 
 
 @dataclass(frozen=True)
@@ -37,8 +35,7 @@ class Item:
     def as_line(self) -> str | None:
         """The item as a line of the conversation's text (None: no text known)."""
         if self.kind == "function_call":
-            call = f'{{"name": {json.dumps(self.name)}, "arguments": {self.text or "{}"}}}'
-            return f"assistant: {TOOL_CALL_OPEN}{call}{TOOL_CALL_CLOSE}"
+            return f"assistant: {call_text(self.name or '', self.text or '{}')}"
         if self.kind == "function_call_output":
             return f"tool: {self.text}"
         return None if self.text is None else f"{self.role}: {self.text}"

@@ -5,8 +5,10 @@ under ``audio.input`` / ``audio.output``; beta has flat ``modalities``,
 ``voice``, ``input_audio_format`` ...), so each dialect has its parser and its
 rendering. Both produce and read the same ``Settings``.
 
-Function tools (``tools``, ``tool_choice``) reach the LLM stage as request
-options (see stages/voice/llm.py). Parameters the SDK knows but omnitrio cannot honour
+Function tools (``tools``, ``tool_choice``) meet omnitrio's one set of rules
+(omnitrio/_tools.py: the name pattern, no two alike, a schema the tool-call grammar
+compiles), checked here before a response opens a stream, and reach the LLM stage
+as request options (see stages/voice/llm.py). Parameters the SDK knows but omnitrio cannot honour
 (transcription, other audio formats) are refused with ``unsupported_parameter``
 unless their value asks for nothing (``include: []``). ``turn_detection`` (server VAD) is
 honoured when the pipeline has a turn detector (see _turns.py).
@@ -14,12 +16,20 @@ honoured when the pipeline has a turn detector (see _turns.py).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from .._items import JsonValue, Scalar
+from .._tools import (
+    TOOL_MODES,
+    FunctionTool,
+    ToolChoice,
+    ToolError,
+    check_tool_choice,
+    check_tools,
+    tool_options,
+)
 from ._config import SessionConfig
 from ._errors import ClientEventError, quote
 from ._fields import Fields, check_text
@@ -66,25 +76,6 @@ def _ignorable(fields: Fields, *keys: str) -> None:
         fields.unsupported_unless(key, accepts, why)
 
 
-ToolMode = Literal["auto", "none", "required"]
-TOOL_MODES: tuple[ToolMode, ...] = ("auto", "none", "required")
-
-
-@dataclass(frozen=True)
-class FunctionTool:
-    """A function the model may call: ``parameters`` is its arguments' JSON schema (as JSON)."""
-
-    name: str
-    description: str
-    parameters: str
-
-
-@dataclass(frozen=True)
-class ToolChoice:
-    mode: ToolMode = "auto"
-    name: str | None = None  # a named function (mode "required")
-
-
 @dataclass(frozen=True)
 class SettingsPatch:
     """What one session.update or response.create changes; ``None`` leaves a setting."""
@@ -110,7 +101,7 @@ class Settings:
     max_output_tokens: int | None = None  # None: no limit ("inf" on the wire)
     turn_detection: TurnDetection | None = None  # None: the client commits
     tools: tuple[FunctionTool, ...] = ()
-    tool_choice: ToolChoice = ToolChoice()
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
 
     def apply(self, patch: SettingsPatch) -> Settings:
         """These settings changed by ``patch``; ``ClientEventError`` if the result asks
@@ -118,18 +109,10 @@ class Settings:
         limit = patch.max_output_tokens
         tools = self.tools if patch.tools is None else patch.tools
         choice = self.tool_choice if patch.tool_choice is None else patch.tool_choice
-        if choice.name is not None and choice.name not in {t.name for t in tools}:
-            raise ClientEventError(
-                "invalid_value",
-                f"tool_choice names function {quote(choice.name)}, which is not among the tools",
-                param="tool_choice",
-            )
-        if choice.mode == "required" and not tools:
-            raise ClientEventError(
-                "invalid_value",
-                "tool_choice requires a call, but there are no tools",
-                param="tool_choice",
-            )
+        try:
+            check_tool_choice(tools, choice)
+        except ToolError as exc:
+            raise ClientEventError("invalid_value", str(exc), param="tool_choice") from None
         return Settings(
             tools=tools,
             tool_choice=choice,
@@ -160,32 +143,12 @@ class Settings:
             options["temperature"] = self.temperature
         if self.max_output_tokens is not None:
             options["max_tokens"] = self.max_output_tokens
-        if self.tools:
-            described = [
-                {
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": json.loads(t.parameters),
-                }
-                for t in self.tools
-            ]
-            options["tools"] = json.dumps(described)
-            options["tool_choice"] = self.tool_choice.mode
-            if self.tool_choice.name is not None:
-                options["tool_name"] = self.tool_choice.name
+        options.update(tool_options(self.tools, self.tool_choice))
         return options
 
     def tools_shape(self) -> tuple[JsonValue, ...]:
         """The tools as session objects show them."""
-        return tuple(
-            {
-                "type": "function",
-                "name": t.name,
-                "description": t.description,
-                "parameters": json.loads(t.parameters),
-            }
-            for t in self.tools
-        )
+        return tuple({"type": "function", **t.described()} for t in self.tools)
 
     def tool_choice_shape(self) -> JsonValue:
         if self.tool_choice.name is not None:
@@ -401,12 +364,12 @@ def _tools(fields: Fields) -> tuple[FunctionTool, ...] | None:
                 param=tool.param("parameters"),
             )
         tool.done()
-        tools.append(FunctionTool(name, description, json.dumps(parameters)))
-    names = [t.name for t in tools]
-    if len(set(names)) != len(names):
-        raise ClientEventError(
-            "invalid_value", "tools has two functions of one name", param=fields.param("tools")
-        )
+        tools.append(FunctionTool(name, description, parameters))
+    try:
+        check_tools(tools)
+    except ToolError as exc:
+        param = f"{fields.param('tools')}[{exc.index}].{exc.field}"
+        raise ClientEventError("invalid_value", str(exc), param=param) from None
     return tuple(tools)
 
 

@@ -1,6 +1,8 @@
 """OpenAI-compatible HTTP endpoints: chat completions (streaming and not) and speech.
 
-Chat completions take ``tools`` and ``tool_choice`` (see _tools.py), honour
+Chat completions take ``tools`` and ``tool_choice`` (see _tools.py; a tool that breaks
+omnitrio's rules, a schema the tool-call grammar cannot compile included, is a 400
+naming ``tools.<i>.function.<field>`` before any stream is opened), honour
 ``max_tokens`` / ``max_completion_tokens`` (``finish_reason`` "length" when the
 answer was cut there) and report the LLM's token counts in ``usage`` (streamed
 too with ``stream_options.include_usage``).
@@ -25,18 +27,18 @@ from quart import Response
 
 from .._errors import OmnitrioError, Overloaded, PipelineClosed
 from .._items import AudioChunk, AudioInput, Event, Request, TextDelta
+from .._tools import FINISH_EVENT, arguments_json, call_text
 from ..realtime import new_id
 from ._audio import checked_input_audio, resample_pcm16, wav_bytes, wav_header
 from ._settings import ServerSettings
 from ._state import ResponseLog, ServerState
 from ._tools import (
     ChatTool,
+    ChatToolChoice,
+    ChatToolError,
     ToolCall,
-    ToolChoice,
-    arguments_json,
-    call_line,
+    chat_tool_options,
     is_tool_event,
-    tool_options,
 )
 
 
@@ -72,7 +74,7 @@ class ChatRequest(_Lenient):
     top_p: float | None = pydantic.Field(default=None, gt=0, le=1)
     seed: int | None = None
     tools: list[ChatTool] | None = None
-    tool_choice: ToolChoice | None = None
+    tool_choice: ChatToolChoice | None = None
     stream_options: _StreamOptions | None = None
 
 
@@ -120,9 +122,10 @@ def _overloaded(state: ServerState, reason: str) -> Response:
 
 
 class _BadContent(ValueError):
-    def __init__(self, where: str, problem: str) -> None:
+    def __init__(self, where: str, problem: str, code: str = "unsupported_content") -> None:
         super().__init__(f"{where}: {problem}")
         self.where = where
+        self.code = code
 
 
 def _request_of(chat: ChatRequest, settings: ServerSettings) -> Request:
@@ -150,17 +153,15 @@ def _request_of(chat: ChatRequest, settings: ServerSettings) -> Request:
         for call_index, call in enumerate(message.tool_calls or ()):
             where = f"messages.{index}.tool_calls.{call_index}.function.arguments"
             try:
-                arguments = arguments_json(call.function.arguments, where)
+                arguments = arguments_json(call.function.arguments)
             except ValueError as exc:
-                raise _BadContent(where, str(exc).partition(": ")[2]) from None
-            content = f"{content or ''}{call_line(call.function.name, arguments)}"
+                raise _BadContent(where, str(exc)) from None
+            content = f"{content or ''}{call_text(call.function.name, arguments)}"
         lines.append(f"{role}: {content or ''}")
     try:
-        tools = tool_options(
-            [t.function for t in chat.tools or ()], chat.tool_choice, "tool_choice"
-        )
-    except ValueError as exc:
-        raise _BadContent("tool_choice", str(exc).partition(": ")[2]) from None
+        tools = chat_tool_options(chat.tools, chat.tool_choice)
+    except ChatToolError as exc:
+        raise _BadContent(exc.param, str(exc).partition(": ")[2], "invalid_value") from None
     max_tokens = chat.max_completion_tokens or chat.max_tokens
     options: dict[str, str | int | float | bool | None] = {
         "modalities": ",".join(chat.modalities),
@@ -204,7 +205,7 @@ async def chat_completions(state: ServerState, raw: bytes) -> Response:
     try:
         request = _request_of(parsed, state.settings)
     except _BadContent as exc:
-        return error_response(400, str(exc), "unsupported_content", exc.where)
+        return error_response(400, str(exc), exc.code, exc.where)
     completion = _Completion(state, parsed)
 
     async def items() -> AsyncGenerator[AudioChunk | TextDelta | Event]:
@@ -285,7 +286,7 @@ class _Completion:
     def _take(self, item: AudioChunk | TextDelta | Event) -> bytes | None:
         """One pipeline item into the completion; the chunk to stream, if any."""
         if isinstance(item, Event):
-            if item.name == "llm.finish":
+            if item.name == FINISH_EVENT:
                 self.finish = item.data
                 return None
             delta = self._call_delta(item)

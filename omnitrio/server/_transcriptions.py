@@ -6,6 +6,14 @@ with option ``task: transcribe``: the ASR stage's ``transcript`` event is the
 answer, and the stages after it do nothing for that stream (stages/voice/asr.py,
 stages/voice/llm.py). ``response_format`` is ``json`` (the default), ``text`` or
 ``verbose_json``.
+
+A pipeline serves the endpoint only if one of its stages declares the task in a
+class attribute, ``tasks = ("transcribe",)`` (stages/voice/asr.py's ``WhisperAsr``
+does). On any other pipeline the endpoint answers 404 at once, before the upload is
+decoded, with an error naming the pipeline: the endpoint is not part of this
+deployment's API, as vLLM serves only the endpoints its model supports. Before,
+the stream ran through stages that ignore the task and the answer was 200 with an
+empty text, which a client cannot tell from silence.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import Any
 import trio
 from quart import Response
 
+from .._config import PipelineConfig, resolve_impl
 from .._errors import OmnitrioError, Overloaded, PipelineClosed
 from .._items import AudioInput, Event, Request
 from ..realtime import new_id
@@ -28,6 +37,17 @@ from ._state import ResponseLog, ServerState
 
 DECODE_RATE_HZ = 16000
 FORMATS = ("json", "text", "verbose_json")
+TASK = "transcribe"
+"""The request option ``task`` this endpoint sets; a stage's ``tasks`` must name it."""
+
+
+def transcribing_stages(config: PipelineConfig) -> list[str]:
+    """The stages whose class declares ``tasks`` with ``transcribe``."""
+    return [
+        spec.name
+        for spec in config.stages
+        if TASK in getattr(resolve_impl(spec.impl, config.source, "impl"), "tasks", ())
+    ]
 
 
 class UndecodableAudio(ValueError):
@@ -72,6 +92,14 @@ def decode_audio(data: bytes, settings: ServerSettings) -> bytes:
 
 
 async def transcriptions(state: ServerState, form: Any, files: Any) -> Response:
+    config = state.pipeline.config
+    if not transcribing_stages(config):
+        message = (
+            f"pipeline {config.pipeline.name!r} has no speech-recognition stage (no stage "
+            f"declares tasks = ({TASK!r},)), so /v1/audio/transcriptions is not served here; "
+            "serve a pipeline with one, such as configs/voice-chat.yaml"
+        )
+        return error_response(404, message, "unsupported_endpoint")
     upload = files.get("file")
     if upload is None:
         return error_response(
@@ -90,7 +118,7 @@ async def transcriptions(state: ServerState, form: Any, files: Any) -> Response:
     refusal = _refusal(state)
     if refusal is not None:
         return refusal
-    request = Request(audio=AudioInput(pcm16, DECODE_RATE_HZ), options={"task": "transcribe"})
+    request = Request(audio=AudioInput(pcm16, DECODE_RATE_HZ), options={"task": TASK})
     log = ResponseLog(state, "transcription", new_id("trans"))
     texts: list[str] = []
     try:

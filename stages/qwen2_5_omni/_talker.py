@@ -84,6 +84,7 @@ class TalkerStage(AutoregressiveStage):
     ``Event("talker.codes", {"codes": [...]})`` (for parity checks and tracing).
     """
 
+    checkpoint = "qwen2.5-omni"  # model_path: one folder shared with the family's other stages
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 4
     max_visible_per_step: int

@@ -26,6 +26,7 @@ from transformers import (
 from omnitrio import Event, Request, StreamOutput, StreamWork, TextDelta, VisibleItem
 from stages.kit import (
     AutoregressiveStage,
+    Detokenizer,
     Outbox,
     Piece,
     Sampler,
@@ -47,7 +48,7 @@ class _Stream:
     prompt: Prompt
     sampler: Sampler
     speaker: str
-    detok: _Detokenizer
+    detok: Detokenizer
     kv: DynamicCache | None = None  # this stream's own KV cache
     next_token: int | None = None  # sampled, to be fed back at the next step
     num_generated: int = 0
@@ -64,6 +65,7 @@ class ThinkerStage(AutoregressiveStage):
     ``Event("thinker.text_ids", {"ids": [...]})`` (for parity checks and tracing).
     """
 
+    checkpoint = "qwen2.5-omni"  # model_path: one folder shared with the family's other stages
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 4
     max_visible_per_step = 1
@@ -125,7 +127,7 @@ class ThinkerStage(AutoregressiveStage):
         params = SamplingParams.from_options(self.defaults, request.options, self.name)
         speaker = speaker_of(request.options, self.speakers, self.default_speaker)
         sampler = Sampler(params, prompt.input_ids[0].tolist())
-        self.streams[stream_id] = _Stream(prompt, sampler, speaker, _Detokenizer(self.tokenizer))
+        self.streams[stream_id] = _Stream(prompt, sampler, speaker, Detokenizer(self.tokenizer))
         self.outboxes[stream_id] = Outbox()
 
     @torch.no_grad()
@@ -266,23 +268,6 @@ class _News:
     token: int
     final: bool
     num_generated: int
-
-
-class _Detokenizer:
-    """Streaming detokenization (packaging thread): the text so far, less what was sent."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-        self._tokens: list[int] = []
-        self._sent = ""
-
-    def add(self, token: int, *, final: bool) -> str:
-        self._tokens.append(token)
-        text = str(self._tokenizer.decode(self._tokens, skip_special_tokens=True))
-        if text.endswith("\ufffd") and not final:
-            return ""  # an incomplete UTF-8 sequence: wait for its next byte
-        delta, self._sent = text[len(self._sent) :], text
-        return delta
 
 
 def _on_device(prompt: Prompt, device: torch.device) -> Prompt:

@@ -57,6 +57,7 @@ class _Stream:
 class Token2WavStage:
     """Qwen2.5-Omni token2wav (DiT + BigVGAN) as an omnitrio stage."""
 
+    checkpoint = "qwen2.5-omni"  # model_path: one folder shared with the family's other stages
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 0
 

@@ -59,6 +59,7 @@ class _Stream:
 
 
 class Qwen3OmniTalker(AutoregressiveStage):
+    checkpoint = "qwen3-omni"  # model_path: one folder shared with the family's other stages
     max_inputs_per_step = None
     max_payloads_per_step = 4
     max_visible_per_step = 0

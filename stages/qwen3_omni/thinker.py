@@ -19,7 +19,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     _get_feat_extract_output_lengths,
 )
 
-from omnitrio import Request, StreamOutput, StreamWork, TextDelta
+from omnitrio import Request, StreamOutput, StreamWork, TextDelta, resample_float
 from stages.kit import (
     AutoregressiveStage,
     Outbox,
@@ -53,6 +53,7 @@ class _Stream:
 
 
 class Qwen3OmniThinker(AutoregressiveStage):
+    checkpoint = "qwen3-omni"  # model_path: one folder shared with the family's other stages
     max_inputs_per_step = None
     max_payloads_per_step = 8
     max_visible_per_step = 8
@@ -256,7 +257,7 @@ class Qwen3OmniThinker(AutoregressiveStage):
         content, features = request.text, {}
         if request.audio is not None:
             pcm = np.frombuffer(request.audio.pcm16, dtype="<i2").astype(np.float32) / 32768.0
-            pcm = _resample(pcm, request.audio.sample_rate_hz, AUDIO_INPUT_SAMPLE_RATE_HZ)
+            pcm = resample_float(pcm, request.audio.sample_rate_hz, AUDIO_INPUT_SAMPLE_RATE_HZ)
             extracted = self.features(
                 pcm,
                 sampling_rate=AUDIO_INPUT_SAMPLE_RATE_HZ,
@@ -287,12 +288,3 @@ def _user_positions(prompt: torch.Tensor, im_start_id: int, user_id: int) -> tor
     previous_start = torch.cummax(starts, dim=0).values.clamp_min(0)
     roles = prompt[(previous_start + 1).clamp_max(len(prompt) - 1)]
     return positions[roles == user_id]
-
-
-def _resample(pcm: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
-    if from_hz == to_hz:
-        return pcm
-    num_out = round(len(pcm) * to_hz / from_hz)
-    return np.interp(np.arange(num_out) * from_hz / to_hz, np.arange(len(pcm)), pcm).astype(
-        np.float32
-    )

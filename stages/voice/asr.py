@@ -43,6 +43,7 @@ class WhisperAsr:
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 1
     max_visible_per_step = 1
+    tasks = ("transcribe",)  # the server serves /v1/audio/transcriptions through this stage
 
     def __init__(
         self,

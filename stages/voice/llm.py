@@ -11,8 +11,12 @@ joined with the others' for that step; see _torch_kv.py). Each token goes to
 the client as a ``TextDelta`` and to the TTS stage as a ``TextPiece``. A stream
 leaves the batch at its end-of-turn token, at ``max_new_tokens`` or when it is
 cancelled; ``close_stream`` frees its cache. Decoding is greedy unless a request
-sets ``temperature`` (``stages/_torch_sampling.py``, shared with the Qwen-Omni
-stages).
+sets ``temperature``. The stage is built on the stage kit's ``AutoregressiveStage``,
+as the Qwen-Omni stages are: per-stream state and KV cache in ``streams``, step
+timing in ``clock``, and detokenizing on the packaging thread (``packager``). Unlike
+the thinkers, a step waits for its own tokens' text (``step_output(wait=True)``): the
+TTS stage waits on every word, and a step's lag (one decode) costs more than the
+detokenizing (well under a millisecond).
 
 A request with option ``task: speak`` (the HTTP API's /v1/audio/speech) is not
 answered: its text goes to the TTS stage as it is. One with ``task: transcribe``
@@ -25,7 +29,9 @@ calling: ``tools`` (a JSON list of ``{"name", "description", "parameters"}``),
 ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, generated under a
 grammar built from the tools' JSON schemas (``_grammar.py``): from the first
 token when a call is required or named, from the model's own ``<`` under
-``auto``. A call goes to the client as events, never to the TTS stage:
+``auto``. The tools, the markers and their rules are omnitrio's (``omnitrio.FunctionTool``,
+``omnitrio.parse_tool_options``; the server checks them before a stream opens). A
+call goes to the client as events, never to the TTS stage:
 ``tool_call`` (``call_id``, ``name``), ``tool_call.arguments`` (``call_id``,
 ``delta``) and ``tool_call.done`` (``call_id``, ``name``, ``arguments``). Every
 answer ends with ``llm.finish``: ``finish_reason`` (``stop``, ``length``,
@@ -35,7 +41,6 @@ answer ends with ``llm.finish``: ``finish_reason`` (``stop``, ``length``,
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,19 +49,35 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from omnitrio import Event, Request, StreamOutput, StreamWork, TextDelta, VisibleItem
-from stages.kit import (
+from omnitrio import (
+    FINISH_EVENT,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
+    Event,
+    FunctionTool,
+    Request,
+    StreamOutput,
+    StreamWork,
+    TextDelta,
+    ToolError,
+    VisibleItem,
+    check_tool_choice,
+    parse_tool_options,
+)
+from omnitrio.realtime import new_id
+from stages.kit import (
+    AutoregressiveStage,
+    Detokenizer,
     Grammar,
     OptionError,
+    Outbox,
+    Piece,
     Sampler,
     SamplingParams,
-    ToolSpec,
     Vocabulary,
     batched_decode,
     cache_length,
-    stage_device,
+    step_output,
     tool_call_grammar,
 )
 
@@ -80,39 +101,49 @@ TOOLS_PROMPT = (
     + TOOL_CALL_CLOSE
     + ". A function's result comes back as a tool message; then answer the user."
 )
-TOOL_CHOICES = ("auto", "none", "required")
 MAX_CALL_TOKENS = 256
 """A tool call's cap when the request sets no ``max_tokens`` (``max_new_tokens`` is for speech)."""
+ARGUMENTS_KEY = ', "arguments": '
+CALL_END = "}" + TOOL_CALL_CLOSE
 
 
 @dataclass
 class _Turn:
+    """One stream's answer. ``generated`` and the rest are the stage thread's;
+    ``detok`` is the packaging thread's."""
+
     request: Request
     max_new_tokens: int
     sampler: Sampler
     asked: bool  # the request set max_tokens: it caps tool calls too
-    prompt: list[int] | None = None  # set once the utterance has arrived
-    cache: DynamicCache | None = None  # this turn's own KV cache
-    generated: list[int] = field(default_factory=list)
-    text_sent: str = ""
-    finished: bool = False
-    tools: tuple[ToolSpec, ...] = ()
+    detok: Detokenizer
+    tools: tuple[FunctionTool, ...] = ()
     grammar: Grammar | None = None  # engaged at the call's first token
     forced: bool = False  # the call starts at the first token (required or named)
-    call: _Call | None = None
+    prompt: list[int] | None = None  # set once the utterance has arrived
+    kv: DynamicCache | None = None  # this turn's own KV cache
+    generated: list[int] = field(default_factory=list)
+    finished: bool = False  # the last token is sampled
+    stopped: bool = False  # ... and it was an end-of-turn token
+    call: _Call | None = None  # the answer is a tool call
+
+    @property
+    def calling(self) -> bool:
+        return self.sampler.constraint is not None
 
 
 @dataclass
 class _Call:
-    """A tool call being generated: its id, its name once known, the arguments sent."""
+    """A tool call being generated: its id, its text so far, what was sent of it."""
 
     id: str
+    text: str = ""
     name: str | None = None
     arguments_sent: str = ""
     done: bool = False  # tool_call.done was sent
 
 
-class SmolLM2:
+class SmolLM2(AutoregressiveStage):
     """The LLM stage; see the module docstring."""
 
     max_inputs_per_step: int | None = None
@@ -132,191 +163,206 @@ class SmolLM2:
         repetition_penalty: float = 1.2,
         num_threads: int | None = 1,
         dtype: str = "bfloat16",
+        packaging_queue: int = 8,
     ) -> None:
-        self.name = name
-        self.device = stage_device(name, device)
+        super().__init__(name, device, num_threads=num_threads, packaging_queue=packaging_queue)
         if dtype not in DTYPES:
             raise ValueError(
                 f"stage {name!r}: dtype must be one of {sorted(DTYPES)}, not {dtype!r}"
             )
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)  # process-wide; see docs/benchmarks.md
-        model, self._tokenizer = load_llm(model_path, cache_dir)
-        self._model = model.to(self.device, DTYPES[dtype])
+        model, self.tokenizer = load_llm(model_path, cache_dir)
+        self.model = model.to(self.device, DTYPES[dtype])
         self.max_new_tokens = max_new_tokens
         self.max_prompt_tokens = max_prompt_tokens
         self.max_history_messages = max_history_messages
         # Greedy unless a request sets temperature (and top_p, top_k, seed) or llm.<key>.
         self.sampling = SamplingParams(repetition_penalty=repetition_penalty)
-        self._stop_ids = stop_ids(self._model, self._tokenizer)
-        self._turns: dict[str, _Turn] = {}
+        self.stop_ids = stop_ids(self.model, self.tokenizer)
+        self.streams: dict[str, _Turn] = {}
         self._vocabulary: Vocabulary | None = None  # for grammars; converted on first use
-        self._open_first = int(self._tokenizer.encode(TOOL_CALL_OPEN)[0])
-        self.num_tokens = 0
-        self.busy_s = 0.0
+        self._open_first = int(self.tokenizer.encode(TOOL_CALL_OPEN)[0])
 
     def open_stream(self, stream_id: str, request: Request) -> None:
         options = request.options
         params = SamplingParams.from_options(self.sampling, options, self.name)
         asked = any(options.get(k) is not None for k in ("max_tokens", f"{self.name}.max_tokens"))
         limit = params.max_tokens if asked else self.max_new_tokens
-        turn = _Turn(request, limit, Sampler(params), asked)
-        turn.tools, named, choice = parse_tools(options)
-        if turn.tools and choice != "none":
-            turn.forced = choice == "required" or named is not None
-            callable_ = [t for t in turn.tools if named is None or t.name == named]
+        turn = _Turn(request, limit, Sampler(params), asked, Detokenizer(self.tokenizer))
+        try:
+            tools, choice = parse_tool_options(options)
+            check_tool_choice(tools, choice)
+        except ToolError as exc:
+            raise OptionError(str(exc)) from None
+        if tools and choice.mode != "none":
+            turn.tools = tools
+            turn.forced = choice.mode == "required"
+            callable_ = [t for t in tools if choice.name is None or t.name == choice.name]
             turn.grammar = tool_call_grammar(self._grammar_vocabulary(), callable_)
             if turn.forced:
                 turn.sampler.constraint = turn.grammar.constraint()
-        elif choice == "none":
-            turn.tools = ()
-        self._turns[stream_id] = turn
+        self.streams[stream_id] = turn
+        self.outboxes[stream_id] = Outbox()
 
     def _grammar_vocabulary(self) -> Vocabulary:
         if self._vocabulary is None:
-            self._vocabulary = Vocabulary(self._tokenizer)
+            self._vocabulary = Vocabulary(self.tokenizer)
         return self._vocabulary
-
-    def close_stream(self, stream_id: str) -> None:
-        del self._turns[stream_id]  # the KV cache goes with it
-
-    def close(self) -> None:
-        self._turns.clear()
 
     # ----- the step: prefill newcomers, then one batched decode -------------------------
 
+    @torch.inference_mode()
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
-        started = time.perf_counter()
-        tokens: dict[str, int] = {}
+        self.clock.start_step()
+        sampled: dict[str, int] = {}
         decoding: list[str] = []
         for work in batch:
-            turn = self._turns[work.stream_id]
+            turn = self.streams[work.stream_id]
             if turn.request.options.get("task") in ("speak", "transcribe"):
-                continue  # passed through (or nothing to do) in _emit
+                continue  # passed through (or nothing to do) in _output
             if turn.prompt is None:
                 utterances = [p for p in work.inputs if isinstance(p, Utterance)]
                 if not utterances and not work.input_closed:
                     continue
-                turn.prompt = self.prompt_ids(turn.request, utterances)
-                tokens[work.stream_id] = self._prefill(turn)
+                turn.prompt = self._prompt_ids(turn, utterances)
+                sampled[work.stream_id] = self._prefill(turn)
             elif not turn.finished:
                 decoding.append(work.stream_id)
         if decoding:
-            tokens.update(self._decode([self._turns[sid] for sid in decoding], decoding))
-        outputs = {work.stream_id: self._emit(work, tokens.get(work.stream_id)) for work in batch}
-        self.busy_s += time.perf_counter() - started
-        return outputs
+            sampled.update(self._decode(decoding))
+        self.clock.end_compute()
+        if sampled:
+            self._package(sampled)
+        return {work.stream_id: self._output(work) for work in batch}
 
-    def prompt_ids(self, request: Request, utterances: list[Utterance]) -> list[int]:
-        instructions = request.options.get("instructions")
+    def _prompt_ids(self, turn: _Turn, utterances: list[Utterance]) -> list[int]:
+        options = turn.request.options
+        instructions = options.get("instructions")
         system = instructions if isinstance(instructions, str) else DEFAULT_INSTRUCTIONS
-        turn_tools = parse_tools(request.options)[0]
-        if turn_tools and request.options.get("tool_choice") != "none":
-            system += "\n\n" + TOOLS_PROMPT.format(tools=request.options.get("tools"))
-        history = parse_history(request.text)[-self.max_history_messages :]
+        if turn.tools:
+            system += "\n\n" + TOOLS_PROMPT.format(tools=options.get("tools"))
+        history = parse_history(turn.request.text)[-self.max_history_messages :]
         messages = [{"role": "system", "content": system}, *history]
         messages += [{"role": "user", "content": u.text} for u in utterances if u.text]
-        ids = self._tokenizer.apply_chat_template(
+        ids = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=False
         )
-        ids = [int(i) for i in ids]
-        return ids[-self.max_prompt_tokens :]
+        return [int(i) for i in ids][-self.max_prompt_tokens :]
 
-    @torch.inference_mode()
     def _prefill(self, turn: _Turn) -> int:
         assert turn.prompt is not None
         input_ids = torch.tensor([turn.prompt], device=self.device)  # input_ids: [1, S]
-        out = self._model(input_ids=input_ids, use_cache=True)
-        turn.cache = out.past_key_values
+        out = self.model(input_ids=input_ids, use_cache=True)
+        turn.kv = out.past_key_values
         return self._pick(out.logits[0, -1], turn)
 
-    @torch.inference_mode()
-    def _decode(self, turns: list[_Turn], ids: list[str]) -> dict[str, int]:
-        caches = [t.cache for t in turns if t.cache is not None]
+    def _decode(self, sids: list[str]) -> dict[str, int]:
+        turns = [self.streams[sid] for sid in sids]
+        caches = [t.kv for t in turns if t.kv is not None]
         last = torch.tensor([[t.generated[-1]] for t in turns], device=self.device)  # [B, 1]
         positions = torch.tensor([[cache_length(c)] for c in caches], device=self.device)  # [B, 1]
-        out = batched_decode(self._model, caches, positions, input_ids=last)
+        out = batched_decode(self.model, caches, positions, input_ids=last)
         logits = out.logits[:, -1]  # logits: [B, V]
         return {
             sid: self._pick(logits[row], turn)
-            for row, (sid, turn) in enumerate(zip(ids, turns, strict=True))
+            for row, (sid, turn) in enumerate(zip(sids, turns, strict=True))
         }
 
     def _pick(self, logits: torch.Tensor, turn: _Turn) -> int:
+        """Sample the turn's next token and decide whether it is the last."""
+        started = time.perf_counter()
         token = turn.sampler.pick(logits)
         if not turn.generated and token == self._open_first and turn.grammar and not turn.forced:
             # Under "auto" the model chose to call: the grammar holds from here on.
             turn.sampler.constraint = turn.grammar.constraint()
             turn.sampler.constraint.advance(token)
         turn.generated.append(token)
-        self.num_tokens += 1
+        limit = turn.max_new_tokens
+        if turn.calling and not turn.asked:
+            limit = max(limit, MAX_CALL_TOKENS)  # a spoken answer's cap would cut the call
+        turn.stopped = token in self.stop_ids
+        turn.finished = turn.stopped or len(turn.generated) >= limit
+        if turn.finished:
+            turn.kv = None  # nothing more to decode: free it now
+        self.clock.add_sampling(time.perf_counter() - started)
         return token
 
-    def _emit(self, work: StreamWork, token: int | None) -> StreamOutput:
-        turn = self._turns[work.stream_id]
-        if turn.request.options.get("task") == "transcribe":
+    # ----- packaging (the text, on the packaging thread) and the step's output ---------
+
+    def _package(self, sampled: dict[str, int]) -> None:
+        news = {
+            sid: (
+                self.streams[sid].detok,
+                None if self.streams[sid].stopped else token,
+                self.streams[sid].finished,
+            )
+            for sid, token in sampled.items()
+        }
+        self.packager.submit(
+            tuple(news),
+            lambda: {
+                sid: Piece(visible=(TextDelta(detok.add(token, final=final)),))
+                for sid, (detok, token, final) in news.items()
+            },
+        )
+
+    def _output(self, work: StreamWork) -> StreamOutput:
+        turn = self.streams[work.stream_id]
+        task = turn.request.options.get("task")
+        if task == "transcribe":
             return StreamOutput(done=work.input_closed)  # the ASR stage's event is the answer
-        if turn.request.options.get("task") == "speak":
+        if task == "speak":
             if not work.input_closed:
                 return StreamOutput()  # the ASR stage has not finished the stream yet
             text = turn.request.text
             return StreamOutput(payloads=(TextPiece(text),), visible=(TextDelta(text),), done=True)
-        if token is None:
-            return StreamOutput(done=turn.finished)
-        stop = token in self._stop_ids
-        calling = turn.sampler.constraint is not None
-        limit = turn.max_new_tokens
-        if calling and not turn.asked:
-            limit = max(limit, MAX_CALL_TOKENS)  # a spoken answer's cap would cut the call
-        if stop or len(turn.generated) >= limit:
-            turn.finished = True
-            turn.cache = None  # nothing more to decode: free it now
-        ids = turn.generated[:-1] if stop else turn.generated
-        text = self._tokenizer.decode(ids, skip_special_tokens=True)
-        if text.endswith("\ufffd") and not turn.finished:
-            return StreamOutput(more=True)  # half a UTF-8 character: wait for the rest
-        if calling:
-            visible = self._call_events(turn, text)
-            payloads: tuple[TextPiece, ...] = ()
-        else:
-            delta, turn.text_sent = text[len(turn.text_sent) :], text
-            visible = [TextDelta(delta)] if delta else []
-            payloads = (TextPiece(delta),) if delta else ()
-        if turn.finished:
-            visible.append(self._finish_event(turn, stop))
-        return StreamOutput(
-            payloads=payloads,
-            visible=tuple(visible),
-            more=not turn.finished,
-            done=turn.finished,
+        out = step_output(
+            self.packager,
+            work.stream_id,
+            self.outboxes[work.stream_id],
+            computing=not turn.finished,
+            can_continue=turn.prompt is not None and not turn.finished,
+            max_payloads=self.max_payloads_per_step,
+            wait=True,  # the TTS waits on each token: detokenizing (~0.1 ms) beats a step's lag
         )
+        if out.error is not None:
+            return out
+        text = "".join(v.text for v in out.visible if isinstance(v, TextDelta))
+        payloads: tuple[TextPiece, ...] = ()
+        if turn.calling:
+            visible = self._call_events(turn, text)
+        else:
+            visible = [TextDelta(text)] if text else []
+            payloads = (TextPiece(text),) if text else ()
+        if out.done:
+            visible.append(self._finish_event(turn))
+        return StreamOutput(payloads=payloads, visible=tuple(visible), more=out.more, done=out.done)
 
     def _call_events(self, turn: _Turn, text: str) -> list[VisibleItem]:
-        """The events for a tool call's text so far (see the module docstring)."""
+        """The events for a tool call's new text (see the module docstring)."""
         call = turn.call
         if call is None:
-            call = turn.call = _Call(f"call_{secrets.token_hex(12)}")
+            call = turn.call = _Call(new_id("call"))
+        call.text += text
         events: list[VisibleItem] = []
         if call.done:
             return events  # the end-of-turn token after the call
-        body = text.removeprefix(TOOL_CALL_OPEN)
+        body = call.text.removeprefix(TOOL_CALL_OPEN)
         if call.name is None:
-            head, sep, _ = body.partition(', "arguments": ')
+            head, sep, _ = body.partition(ARGUMENTS_KEY)
             if not sep:
                 return events
             call.name = str(json.loads(head + "}")["name"])
             events.append(Event("tool_call", {"call_id": call.id, "name": call.name}))
-        arguments = body.partition(', "arguments": ')[2]
-        complete = arguments.endswith("}" + TOOL_CALL_CLOSE)
+        arguments = body.partition(ARGUMENTS_KEY)[2]
+        complete = arguments.endswith(CALL_END)
         if complete:
-            arguments = arguments.removesuffix("}" + TOOL_CALL_CLOSE)
+            arguments = arguments.removesuffix(CALL_END)
         else:  # hold back what may be the start of the closing "}</tool_call>"
-            closing = "}" + TOOL_CALL_CLOSE
             held = next(
                 (
                     n
-                    for n in range(min(len(closing), len(arguments)), 0, -1)
-                    if closing.startswith(arguments[-n:])
+                    for n in range(min(len(CALL_END), len(arguments)), 0, -1)
+                    if CALL_END.startswith(arguments[-n:])
                 ),
                 0,
             )
@@ -331,40 +377,18 @@ class SmolLM2:
             events.append(Event("tool_call.done", fields))
         return events
 
-    def _finish_event(self, turn: _Turn, stop: bool) -> Event:
+    def _finish_event(self, turn: _Turn) -> Event:
         call = turn.call
-        called = call is not None and call.name is not None and stop
-        reason = "tool_calls" if called else "stop" if stop else "length"
-        prompt = len(turn.prompt or ())
+        called = call is not None and call.name is not None and turn.stopped
+        reason = "tool_calls" if called else "stop" if turn.stopped else "length"
         return Event(
-            "llm.finish",
+            FINISH_EVENT,
             {
                 "finish_reason": reason,
-                "prompt_tokens": prompt,
+                "prompt_tokens": len(turn.prompt or ()),
                 "completion_tokens": len(turn.generated),
             },
         )
-
-
-def parse_tools(options: Mapping[str, object]) -> tuple[tuple[ToolSpec, ...], str | None, str]:
-    """(tools, the forced tool's name or None, tool_choice) from a request's options."""
-    raw = options.get("tools")
-    choice = options.get("tool_choice", "auto")
-    named = options.get("tool_name")
-    if choice not in TOOL_CHOICES:
-        raise OptionError(f"option 'tool_choice' must be one of {TOOL_CHOICES}, not {choice!r}")
-    if raw is None:
-        if named is not None or choice == "required":
-            raise OptionError("option 'tool_choice' asks for a tool call, but there are no tools")
-        return (), None, str(choice)
-    try:
-        listed = json.loads(str(raw))
-        tools = tuple(ToolSpec(str(t["name"]), dict(t.get("parameters") or {})) for t in listed)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise OptionError(f"option 'tools' must be a JSON list of functions: {exc}") from None
-    if named is not None and named not in {t.name for t in tools}:
-        raise OptionError(f"option 'tool_name' names {named!r}, which is not among the tools")
-    return tools, None if named is None else str(named), str(choice)
 
 
 def stop_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -1,0 +1,201 @@
+"""Function calling in one place: the tool-call text, the tools as request options,
+and the rules a list of tools must meet, for both API dialects and the LLM stage.
+
+The pipeline speaks of tools through ``Request.options``: ``tools`` (a JSON list of
+``{"name", "description", "parameters"}``), ``tool_choice`` (``auto``, ``none`` or
+``required``) and ``tool_name`` (the function a named choice forces). The LLM stage
+answers with events (``tool_call``, ``tool_call.arguments``, ``tool_call.done``,
+``llm.finish``; see stages/voice/llm.py). A call is generated, and a conversation
+records it, as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``; its
+arguments follow the tool's JSON schema under a grammar (``tool_call_lark``) that
+the server compiles once per request (``check_tools``) before a stream is opened,
+so a schema the grammar engine (llguidance) cannot compile is the client's error,
+naming the tool, not a failed stream.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import llguidance
+
+from ._items import Scalar
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+TOOL_EVENTS = ("tool_call", "tool_call.arguments", "tool_call.done")
+"""The LLM stage's events for one call; ``llm.finish`` ends every answer."""
+FINISH_EVENT = "llm.finish"
+
+ToolMode = Literal["auto", "none", "required"]
+TOOL_MODES: tuple[ToolMode, ...] = ("auto", "none", "required")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""A function's name: OpenAI's rule (letters, digits, ``_`` and ``-``, 64 at most)."""
+
+# Compact JSON (one space after ':' and ','): a small model spends no tokens on layout,
+# and free whitespace lured SmolLM2 into empty values.
+COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _empty_object() -> dict[str, Any]:
+    return {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    """A function the model may call; ``parameters`` is its arguments' JSON schema."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=_empty_object)
+
+    def described(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": dict(self.parameters),
+        }
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """``auto``, ``none``, ``required``, or a named function (``required`` with ``name``)."""
+
+    mode: ToolMode = "auto"
+    name: str | None = None
+
+
+class ToolError(ValueError):
+    """Tools or a tool choice that break the rules. ``index`` and ``field`` say where:
+    ``tools[index].field``, ``tools`` (``index`` None) or ``tool_choice``; each API
+    dialect names the param in its own spelling."""
+
+    def __init__(self, message: str, *, index: int | None = None, field: str = "tools") -> None:
+        super().__init__(message)
+        self.index = index
+        self.field = field
+
+
+def check_tools(tools: Sequence[FunctionTool]) -> None:
+    """The one set of rules for tools, checked before a stream is opened: each name
+    matches ``NAME_PATTERN``, no two tools share a name, and each ``parameters`` is a
+    JSON schema the tool-call grammar compiles. Raises ``ToolError``."""
+    seen: set[str] = set()
+    for index, tool in enumerate(tools):
+        if not NAME_PATTERN.fullmatch(tool.name):
+            raise ToolError(
+                f"function name {tool.name!r} must be 1 to 64 letters, digits, '_' or '-'",
+                index=index,
+                field="name",
+            )
+        if tool.name in seen:
+            raise ToolError(f"two functions are named {tool.name!r}", index=index, field="name")
+        seen.add(tool.name)
+        if not isinstance(tool.parameters, Mapping):
+            raise ToolError(
+                "parameters must be a JSON schema object", index=index, field="parameters"
+            )
+        problem = llguidance.LLMatcher.validate_grammar(
+            llguidance.LLMatcher.grammar_from_lark(tool_call_lark([tool])), None
+        )
+        if problem:
+            first = problem.strip().splitlines()[0].removeprefix("at ").partition(": ")[2]
+            raise ToolError(
+                f"the parameters of function {tool.name!r} cannot be compiled to a "
+                f"tool-call grammar: {first or problem.strip()}",
+                index=index,
+                field="parameters",
+            )
+
+
+def check_tool_choice(tools: Sequence[FunctionTool], choice: ToolChoice) -> None:
+    """A choice that can be met: a named function is among ``tools``, and a required
+    call has tools. Raises ``ToolError``."""
+    if choice.name is not None and choice.name not in {t.name for t in tools}:
+        raise ToolError(
+            f"tool_choice names function {choice.name!r}, which is not among the tools",
+            field="tool_choice",
+        )
+    if choice.mode == "required" and not tools:
+        raise ToolError("tool_choice asks for a call, but there are no tools", field="tool_choice")
+
+
+def tool_options(tools: Sequence[FunctionTool], choice: ToolChoice) -> dict[str, Scalar]:
+    """The request options for ``tools`` and ``choice`` (checked with ``check_tools``
+    and ``check_tool_choice``)."""
+    if not tools:
+        return {}
+    options: dict[str, Scalar] = {
+        "tools": json.dumps([t.described() for t in tools]),
+        "tool_choice": choice.mode,
+    }
+    if choice.name is not None:
+        options["tool_name"] = choice.name
+    return options
+
+
+def parse_tool_options(
+    options: Mapping[str, Scalar],
+) -> tuple[tuple[FunctionTool, ...], ToolChoice]:
+    """The tools and the choice a request's options carry (``tool_options`` read back,
+    for the LLM stage). Raises ``ToolError`` for options that are not well formed."""
+    raw, mode, named = options.get("tools"), options.get("tool_choice", "auto"), None
+    if mode not in TOOL_MODES:
+        raise ToolError(
+            f"option 'tool_choice' must be one of {TOOL_MODES}, not {mode!r}", field="tool_choice"
+        )
+    if options.get("tool_name") is not None:
+        named = str(options["tool_name"])
+    choice = ToolChoice(mode, named)
+    tools: tuple[FunctionTool, ...] = ()
+    if raw is not None:
+        try:
+            listed = json.loads(str(raw))
+            tools = tuple(
+                FunctionTool(
+                    str(t["name"]),
+                    str(t.get("description") or ""),
+                    dict(t.get("parameters") or _empty_object()),
+                )
+                for t in listed
+            )
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ToolError(f"option 'tools' must be a JSON list of functions: {exc}") from None
+    return tools, choice
+
+
+def call_text(name: str, arguments: str) -> str:
+    """A tool call as the model writes it; ``arguments``: a JSON object as text."""
+    return (
+        f'{TOOL_CALL_OPEN}{{"name": {json.dumps(name)}, "arguments": {arguments}}}{TOOL_CALL_CLOSE}'
+    )
+
+
+def arguments_json(arguments: str) -> str:
+    """A call's ``arguments`` (a JSON object as text), checked and made one line.
+    Raises ``ValueError`` saying what is wrong."""
+    try:
+        value = json.loads(arguments)
+    except ValueError as exc:
+        raise ValueError(f"arguments are not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError("arguments must be a JSON object")
+    return json.dumps(value)
+
+
+def tool_call_lark(tools: Sequence[FunctionTool]) -> str:
+    """The grammar of one call to any of ``tools``, in llguidance's Lark dialect:
+    ``<tool_call>{"name": "<one of tools>", "arguments": <valid JSON>}</tool_call>``,
+    each tool's arguments following its own schema (its name fixes which)."""
+    rules = [f"start: {json.dumps(TOOL_CALL_OPEN)} call {json.dumps(TOOL_CALL_CLOSE)}"]
+    rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(tools))))
+    for index, tool in enumerate(tools):
+        head = json.dumps(f'{{"name": {json.dumps(tool.name)}, "arguments": ')
+        rules.append(f'call_{index}: {head} args_{index} "}}"')
+        schema = {**tool.parameters, "x-guidance": COMPACT_JSON}
+        rules.append(f"args_{index}: %json {json.dumps(schema)}")
+    return "\n".join(rules)
