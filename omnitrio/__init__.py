@@ -32,36 +32,17 @@ from ._statistics import PipelineStatistics as PipelineStatistics
 from ._statistics import StageStatistics as StageStatistics
 from ._statistics import StreamStatistics as StreamStatistics
 from ._stream import Stream as Stream
-from ._tools import FINISH_EVENT as FINISH_EVENT
-from ._tools import TOOL_CALL_CLOSE as TOOL_CALL_CLOSE
-from ._tools import TOOL_CALL_OPEN as TOOL_CALL_OPEN
-from ._tools import TOOL_EVENTS as TOOL_EVENTS
-from ._tools import FunctionTool as FunctionTool
-from ._tools import ToolChoice as ToolChoice
-from ._tools import ToolError as ToolError
-from ._tools import arguments_json as arguments_json
-from ._tools import call_text as call_text
-from ._tools import check_tool_choice as check_tool_choice
-from ._tools import check_tools as check_tools
-from ._tools import parse_tool_options as parse_tool_options
-from ._tools import tool_call_lark as tool_call_lark
-from ._tools import tool_options as tool_options
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_CLIENT_CAPACITY",
     "DEFAULT_EDGE_CAPACITY",
-    "FINISH_EVENT",
-    "TOOL_CALL_CLOSE",
-    "TOOL_CALL_OPEN",
-    "TOOL_EVENTS",
     "AudioChunk",
     "AudioInput",
     "ConfigError",
     "EdgeSpec",
     "Event",
-    "FunctionTool",
     "OmnitrioError",
     "Overloaded",
     "Pipeline",
@@ -81,19 +62,10 @@ __all__ = [
     "StreamStatistics",
     "StreamWork",
     "TextDelta",
-    "ToolChoice",
-    "ToolError",
     "VisibleItem",
-    "arguments_json",
-    "call_text",
-    "check_tool_choice",
-    "check_tools",
     "load_config",
     "open_pipeline",
     "parse_config",
-    "parse_tool_options",
     "resample_float",
     "resample_pcm16",
-    "tool_call_lark",
-    "tool_options",
 ]

@@ -2,7 +2,7 @@
 
 Built on llguidance (its Lark dialect embeds JSON schemas with ``%json``); the
 tool-call grammar's text, and the rules tools meet, are omnitrio's
-(``omnitrio.tool_call_lark``, ``omnitrio.check_tools``). A
+(``omnitrio.tools.tool_call_lark``, ``omnitrio.tools.check_tools``). A
 ``Grammar`` is compiled once per request from the stage's tokenizer; each
 stream gets its own ``GrammarConstraint`` (a matcher with the stream's
 position in the grammar). The sampler masks every token the grammar does not
@@ -20,7 +20,7 @@ import llguidance.hf
 import numpy as np
 import torch
 
-from omnitrio import FunctionTool, tool_call_lark
+from omnitrio.tools import FunctionTool, tool_call_lark
 
 
 class Constraint(Protocol):
@@ -92,7 +92,7 @@ class GrammarConstraint:
 
 
 def tool_call_grammar(vocabulary: Vocabulary, tools: Sequence[FunctionTool]) -> Grammar:
-    """One call to any of ``tools`` (``omnitrio.tool_call_lark``), compiled for the vocabulary."""
+    """One call to any of ``tools`` (``omnitrio.tools.tool_call_lark``) for the vocabulary."""
     if not tools:
         raise GrammarError("a tool call needs at least one tool")
     try:

@@ -27,7 +27,7 @@ What this module gives it:
   device, not copied when it is already there.
 - ``tool_call_grammar``, ``Grammar``, ``Vocabulary``: JSON-schema-constrained tool
   calls, a ``Sampler`` constraint (the tools, their markers and their rules are
-  omnitrio's: ``omnitrio.FunctionTool``, ``TOOL_CALL_OPEN``, ``check_tools`` ...).
+  omnitrio's: ``omnitrio.tools.FunctionTool``, ``TOOL_CALL_OPEN``, ``check_tools`` ...).
 
 The implementations live in the private ``stages._*`` modules; import them from here.
 """

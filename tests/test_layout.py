@@ -76,8 +76,6 @@ def test_the_public_surface_is_exactly_all() -> None:
         "DEFAULT_EDGE_CAPACITY",
         "EdgeSpec",
         "Event",
-        "FINISH_EVENT",
-        "FunctionTool",
         "OmnitrioError",
         "Overloaded",
         "Pipeline",
@@ -96,27 +94,15 @@ def test_the_public_surface_is_exactly_all() -> None:
         "StreamResampler",
         "StreamStatistics",
         "StreamWork",
-        "TOOL_CALL_CLOSE",
-        "TOOL_CALL_OPEN",
-        "TOOL_EVENTS",
         "TextDelta",
-        "ToolChoice",
-        "ToolError",
         "VisibleItem",
-        "arguments_json",
-        "call_text",
-        "check_tool_choice",
-        "check_tools",
         "load_config",
         "open_pipeline",
         "parse_config",
-        "parse_tool_options",
         "resample_float",
         "resample_pcm16",
-        "tool_call_lark",
-        "tool_options",
     ]
-    # Nothing public beyond __all__ but the subpackages (server, realtime, bench).
+    # Nothing public beyond __all__ but the subpackages (server, realtime, bench, tools).
     public = {
         name
         for name, value in vars(omnitrio).items()

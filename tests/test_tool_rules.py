@@ -13,6 +13,7 @@ import pytest
 import trio
 
 import omnitrio
+import omnitrio.tools
 from omnitrio.server import ServerSettings, serve
 from tests.test_function_calling import WEATHER, llm_config
 from tests.voice_support import needs_voice
@@ -128,8 +129,8 @@ async def test_realtime_refuses_bad_tools_with_an_error_event_naming_them(
 
 async def test_the_python_api_gets_the_stage_error_naming_the_tool() -> None:
     """Without the server's check, the LLM stage still refuses the schema, naming it."""
-    tools = [omnitrio.FunctionTool("g", "", UNCOMPILABLE)]
-    options = omnitrio.tool_options(tools, omnitrio.ToolChoice("required"))
+    tools = [omnitrio.tools.FunctionTool("g", "", UNCOMPILABLE)]
+    options = omnitrio.tools.tool_options(tools, omnitrio.tools.ToolChoice("required"))
     async with omnitrio.open_pipeline(llm_config()) as pipeline:
         with pytest.raises(omnitrio.StageError, match="'g'"):
             async with pipeline.open_stream(omnitrio.Request("hi", options=options)) as stream:
@@ -138,19 +139,19 @@ async def test_the_python_api_gets_the_stage_error_naming_the_tool() -> None:
 
 
 def test_the_rules_are_one_function() -> None:
-    ok = omnitrio.FunctionTool("get_weather", "", {"type": "object"})
-    omnitrio.check_tools([ok])
+    ok = omnitrio.tools.FunctionTool("get_weather", "", {"type": "object"})
+    omnitrio.tools.check_tools([ok])
     for tools, field in (
-        ([omnitrio.FunctionTool("a b")], "name"),
+        ([omnitrio.tools.FunctionTool("a b")], "name"),
         ([ok, ok], "name"),
-        ([omnitrio.FunctionTool("g", "", UNCOMPILABLE)], "parameters"),
+        ([omnitrio.tools.FunctionTool("g", "", UNCOMPILABLE)], "parameters"),
     ):
-        with pytest.raises(omnitrio.ToolError) as caught:
-            omnitrio.check_tools(tools)
+        with pytest.raises(omnitrio.tools.ToolError) as caught:
+            omnitrio.tools.check_tools(tools)
         assert (caught.value.index, caught.value.field) == (len(tools) - 1, field)
-    with pytest.raises(omnitrio.ToolError) as caught:
-        omnitrio.check_tool_choice([ok], omnitrio.ToolChoice("required", "nope"))
+    with pytest.raises(omnitrio.tools.ToolError) as caught:
+        omnitrio.tools.check_tool_choice([ok], omnitrio.tools.ToolChoice("required", "nope"))
     assert caught.value.field == "tool_choice"
-    assert json.loads(str(omnitrio.tool_options([ok], omnitrio.ToolChoice())["tools"]))[0][
-        "name"
-    ] == ("get_weather")
+    assert json.loads(str(omnitrio.tools.tool_options([ok], omnitrio.tools.ToolChoice())["tools"]))[
+        0
+    ]["name"] == ("get_weather")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .._tools import call_text
+from ..tools import call_text
 from ._errors import ClientEventError, quote
 
 Role = Literal["user", "assistant", "system"]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .._items import JsonValue, Scalar
-from .._tools import (
+from ..tools import (
     TOOL_MODES,
     FunctionTool,
     ToolChoice,

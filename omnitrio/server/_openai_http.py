@@ -27,8 +27,8 @@ from quart import Response
 
 from .._errors import OmnitrioError, Overloaded, PipelineClosed
 from .._items import AudioChunk, AudioInput, Event, Request, TextDelta
-from .._tools import FINISH_EVENT, arguments_json, call_text
 from ..realtime import new_id
+from ..tools import FINISH_EVENT, arguments_json, call_text
 from ._audio import checked_input_audio, resample_pcm16, wav_bytes, wav_header
 from ._settings import ServerSettings
 from ._state import ResponseLog, ServerState

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import pydantic
 
 from .._items import Event, Scalar
-from .._tools import (
+from ..tools import (
     FINISH_EVENT,
     TOOL_EVENTS,
     FunctionTool,

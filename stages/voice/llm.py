@@ -29,8 +29,8 @@ calling: ``tools`` (a JSON list of ``{"name", "description", "parameters"}``),
 ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, generated under a
 grammar built from the tools' JSON schemas (``_grammar.py``): from the first
 token when a call is required or named, from the model's own ``<`` under
-``auto``. The tools, the markers and their rules are omnitrio's (``omnitrio.FunctionTool``,
-``omnitrio.parse_tool_options``; the server checks them before a stream opens). A
+``auto``. The tools, the markers and their rules are omnitrio's (``omnitrio.tools.FunctionTool``,
+``omnitrio.tools.parse_tool_options``; the server checks them before a stream opens). A
 call goes to the client as events, never to the TTS stage:
 ``tool_call`` (``call_id``, ``name``), ``tool_call.arguments`` (``call_id``,
 ``delta``) and ``tool_call.done`` (``call_id``, ``name``, ``arguments``). Every
@@ -50,21 +50,23 @@ import torch
 from transformers import DynamicCache
 
 from omnitrio import (
-    FINISH_EVENT,
-    TOOL_CALL_CLOSE,
-    TOOL_CALL_OPEN,
     Event,
-    FunctionTool,
     Request,
     StreamOutput,
     StreamWork,
     TextDelta,
-    ToolError,
     VisibleItem,
+)
+from omnitrio.realtime import new_id
+from omnitrio.tools import (
+    FINISH_EVENT,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    FunctionTool,
+    ToolError,
     check_tool_choice,
     parse_tool_options,
 )
-from omnitrio.realtime import new_id
 from stages.kit import (
     AutoregressiveStage,
     Detokenizer,

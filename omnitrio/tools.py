@@ -25,6 +25,23 @@ import llguidance
 
 from ._items import Scalar
 
+__all__ = [
+    "FINISH_EVENT",
+    "TOOL_CALL_CLOSE",
+    "TOOL_CALL_OPEN",
+    "TOOL_EVENTS",
+    "FunctionTool",
+    "ToolChoice",
+    "ToolError",
+    "arguments_json",
+    "call_text",
+    "check_tool_choice",
+    "check_tools",
+    "parse_tool_options",
+    "tool_call_lark",
+    "tool_options",
+]
+
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 TOOL_EVENTS = ("tool_call", "tool_call.arguments", "tool_call.done")
