@@ -70,9 +70,9 @@ def test_a_detected_turn_is_committed_and_answered() -> None:
     assert isinstance(start, StartResponse)
     assert start.request.audio is not None
     # The buffer was cut at the detected start and END_PADDING_MS after the end: 2 s
-    # appended, 200 ms .. 1700 ms committed; the later 300 ms stay for the next turn.
+    # appended, 200 ms .. 1500 ms + padding committed; the rest stays for the next turn.
     assert len(start.request.audio.pcm16) == 2 * (RATE_HZ * (1500 + END_PADDING_MS - 200) // 1000)
-    assert session.statistics().input_audio_buffered_s == 0.3
+    assert session.statistics().input_audio_buffered_s == (500 - END_PADDING_MS) / 1000
     assert session.statistics().response_state == "ACTIVE"
 
 
@@ -107,7 +107,7 @@ def test_no_speculation_without_the_audio_or_while_a_response_is_active() -> Non
     session = vad_session()
     [listen] = append(session, RATE_HZ)
     session.speech_started(listen.generation, 200)
-    assert session.speculate(listen.generation, 900) is None  # 900 + padding not yet heard
+    assert session.speculate(listen.generation, 990) is None  # 990 + padding not yet heard
     assert session.speculate(listen.generation + 1, 700) is None  # an old generation
     first = session.speech_stopped(listen.generation, 700)[-1]
     assert isinstance(first, StartResponse)

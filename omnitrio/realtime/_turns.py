@@ -32,7 +32,7 @@ VAD_WHY = (
 DEFAULT_PREFIX_PADDING_MS = 300
 DEFAULT_SILENCE_DURATION_MS = 500
 DEFAULT_THRESHOLD = 0.5
-END_PADDING_MS = 200
+END_PADDING_MS = 100
 """Audio a server_vad turn keeps after its last speech (``audio_end_ms``); what came
 later stays in the buffer. A fixed cut makes the turn's audio the same whether it is
 taken at the first pause (a speculative response, see ``RealtimeSession.speculate``)
