@@ -36,6 +36,14 @@ def test_a_cut_for_length_falls_before_a_boundary_word_and_not_after_an_abbrevia
     assert splitter.feed("and meat. ") == ["to eat fish and meat."]
 
 
+def test_the_first_phrase_ends_before_a_boundary_word_once_it_has_its_minimum() -> None:
+    splitter = PhraseSplitter(first_max_words=8, first_min_words=4)
+    assert splitter.feed("Cats like to eat ") == []  # "to" comes after two words only
+    assert splitter.feed("fish and") == []  # "and" is not known whole yet
+    assert splitter.feed(" meat of all kinds ") == ["Cats like to eat fish"]
+    assert splitter.flush() == "and meat of all kinds"  # later phrases wait for their limit
+
+
 @pytest.fixture(scope="module")
 def llm() -> Iterator[object]:
     from stages.voice.llm import SmolLM2
