@@ -172,14 +172,18 @@ async def test_speech_over_an_answer_cancels_it(nursery: trio.Nursery) -> None:
         assert seen[-1]["response"]["id"] != first
 
 
-PAUSING = {"quiet_chunks": 5, "pause_chunks": 2}  # a pause at 200 ms, the end at 500 ms
+async def _connect_pausing(nursery: trio.Nursery, steps: int) -> tuple[str, str]:
+    """The Realtime URL and the metrics URL of a server whose detector reports pauses
+    (at 200 ms of silence; the turn ends at 500 ms)."""
+    params = {"quiet_chunks": 5, "pause_chunks": 2}
+    url = await _connect(nursery, "LoudnessDetector", steps=steps, params=params)
+    return url, url.replace("ws://", "http://").replace("/v1/realtime", "/metrics")
 
 
 async def test_an_answer_started_at_a_pause_is_sent_once_the_turn_ends(
     nursery: trio.Nursery,
 ) -> None:
-    url = await _connect(nursery, "LoudnessDetector", steps=4, params=PAUSING)
-    metrics = url.replace("ws://", "http://").replace("/v1/realtime", "/metrics")
+    url, metrics = await _connect_pausing(nursery, steps=4)
     async with trio_websocket.open_websocket_url(url) as ws:
         await _until(ws, "session.created")
         await _append(ws, LOUD, LOUD, QUIET, QUIET, QUIET)  # paused, not ended
@@ -206,8 +210,7 @@ async def test_an_answer_started_at_a_pause_is_sent_once_the_turn_ends(
 async def test_an_answer_started_at_a_pause_is_dropped_when_speech_resumes(
     nursery: trio.Nursery,
 ) -> None:
-    url = await _connect(nursery, "LoudnessDetector", steps=100_000, params=PAUSING)
-    metrics = url.replace("ws://", "http://").replace("/v1/realtime", "/metrics")
+    url, metrics = await _connect_pausing(nursery, steps=100_000)
     async with trio_websocket.open_websocket_url(url) as ws:
         await _until(ws, "session.created")
         await _append(ws, LOUD, QUIET, QUIET, QUIET)  # a pause: an answer starts unseen
@@ -228,6 +231,24 @@ async def test_an_answer_started_at_a_pause_is_dropped_when_speech_resumes(
             while streams["streams.cancelled"] != 1:
                 await trio.sleep(0.01)
                 streams = await trio.to_thread.run_sync(_streams, metrics)
+
+
+async def test_a_cancelled_speculative_answer_is_freed_before_response_done(
+    nursery: trio.Nursery,
+) -> None:
+    url, metrics = await _connect_pausing(nursery, steps=100_000)
+    async with trio_websocket.open_websocket_url(url) as ws:
+        await _until(ws, "session.created")
+        await _append(ws, LOUD, QUIET, QUIET, QUIET)  # a pause: an answer starts unseen
+        await _handled(ws)
+        await _append(ws, QUIET, QUIET)  # the turn ends: the response takes it over
+        await _until(ws, "response.output_audio.delta")
+        await ws.send_message(json.dumps({"type": "response.cancel"}))
+        done = (await _until(ws, "response.done"))[-1]
+        assert done["response"]["status"] == "cancelled"
+        streams = await trio.to_thread.run_sync(_streams, metrics)
+        assert streams["speculative_answers.taken"] == 1
+        assert streams["streams.cancelled"] == 1  # released before response.done went out
 
 
 async def test_a_failing_detector_turns_detection_off_with_an_error(

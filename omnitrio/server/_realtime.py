@@ -184,10 +184,13 @@ class RealtimeConnection:
         self, speculation: _Speculation, send: trio.MemorySendChannel[VisibleItem]
     ) -> None:
         try:
-            with speculation.scope, send:
+            # As in _respond: a cancel stops only the reading; leaving the block then
+            # waits until every stage has freed the stream, and ``closed`` says so.
+            with send:
                 async with self._state.pipeline.open_stream(speculation.request) as stream:
-                    async for item in stream:
-                        send.send_nowait(item)
+                    with speculation.scope:
+                        async for item in stream:
+                            send.send_nowait(item)
         except OmnitrioError as exc:
             speculation.error = exc
         finally:
