@@ -31,8 +31,10 @@ least one each), all conversations running at once.
 
 Measured per turn (client clock): end of speech (the question's last non-silent
 sample) to the first ``response.output_audio.delta``; it includes the VAD's
-silence_duration_ms (500 ms) that has to pass before a turn is over. Also
-speech_stopped arrival to first audio (the pipeline's own part).
+silence_duration_ms (500 ms) that has to pass before a turn is over (the server
+starts the answer at the first pause, ``pause_ms``, and shows it once the turn
+ends). Also speech_stopped arrival to first audio (the pipeline's own part), and
+the server's count of speculative answers taken and dropped (/metrics).
 
 Stage real-time factors per level, from the server's /metrics busy seconds
 (time each stage's thread spent in stage calls) over the audio each stage
@@ -237,6 +239,11 @@ def busy_seconds(base_url: str) -> dict[str, float]:
     }
     vad = re.search(r"^omnitrio_turn_detector_busy_seconds_total (\S+)$", text, re.M)
     busy["vad"] = float(vad.group(1)) if vad else math.nan
+    for outcome in ("taken", "dropped"):  # counts, not seconds; absent on older servers
+        found = re.search(
+            rf'^omnitrio_speculative_answers_total\{{outcome="{outcome}"\}} (\S+)$', text, re.M
+        )
+        busy[f"speculations {outcome}"] = float(found.group(1)) if found else math.nan
     return busy
 
 
@@ -291,8 +298,9 @@ def report(levels: list[Level]) -> str:
     lines = [
         "| conversations | turns | end of speech -> first audio p50 / p90 (ms) "
         "| speech_stopped -> first audio p50 / p90 (ms) | RTF vad | RTF asr | RTF llm "
-        "| llm ms/delta | RTF tts | turn splits | false barge-ins |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| llm ms/delta | RTF tts | turn splits | false barge-ins "
+        "| speculative answers taken / dropped |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         done = [t for t in level.turns if t.end_of_speech_to_first_audio_s is not None]
@@ -316,7 +324,8 @@ def report(levels: list[Level]) -> str:
             f"| {busy.get('llm', math.nan) / deltas * 1000:.1f} "
             f"| {busy.get('tts', math.nan) / answer_s:.3f} "
             f"| {sum(t.num_splits for t in level.turns)} "
-            f"| {sum(t.num_false_barge_ins for t in level.turns)} |"
+            f"| {sum(t.num_false_barge_ins for t in level.turns)} "
+            f"| {busy['speculations taken']:.0f} / {busy['speculations dropped']:.0f} |"
         )
     return "\n".join(lines)
 

@@ -18,6 +18,7 @@ from omnitrio.realtime import (
     SessionConfig,
     StartResponse,
 )
+from omnitrio.realtime._turns import END_PADDING_MS
 from tests.test_realtime_protocol import _models_by_type, b64, pcm, send, wire
 
 RATE_HZ = 24000
@@ -68,9 +69,62 @@ def test_a_detected_turn_is_committed_and_answered() -> None:
     start = outs[-1]
     assert isinstance(start, StartResponse)
     assert start.request.audio is not None
-    # The buffer was cut at the detected start: 2 s appended, 1.8 s committed.
-    assert len(start.request.audio.pcm16) == 2 * (2 * RATE_HZ - RATE_HZ * 200 // 1000)
+    # The buffer was cut at the detected start and END_PADDING_MS after the end: 2 s
+    # appended, 200 ms .. 1500 ms + padding committed; the rest stays for the next turn.
+    assert len(start.request.audio.pcm16) == 2 * (RATE_HZ * (1500 + END_PADDING_MS - 200) // 1000)
+    assert session.statistics().input_audio_buffered_s == (500 - END_PADDING_MS) / 1000
     assert session.statistics().response_state == "ACTIVE"
+
+
+def test_a_speculative_request_is_the_one_the_turn_gets() -> None:
+    session = vad_session()
+    [listen] = append(session, RATE_HZ)
+    session.speech_started(listen.generation, 200)
+    append(session, RATE_HZ // 2)  # the detector heard a pause after speech ending at 1200
+    speculated = session.speculate(listen.generation, 1200)
+    assert speculated is not None
+    assert session.statistics().input_audio_buffered_s == 1.3  # nothing was committed
+    assert session.statistics().response_state == "IDLE"
+    append(session, RATE_HZ // 2)  # more silence: the turn ends
+    start = session.speech_stopped(listen.generation, 1200)[-1]
+    assert isinstance(start, StartResponse)
+    assert start.request == speculated
+
+
+def test_a_speculative_request_differs_once_the_turn_goes_on() -> None:
+    session = vad_session()
+    [listen] = append(session, RATE_HZ)
+    session.speech_started(listen.generation, 200)
+    append(session, RATE_HZ // 2)
+    speculated = session.speculate(listen.generation, 1200)
+    append(session, RATE_HZ)  # speech resumed and ended later
+    start = session.speech_stopped(listen.generation, 2000)[-1]
+    assert isinstance(start, StartResponse)
+    assert start.request != speculated
+
+
+def test_no_speculation_without_the_audio_or_while_a_response_is_active() -> None:
+    session = vad_session()
+    [listen] = append(session, RATE_HZ)
+    session.speech_started(listen.generation, 200)
+    assert session.speculate(listen.generation, 990) is None  # 990 + padding not yet heard
+    assert session.speculate(listen.generation + 1, 700) is None  # an old generation
+    first = session.speech_stopped(listen.generation, 700)[-1]
+    assert isinstance(first, StartResponse)
+    append(session, RATE_HZ)
+    session.speech_started(listen.generation, 1200)  # barge-in: the response is cancelling
+    append(session, RATE_HZ)
+    assert session.speculate(listen.generation, 1500) is None
+    update = {"type": "server_vad", "create_response": False}
+    send(
+        session,
+        {"type": "session.update", "session": {"audio": {"input": {"turn_detection": update}}}},
+    )
+    [listen] = append(session, RATE_HZ)
+    session.finish(first.response_id, "completed")
+    session.speech_started(listen.generation, 0)
+    append(session, RATE_HZ)
+    assert session.speculate(listen.generation, 500) is None  # no response would start
 
 
 def test_speech_during_an_answer_cancels_it_and_answers_the_new_turn() -> None:

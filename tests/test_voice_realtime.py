@@ -50,6 +50,13 @@ class Turn:
 
 
 async def _serve(nursery: trio.Nursery) -> str:
+    import onnxruntime
+
+    # Piper samples noise inside its model; its session's generator is seeded from
+    # onnxruntime's global seed when the TTS stage loads, so one seed makes a run's
+    # answer audio the same every time (unseeded, a word could blur: "cats" heard as
+    # "cat's" one run in a few).
+    onnxruntime.set_seed(0)
     binds = await nursery.start(serve, VOICE_CONFIG, ServerSettings(port=0))
     return str(binds[0]).replace("http://", "ws://") + "/v1/realtime"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from omnitrio import Event, Request, StreamWork, TextDelta
@@ -33,6 +34,14 @@ def test_a_cut_for_length_falls_before_a_boundary_word_and_not_after_an_abbrevia
     splitter = PhraseSplitter(first_max_words=4)
     assert splitter.feed("Cats like to eat fish ") == ["Cats like"]
     assert splitter.feed("and meat. ") == ["to eat fish and meat."]
+
+
+def test_the_first_phrase_ends_before_a_boundary_word_once_it_has_its_minimum() -> None:
+    splitter = PhraseSplitter(first_max_words=8, first_min_words=4)
+    assert splitter.feed("Cats like to eat ") == []  # "to" comes after two words only
+    assert splitter.feed("fish and") == []  # "and" is not known whole yet
+    assert splitter.feed(" meat of all kinds ") == ["Cats like to eat fish"]
+    assert splitter.flush() == "and meat of all kinds"  # later phrases wait for their limit
 
 
 @pytest.fixture
@@ -124,6 +133,35 @@ def test_a_cancelled_stream_leaves_the_batch_at_the_next_step(llm: object) -> No
     assert set(outputs) == {"y"}
     assert set(llm.streams) == {"y"}  # type: ignore[attr-defined]
     llm.close_stream("y")  # type: ignore[attr-defined]
+
+
+@needs_voice
+def test_vad_reports_a_pause_and_speech_resuming(tmp_path: Path) -> None:
+    from stages.voice.vad import SileroVad
+
+    def trimmed(pcm16: bytes) -> bytes:  # without espeak-ng's own silence around it
+        loud = np.nonzero(np.abs(np.frombuffer(pcm16, "<i2")) > 300)[0]
+        return pcm16[2 * int(loud[0]) : 2 * (int(loud[-1]) + 1)]
+
+    first = trimmed(spoken("Why is the sky blue,", tmp_path / "a.wav"))
+    second = trimmed(spoken("and why are sunsets red?", tmp_path / "b.wav"))
+    speech = bytes(2 * INPUT_RATE_HZ // 2) + first + bytes(2 * INPUT_RATE_HZ * 3 // 10) + second
+    speech += bytes(2 * INPUT_RATE_HZ)
+    chunks = tuple(speech[i : i + 4800] for i in range(0, len(speech), 4800))
+    vad = SileroVad("vad", input_sample_rate_hz=INPUT_RATE_HZ, pause_ms=200)
+    vad.open_stream("s", Request())
+    events = [e for e in vad.step([StreamWork("s", chunks, False)])["s"].visible]
+    names = [e.name for e in events if isinstance(e, Event)]
+    # At least the 300 ms gap is a pause (short gaps between words may be too), speech
+    # resumes after it, and the turn ends once, after the last pause.
+    assert names[0] == "speech_started"
+    assert names[-2:] == ["speech_paused", "speech_stopped"]
+    assert names.count("speech_stopped") == 1
+    assert names.count("speech_resumed") == names.count("speech_paused") - 1 >= 1
+    last_pause, stopped = events[-2], events[-1]
+    assert isinstance(last_pause, Event)
+    assert isinstance(stopped, Event)
+    assert last_pause.data["audio_end_ms"] == stopped.data["audio_end_ms"]  # the same turn end
 
 
 @needs_voice

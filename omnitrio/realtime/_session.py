@@ -70,7 +70,7 @@ from ._response import STATUSES, ActiveResponse, Status
 from ._server_events import ServerEvent, error_event, new_id, safe_text
 from ._settings import Settings, SettingsPatch, default_settings
 from ._shapes import item_events, session_object
-from ._turns import IDLE_KEEP_MS, ListenAudio, Listener
+from ._turns import END_PADDING_MS, IDLE_KEEP_MS, ListenAudio, Listener
 
 ResponseState = Literal["IDLE", "ACTIVE", "CANCELLING"]
 # (state, trigger) -> next state. A trigger missing for a state is refused there.
@@ -256,10 +256,11 @@ class RealtimeSession:
         events: list[ServerEvent | StartResponse] = [
             ServerEvent("input_audio_buffer.speech_stopped", fields)
         ]
-        if not self._buffer:
+        turn_bytes = self._turn_bytes(audio_end_ms)
+        if not turn_bytes:
             return events
         try:
-            events += self._commit(item_id)
+            events += self._commit(item_id, turn_bytes)
         except ClientEventError as error:
             self._num_errors += 1
             return [*events, error_event(error, None)]
@@ -269,6 +270,29 @@ class RealtimeSession:
             else:
                 listener.response_pending = True
         return events
+
+    def speculate(self, generation: int, audio_end_ms: int) -> Request | None:
+        """The request the turn's response would get if the turn ended at ``audio_end_ms``
+        (the detector heard a pause there), or None when a turn ending now would not
+        start a response at once. Changes nothing: the server may run the request ahead
+        and use its output only if ``speech_stopped`` starts a response with an equal
+        request (see omnitrio/server/_realtime.py); nothing of it is sent before that.
+        """
+        detection = self._settings.turn_detection
+        listener = self._listener
+        if (
+            detection is None
+            or not detection.create_response
+            or generation != listener.generation
+            or not listener.in_speech
+            or self._transition("response.create") is None
+        ):
+            return None
+        turn_bytes = self._end_padding_bytes(audio_end_ms)
+        if not 0 < turn_bytes <= len(self._buffer):
+            return None  # the audio up to the turn's end has not all arrived
+        committed = b"".join(pcm16 for _, pcm16 in self._committed)
+        return self._request(self._settings, committed + bytes(self._buffer[:turn_bytes]))
 
     def turn_detection_failed(self, generation: int, why: str) -> list[ServerEvent]:
         """The turn detector failed: turn detection goes off (the client commits by hand
@@ -457,7 +481,21 @@ class RealtimeSession:
             del self._buffer[:-keep_bytes]
         return [ListenAudio(pcm16, listener.generation, detection.options())]
 
-    def _commit(self, item_id: str | None = None) -> list[ServerEvent]:
+    def _turn_bytes(self, audio_end_ms: int) -> int:
+        """How many bytes of the buffer a turn whose speech ends at ``audio_end_ms`` commits:
+        up to ``END_PADDING_MS`` past the end; later audio stays for the next turn."""
+        return min(len(self._buffer), self._end_padding_bytes(audio_end_ms))
+
+    def _end_padding_bytes(self, audio_end_ms: int) -> int:
+        """Bytes of the buffer from its start to ``END_PADDING_MS`` past ``audio_end_ms``."""
+        rate = self.config.input_sample_rate_hz
+        buffer_start = self._listener.num_heard - len(self._buffer) // 2
+        return max(0, 2 * ((audio_end_ms + END_PADDING_MS) * rate // 1000 - buffer_start))
+
+    def _commit(
+        self, item_id: str | None = None, num_bytes: int | None = None
+    ) -> list[ServerEvent]:
+        """Commit the buffer (its first ``num_bytes`` when given) as a user audio item."""
         if not self._buffer:
             raise ClientEventError(
                 "input_audio_buffer_commit_empty",
@@ -468,8 +506,9 @@ class RealtimeSession:
             self._listener.in_speech = False
         item = Item(item_id or new_id("item"), "user", "audio", None)
         previous = self._conversation.add(item)
-        self._committed.append((item.id, bytes(self._buffer)))
-        self._buffer.clear()
+        end = len(self._buffer) if num_bytes is None else num_bytes
+        self._committed.append((item.id, bytes(self._buffer[:end])))
+        del self._buffer[:end]
         committed = ServerEvent(
             "input_audio_buffer.committed", {"item_id": item.id, "previous_item_id": previous}
         )
@@ -491,12 +530,7 @@ class RealtimeSession:
                 f"response {self.active_response_id} {advice}",
             )
         settings = self._settings.apply(event.patch)
-        audio = b"".join(pcm16 for _, pcm16 in self._committed)
-        request = Request(
-            text=self._conversation.as_text(),
-            audio=AudioInput(audio, self.config.input_sample_rate_hz) if audio else None,
-            options=settings.options(),
-        )
+        request = self._request(settings, b"".join(pcm16 for _, pcm16 in self._committed))
         response = ActiveResponse(
             new_id("resp"),
             request,
@@ -511,6 +545,14 @@ class RealtimeSession:
         self._response = response
         self._num_responses += 1
         return [response.created_event(), StartResponse(response.id, request)]
+
+    def _request(self, settings: Settings, audio: bytes) -> Request:
+        """A response's pipeline request: the conversation, the audio not yet answered."""
+        return Request(
+            text=self._conversation.as_text(),
+            audio=AudioInput(audio, self.config.input_sample_rate_hz) if audio else None,
+            options=settings.options(),
+        )
 
     def _cancel(self, response_id: str | None) -> list[Output]:
         response = self._response

@@ -32,6 +32,11 @@ VAD_WHY = (
 DEFAULT_PREFIX_PADDING_MS = 300
 DEFAULT_SILENCE_DURATION_MS = 500
 DEFAULT_THRESHOLD = 0.5
+END_PADDING_MS = 100
+"""Audio a server_vad turn keeps after its last speech (``audio_end_ms``); what came
+later stays in the buffer. A fixed cut makes the turn's audio the same whether it is
+taken at the first pause (a speculative response, see ``RealtimeSession.speculate``)
+or when the silence is long enough to end the turn."""
 IDLE_KEEP_MS = 10_000
 """Audio kept while no one speaks, beyond the prefix padding; older audio is dropped
 (the detector reports a start only after hearing it, so this is its allowance for

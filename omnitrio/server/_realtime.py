@@ -9,19 +9,32 @@ with code 1008; a client that reads nothing at all cannot even take the close
 frame, and the HTTP server drops its TCP connection after the same timeout (see
 ``_serve._ContainedTCPServer``). Either way the response's stream is freed and no
 other connection notices.
+
+Speculative answers: with server VAD, the detector reports a short pause
+(``speech_paused``) before the silence is long enough to end the turn. The
+connection then asks the session for the request the turn's response would get
+(``RealtimeSession.speculate``) and runs it at once, keeping its items to itself.
+If speech resumes (``speech_resumed`` / ``speech_started``) the speculative stream
+is closed and its items dropped. When the turn ends, the response the session
+starts takes over the speculation if its request is equal (same conversation,
+audio and options) and sends the kept items first; otherwise the speculation is
+dropped and the response runs as always. So nothing is sent for a turn that is
+not confirmed, and the answer to a confirmed one starts up to
+``silence_duration_ms - pause_ms`` earlier.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import math
+from collections.abc import AsyncIterable, Sequence
+from dataclasses import dataclass, field
 
 import trio
 from quart import Websocket
 
 from .._errors import OmnitrioError, Overloaded
-from .._items import AudioChunk
-from .._stream import Stream
+from .._items import AudioChunk, Request, VisibleItem
 from ..realtime import (
     CancelResponse,
     Framing,
@@ -47,6 +60,18 @@ class _ClientTooSlow(Exception):
     pass
 
 
+@dataclass
+class _Speculation:
+    """A response run ahead of its turn's end: its stream's items, kept until it is taken
+    over by a response or dropped (see the module docstring)."""
+
+    request: Request
+    items: trio.MemoryReceiveChannel[VisibleItem]
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    closed: trio.Event = field(default_factory=trio.Event)  # the stream is freed everywhere
+    error: OmnitrioError | None = None  # what ended the stream, if not its end
+
+
 class RealtimeConnection:
     """One accepted Realtime WebSocket connection."""
 
@@ -59,6 +84,7 @@ class RealtimeConnection:
         )
         self._responses: dict[str, trio.CancelScope] = {}
         self._detector: DetectorStream | None = None
+        self._speculation: _Speculation | None = None
 
     async def run(self) -> None:
         """Serve until the client leaves, the session limit passes or the client stalls."""
@@ -122,6 +148,7 @@ class RealtimeConnection:
         async for event in detector:
             if event.name == "speech_started":
                 start_ms = event.data.get("audio_start_ms")
+                self._drop_speculation()
                 if isinstance(start_ms, int):
                     outs: Sequence[Output] = self._session.speech_started(
                         detector.generation, start_ms
@@ -132,9 +159,61 @@ class RealtimeConnection:
                 if isinstance(end_ms, int):
                     outs = self._session.speech_stopped(detector.generation, end_ms)
                     await self._dispatch(nursery, outs)
+            elif event.name == "speech_paused":
+                end_ms = event.data.get("audio_end_ms")
+                if isinstance(end_ms, int):
+                    self._speculate(nursery, detector.generation, end_ms)
+            elif event.name == "speech_resumed":
+                self._drop_speculation()
         if detector.failure is not None:
             failed = self._session.turn_detection_failed(detector.generation, detector.failure)
             await self._dispatch(nursery, failed)
+
+    def _speculate(self, nursery: trio.Nursery, generation: int, audio_end_ms: int) -> None:
+        """Run the response a turn ending at ``audio_end_ms`` would get, unseen."""
+        self._drop_speculation()
+        request = self._session.speculate(generation, audio_end_ms)
+        if request is None or self._state.draining:
+            return
+        send, receive = trio.open_memory_channel[VisibleItem](math.inf)  # an answer is short
+        speculation = _Speculation(request, receive)
+        self._speculation = speculation
+        nursery.start_soon(self._run_speculation, speculation, send)
+
+    async def _run_speculation(
+        self, speculation: _Speculation, send: trio.MemorySendChannel[VisibleItem]
+    ) -> None:
+        try:
+            # As in _respond: a cancel stops only the reading; leaving the block then
+            # waits until every stage has freed the stream, and ``closed`` says so.
+            with send:
+                async with self._state.pipeline.open_stream(speculation.request) as stream:
+                    with speculation.scope:
+                        async for item in stream:
+                            send.send_nowait(item)
+        except OmnitrioError as exc:
+            speculation.error = exc
+        finally:
+            speculation.closed.set()
+
+    def _drop_speculation(self) -> None:
+        """Close the speculative stream, if any (it frees itself in the background)."""
+        if self._speculation is not None:
+            self._speculation.scope.cancel()
+            self._speculation = None
+            self._state.speculations.labels("dropped").inc()
+
+    def _take_speculation(self, request: Request) -> _Speculation | None:
+        """The speculation, if it ran ``request`` and has not failed; otherwise drop it."""
+        speculation = self._speculation
+        if speculation is None:
+            return None
+        if speculation.request != request or speculation.error is not None or self._state.draining:
+            self._drop_speculation()
+            return None
+        self._speculation = None
+        self._state.speculations.labels("taken").inc()
+        return speculation
 
     async def _write(self) -> None:
         async for event in self._outbound:
@@ -162,13 +241,22 @@ class RealtimeConnection:
         log = ResponseLog(self._state, "realtime", rid)
         reading = trio.CancelScope()
         self._responses[rid] = reading
+        speculation = self._take_speculation(start.request)
         task_status.started()
         try:
             if self._state.draining:
                 raise Overloaded(self._state.pipeline.config.pipeline.max_streams)
-            async with self._state.pipeline.open_stream(start.request) as stream:
+            if speculation is not None:
                 with reading:
-                    await self._forward(rid, stream, log)
+                    await self._forward(rid, speculation.items, log)
+                speculation.scope.cancel()  # a no-op unless the reading was cancelled
+                await speculation.closed.wait()
+                if speculation.error is not None:
+                    raise speculation.error
+            else:
+                async with self._state.pipeline.open_stream(start.request) as stream:
+                    with reading:
+                        await self._forward(rid, stream, log)
         except Overloaded as exc:
             self._state.refusals.labels("overloaded").inc()
             status, error = "failed", str(exc)
@@ -184,7 +272,9 @@ class RealtimeConnection:
         log.done(status)
         await self._dispatch(nursery, self._session.finish(rid, status, error))  # type: ignore[arg-type]
 
-    async def _forward(self, rid: str, stream: Stream, log: ResponseLog) -> None:
+    async def _forward(
+        self, rid: str, stream: AsyncIterable[VisibleItem], log: ResponseLog
+    ) -> None:
         rate_hz = self._state.settings.output_sample_rate_hz
         async for item in stream:
             if isinstance(item, AudioChunk):

@@ -45,6 +45,14 @@ class ServerState:
             "Realtime WebSocket connections accepted.",
             registry=self.registry,
         )
+        self.speculations = Counter(
+            "omnitrio_speculative_answers",
+            "Answers started at a pause in speech: taken by the turn's response, or dropped.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in ("taken", "dropped"):
+            self.speculations.labels(outcome)  # exported from 0
         self.registry.register(_PipelineCollector(self.pipeline))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and the like
         if self.turns is not None:

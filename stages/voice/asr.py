@@ -97,6 +97,7 @@ class WhisperAsr:
             samples,
             language=self.language,
             beam_size=self.beam_size,
+            temperature=0.0,  # greedy only: no sampled retries, the same audio gives the same text
             condition_on_previous_text=False,
             without_timestamps=True,
             vad_filter=False,

@@ -4,7 +4,9 @@ Text arrives a token at a time. A phrase ends at a sentence end (. ! ? ; :
 followed by a space, not after an abbreviation such as "Dr." or an initial), at
 a comma once the phrase has ``min_comma_words`` words, or once it has
 ``max_words`` words (``first_max_words`` for the first phrase: the sooner it is
-out, the sooner the answer is heard). A cut for length falls at a prosodic
+out, the sooner the answer is heard). The first phrase also ends before a
+boundary word (below) that comes once it has ``first_min_words`` words, without
+waiting for ``first_max_words``. A cut for length falls at a prosodic
 boundary where there is one — before a conjunction, preposition or relative
 word, never leaving fewer than two words — because Piper speaks each phrase on
 its own and a cut inside a tight word group ("France | is Paris") blurs the
@@ -74,6 +76,7 @@ class PhraseSplitter:
     min_comma_words: int = 4
     max_words: int = 24
     first_max_words: int = 24
+    first_min_words: int | None = None  # None: the first phrase waits for first_max_words
     _text: str = field(default="", repr=False)
     _num_phrases: int = field(default=0, repr=False)
 
@@ -102,6 +105,11 @@ class PhraseSplitter:
                 return comma.end()
         limit = self.max_words if self._num_phrases else self.first_max_words
         words = list(_WORD.finditer(self._text))
+        early = None if self._num_phrases else self.first_min_words
+        if early is not None:
+            for word in words[max(early, MIN_WORDS) : limit]:
+                if word.group().strip().lower() in BOUNDARY_WORDS:
+                    return word.start()  # the boundary word opens the next phrase
         if len(words) < limit:
             return None
         for index in range(limit - 1, MIN_WORDS - 1, -1):

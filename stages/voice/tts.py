@@ -75,6 +75,7 @@ class PiperTts:
         min_comma_words: int = 4,
         max_phrase_words: int = 24,
         first_phrase_max_words: int = 24,
+        first_phrase_min_words: int | None = None,
         espeak_timeout_s: float = 5.0,
         num_threads: int = 1,
     ) -> None:
@@ -95,13 +96,17 @@ class PiperTts:
         self.min_comma_words = min_comma_words
         self.max_phrase_words = max_phrase_words
         self.first_phrase_max_words = first_phrase_max_words
+        self.first_phrase_min_words = first_phrase_min_words
         self._speech: dict[str, _Speech] = {}
         self.audio_s = 0.0  # audio made, for the real-time factor
         self.busy_s = 0.0
 
     def open_stream(self, stream_id: str, request: Request) -> None:
         splitter = PhraseSplitter(
-            self.min_comma_words, self.max_phrase_words, self.first_phrase_max_words
+            self.min_comma_words,
+            self.max_phrase_words,
+            self.first_phrase_max_words,
+            self.first_phrase_min_words,
         )
         self._speech[stream_id] = _Speech(splitter)
 

@@ -4,7 +4,11 @@ One stream is one session's live microphone audio: ``inputs`` are PCM16 chunks
 as they arrive, and the stage emits two kinds of visible events,
 ``speech_started`` (``audio_start_ms``, with ``prefix_padding_ms`` before the
 first speech window) and ``speech_stopped`` (``audio_end_ms``) once speech has
-been followed by ``silence_duration_ms`` of silence. Times count from the
+been followed by ``silence_duration_ms`` of silence. Two more events are for the
+server alone: ``speech_paused`` (``audio_end_ms``) once speech has been followed by
+``pause_ms`` of silence, shorter than ``silence_duration_ms`` (the server may start
+the answer ahead then, see omnitrio/server/_realtime.py), and ``speech_resumed`` when
+speech comes back after such a pause. Times count from the
 stream's first sample. A stream's request options ``threshold``,
 ``silence_duration_ms`` and ``prefix_padding_ms`` override the configured ones
 (the Realtime session's turn_detection settings). The server turns them into the Realtime API's
@@ -46,6 +50,7 @@ class _Track:
     in_speech: bool = False
     speech_windows: int = 0  # consecutive speech windows while not in speech
     silence_windows: int = 0  # consecutive silent windows while in speech
+    pause_windows: int | None = None  # silent windows that make a pause; None: no pauses
     last_speech_end_ms: int = 0
 
 
@@ -65,6 +70,7 @@ class SileroVad:
         min_speech_ms: int = 96,
         silence_duration_ms: int = 500,
         prefix_padding_ms: int = 300,
+        pause_ms: int | None = None,
         max_events_per_step: int = 8,
         num_threads: int = 1,
     ) -> None:
@@ -78,6 +84,9 @@ class SileroVad:
         self.min_speech_windows = max(1, min_speech_ms // self.window_ms)
         self.silence_duration_ms = silence_duration_ms
         self.prefix_padding_ms = prefix_padding_ms
+        if pause_ms is not None and pause_ms <= 0:
+            raise ValueError(f"pause_ms must be positive or null, got {pause_ms}")
+        self.pause_ms = pause_ms
         self.max_visible_per_step = max_events_per_step
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = num_threads
@@ -101,7 +110,12 @@ class SileroVad:
             raise ValueError("silence_duration_ms and prefix_padding_ms must be integers")
         silence_windows = max(1, silence_ms // self.window_ms)
         resampler = StreamResampler(self.input_sample_rate_hz, VAD_RATE_HZ)
-        self._tracks[stream_id] = _Track(float(threshold), silence_windows, padding_ms, resampler)
+        track = _Track(float(threshold), silence_windows, padding_ms, resampler)
+        if self.pause_ms is not None:
+            pause_windows = -(-self.pause_ms // self.window_ms)  # at least pause_ms
+            if pause_windows < silence_windows:
+                track.pause_windows = pause_windows
+        self._tracks[stream_id] = track
 
     def close_stream(self, stream_id: str) -> None:
         del self._tracks[stream_id]
@@ -160,10 +174,15 @@ class SileroVad:
             start_ms = end_ms - track.speech_windows * self.window_ms - track.prefix_padding_ms
             return Event("speech_started", {"audio_start_ms": max(0, start_ms)})
         if speech:
+            paused = (
+                track.pause_windows is not None and track.silence_windows >= track.pause_windows
+            )
             track.silence_windows = 0
             track.last_speech_end_ms = end_ms
-            return None
+            return Event("speech_resumed", {}) if paused else None
         track.silence_windows += 1
+        if track.silence_windows == track.pause_windows:
+            return Event("speech_paused", {"audio_end_ms": track.last_speech_end_ms})
         if track.silence_windows < track.silence_windows_to_stop:
             return None
         track.in_speech, track.speech_windows = False, 0
