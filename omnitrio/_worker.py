@@ -8,13 +8,14 @@ job queue into the thread and one ``run_sync_soon`` back into trio per job.
 ``submit`` is the seam the actor executes through: plan and apply stay on trio,
 the job runs here (a remote call could take its place).
 
-The hand-over: when a job ends with the next one already queued, the trio thread
-lets the worker start it before it runs ``on_done``. Posting a result wakes the
-trio thread, which then races the worker for the GIL; if trio wins, the worker
-(a GPU stage between two kernels) sits idle until trio's apply, plan and client
-deliveries are through and it blocks again (0.4-1.2 ms at 64 streams). So
-``on_done`` first waits, with the GIL released, until the worker has taken the
-next job (at most ``HANDOVER_TIMEOUT_S``); the worker then goes on into its step.
+The hand-over: the trio thread lets a worker start a job before it goes on. Posting
+a result, or queuing a job for an idle worker, wakes the other thread, and the two
+race for the GIL; if trio wins, the worker (a GPU stage between two kernels) sits
+idle until trio's apply, plan and client deliveries are through and it blocks again
+(0.4-1.2 ms at 64 streams). So when a job ends with the next one queued, trio waits,
+GIL released, until the worker has taken it before it runs ``on_done``; and when it
+queues a job for an idle worker, until the worker has taken that one (each wait at
+most ``HANDOVER_TIMEOUT_S``). The worker then goes on into its step.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class WorkerThread:
         self._token = trio.lowlevel.current_trio_token()
         self._num_submitted = 0  # trio thread only
         self._num_started = 0  # written by the worker under _started
+        self._num_done = 0  # written by the worker
         self._started = threading.Condition(threading.Lock())
         self._exited = trio.Event()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -53,10 +55,13 @@ class WorkerThread:
 
     def submit(self, fn: Callable[[], T], on_done: Callable[[outcome.Outcome[T]], None]) -> None:
         """Queue ``fn()`` on the worker thread; ``on_done(outcome)`` then runs on the trio
-        thread (one crossing in, one ``run_sync_soon`` back). Never blocks, never waits:
-        the actor keeps a second job queued behind the running one this way."""
+        thread (one crossing in, one ``run_sync_soon`` back). Never waits for the job to
+        finish (the actor keeps a second job queued behind the running one this way);
+        if the worker was idle, waits at most ``HANDOVER_TIMEOUT_S`` for it to take the
+        job (the hand-over, above)."""
 
         number = self._num_submitted
+        idle = self._num_done == number  # the worker waits for a job: it wakes for this one
         self._num_submitted += 1
 
         def job() -> None:
@@ -68,6 +73,15 @@ class WorkerThread:
                 logger.warning("worker %s finished a job after its trio run ended", self.name)
 
         self._jobs.put(job)
+        if idle:
+            self._wait_started(number)
+
+    def _wait_started(self, number: int) -> None:
+        """Wait, GIL released, until the worker has taken job ``number`` (at most
+        ``HANDOVER_TIMEOUT_S``)."""
+        if self._num_started <= number:
+            with self._started:
+                self._started.wait_for(lambda: self._num_started > number, HANDOVER_TIMEOUT_S)
 
     def _hand_over(
         self, number: int, on_done: Callable[[outcome.Outcome[T]], None], value: outcome.Outcome[T]
@@ -120,6 +134,7 @@ class WorkerThread:
                 self._num_started += 1
                 self._started.notify()
             job()
+            self._num_done += 1
         try:
             self._token.run_sync_soon(self._exited.set)
         except trio.RunFinishedError:
