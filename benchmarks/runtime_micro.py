@@ -58,6 +58,12 @@ Hops (all ``time.perf_counter``, one monotonic clock shared by every thread):
   the rest of stage1's step, the crossing back into trio, ``_apply``, stage2's
   wake-up and plan, the crossing into stage2's thread and its step up to it.
 - ``stage2->stage3``: the same from stage3's trace.
+- ``stage1->stage2 batch``: per stage1 step, from its stamp to the earliest stage2
+  stamp of its units: the dispatch of the batch (stage1's return, the crossing,
+  ``_apply`` and stage2's plan, the crossing into stage2 and its runner) without
+  stage2's own per-unit work ahead of a stream's place in its batch, which the
+  per-unit hop above holds. The "per extra stream" growth of this one is the
+  runtime's.
 - ``stage3->client``: the client's clock when ``receive()`` returns, minus the
   ``produced_s`` of stage3's trace.
 
@@ -108,7 +114,10 @@ import omnitrio
 from omnitrio import Event, Pipeline, PipelineConfig, VisibleItem
 
 STAGES = ("stage1", "stage2", "stage3")
-HOPS = ("stage1->stage2", "stage2->stage3", "stage3->client")
+HOPS = ("stage1->stage2", "stage2->stage3", "stage3->client", "stage1->stage2 batch")
+"""The last is the dispatch hop of a batch: from stage1's step stamping it to stage2's
+step reaching the *first* of its units, so without stage2's own work on the units
+before a stream's place in its batch (see the notes)."""
 DEFAULT_STREAMS = (1, 16, 128)
 DEFAULT_REPEATS = 3
 DEFAULT_PACE_MS = 1.0
@@ -312,6 +321,12 @@ class _Samples:
 
     hops_s: dict[str, list[float]] = field(default_factory=lambda: {h: [] for h in HOPS})
     num_received: int = 0
+    _first_s: dict[float, float] = field(default_factory=dict)
+    """Per stage1 step (its stamp): the earliest stage2 stamp of its units."""
+
+    def batch_hops(self) -> None:
+        """Fill the batch dispatch hops from the stamps recorded so far."""
+        self.hops_s[HOPS[3]] = [first - up for up, first in self._first_s.items()]
 
     def record(self, item: VisibleItem, received_s: float) -> None:
         self.num_received += 1
@@ -319,7 +334,10 @@ class _Samples:
             return  # untraced control, or stage1's trace (no upstream)
         produced_s = _seconds(item, "produced_s")
         hop = "stage1->stage2" if item.data["stage"] == "stage2" else "stage2->stage3"
-        self.hops_s[hop].append(produced_s - _seconds(item, "upstream_produced_s"))
+        upstream_s = _seconds(item, "upstream_produced_s")
+        self.hops_s[hop].append(produced_s - upstream_s)
+        if hop == HOPS[0]:
+            self._first_s[upstream_s] = min(produced_s, self._first_s.get(upstream_s, math.inf))
         if item.data["stage"] == "stage3":
             self.hops_s["stage3->client"].append(received_s - produced_s)
 
@@ -429,6 +447,8 @@ async def run_level(
                 regime, num_streams, units[regime.name], max_streams, samples[regime.name]
             )
             runs[regime.name].append(run)
+    for sample in samples.values():
+        sample.batch_hops()
     return [
         LevelResult(
             regime=r.name,
@@ -482,6 +502,16 @@ def floor_and_gaps(
             per = (hop.median_us - one.median_us) / (num_streams - 1)
             line += f", {per:+.1f} us per extra stream"
         lines.append(line)
+    batch = {r.num_streams: r.hops[HOPS[3]] for r in results if r.regime == "paced"}
+    one_batch = batch.get(1)
+    for num_streams, hop in sorted(batch.items()):
+        if hop is None or one_batch is None or num_streams == 1:
+            continue
+        per = (hop.median_us - one_batch.median_us) / (num_streams - 1)
+        lines.append(
+            f"paced stage1->stage2 batch (first unit) median at {num_streams} streams: "
+            f"{hop.median_us:.0f} us, {per:+.1f} us per extra stream"
+        )
     lines += [
         "",
         "Step gap of a saturated stage (1 ms steps, every stream always ready), us",

@@ -26,6 +26,7 @@ from ._resample import StreamResampler as StreamResampler
 from ._resample import resample_float as resample_float
 from ._resample import resample_pcm16 as resample_pcm16
 from ._stage import Stage as Stage
+from ._stage import StepLimits as StepLimits
 from ._stage import StreamOutput as StreamOutput
 from ._stage import StreamWork as StreamWork
 from ._statistics import PipelineStatistics as PipelineStatistics
@@ -56,6 +57,7 @@ __all__ = [
     "StageLoadError",
     "StageSpec",
     "StageStatistics",
+    "StepLimits",
     "Stream",
     "StreamOutput",
     "StreamResampler",

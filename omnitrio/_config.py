@@ -19,6 +19,7 @@ import pydantic
 import yaml
 
 from ._errors import ConfigError
+from ._stage import StepLimits
 
 DEFAULT_EDGE_CAPACITY = 8
 """Items one stream may have in flight on one stage-to-stage edge."""
@@ -143,12 +144,20 @@ def parse_config(data: object, *, source: str = "<in-code config>") -> PipelineC
         raise ConfigError(source, _key(first["loc"]), _problem(first)) from None
     _check_graph(config)
     for index, spec in enumerate(config.stages):
-        _check_impl(spec, config.source, f"stages[{index}]")
-        _check_placement(spec, config.source, f"stages[{index}]")
+        _check_stage(config, spec, f"stages[{index}]", on_chain=True)
     if config.turn_detection is not None:
-        _check_impl(config.turn_detection, config.source, "turn_detection")
-        _check_placement(config.turn_detection, config.source, "turn_detection")
+        _check_stage(config, config.turn_detection, "turn_detection", on_chain=False)
     return config.model_copy(update={"stages": _chain_order(config)})
+
+
+def _check_stage(config: PipelineConfig, spec: StageSpec, key: str, *, on_chain: bool) -> None:
+    params = _check_impl(spec, config.source, key)
+    _check_placement(spec, config.source, key)
+    factory = resolve_impl(spec.impl, config.source, f"{key}.impl")
+    limits = _declared_limits(factory, params, config.source, key)
+    if limits is not None:
+        payloads = limits.max_payloads_per_step if on_chain else 0
+        check_stage_limits(config, spec.name, payloads, limits.max_visible_per_step)
 
 
 def _key(loc: tuple[int | str, ...]) -> str:
@@ -242,12 +251,15 @@ def _chain_order(config: PipelineConfig) -> tuple[StageSpec, ...]:
     return tuple(ordered)
 
 
-def _check_impl(spec: StageSpec, source: str, key: str) -> None:
+def _check_impl(spec: StageSpec, source: str, key: str) -> dict[str, Any] | None:
+    """The stage's params with its constructor's defaults filled in (None if the
+    constructor cannot be introspected). Raises ``ConfigError`` for unknown or missing
+    ones."""
     factory = resolve_impl(spec.impl, source, f"{key}.impl")
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):
-        return  # not introspectable: the stage checks its own parameters when it loads
+        return None  # not introspectable: the stage checks its own parameters when it loads
     parameters = signature.parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     known = [n for n in parameters if n not in ("name", "device")]
@@ -276,6 +288,43 @@ def _check_impl(spec: StageSpec, source: str, key: str) -> None:
                 f"{key}.params.{pname}",
                 f"{spec.impl} requires parameter {pname!r}; add it under params",
             )
+    defaults = {
+        n: p.default
+        for n, p in parameters.items()
+        if p.default is not inspect.Parameter.empty and n not in ("name", "device")
+    }
+    return {**defaults, **spec.params}
+
+
+def _declared_limits(
+    factory: Any, params: Mapping[str, Any] | None, source: str, key: str
+) -> StepLimits | None:
+    """What a stage class declares one step emits (``Stage``'s docstring): its
+    ``step_limits(params)``, else int class attributes, else None (known once it
+    loads). Raises ``ConfigError`` naming the stage's params if ``step_limits``
+    refuses them."""
+    step_limits = getattr(factory, "step_limits", None)
+    if callable(step_limits):
+        if params is None:
+            return None
+        try:
+            limits = step_limits(params)
+        except Exception as exc:
+            raise ConfigError(
+                source, f"{key}.params", f"{type(exc).__name__}: {exc}; fix the value"
+            ) from None
+        if not isinstance(limits, StepLimits):
+            raise ConfigError(
+                source,
+                f"{key}.impl",
+                f"step_limits returned a {type(limits).__name__}, not a StepLimits; fix the stage",
+            )
+        return limits
+    payloads = getattr(factory, "max_payloads_per_step", None)
+    visible = getattr(factory, "max_visible_per_step", None)
+    if type(payloads) is int and type(visible) is int:
+        return StepLimits(payloads, visible)
+    return None
 
 
 def _check_placement(spec: StageSpec, source: str, key: str) -> None:
@@ -323,9 +372,10 @@ def check_stage_limits(
     config: PipelineConfig, stage: str, max_payloads_per_step: int, max_visible_per_step: int
 ) -> None:
     """The config's capacities against a stage's per-step promises: every step's output
-    must fit its channels. A stage states its promises on the loaded object (they may
-    follow its parameters), so ``open_pipeline`` calls this as each stage loads, before
-    any stream runs. Raises ``ConfigError`` naming the key to raise."""
+    must fit its channels. Called when the config is parsed for the limits a stage
+    class declares (``_declared_limits``), and by ``open_pipeline`` as each stage loads
+    for the loaded object's own (they may follow its parameters), before any stream
+    runs. Raises ``ConfigError`` naming the stage and the key to raise."""
     edge = config.edge_from(stage)
     if edge is not None and max_payloads_per_step > edge.capacity:
         raise ConfigError(

@@ -15,6 +15,7 @@ import gc
 import itertools
 import logging
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -236,15 +237,30 @@ class _StallMeter(trio.abc.Instrument):
 
 _stall_meter = _StallMeter()
 
+SWITCH_INTERVAL_S = 0.5e-3
+"""``sys.setswitchinterval`` while pipelines run (CPython's default is 5 ms): how long
+a thread holding the GIL keeps one that waits for it out. Every hand-off between
+stages goes through the trio thread; with a stage that computes in Python holding
+the GIL, trio would wait up to the whole default interval for each (``omnitrio bench
+--cpu-bound``: 0.9x the orchestrator shape's requests/s at 5 ms, 1.2-1.5x at 0.5 ms,
+``docs/benchmarks.md``)."""
+
+_saved_switch_interval_s: float | None = None
+
 
 @asynccontextmanager
-async def _measured_and_frozen() -> AsyncIterator[None]:
-    """While a pipeline runs: what start-up allocated (modules, models, configs) frozen
-    out of the collector's way (``gc.freeze``), so a gen-2 collection no longer walks
-    it on the trio thread; and the stall meter on (from after that collection)."""
+async def _runtime_policies() -> AsyncIterator[None]:
+    """While any pipeline runs, three process-wide policies, undone when the last one
+    closes: what start-up allocated (modules, models, configs) frozen out of the
+    collector's way (``gc.freeze``), so a gen-2 collection no longer walks it on the
+    trio thread; the stall meter on (from after that collection); and the GIL's
+    switch interval at ``SWITCH_INTERVAL_S``."""
+    global _saved_switch_interval_s
     if _stall_meter.users == 0:
         gc.collect()
         gc.freeze()
+        _saved_switch_interval_s = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         _stall_meter.max_stall_s = 0.0
         _stall_meter._started = None
         trio.lowlevel.add_instrument(_stall_meter)
@@ -255,6 +271,9 @@ async def _measured_and_frozen() -> AsyncIterator[None]:
         _stall_meter.users -= 1
         if _stall_meter.users == 0:
             gc.unfreeze()
+            if _saved_switch_interval_s is not None:
+                sys.setswitchinterval(_saved_switch_interval_s)
+                _saved_switch_interval_s = None
             trio.lowlevel.remove_instrument(_stall_meter)
 
 
@@ -314,7 +333,7 @@ async def open_pipeline(config: PipelineConfig | str | os.PathLike[str]) -> Asyn
                 check = _checker(config, actor.name, on_chain=actor is not side)
                 await _start(nursery, actor, check, timeout_s)
             pipeline = Pipeline(config, actors, side)
-            async with _measured_and_frozen():
+            async with _runtime_policies():
                 try:
                     yield pipeline
                 finally:

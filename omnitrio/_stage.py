@@ -57,6 +57,16 @@ class StreamOutput:
     error: Exception | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class StepLimits:
+    """What one step may emit for one stream, as a stage class declares it for a
+    config's params (``step_limits``), so the config's capacities are checked when it
+    is parsed, before any stage loads."""
+
+    max_payloads_per_step: int
+    max_visible_per_step: int
+
+
 @runtime_checkable
 class Stage(Protocol):
     """A synchronous, batched model stage. See the module docstring for the call order.
@@ -67,6 +77,13 @@ class Stage(Protocol):
     ``max_inputs_per_step`` bounds what one step takes from the incoming edge
     (``None``: everything waiting); the rest stays in the bounded channel, which
     is what holds the upstream stage back.
+
+    The config's capacities are checked against these limits when the config is
+    parsed if the stage class declares them: as class attributes (ints), or, when they
+    follow the stage's parameters, with a classmethod ``step_limits(params) ->
+    StepLimits`` (``params``: the config's, the constructor's defaults filled in).
+    Otherwise they are checked as the stage loads. Either way, the loaded stage's own
+    attributes are what the scheduler reserves by.
     """
 
     max_inputs_per_step: int | None

@@ -41,7 +41,16 @@ from typing import ClassVar, Literal
 
 import numpy
 
-from omnitrio import AudioChunk, Event, Request, StreamOutput, StreamWork, TextDelta, VisibleItem
+from omnitrio import (
+    AudioChunk,
+    Event,
+    Request,
+    StepLimits,
+    StreamOutput,
+    StreamWork,
+    TextDelta,
+    VisibleItem,
+)
 
 SLEEP_MARGIN_S = 0.2e-3
 """How long before a step's deadline its sleep ends; the rest is polled (GIL released)."""
@@ -124,6 +133,15 @@ def live_streams() -> set[tuple[str, str]]:
     return {(stage.name, sid) for stage in list(_live) for sid in stage.open_stream_ids}
 
 
+def _step_limits(
+    steps: int | None, inputs_per_step: int, outputs_per_input: int, visible_every: int
+) -> StepLimits:
+    return StepLimits(
+        max_payloads_per_step=max(1, (1 if steps else inputs_per_step) * outputs_per_input),
+        max_visible_per_step=1 if visible_every else 0,
+    )
+
+
 class SyntheticStage:
     """A configurable fake model stage; see the module docstring."""
 
@@ -177,13 +195,28 @@ class SyntheticStage:
         self.gate = Gate.named(gate) if gate else None
         time.sleep(load_time_ms / 1000)  # stands for loading weights
         self.max_inputs_per_step: int | None = inputs_per_step
-        self.max_payloads_per_step = max(1, (1 if steps else inputs_per_step) * outputs_per_input)
-        self.max_visible_per_step = 1 if visible_every else 0
+        limits = _step_limits(steps, inputs_per_step, outputs_per_input, visible_every)
+        self.max_payloads_per_step = limits.max_payloads_per_step
+        self.max_visible_per_step = limits.max_visible_per_step
         self.num_steps = 0
         self.late_total_s = 0.0  # how far steps ran past their profile's deadline
         self.late_max_s = 0.0
         self._streams: dict[str, _StreamState] = {}
         _live.add(self)
+
+    @classmethod
+    def step_limits(cls, params: Mapping[str, object]) -> StepLimits:
+        """What one step emits with these params (the config is checked by it)."""
+        steps, inputs = params["steps"], params["inputs_per_step"]
+        outputs, every = params["outputs_per_input"], params["visible_every"]
+        if not (
+            isinstance(inputs, int)
+            and isinstance(outputs, int)
+            and isinstance(every, int)
+            and (steps is None or isinstance(steps, int))
+        ):
+            raise TypeError("steps, inputs_per_step, outputs_per_input and visible_every are ints")
+        return _step_limits(steps, inputs, outputs, every)
 
     @property
     def open_stream_ids(self) -> frozenset[str]:

@@ -213,3 +213,14 @@ def test_ideal_first_audio_and_capacity_of_the_default_synthetic_pipeline() -> N
         update={"stages": (config.stages[0].model_copy(update={"impl": "x:Y"}),)}
     )
     assert synthetic_profiles(non_synthetic) is None
+
+
+def test_capacity_counts_the_source_stages_prefill() -> None:
+    profiles = synthetic_profiles(omnitrio.load_config(REPO / "configs" / "bench-omni.yaml"))
+    assert profiles is not None
+    # The thinker is the bottleneck: 64 requests of 32 tokens take 32 steps of
+    # 8 + 64 x 0.15 ms, one 20 ms prefill and 0.05 ms per word of 64 32-word prompts.
+    busy_s = 32 * (0.008 + 64 * 0.15e-3) + 0.020 + 0.05e-3 * 32 * 64
+    assert capacity_requests_per_s(profiles, 32, num_words=32) == pytest.approx(64 / busy_s)
+    assert 93 < 64 / busy_s < 94  # 113.6 with the prefill left out
+    assert capacity_requests_per_s(profiles, 32) == pytest.approx(64 / (busy_s - 0.05e-3 * 32 * 64))

@@ -246,7 +246,9 @@ def valid_configs(draw: st.DrawFn) -> dict[str, Any]:
     for source, target in itertools.pairwise(names):
         edge: dict[str, Any] = {"from": source, "to": target}
         if draw(st.booleans()):
-            edge["capacity"] = draw(st.integers(1, 32))
+            # at least a step's payloads (outputs_per_input <= 3): below that the
+            # config is refused when parsed (a capacity check, tests/test_errors.py)
+            edge["capacity"] = draw(st.integers(3, 32))
         edges.append(edge)
     config: dict[str, Any] = {
         "pipeline": pipeline,

@@ -9,7 +9,10 @@ import trio
 
 import omnitrio
 from stages.synthetic import Gate, SyntheticFailure, live_streams
-from tests.conftest import chain_config, collect, stage_threads, texts
+from stages.synthetic import _live as synthetic_live
+from tests.conftest import SYNTHETIC, chain_config, collect, stage_threads, texts
+
+FAULTS = "stages.faults:FaultInjector"
 
 THREE = [{"steps": 20}, {}, {"outputs_per_input": 0}]
 
@@ -129,8 +132,29 @@ async def test_an_object_that_is_not_a_stage_is_refused_at_load() -> None:
             pass  # pragma: no cover
 
 
-async def test_stage_capacity_too_small_for_one_step_is_a_config_error() -> None:
-    config = chain_config([{"steps": 1, "outputs_per_input": 9}, {}], edge_capacity=4)
+def test_stage_capacity_too_small_for_one_step_is_a_config_error_when_parsed() -> None:
+    # SyntheticStage declares its limits for its params (step_limits): the config is
+    # refused as it is parsed, before any stage is constructed or thread started.
+    constructed = set(synthetic_live)
+    with pytest.raises(omnitrio.ConfigError) as caught:
+        chain_config([{"steps": 1, "outputs_per_input": 9}, {}], edge_capacity=4)
+    assert caught.value.key == "edges[from=a].capacity"
+    assert "below stage 'a' max_payloads_per_step=9; raise the capacity" in str(caught.value)
+    assert set(synthetic_live) == constructed
+    assert stage_threads() == []
+    with pytest.raises(omnitrio.ConfigError) as caught:
+        chain_config([{"steps": 1, "visible_every": "often"}])
+    assert caught.value.key == "stages[0].params"
+
+
+async def test_limits_known_only_once_a_stage_loads_are_checked_as_it_loads() -> None:
+    # The fault injector takes its limits from the stage it wraps: nothing to read at
+    # parse time, so open_pipeline checks them as the stage loads, before any stream.
+    inner = {
+        "impl": "stages.synthetic:SyntheticStage",
+        "params": {"steps": 1, "outputs_per_input": 9},
+    }
+    config = chain_config([inner, {}], edge_capacity=4, impls=[FAULTS, SYNTHETIC])
     with pytest.raises(omnitrio.ConfigError, match="max_payloads_per_step=9; raise the capacity"):
         async with omnitrio.open_pipeline(config):
             pass  # pragma: no cover

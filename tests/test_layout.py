@@ -89,6 +89,7 @@ def test_the_public_surface_is_exactly_all() -> None:
         "StageLoadError",
         "StageSpec",
         "StageStatistics",
+        "StepLimits",
         "Stream",
         "StreamOutput",
         "StreamResampler",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from contextlib import AsyncExitStack
 
@@ -64,6 +65,24 @@ async def test_startup_loads_stages_in_order_and_teardown_leaves_nothing() -> No
         assert list(pipeline.statistics().stages) == ["a", "b", "c"]
     assert stage_threads() == []
     assert count_tasks() == tasks_before
+
+
+async def test_the_gil_switch_interval_is_the_runtimes_while_pipelines_run() -> None:
+    from omnitrio._pipeline import SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    assert before != SWITCH_INTERVAL_S
+    async with omnitrio.open_pipeline(chain_config(THREE)) as first:
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
+        async with (
+            omnitrio.open_pipeline(chain_config(THREE)) as second,
+            second.open_stream("hi") as stream,
+        ):
+            assert texts(await collect(stream))
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)  # first still runs
+        async with first.open_stream("hi") as stream:
+            assert texts(await collect(stream))
+    assert sys.getswitchinterval() == before
 
 
 async def test_overloaded_at_once_beyond_max_streams() -> None:

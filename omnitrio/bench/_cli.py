@@ -278,16 +278,22 @@ def _context(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]
                 )
                 for level in _levels(args)
             },
-            "capacity_requests_per_s": capacity_requests_per_s(profiles, args.output_len),
+            "capacity_requests_per_s": capacity_requests_per_s(
+                profiles, args.output_len, num_words=args.input_len
+            ),
             # a zero-overhead runtime at each level, with at most max_streams admitted
             "zero_overhead_requests_per_s": {
                 level: capacity_requests_per_s(
-                    profiles, args.output_len, min(level, config.pipeline.max_streams)
+                    profiles,
+                    args.output_len,
+                    min(level, config.pipeline.max_streams),
+                    args.input_len,
                 )
                 for level in _levels(args)
             },
             "open_loop_requests_per_s": {
-                fraction: fraction * capacity_requests_per_s(profiles, args.output_len)
+                fraction: fraction
+                * capacity_requests_per_s(profiles, args.output_len, num_words=args.input_len)
                 for fraction in _fractions(args)
             },
             "max_continuous_streams": max_continuous_streams(profiles),

@@ -6,7 +6,8 @@ times are known, so the benchmark can say what the stages alone cost:
 - ``ideal_first_audio_s``: streams started together on an idle pipeline, each
   stage stepping the moment its input is there (a discrete-event walk of the
   chain). Measured TTFA minus this is the *runtime-added* TTFA.
-- ``capacity_requests_per_s``: the bottleneck stage's rate with full batches.
+- ``capacity_requests_per_s``: the bottleneck stage's rate with full batches,
+  prefill counted (one batched prefill per batch of new requests).
 - ``max_continuous_streams``: the most concurrent streams for which every
   stage still keeps up with real-time audio (beyond it, underruns are the
   stages' doing, not the runtime's).
@@ -130,20 +131,24 @@ def _greedy_steps(arrivals: list[float], stage: StageProfile, step_s: float) -> 
 
 
 def capacity_requests_per_s(
-    profiles: Sequence[StageProfile], steps: int, streams: int | None = None
+    profiles: Sequence[StageProfile], steps: int, streams: int | None = None, num_words: int = 0
 ) -> float:
     """Requests per second of the slowest stage with ``streams`` in every batch (full
-    batches when None; prefill left out): what a zero-overhead runtime serves.
+    batches when None): what a zero-overhead runtime serves.
 
-    Assumes each stage passes on one payload per unit (``outputs_per_input`` 1),
-    as the Qwen3-Omni-shaped configs do.
+    Prefill is counted: a source stage prefills each batch of new requests once
+    (``prefill_s``, plus ``prefill_per_word_s`` per word of each ``num_words``-word
+    prompt) on top of its ``steps`` steps. Assumes each stage passes on one payload
+    per unit (``outputs_per_input`` 1), as the Qwen3-Omni-shaped configs do.
     """
     rates = []
     for stage in profiles:
         batch = stage.max_batch_size if streams is None else min(streams, stage.max_batch_size)
         per_request = steps if stage.steps is not None else math.ceil(steps / stage.inputs_per_step)
-        step_s = stage.step_s + stage.per_stream_s * batch
-        rates.append(batch / (per_request * step_s) if step_s > 0 else math.inf)
+        busy_s = per_request * (stage.step_s + stage.per_stream_s * batch)
+        if stage.steps is not None:
+            busy_s += stage.prefill_s + stage.prefill_per_word_s * num_words * batch
+        rates.append(batch / busy_s if busy_s > 0 else math.inf)
     return min(rates)
 
 
