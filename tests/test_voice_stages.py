@@ -93,6 +93,32 @@ def test_batched_decoding_gives_each_stream_its_own_answer(llm: object) -> None:
     assert figures["num_active_streams"] == 0
 
 
+@needs_voice
+def test_the_int8_llm_quantizes_every_linear_layer_and_still_answers() -> None:
+    import torch
+
+    from stages.voice.llm import SmolLM2
+
+    stage = SmolLM2("llm", max_new_tokens=12, dtype="int8")
+    try:
+        linear = [m for m in stage.model.modules() if type(m) is torch.nn.Linear]
+        quantized = [m for m in stage.model.modules() if "quantized" in type(m).__module__]
+        assert linear == []
+        assert len(quantized) > 100  # 30 layers x 7, and the head
+        answer = _answer(stage, {"q": "What is the capital of France?"})["q"]
+        assert "Paris" in answer
+    finally:
+        stage.close()
+
+
+def test_an_unknown_llm_dtype_is_refused_naming_the_stage_and_the_choices() -> None:
+    pytest.importorskip("torch")
+    from stages.voice.llm import SmolLM2
+
+    with pytest.raises(ValueError, match=r"stage 'llm': dtype must be one of .*'int8'.*'int4'"):
+        SmolLM2("llm", dtype="int4")
+
+
 def test_the_llm_on_cuda_without_a_gpu_is_refused_naming_the_stage() -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

@@ -87,15 +87,17 @@ from stages.kit import (
 from .llm_weights import load_llm
 from .voice_common import TextPiece, Utterance
 
-DTYPES = ("int8", "bfloat16", "float32")
-"""The weights' type (param ``dtype``). ``int8`` (the voice chat's): every linear
-layer's weights quantized per output channel, activations quantized per step as they
-come (PyTorch's dynamic quantization, fbgemm kernels); decoding is memory-bound on a
-CPU, so it runs about 2.2x as fast as bfloat16 (24.8 against 54.2 ms per token on one
-thread; docs/benchmarks.md), and the answers stay sensible, though not the same
-tokens as in float. CPU only. In bfloat16 or int8 a step's batch shape changes the
-rounding, so only float32 makes a greedy answer independent of the batch it was
-decoded in."""
+DTYPES = ("bfloat16", "float32", "int8")
+"""The weights' type (param ``dtype``). bfloat16 is the default. ``int8``: every
+linear layer's weights quantized per output channel, activations quantized per step
+as they come (PyTorch's dynamic quantization, fbgemm kernels, CPU only). Decoding
+SmolLM2-135M on one thread then takes 24.8 against 54.2 ms per token, and the voice
+chat's first answer audio comes ~250 ms sooner (docs/benchmarks.md), but this small
+a model's answers get worse: pseudo-words a listener cannot follow, and tool-call
+arguments that miss (``{"city": ","}`` for Paris), so the voice chat keeps bfloat16;
+int8 is for larger instruct models that keep their answers under it. In bfloat16 or
+int8 a step's batch shape changes the rounding, so only float32 makes a greedy answer
+independent of the batch it was decoded in."""
 
 
 def _int8_linear(model: torch.nn.Module) -> torch.nn.Module:
