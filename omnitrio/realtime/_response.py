@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Literal
 
 from .._items import AudioChunk, Event, JsonValue, Request, TextDelta, VisibleItem
+from ..tools import TOOL_EVENTS
 from ._config import SessionConfig
 from ._conversation import Conversation, Item, ItemStatus, played_text
 from ._errors import LocalProtocolError
@@ -32,7 +33,6 @@ from ._shapes import item_done_event, item_events, item_object, response_object
 Status = Literal["completed", "cancelled", "failed", "incomplete"]
 STATUSES: tuple[Status, ...] = ("completed", "cancelled", "failed", "incomplete")
 AUDIO_TOKENS_PER_S = 10
-CALL_EVENTS = ("tool_call", "tool_call.arguments", "tool_call.done")
 TRANSCRIPT_EVENT = "transcript"
 """The pipeline Event name mapped to an input audio transcript (``data["text"]``)."""
 
@@ -268,7 +268,7 @@ class ActiveResponse:
         ]
 
     def _event(self, event: Event, conversation: Conversation) -> list[ServerEvent]:
-        if event.name in CALL_EVENTS:
+        if event.name in TOOL_EVENTS:
             return self._call_event(event, conversation)
         # Only a transcript of the turn's input audio has a protocol event; others are internal.
         text = event.data.get("text")
