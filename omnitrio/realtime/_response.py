@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Literal
 
 from .._items import AudioChunk, Event, JsonValue, Request, TextDelta, VisibleItem
-from ..tools import TOOL_EVENTS
+from ..tools import TOOL_ARGUMENTS_EVENT, TOOL_CALL_EVENT, TOOL_DONE_EVENT, TOOL_EVENTS
 from ._config import SessionConfig
 from ._conversation import Conversation, Item, ItemStatus, played_text
 from ._errors import LocalProtocolError
@@ -179,7 +179,7 @@ class ActiveResponse:
         if not isinstance(call_id, str):
             return []
         dialect = self._config.dialect
-        if event.name == "tool_call" and self._call is None:
+        if event.name == TOOL_CALL_EVENT and self._call is None:
             name = str(event.data.get("name"))
             item = Item(
                 new_id("item"),
@@ -211,7 +211,7 @@ class ActiveResponse:
             "output_index": self._call_index,
             "call_id": call_id,
         }
-        if event.name == "tool_call.arguments":
+        if event.name == TOOL_ARGUMENTS_EVENT:
             delta = str(event.data.get("delta", ""))
             self._call = Item(
                 call.id,
@@ -225,7 +225,7 @@ class ActiveResponse:
             return [
                 ServerEvent("response.function_call_arguments.delta", {**where, "delta": delta})
             ]
-        if event.name == "tool_call.done":
+        if event.name == TOOL_DONE_EVENT:
             arguments = str(event.data.get("arguments", call.text or ""))
             self._call = Item(
                 call.id,
