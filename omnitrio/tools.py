@@ -27,8 +27,11 @@ from ._items import Scalar
 
 __all__ = [
     "FINISH_EVENT",
+    "TOOL_ARGUMENTS_EVENT",
     "TOOL_CALL_CLOSE",
+    "TOOL_CALL_EVENT",
     "TOOL_CALL_OPEN",
+    "TOOL_DONE_EVENT",
     "TOOL_EVENTS",
     "FunctionTool",
     "ToolChoice",
@@ -37,6 +40,7 @@ __all__ = [
     "call_text",
     "check_tool_choice",
     "check_tools",
+    "empty_parameters",
     "parse_tool_options",
     "tool_call_lark",
     "tool_options",
@@ -44,7 +48,10 @@ __all__ = [
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
-TOOL_EVENTS = ("tool_call", "tool_call.arguments", "tool_call.done")
+TOOL_CALL_EVENT = "tool_call"  # call_id, name: a call begins
+TOOL_ARGUMENTS_EVENT = "tool_call.arguments"  # call_id, delta: the arguments' next piece
+TOOL_DONE_EVENT = "tool_call.done"  # call_id, name, arguments: the whole call
+TOOL_EVENTS = (TOOL_CALL_EVENT, TOOL_ARGUMENTS_EVENT, TOOL_DONE_EVENT)
 """The LLM stage's events for one call; ``llm.finish`` ends every answer."""
 FINISH_EVENT = "llm.finish"
 
@@ -58,7 +65,8 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def _empty_object() -> dict[str, Any]:
+def empty_parameters() -> dict[str, Any]:
+    """The parameters schema of a function that takes none (a tool that names none)."""
     return {"type": "object", "properties": {}}
 
 
@@ -68,7 +76,7 @@ class FunctionTool:
 
     name: str
     description: str = ""
-    parameters: Mapping[str, Any] = field(default_factory=_empty_object)
+    parameters: Mapping[str, Any] = field(default_factory=empty_parameters)
 
     def described(self) -> dict[str, Any]:
         return {
@@ -176,7 +184,7 @@ def parse_tool_options(
                 FunctionTool(
                     str(t["name"]),
                     str(t.get("description") or ""),
-                    dict(t.get("parameters") or _empty_object()),
+                    dict(t.get("parameters") or empty_parameters()),
                 )
                 for t in listed
             )

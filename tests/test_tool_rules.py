@@ -127,6 +127,72 @@ async def test_realtime_refuses_bad_tools_with_an_error_event_naming_them(
     assert await trio.to_thread.run_sync(_weather_call, client) == "get_weather"
 
 
+# (the arguments a replayed call carries, words of the one rule's message)
+BAD_ARGUMENTS = [("{not json", "not JSON"), ("[1, 2]", "must be a JSON object")]
+
+
+@pytest.mark.parametrize(("arguments", "words"), BAD_ARGUMENTS)
+async def test_both_dialects_refuse_call_arguments_that_are_not_a_json_object(
+    client: openai.OpenAI, arguments: str, words: str
+) -> None:
+    """A call the client replays meets one rule (``omnitrio.tools.arguments_json``) on
+    both dialects: a 400 on chat completions, an error event on Realtime, each naming
+    the param; Realtime adds no item and the session goes on."""
+
+    def chat() -> Any:
+        call = {"name": "get_weather", "arguments": arguments}
+        return client.chat.completions.create(
+            model="llm",
+            messages=[
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": "call_1", "type": "function", "function": call}],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            ],
+            tools=[WEATHER],  # type: ignore[list-item]
+        )
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        await trio.to_thread.run_sync(chat)
+    error = caught.value.body
+    assert isinstance(error, dict)
+    assert error["param"] == "messages.1.tool_calls.0.function.arguments"
+    assert words in error["message"]
+
+    def realtime() -> list[Any]:
+        received = []
+        call = {"type": "function_call", "name": "get_weather"}
+        output = {"type": "function_call_output", "output": "sunny"}
+        with client.realtime.connect(model="llm") as conn:
+            assert conn.recv().type == "session.created"
+            conn.conversation.item.create(item={**call, "call_id": "bad", "arguments": arguments})  # type: ignore[typeddict-item]
+            received.append(conn.recv())
+            # Nothing half-added: the refused call has no item an output could answer.
+            conn.conversation.item.create(item={**output, "call_id": "bad"})  # type: ignore[typeddict-item]
+            received.append(conn.recv())
+            # The session goes on: a good call and its output are taken.
+            good = '{"city": "Paris"}'
+            conn.conversation.item.create(item={**call, "call_id": "good", "arguments": good})  # type: ignore[typeddict-item]
+            received += [conn.recv(), conn.recv()]
+            conn.conversation.item.create(item={**output, "call_id": "good"})  # type: ignore[typeddict-item]
+            received += [conn.recv(), conn.recv()]
+        return received
+
+    with trio.fail_after(60):
+        refused, unanswerable, *taken = await trio.to_thread.run_sync(realtime)
+    assert refused.type == "error", refused
+    assert refused.error.param == "item.arguments"
+    assert refused.error.code == "invalid_value"
+    assert words in refused.error.message
+    assert unanswerable.type == "error", unanswerable
+    assert unanswerable.error.param == "item.call_id"
+    assert [e.type for e in taken] == ["conversation.item.added", "conversation.item.done"] * 2
+    assert taken[1].item.arguments == '{"city": "Paris"}'
+    assert await trio.to_thread.run_sync(_weather_call, client) == "get_weather"
+
+
 async def test_the_python_api_gets_the_stage_error_naming_the_tool() -> None:
     """Without the server's check, the LLM stage still refuses the schema, naming it."""
     tools = [omnitrio.tools.FunctionTool("g", "", UNCOMPILABLE)]

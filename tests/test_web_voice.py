@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 from playwright.sync_api import sync_playwright
 
-from stages.voice.voice_common import float_to_pcm16, pcm16_to_float, resample
+from omnitrio import resample_float
+from stages.voice.voice_common import float_to_pcm16, pcm16_to_float
 from tests.test_web_page import SERVING, fake_microphone_args
 from tests.voice_support import (
     INPUT_RATE_HZ,
@@ -89,7 +90,7 @@ def _microphone_wav(tmp_path: Path) -> Path:
     pcm16 = spoken(QUESTION, tmp_path / "question.wav", silence_after_s=SILENCE_AFTER_S)
     lead_in = np.zeros(int(LEAD_IN_S * INPUT_RATE_HZ), dtype=np.float32)
     question = np.concatenate([lead_in, pcm16_to_float(pcm16)])
-    samples = resample(question, INPUT_RATE_HZ, MICROPHONE_RATE_HZ)
+    samples = resample_float(question, INPUT_RATE_HZ, MICROPHONE_RATE_HZ)
     path = tmp_path / "microphone.wav"
     write_wav(path, float_to_pcm16(samples.astype(np.float32)), MICROPHONE_RATE_HZ)
     return path

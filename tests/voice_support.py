@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
-from stages.voice.voice_common import float_to_pcm16, pcm16_to_float, resample
+from omnitrio import resample_float
+from stages.voice.voice_common import float_to_pcm16, pcm16_to_float
 
 if TYPE_CHECKING:
     from stages.voice.asr import WhisperAsr
@@ -62,7 +63,7 @@ def spoken(text: str, path: Path, *, silence_after_s: float = 0.0) -> bytes:
     with wave.open(str(path), "rb") as wav:
         rate_hz = wav.getframerate()
         samples = pcm16_to_float(wav.readframes(wav.getnframes()))
-    audio = resample(samples, rate_hz, INPUT_RATE_HZ)
+    audio = resample_float(samples, rate_hz, INPUT_RATE_HZ)
     silence = np.zeros(int(silence_after_s * INPUT_RATE_HZ), dtype=np.float32)
     pcm16 = float_to_pcm16(np.concatenate([audio, silence]))
     write_wav(path, pcm16, INPUT_RATE_HZ)
@@ -98,7 +99,7 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
 
 def transcribe_pcm16(pcm16: bytes, rate_hz: int) -> str:
     """The answer's audio, transcribed by a separate instance of the ASR stage."""
-    return _checker().transcribe(resample(pcm16_to_float(pcm16), rate_hz, WHISPER_RATE_HZ))
+    return _checker().transcribe(resample_float(pcm16_to_float(pcm16), rate_hz, WHISPER_RATE_HZ))
 
 
 @functools.cache

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Literal
 
 from .._items import AudioChunk, Event, JsonValue, Request, TextDelta, VisibleItem
+from ..tools import TOOL_ARGUMENTS_EVENT, TOOL_CALL_EVENT, TOOL_DONE_EVENT, TOOL_EVENTS
 from ._config import SessionConfig
 from ._conversation import Conversation, Item, ItemStatus, played_text
 from ._errors import LocalProtocolError
@@ -32,7 +33,6 @@ from ._shapes import item_done_event, item_events, item_object, response_object
 Status = Literal["completed", "cancelled", "failed", "incomplete"]
 STATUSES: tuple[Status, ...] = ("completed", "cancelled", "failed", "incomplete")
 AUDIO_TOKENS_PER_S = 10
-CALL_EVENTS = ("tool_call", "tool_call.arguments", "tool_call.done")
 TRANSCRIPT_EVENT = "transcript"
 """The pipeline Event name mapped to an input audio transcript (``data["text"]``)."""
 
@@ -179,7 +179,7 @@ class ActiveResponse:
         if not isinstance(call_id, str):
             return []
         dialect = self._config.dialect
-        if event.name == "tool_call" and self._call is None:
+        if event.name == TOOL_CALL_EVENT and self._call is None:
             name = str(event.data.get("name"))
             item = Item(
                 new_id("item"),
@@ -211,7 +211,7 @@ class ActiveResponse:
             "output_index": self._call_index,
             "call_id": call_id,
         }
-        if event.name == "tool_call.arguments":
+        if event.name == TOOL_ARGUMENTS_EVENT:
             delta = str(event.data.get("delta", ""))
             self._call = Item(
                 call.id,
@@ -225,7 +225,7 @@ class ActiveResponse:
             return [
                 ServerEvent("response.function_call_arguments.delta", {**where, "delta": delta})
             ]
-        if event.name == "tool_call.done":
+        if event.name == TOOL_DONE_EVENT:
             arguments = str(event.data.get("arguments", call.text or ""))
             self._call = Item(
                 call.id,
@@ -268,7 +268,7 @@ class ActiveResponse:
         ]
 
     def _event(self, event: Event, conversation: Conversation) -> list[ServerEvent]:
-        if event.name in CALL_EVENTS:
+        if event.name in TOOL_EVENTS:
             return self._call_event(event, conversation)
         # Only a transcript of the turn's input audio has a protocol event; others are internal.
         text = event.data.get("text")

@@ -42,12 +42,12 @@ or ``receive`` while NEW, is the server's bug: ``LocalProtocolError``.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from .._items import AudioInput, JsonValue, Request, VisibleItem
+from ..tools import arguments_json
 from ._config import SessionConfig
 from ._conversation import Conversation, Item, played_text
 from ._encode import decode_frame, encode_event
@@ -392,12 +392,10 @@ class RealtimeSession:
             )
         if event.kind == "function_call":
             try:
-                json.loads(event.text)
-            except ValueError:
+                arguments_json(event.text)  # the rule chat completions' tool_calls meet too
+            except ValueError as exc:
                 raise ClientEventError(
-                    "invalid_value",
-                    "item.arguments must be JSON text (the call's arguments object)",
-                    param="item.arguments",
+                    "invalid_value", f"item.arguments: {exc}", param="item.arguments"
                 ) from None
         item_id = event.item_id or new_id("item")
         item = Item(

@@ -28,6 +28,7 @@ from ..tools import (
     ToolError,
     check_tool_choice,
     check_tools,
+    empty_parameters,
     tool_options,
 )
 from ._config import SessionConfig
@@ -356,7 +357,7 @@ def _tools(fields: Fields) -> tuple[FunctionTool, ...] | None:
         description = tool.optional_str("description") or ""
         parameters = tool.raw("parameters")
         if parameters is None:
-            parameters = {"type": "object", "properties": {}}
+            parameters = empty_parameters()
         if not isinstance(parameters, dict):
             raise ClientEventError(
                 "invalid_type",

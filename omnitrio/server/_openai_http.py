@@ -28,7 +28,14 @@ from quart import Response
 from .._errors import OmnitrioError, Overloaded, PipelineClosed
 from .._items import AudioChunk, AudioInput, Event, Request, TextDelta
 from ..realtime import new_id
-from ..tools import FINISH_EVENT, arguments_json, call_text
+from ..tools import (
+    FINISH_EVENT,
+    TOOL_ARGUMENTS_EVENT,
+    TOOL_CALL_EVENT,
+    TOOL_DONE_EVENT,
+    arguments_json,
+    call_text,
+)
 from ._audio import checked_input_audio, resample_pcm16, wav_bytes, wav_header
 from ._settings import ServerSettings
 from ._state import ResponseLog, ServerState
@@ -265,7 +272,7 @@ class _Completion:
     def _call_delta(self, event: Event) -> dict[str, Any] | None:
         """The ``tool_calls`` delta for one tool-call event (None: nothing to send)."""
         call_id = str(event.data.get("call_id"))
-        if event.name == "tool_call":
+        if event.name == TOOL_CALL_EVENT:
             name = str(event.data.get("name"))
             self.calls[call_id] = {"id": call_id, "name": name, "arguments": ""}
             index = len(self.calls) - 1
@@ -274,12 +281,12 @@ class _Completion:
         call = self.calls.get(call_id)
         if call is None:
             return None
-        if event.name == "tool_call.arguments":
+        if event.name == TOOL_ARGUMENTS_EVENT:
             delta = str(event.data.get("delta", ""))
             call["arguments"] += delta
             index = list(self.calls).index(call_id)
             return {"index": index, "function": {"arguments": delta}}
-        if event.name == "tool_call.done":
+        if event.name == TOOL_DONE_EVENT:
             call["arguments"] = str(event.data.get("arguments", call["arguments"]))
         return None
 

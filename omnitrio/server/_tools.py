@@ -1,5 +1,5 @@
 """Function calling on the HTTP API: the chat request's ``tools`` and ``tool_choice`` as
-omnitrio's tools (checked and encoded by omnitrio/_tools.py, as Realtime's are), and the
+omnitrio's tools (checked and encoded by omnitrio/tools.py, as Realtime's are), and the
 LLM stage's tool-call events as chat-completion ``tool_calls``.
 """
 
@@ -18,6 +18,7 @@ from ..tools import (
     ToolError,
     check_tool_choice,
     check_tools,
+    empty_parameters,
     tool_options,
 )
 
@@ -29,9 +30,7 @@ class _Lenient(pydantic.BaseModel):
 class FunctionSpec(_Lenient):
     name: str  # the rules (pattern, no two alike) are check_tools's
     description: str = ""
-    parameters: dict[str, Any] = pydantic.Field(
-        default_factory=lambda: {"type": "object", "properties": {}}
-    )
+    parameters: dict[str, Any] = pydantic.Field(default_factory=empty_parameters)
 
 
 class ChatTool(_Lenient):

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 from faster_whisper import WhisperModel
 
-from omnitrio import Event, Request, StreamOutput, StreamWork
+from omnitrio import Event, Request, StreamOutput, StreamWork, resample_float
 
 from .voice_common import (
     INSTALL_HINT,
@@ -31,7 +31,6 @@ from .voice_common import (
     no_progress_monitor_thread,
     package_dir,
     pcm16_to_float,
-    resample,
 )
 
 WHISPER_RATE_HZ = 16000
@@ -80,7 +79,7 @@ class WhisperAsr:
         self._audio[stream_id] = (
             None
             if audio is None or not audio.pcm16
-            else resample(pcm16_to_float(audio.pcm16), audio.sample_rate_hz, WHISPER_RATE_HZ)
+            else resample_float(pcm16_to_float(audio.pcm16), audio.sample_rate_hz, WHISPER_RATE_HZ)
         )
 
     def close_stream(self, stream_id: str) -> None:

@@ -12,8 +12,6 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from omnitrio import resample_float
-
 Floats = npt.NDArray[np.float32]
 
 
@@ -39,11 +37,6 @@ def pcm16_to_float(pcm16: bytes) -> Floats:
 def float_to_pcm16(samples: Floats) -> bytes:
     """float32 samples (clipped to [-1, 1]) as little-endian PCM16 bytes."""
     return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-
-
-def resample(samples: Floats, from_hz: int, to_hz: int) -> Floats:
-    """A whole signal at another rate (soxr, anti-aliased; omnitrio's one resampler)."""
-    return resample_float(samples, from_hz, to_hz)
 
 
 def no_progress_monitor_thread() -> None:
