@@ -61,8 +61,11 @@ from omnitrio import (
 from omnitrio.realtime import new_id
 from omnitrio.tools import (
     FINISH_EVENT,
+    TOOL_ARGUMENTS_EVENT,
     TOOL_CALL_CLOSE,
+    TOOL_CALL_EVENT,
     TOOL_CALL_OPEN,
+    TOOL_DONE_EVENT,
     FunctionTool,
     ToolError,
     check_tool_choice,
@@ -384,7 +387,7 @@ class SmolLM2(AutoregressiveStage):
             if not sep:
                 return events
             call.name = str(json.loads(head + "}")["name"])
-            events.append(Event("tool_call", {"call_id": call.id, "name": call.name}))
+            events.append(Event(TOOL_CALL_EVENT, {"call_id": call.id, "name": call.name}))
         arguments = body.partition(ARGUMENTS_KEY)[2]
         complete = arguments.endswith(CALL_END)
         if complete:
@@ -402,11 +405,11 @@ class SmolLM2(AutoregressiveStage):
         delta = arguments[len(call.arguments_sent) :]
         if delta:
             call.arguments_sent = arguments
-            events.append(Event("tool_call.arguments", {"call_id": call.id, "delta": delta}))
+            events.append(Event(TOOL_ARGUMENTS_EVENT, {"call_id": call.id, "delta": delta}))
         if complete:
             call.done = True
             fields = {"call_id": call.id, "name": call.name, "arguments": arguments}
-            events.append(Event("tool_call.done", fields))
+            events.append(Event(TOOL_DONE_EVENT, fields))
         return events
 
     def _finish_event(self, turn: _Turn) -> Event:
