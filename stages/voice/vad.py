@@ -27,7 +27,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime
 
-from omnitrio import Event, Request, StreamOutput, StreamResampler, StreamWork, VisibleItem
+from omnitrio import (
+    Event,
+    Request,
+    StepLimits,
+    StreamOutput,
+    StreamResampler,
+    StreamWork,
+    VisibleItem,
+)
 
 from .voice_common import INSTALL_HINT, Floats, cpu_only, package_dir, pcm16_to_float
 
@@ -59,6 +67,15 @@ class SileroVad:
 
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 0
+    max_visible_per_step: int
+
+    @classmethod
+    def step_limits(cls, params: Mapping[str, object]) -> StepLimits:
+        """What one step emits with these params (the config is checked by it)."""
+        events = params["max_events_per_step"]
+        if isinstance(events, bool) or not isinstance(events, int) or events < 1:
+            raise ValueError(f"max_events_per_step must be a positive integer, got {events!r}")
+        return StepLimits(cls.max_payloads_per_step, events)
 
     def __init__(
         self,
@@ -87,7 +104,8 @@ class SileroVad:
         if pause_ms is not None and pause_ms <= 0:
             raise ValueError(f"pause_ms must be positive or null, got {pause_ms}")
         self.pause_ms = pause_ms
-        self.max_visible_per_step = max_events_per_step
+        limits = self.step_limits({"max_events_per_step": max_events_per_step})
+        self.max_visible_per_step = limits.max_visible_per_step
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = num_threads
         options.inter_op_num_threads = 1
