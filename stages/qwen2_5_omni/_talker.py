@@ -92,7 +92,7 @@ class TalkerStage(AutoregressiveStage):
     @classmethod
     def step_limits(cls, params: Mapping[str, object]) -> StepLimits:
         """What one step emits with these params (the config is checked by it)."""
-        emit_codes = params["emit_codes"]
+        emit_codes = params.get("emit_codes", False)  # a subclass may pass it on in **kwargs
         if not isinstance(emit_codes, bool):
             raise TypeError(f"emit_codes must be true or false, got {emit_codes!r}")
         return StepLimits(cls.max_payloads_per_step, 1 if emit_codes else 0)

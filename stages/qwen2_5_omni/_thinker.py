@@ -81,7 +81,7 @@ class ThinkerStage(AutoregressiveStage):
     @classmethod
     def step_limits(cls, params: Mapping[str, object]) -> StepLimits:
         """What one step emits with these params (the config is checked by it)."""
-        emit_ids = params["emit_ids"]
+        emit_ids = params.get("emit_ids", False)  # a subclass may pass it on in **kwargs
         if not isinstance(emit_ids, bool):
             raise TypeError(f"emit_ids must be true or false, got {emit_ids!r}")
         return StepLimits(cls.max_payloads_per_step, 2 if emit_ids else 1)

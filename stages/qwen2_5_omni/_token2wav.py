@@ -44,6 +44,8 @@ from stages.kit import stage_device
 from ._loading import load_speakers, load_stage_model, speaker_of, stage_folder
 from ._payloads import CodecCodes
 
+MAX_WINDOWS_PER_STEP = 2
+
 
 @dataclass
 class _Stream:
@@ -65,7 +67,7 @@ class Token2WavStage:
     @classmethod
     def step_limits(cls, params: Mapping[str, object]) -> StepLimits:
         """What one step emits with these params (the config is checked by it)."""
-        windows = params["max_windows_per_step"]
+        windows = params.get("max_windows_per_step", MAX_WINDOWS_PER_STEP)  # or in **kwargs
         if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
             raise ValueError(f"max_windows_per_step must be a positive integer, got {windows!r}")
         return StepLimits(cls.max_payloads_per_step, windows)
@@ -80,7 +82,7 @@ class Token2WavStage:
         first_chunk_frames: int = 12,
         left_context_frames: int = 24,
         right_context_frames: int = 12,
-        max_windows_per_step: int = 2,
+        max_windows_per_step: int = MAX_WINDOWS_PER_STEP,
         max_codes: int = 4096,
         sample_rate_hz: int = 24000,
         num_ode_steps: int = 10,

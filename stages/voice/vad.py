@@ -43,6 +43,7 @@ VAD_RATE_HZ = 16000
 WINDOW_SAMPLES = 512  # 32 ms at 16 kHz, what the model takes
 CONTEXT_SAMPLES = 64
 STATE_SHAPE = (2, 1, 128)
+MAX_EVENTS_PER_STEP = 8  # speech events one step may send a session
 
 
 @dataclass
@@ -72,7 +73,7 @@ class SileroVad:
     @classmethod
     def step_limits(cls, params: Mapping[str, object]) -> StepLimits:
         """What one step emits with these params (the config is checked by it)."""
-        events = params["max_events_per_step"]
+        events = params.get("max_events_per_step", MAX_EVENTS_PER_STEP)  # or in **kwargs
         if isinstance(events, bool) or not isinstance(events, int) or events < 1:
             raise ValueError(f"max_events_per_step must be a positive integer, got {events!r}")
         return StepLimits(cls.max_payloads_per_step, events)
@@ -88,7 +89,7 @@ class SileroVad:
         silence_duration_ms: int = 500,
         prefix_padding_ms: int = 300,
         pause_ms: int | None = None,
-        max_events_per_step: int = 8,
+        max_events_per_step: int = MAX_EVENTS_PER_STEP,
         num_threads: int = 1,
     ) -> None:
         if not 0.0 < threshold < 1.0:
