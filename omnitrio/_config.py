@@ -321,11 +321,7 @@ def _declared_limits(
                 "fix the stage",
             )
         return limits
-    payloads = getattr(factory, "max_payloads_per_step", None)
-    visible = getattr(factory, "max_visible_per_step", None)
-    if type(payloads) is int and type(visible) is int:
-        return StepLimits(payloads, visible)
-    return None
+    return StepLimits.of_attributes(factory)
 
 
 def _check_placement(spec: StageSpec, source: str, key: str) -> None:

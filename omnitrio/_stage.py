@@ -66,6 +66,15 @@ class StepLimits:
     max_payloads_per_step: int
     max_visible_per_step: int
 
+    @classmethod
+    def of_attributes(cls, stage_class: object) -> StepLimits | None:
+        """The limits a stage class declares as int class attributes, else None."""
+        payloads = getattr(stage_class, "max_payloads_per_step", None)
+        visible = getattr(stage_class, "max_visible_per_step", None)
+        if type(payloads) is int and type(visible) is int:
+            return cls(payloads, visible)
+        return None
+
 
 @runtime_checkable
 class Stage(Protocol):

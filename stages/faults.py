@@ -80,11 +80,7 @@ class FaultInjector:
             }
             limits: StepLimits | None = declared({**defaults, **given})
             return limits
-        payloads = getattr(factory, "max_payloads_per_step", None)
-        visible = getattr(factory, "max_visible_per_step", None)
-        if type(payloads) is int and type(visible) is int:
-            return StepLimits(payloads, visible)
-        return None
+        return StepLimits.of_attributes(factory)
 
     def __init__(
         self, name: str, device: str = "cpu", *, impl: str, params: Mapping[str, Any] | None = None
