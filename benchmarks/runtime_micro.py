@@ -13,6 +13,14 @@ Besides the hops below, every run also measures, in the same process:
   thread and one into the downstream thread, so the floor is what a hop cannot
   beat; the paced ``stage1->stage2`` median is reported as a multiple of it, and
   its growth per extra stream in a batch;
+- the **channel floor** per stream, at each level n of ``--streams``: n trio memory
+  channels (capacity 8, the default edge's), one item each; ``send`` is
+  ``send_nowait`` into every channel, ``send+receive`` also ``receive_nowait``
+  from every one, and ``wake`` has one task per channel blocked in ``receive()``,
+  woken by the send, the round ending when the last has run (a ``trio.Event``).
+  Median of 300 rounds, each divided by n, and the growth per extra stream
+  against n = 1: the least a design with one channel per stream per edge pays per
+  stream per hop, next to the hop's own growth per stream;
 - the **step gap** of a saturated stage: a one-stage pipeline (``GapProbe``, below)
   whose step sleeps 1 ms (the GIL released, as a GPU stage's would be) and always
   asks for more, with a client reading every item; the stage records when each
@@ -109,6 +117,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import trio
+import trio.testing
 
 import omnitrio
 from omnitrio import Event, Pipeline, PipelineConfig, VisibleItem
@@ -126,6 +135,7 @@ UNPACED_UNITS_PER_RUN = 8_192
 PACED_UNITS_PER_RUN = 1_024
 """Stage1 units per paced run, split over its streams: about 1 s at the default pace."""
 WARMUP_UNITS = 256
+CHANNEL_ROUNDS = 300
 FLOOR_SAMPLES = 2_000
 DEFAULT_GAP_STEPS = 400
 GAP_SERVICE_S = 0.001
@@ -207,6 +217,67 @@ async def crossing_floor() -> FloorResult:
 
 def _nothing() -> None:
     return None
+
+
+@dataclass(frozen=True)
+class ChannelFloor:
+    num_streams: int
+    send_us: float
+    """Median round of ``send_nowait`` into every stream's channel, per stream."""
+    send_receive_us: float
+    """The same with ``receive_nowait`` from every channel, per stream."""
+    wake_us: float
+    """The same with one task per channel woken from ``receive()``, per stream."""
+
+
+async def channel_floor(num_streams: int) -> ChannelFloor:
+    """Bare trio memory-channel costs for ``num_streams`` per-stream channels."""
+    pairs = [trio.open_memory_channel[int](8) for _ in range(num_streams)]
+    senders = [s for s, _ in pairs]
+    receivers = [r for _, r in pairs]
+    send_s: list[float] = []
+    both_s: list[float] = []
+    for _ in range(CHANNEL_ROUNDS):
+        started = time.perf_counter()
+        for sender in senders:
+            sender.send_nowait(0)
+        sent = time.perf_counter()
+        for receiver in receivers:
+            receiver.receive_nowait()
+        send_s.append(sent - started)
+        both_s.append(time.perf_counter() - started)
+    wake_s: list[float] = []
+    pending = 0
+    round_done = trio.Event()
+
+    async def wait_on(receiver: trio.MemoryReceiveChannel[int]) -> None:
+        nonlocal pending
+        async for _ in receiver:
+            pending -= 1
+            if pending == 0:
+                round_done.set()
+
+    async with trio.open_nursery() as nursery:
+        for receiver in receivers:
+            nursery.start_soon(wait_on, receiver)
+        await trio.testing.wait_all_tasks_blocked()
+        for _ in range(CHANNEL_ROUNDS):
+            round_done = trio.Event()
+            pending = num_streams
+            started = time.perf_counter()
+            for sender in senders:
+                sender.send_nowait(0)
+            await round_done.wait()
+            wake_s.append(time.perf_counter() - started)
+        for sender in senders:
+            await sender.aclose()
+    per = 1e6 / num_streams
+    return ChannelFloor(
+        num_streams,
+        statistics.median(send_s) * per,
+        statistics.median(both_s) * per,
+        statistics.median(wake_s) * per,
+    )
 
 
 async def step_gaps(num_streams: int, steps: int) -> GapResult:
@@ -466,22 +537,26 @@ async def run_level(
 
 async def run_all(
     args: argparse.Namespace,
-) -> tuple[list[LevelResult], FloorResult, list[GapResult]]:
+) -> tuple[list[LevelResult], FloorResult, list[GapResult], list[ChannelFloor]]:
     max_streams = max(args.streams)
     regimes = (SATURATED, UNTRACED, Regime("paced", "trace", args.pace_ms))
     await run_once(SATURATED, 1, WARMUP_UNITS, max_streams, _Samples())
     floor = await crossing_floor()
+    channels = [await channel_floor(n) for n in sorted({1, *args.streams})]
     results: list[LevelResult] = []
     gaps: list[GapResult] = []
     for num_streams in args.streams:
         results += await run_level(num_streams, regimes, args, max_streams)
         print(f"step gap x{num_streams} streams, {args.gap_steps} steps", file=sys.stderr)
         gaps.append(await step_gaps(num_streams, args.gap_steps))
-    return results, floor, gaps
+    return results, floor, gaps, channels
 
 
 def floor_and_gaps(
-    results: Sequence[LevelResult], floor: FloorResult, gaps: Sequence[GapResult]
+    results: Sequence[LevelResult],
+    floor: FloorResult,
+    gaps: Sequence[GapResult],
+    channels: Sequence[ChannelFloor],
 ) -> str:
     """The crossing floor, the paced hop against it, and the step gaps."""
     paced = {r.num_streams: r.hops[HOPS[0]] for r in results if r.regime == "paced"}
@@ -511,6 +586,26 @@ def floor_and_gaps(
         lines.append(
             f"paced stage1->stage2 batch (first unit) median at {num_streams} streams: "
             f"{hop.median_us:.0f} us, {per:+.1f} us per extra stream"
+        )
+    lines += [
+        "",
+        "Channel floor: n per-stream trio memory channels, one item each, per stream, us",
+        "",
+        "| streams | send | send+receive | wake a waiting task | growth per extra stream "
+        "(send+receive / wake) |",
+        "|---:|---:|---:|---:|---|",
+    ]
+    base = channels[0]
+    for c in channels:
+        growth = "-"
+        if c.num_streams > 1:
+            n = c.num_streams
+            both = (c.send_receive_us * n - base.send_receive_us) / (n - 1)
+            wake = (c.wake_us * n - base.wake_us) / (n - 1)
+            growth = f"{both:+.2f} / {wake:+.2f}"
+        lines.append(
+            f"| {c.num_streams} | {c.send_us:.2f} | {c.send_receive_us:.2f} | "
+            f"{c.wake_us:.2f} | {growth} |"
         )
     lines += [
         "",
@@ -679,9 +774,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     machine = machine_note()
-    results, floor, gaps = trio.run(run_all, args)
+    results, floor, gaps, channels = trio.run(run_all, args)
     print(markdown(results, machine, args.pace_ms))
-    print(floor_and_gaps(results, floor, gaps))
+    print(floor_and_gaps(results, floor, gaps, channels))
     if args.json is not None:
         document = {
             "machine": machine,
@@ -695,6 +790,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "results": [asdict(r) for r in results],
             "crossing_floor": asdict(floor),
             "step_gaps": [asdict(g) for g in gaps],
+            "channel_floor": [asdict(c) for c in channels],
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

@@ -301,8 +301,8 @@ def _declared_limits(
 ) -> StepLimits | None:
     """What a stage class declares one step emits (``Stage``'s docstring): its
     ``step_limits(params)``, else int class attributes, else None (known once it
-    loads). Raises ``ConfigError`` naming the stage's params if ``step_limits``
-    refuses them."""
+    loads; ``step_limits`` may say so too, as a wrapper of an undeclared stage does).
+    Raises ``ConfigError`` naming the stage's params if ``step_limits`` refuses them."""
     step_limits = getattr(factory, "step_limits", None)
     if callable(step_limits):
         if params is None:
@@ -313,18 +313,15 @@ def _declared_limits(
             raise ConfigError(
                 source, f"{key}.params", f"{type(exc).__name__}: {exc}; fix the value"
             ) from None
-        if not isinstance(limits, StepLimits):
+        if limits is not None and not isinstance(limits, StepLimits):
             raise ConfigError(
                 source,
                 f"{key}.impl",
-                f"step_limits returned a {type(limits).__name__}, not a StepLimits; fix the stage",
+                f"step_limits returned a {type(limits).__name__}, not a StepLimits or None; "
+                "fix the stage",
             )
         return limits
-    payloads = getattr(factory, "max_payloads_per_step", None)
-    visible = getattr(factory, "max_visible_per_step", None)
-    if type(payloads) is int and type(visible) is int:
-        return StepLimits(payloads, visible)
-    return None
+    return StepLimits.of_attributes(factory)
 
 
 def _check_placement(spec: StageSpec, source: str, key: str) -> None:

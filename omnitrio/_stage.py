@@ -66,6 +66,15 @@ class StepLimits:
     max_payloads_per_step: int
     max_visible_per_step: int
 
+    @classmethod
+    def of_attributes(cls, stage_class: object) -> StepLimits | None:
+        """The limits a stage class declares as int class attributes, else None."""
+        payloads = getattr(stage_class, "max_payloads_per_step", None)
+        visible = getattr(stage_class, "max_visible_per_step", None)
+        if type(payloads) is int and type(visible) is int:
+            return cls(payloads, visible)
+        return None
+
 
 @runtime_checkable
 class Stage(Protocol):
@@ -81,9 +90,10 @@ class Stage(Protocol):
     The config's capacities are checked against these limits when the config is
     parsed if the stage class declares them: as class attributes (ints), or, when they
     follow the stage's parameters, with a classmethod ``step_limits(params) ->
-    StepLimits`` (``params``: the config's, the constructor's defaults filled in).
-    Otherwise they are checked as the stage loads. Either way, the loaded stage's own
-    attributes are what the scheduler reserves by.
+    StepLimits | None`` (``params``: the config's, the constructor's defaults filled
+    in; None: not known before it loads). Otherwise they are checked as the stage
+    loads. Either way, the loaded stage's own attributes are what the scheduler
+    reserves by.
     """
 
     max_inputs_per_step: int | None

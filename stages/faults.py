@@ -21,12 +21,13 @@ Config::
 from __future__ import annotations
 
 import importlib
+import inspect
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from omnitrio import Request, StreamOutput, StreamWork
+from omnitrio import Request, StepLimits, StreamOutput, StreamWork
 
 
 class InjectedFault(RuntimeError):
@@ -58,12 +59,33 @@ class _Plan:
         )
 
 
+def _factory(impl: str) -> Any:
+    module, _, attr = impl.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 class FaultInjector:
+    @classmethod
+    def step_limits(cls, params: Mapping[str, Any]) -> StepLimits | None:
+        """The wrapped stage's declared limits for its params (its constructor's
+        defaults filled in), or None where it declares none (checked when it loads)."""
+        factory = _factory(params["impl"])
+        given = params["params"] or {}
+        declared = getattr(factory, "step_limits", None)
+        if callable(declared):
+            defaults = {
+                n: p.default
+                for n, p in inspect.signature(factory).parameters.items()
+                if p.default is not inspect.Parameter.empty and n not in ("name", "device")
+            }
+            limits: StepLimits | None = declared({**defaults, **given})
+            return limits
+        return StepLimits.of_attributes(factory)
+
     def __init__(
         self, name: str, device: str = "cpu", *, impl: str, params: Mapping[str, Any] | None = None
     ) -> None:
-        module, _, attr = impl.partition(":")
-        factory = getattr(importlib.import_module(module), attr)
+        factory = _factory(impl)
         self.inner = factory(name=name, device=device, **(params or {}))
         self.max_inputs_per_step = self.inner.max_inputs_per_step
         self.max_payloads_per_step = self.inner.max_payloads_per_step

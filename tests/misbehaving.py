@@ -89,3 +89,26 @@ class HiddenInEventStage(_Base):
         hidden = object()  # stands for a hidden-state tensor
         event = Event("e", {"hidden": hidden})  # type: ignore[dict-item]
         return {w.stream_id: StreamOutput(visible=(event,), done=True) for w in batch}
+
+
+class LimitsOnLoadStage:
+    """Declares no limits on its class: they are known only once it is built."""
+
+    max_inputs_per_step: int | None = None
+
+    def __init__(self, name: str, device: str = "cpu", *, max_payloads_per_step: int = 1) -> None:
+        self.name = name
+        self.max_payloads_per_step = max_payloads_per_step
+        self.max_visible_per_step = 1
+
+    def open_stream(self, stream_id: str, request: Request) -> None:
+        pass
+
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        return {w.stream_id: StreamOutput(visible=(TextDelta("x"),), done=True) for w in batch}
+
+    def close_stream(self, stream_id: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

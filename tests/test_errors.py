@@ -148,16 +148,16 @@ def test_stage_capacity_too_small_for_one_step_is_a_config_error_when_parsed() -
 
 
 async def test_limits_known_only_once_a_stage_loads_are_checked_as_it_loads() -> None:
-    # The fault injector takes its limits from the stage it wraps: nothing to read at
-    # parse time, so open_pipeline checks them as the stage loads, before any stream.
-    inner = {
-        "impl": "stages.synthetic:SyntheticStage",
-        "params": {"steps": 1, "outputs_per_input": 9},
-    }
-    config = chain_config([inner, {}], edge_capacity=4, impls=[FAULTS, SYNTHETIC])
-    with pytest.raises(omnitrio.ConfigError, match="max_payloads_per_step=9; raise the capacity"):
-        async with omnitrio.open_pipeline(config):
-            pass  # pragma: no cover
+    # A stage that declares nothing on its class (and the fault injector wrapping it,
+    # which asks the stage it wraps): nothing to read at parse time, so open_pipeline
+    # checks the limits as the stage loads, before any stream.
+    undeclared = "tests.misbehaving:LimitsOnLoadStage"
+    inner = {"impl": undeclared, "params": {"max_payloads_per_step": 9}}
+    for impl, params in ((undeclared, inner["params"]), (FAULTS, inner)):
+        config = chain_config([params, {}], edge_capacity=4, impls=[impl, SYNTHETIC])
+        with pytest.raises(omnitrio.ConfigError, match="max_payloads_per_step=9; raise the"):
+            async with omnitrio.open_pipeline(config):
+                pass  # pragma: no cover
 
 
 async def test_items_made_before_a_failure_are_readable_and_then_it_raises() -> None:

@@ -24,7 +24,7 @@ from dataclasses import astuple, dataclass, field
 import torch
 from transformers import DynamicCache, Qwen2_5OmniTalkerForConditionalGeneration
 
-from omnitrio import Event, Request, StreamOutput, StreamWork
+from omnitrio import Event, Request, StepLimits, StreamOutput, StreamWork
 from stages.kit import (
     AutoregressiveStage,
     Outbox,
@@ -89,6 +89,14 @@ class TalkerStage(AutoregressiveStage):
     max_payloads_per_step = 4
     max_visible_per_step: int
 
+    @classmethod
+    def step_limits(cls, params: Mapping[str, object]) -> StepLimits:
+        """What one step emits with these params (the config is checked by it)."""
+        emit_codes = params.get("emit_codes", False)  # a subclass may pass it on in **kwargs
+        if not isinstance(emit_codes, bool):
+            raise TypeError(f"emit_codes must be true or false, got {emit_codes!r}")
+        return StepLimits(cls.max_payloads_per_step, 1 if emit_codes else 0)
+
     def __init__(
         self,
         name: str,
@@ -116,7 +124,8 @@ class TalkerStage(AutoregressiveStage):
         self.defaults.check()
         self.prefill_codec_embeds = prefill_codec_embeds
         self.emit_codes = emit_codes
-        self.max_visible_per_step = 1 if emit_codes else 0
+        limits = self.step_limits({"emit_codes": emit_codes})
+        self.max_visible_per_step = limits.max_visible_per_step
         model = self.model
         # generate() stops the talker at the codec pad or end code (its default eos list).
         self.stop_codes = frozenset([model.codec_pad_token, model.codec_eos_token])

@@ -23,7 +23,15 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from omnitrio import Event, Request, StreamOutput, StreamWork, TextDelta, VisibleItem
+from omnitrio import (
+    Event,
+    Request,
+    StepLimits,
+    StreamOutput,
+    StreamWork,
+    TextDelta,
+    VisibleItem,
+)
 from stages.kit import (
     AutoregressiveStage,
     Detokenizer,
@@ -68,7 +76,15 @@ class ThinkerStage(AutoregressiveStage):
     checkpoint = "qwen2.5-omni"  # model_path: one folder shared with the family's other stages
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 4
-    max_visible_per_step = 1
+    max_visible_per_step: int
+
+    @classmethod
+    def step_limits(cls, params: Mapping[str, object]) -> StepLimits:
+        """What one step emits with these params (the config is checked by it)."""
+        emit_ids = params.get("emit_ids", False)  # a subclass may pass it on in **kwargs
+        if not isinstance(emit_ids, bool):
+            raise TypeError(f"emit_ids must be true or false, got {emit_ids!r}")
+        return StepLimits(cls.max_payloads_per_step, 2 if emit_ids else 1)
 
     def __init__(
         self,
@@ -103,7 +119,7 @@ class ThinkerStage(AutoregressiveStage):
         self.default_speaker = speaker_of({"speaker": speaker}, self.speakers, speaker)
         self.system_prompt = system_prompt
         self.emit_ids = emit_ids
-        self.max_visible_per_step = 2 if emit_ids else 1
+        self.max_visible_per_step = self.step_limits({"emit_ids": emit_ids}).max_visible_per_step
         self.eos_token_ids = _eos_ids(self.model)
         self.audio_token_id = self.model.config.audio_token_index
         embed = self.model.get_input_embeddings()

@@ -38,11 +38,13 @@ import torch
 from transformers import Qwen2_5OmniToken2WavModel
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
-from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
+from omnitrio import AudioChunk, Request, StepLimits, StreamOutput, StreamWork
 from stages.kit import stage_device
 
 from ._loading import load_speakers, load_stage_model, speaker_of, stage_folder
 from ._payloads import CodecCodes
+
+MAX_WINDOWS_PER_STEP = 2
 
 
 @dataclass
@@ -60,6 +62,15 @@ class Token2WavStage:
     checkpoint = "qwen2.5-omni"  # model_path: one folder shared with the family's other stages
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 0
+    max_visible_per_step: int
+
+    @classmethod
+    def step_limits(cls, params: Mapping[str, object]) -> StepLimits:
+        """What one step emits with these params (the config is checked by it)."""
+        windows = params.get("max_windows_per_step", MAX_WINDOWS_PER_STEP)  # or in **kwargs
+        if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
+            raise ValueError(f"max_windows_per_step must be a positive integer, got {windows!r}")
+        return StepLimits(cls.max_payloads_per_step, windows)
 
     def __init__(
         self,
@@ -71,7 +82,7 @@ class Token2WavStage:
         first_chunk_frames: int = 12,
         left_context_frames: int = 24,
         right_context_frames: int = 12,
-        max_windows_per_step: int = 2,
+        max_windows_per_step: int = MAX_WINDOWS_PER_STEP,
         max_codes: int = 4096,
         sample_rate_hz: int = 24000,
         num_ode_steps: int = 10,
@@ -110,7 +121,8 @@ class Token2WavStage:
             "sway": sway_coefficient,
         }
         self.seed = seed
-        self.max_visible_per_step = max_windows_per_step
+        limits = self.step_limits({"max_windows_per_step": max_windows_per_step})
+        self.max_visible_per_step = limits.max_visible_per_step
         dit = self.model.code2wav_dit_model
         self.repeats = int(dit.repeats)
         self.samples_per_code = self.repeats * math.prod(

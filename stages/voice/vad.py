@@ -27,7 +27,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime
 
-from omnitrio import Event, Request, StreamOutput, StreamResampler, StreamWork, VisibleItem
+from omnitrio import (
+    Event,
+    Request,
+    StepLimits,
+    StreamOutput,
+    StreamResampler,
+    StreamWork,
+    VisibleItem,
+)
 
 from .voice_common import INSTALL_HINT, Floats, cpu_only, package_dir, pcm16_to_float
 
@@ -35,6 +43,7 @@ VAD_RATE_HZ = 16000
 WINDOW_SAMPLES = 512  # 32 ms at 16 kHz, what the model takes
 CONTEXT_SAMPLES = 64
 STATE_SHAPE = (2, 1, 128)
+MAX_EVENTS_PER_STEP = 8  # speech events one step may send a session
 
 
 @dataclass
@@ -59,6 +68,15 @@ class SileroVad:
 
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 0
+    max_visible_per_step: int
+
+    @classmethod
+    def step_limits(cls, params: Mapping[str, object]) -> StepLimits:
+        """What one step emits with these params (the config is checked by it)."""
+        events = params.get("max_events_per_step", MAX_EVENTS_PER_STEP)  # or in **kwargs
+        if isinstance(events, bool) or not isinstance(events, int) or events < 1:
+            raise ValueError(f"max_events_per_step must be a positive integer, got {events!r}")
+        return StepLimits(cls.max_payloads_per_step, events)
 
     def __init__(
         self,
@@ -71,7 +89,7 @@ class SileroVad:
         silence_duration_ms: int = 500,
         prefix_padding_ms: int = 300,
         pause_ms: int | None = None,
-        max_events_per_step: int = 8,
+        max_events_per_step: int = MAX_EVENTS_PER_STEP,
         num_threads: int = 1,
     ) -> None:
         if not 0.0 < threshold < 1.0:
@@ -87,7 +105,8 @@ class SileroVad:
         if pause_ms is not None and pause_ms <= 0:
             raise ValueError(f"pause_ms must be positive or null, got {pause_ms}")
         self.pause_ms = pause_ms
-        self.max_visible_per_step = max_events_per_step
+        limits = self.step_limits({"max_events_per_step": max_events_per_step})
+        self.max_visible_per_step = limits.max_visible_per_step
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = num_threads
         options.inter_op_num_threads = 1
