@@ -6,6 +6,8 @@ by such pipelines. Joining or starting it is here; the stages' actors are
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -68,6 +70,23 @@ async def _connect(config: PipelineConfig) -> None:
         log_to_driver=True,
     )
     await trio.to_thread.run_sync(init)
+    _take_back_stop_signals()
+
+
+def _take_back_stop_signals() -> None:
+    """Give SIGINT and SIGTERM back to Python's handlers (trio's, the CLI's).
+
+    Connecting installs Ray's C++ failure handler (abseil's) over them: a SIGTERM then
+    went through a crash report ("*** SIGTERM received ***") before reaching Python, and
+    once in a loaded CI run the process aborted (exit -6) instead of stopping the
+    pipeline. Python still records its own handlers; setting them again (main thread
+    only) puts them back in front."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if handler is not None:
+            signal.signal(signum, handler)
 
 
 async def _check_reachable(config: PipelineConfig, address: str) -> None:

@@ -251,6 +251,7 @@ def test_sigterm_stops_the_pipeline_and_the_ray_instance_it_started(tmp_path: Pa
     stopped = prompt_until_signal(config, signal.SIGTERM, env=env, when_ready=running)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
     assert "SIGTERM; pipeline stopped" in stopped.stderr
+    assert "*** SIGTERM received" not in stopped.stderr  # not Ray's crash handler: Python's
     assert stopped.exit_s < 5.0 + 10.0  # shutdown_timeout_s, plus Ray's own stop
     deadline = time.monotonic() + 10
     while (stray := _processes_mentioning(str(ray_temp))) and time.monotonic() < deadline:
