@@ -88,9 +88,8 @@ class WorkerThread:
     ) -> None:
         """On the trio thread: let the worker start job ``number + 1`` if it is queued,
         then ``on_done(value)``."""
-        if self._num_submitted > number + 1 and self._num_started <= number + 1:
-            with self._started:
-                self._started.wait_for(lambda: self._num_started > number + 1, HANDOVER_TIMEOUT_S)
+        if self._num_submitted > number + 1:
+            self._wait_started(number + 1)
         on_done(value)
 
     async def run(self, fn: Callable[[], T]) -> T:

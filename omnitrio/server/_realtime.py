@@ -26,7 +26,6 @@ not confirmed, and the answer to a confirmed one starts up to
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import AsyncIterable, Sequence
 from dataclasses import dataclass, field
 
@@ -58,6 +57,10 @@ CLOSE_TRY_AGAIN_LATER = 1013
 
 class _ClientTooSlow(Exception):
     pass
+
+
+SPECULATION_BUFFER_ITEMS = 16
+"""Items a speculative answer keeps before the turn ends (then it waits)."""
 
 
 @dataclass
@@ -175,7 +178,9 @@ class RealtimeConnection:
         request = self._session.speculate(generation, audio_end_ms)
         if request is None or self._state.draining:
             return
-        send, receive = trio.open_memory_channel[VisibleItem](math.inf)  # an answer is short
+        # Bounded, as every edge is: a speculation nobody takes yet holds its stream at
+        # this many items, and the pipeline's own backpressure holds the stages.
+        send, receive = trio.open_memory_channel[VisibleItem](SPECULATION_BUFFER_ITEMS)
         speculation = _Speculation(request, receive)
         self._speculation = speculation
         nursery.start_soon(self._run_speculation, speculation, send)
@@ -190,7 +195,7 @@ class RealtimeConnection:
                 async with self._state.pipeline.open_stream(speculation.request) as stream:
                     with speculation.scope:
                         async for item in stream:
-                            send.send_nowait(item)
+                            await send.send(item)
         except OmnitrioError as exc:
             speculation.error = exc
         finally:
