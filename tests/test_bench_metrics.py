@@ -26,6 +26,7 @@ from omnitrio.bench._profile import (
     capacity_requests_per_s,
     ideal_first_audio_s,
     max_continuous_streams,
+    open_loop_capacity_requests_per_s,
     synthetic_profiles,
 )
 
@@ -224,3 +225,23 @@ def test_capacity_counts_the_source_stages_prefill() -> None:
     assert capacity_requests_per_s(profiles, 32, num_words=32) == pytest.approx(64 / busy_s)
     assert 93 < 64 / busy_s < 94  # 113.6 with the prefill left out
     assert capacity_requests_per_s(profiles, 32) == pytest.approx(64 / (busy_s - 0.05e-3 * 32 * 64))
+
+
+def test_open_loop_capacity_charges_one_prefill_per_arrival() -> None:
+    profiles = synthetic_profiles(omnitrio.load_config(REPO / "configs" / "bench-omni.yaml"))
+    assert profiles is not None
+    # Arrivals one at a time each land on a step of their own, which the thinker
+    # charges a whole 20 ms prefill: 64 of them per batch, not one.
+    steps_s = 32 * (0.008 + 64 * 0.15e-3)
+    open_loop_s = steps_s + 64 * 0.020 + 0.05e-3 * 32 * 64
+    assert open_loop_capacity_requests_per_s(profiles, 32, num_words=32) == pytest.approx(
+        64 / open_loop_s
+    )
+    closed_loop = capacity_requests_per_s(profiles, 32, num_words=32)
+    assert open_loop_capacity_requests_per_s(profiles, 32, num_words=32) < 0.5 * closed_loop
+    # Stages without prefill are charged the same either way.
+    synthetic = synthetic_profiles(omnitrio.load_config(REPO / "configs" / "synthetic.yaml"))
+    assert synthetic is not None
+    assert open_loop_capacity_requests_per_s(synthetic, 24) == capacity_requests_per_s(
+        synthetic, 24
+    )

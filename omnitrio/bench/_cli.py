@@ -28,6 +28,7 @@ from ._profile import (
     capacity_requests_per_s,
     ideal_first_audio_s,
     max_continuous_streams,
+    open_loop_capacity_requests_per_s,
     synthetic_profiles,
 )
 from ._report import RunReport, markdown_table, ratio_table, report_run, to_json, wave_table
@@ -278,7 +279,8 @@ def _context(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]
                 )
                 for level in _levels(args)
             },
-            "capacity_requests_per_s": capacity_requests_per_s(
+            # open-loop arrivals come one at a time: one prefill each
+            "capacity_requests_per_s": open_loop_capacity_requests_per_s(
                 profiles, args.output_len, num_words=args.input_len
             ),
             # a zero-overhead runtime at each level, with at most max_streams admitted
@@ -293,7 +295,9 @@ def _context(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]
             },
             "open_loop_requests_per_s": {
                 fraction: fraction
-                * capacity_requests_per_s(profiles, args.output_len, num_words=args.input_len)
+                * open_loop_capacity_requests_per_s(
+                    profiles, args.output_len, num_words=args.input_len
+                )
                 for fraction in _fractions(args)
             },
             "max_continuous_streams": max_continuous_streams(profiles),
@@ -383,7 +387,8 @@ def _write(args: argparse.Namespace, reports: list[RunReport], context: dict[str
                 for level, rate in workload["zero_overhead_requests_per_s"].items()
             )
             + "\n"
-            f"- bottleneck capacity: {workload['capacity_requests_per_s']:.1f} req/s\n"
+            f"- open-loop capacity (one prefill per arrival): "
+            f"{workload['capacity_requests_per_s']:.1f} req/s\n"
             f"- most streams that keep real time: {workload['max_continuous_streams']} "
             f"(max_streams {workload['max_streams']})"
         )
