@@ -21,6 +21,22 @@ streams' first units also costs ``prefill_ms`` once plus ``prefill_ms_per_word``
 per word of their requests' text, like a batched prefill; request options ``max_tokens`` or
 ``max_output_tokens`` (as the server passes them) cap the number of units.
 
+Shapes of Qwen3-Omni's stages (input mode):
+
+- ``frames_per_input`` (a talker): each input owes that many units (fractions
+  carry over: 3.5 makes 3, then 4), made one per step, like codec frames decoded
+  one per talker step for each text token;
+- ``window`` (code2wav): inputs are held until a whole window of that many is
+  there (or the input closes), then one step makes one unit of them; a step
+  charges only for the streams that made a window, nothing when none did;
+- ``replicas``: the batch is split across that many devices stepping in
+  parallel (``per_stream_ms`` for the largest share), driven by one host thread.
+
+``host_ms`` is host work per step (sampling, building each stream's output):
+Python that holds the GIL, as a real stage's does, for that much of the calling
+thread's CPU time, after the device time (once per replica that stepped). Where the stage runs
+decides who waits for it: omnitrio's stage threads share one process's GIL.
+
 ``load_time_ms`` makes construction slow, like loading weights.
 
 Faults on purpose: ``fail_after_units`` (per stream; request option
@@ -31,12 +47,13 @@ and ``gate``: a named ``Gate`` every step waits on while it is closed.
 
 from __future__ import annotations
 
+import math
 import select
 import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 import numpy
@@ -123,6 +140,9 @@ class _StreamState:
     steps_left: int | None
     fail_after_units: int | None
     units: int = 0
+    owed: float = 0.0  # frames_per_input: units owed by the inputs taken so far
+    held: list[object] = field(default_factory=list)  # window: inputs not yet made into a unit
+    cause: object = None  # the input the next unit comes from
 
 
 _live: weakref.WeakSet[SyntheticStage] = weakref.WeakSet()
@@ -131,6 +151,15 @@ _live: weakref.WeakSet[SyntheticStage] = weakref.WeakSet()
 def live_streams() -> set[tuple[str, str]]:
     """(stage, stream id) for every stream a live synthetic stage holds state for."""
     return {(stage.name, sid) for stage in list(_live) for sid in stage.open_stream_ids}
+
+
+def hold_gil_for(cpu_s: float) -> None:
+    """Run Python (GIL held, as interpreted host code holds it) until this thread has
+    had ``cpu_s`` of CPU: a fixed amount of work, which takes longer in wall time while
+    other threads hold the GIL or the machine is busy."""
+    deadline_s = time.thread_time() + cpu_s
+    while time.thread_time() < deadline_s:
+        pass
 
 
 def _step_limits(
@@ -163,6 +192,10 @@ class SyntheticStage:
         cpu_bound: bool = False,
         prefill_ms: float = 0.0,
         prefill_ms_per_word: float = 0.0,
+        frames_per_input: float | None = None,
+        window: int | None = None,
+        replicas: int = 1,
+        host_ms: float = 0.0,
         fail_after_units: int | None = None,
         fail_step_at: int | None = None,
         gate: str | None = None,
@@ -171,9 +204,19 @@ class SyntheticStage:
         for label, value in (
             ("inputs_per_step", inputs_per_step),
             ("audio_samples", audio_samples),
+            ("replicas", replicas),
+            ("window", 1 if window is None else window),
         ):
             if value < 1:
                 raise ValueError(f"{label} must be at least 1, got {value}")
+        if frames_per_input is not None and frames_per_input <= 0:
+            raise ValueError(f"frames_per_input must be above 0, got {frames_per_input}")
+        if host_ms < 0:
+            raise ValueError(f"host_ms must be at least 0, got {host_ms}")
+        if steps is not None and (frames_per_input is not None or window is not None):
+            raise ValueError("frames_per_input and window are for input mode (steps unset)")
+        if frames_per_input is not None and window is not None:
+            raise ValueError("give frames_per_input (a talker) or window (code2wav), not both")
         if visible not in ("text", "audio", "trace"):
             raise ValueError(f"visible must be text, audio or trace, got {visible!r}")
         self.name = name
@@ -190,6 +233,10 @@ class SyntheticStage:
         self.cpu_bound = cpu_bound
         self.prefill_s = prefill_ms / 1000
         self.prefill_per_word_s = prefill_ms_per_word / 1000
+        self.frames_per_input = frames_per_input
+        self.window = window
+        self.replicas = replicas
+        self.host_s = host_ms / 1000
         self.fail_after_units = fail_after_units
         self.fail_step_at = fail_step_at
         self.gate = Gate.named(gate) if gate else None
@@ -253,12 +300,21 @@ class SyntheticStage:
         self.num_steps += 1
         if self.gate is not None:
             self.gate.pass_through()
-        cost_s = self.service_time_s + self.per_stream_s * len(batch) + self._prefill_s(batch)
+        working = len(batch) if self.window is None else sum(map(self._makes_window, batch))
+        cost_s = (
+            self.service_time_s
+            + self.per_stream_s * math.ceil(working / self.replicas)
+            + self._prefill_s(batch)
+            if working
+            else 0.0
+        )
         deadline_s = time.perf_counter() + cost_s
         # The outputs are built inside the step's budget, as a GPU stage's host work
         # overlaps its kernels: the step returns at its deadline, not after it.
         outputs = {work.stream_id: self._step_one(work, deadline_s) for work in batch}
         self._wait_until(deadline_s)
+        if working and self.host_s:  # once per replica that stepped
+            hold_gil_for(self.host_s * min(working, self.replicas))
         if self.fail_step_at is not None and self.num_steps == self.fail_step_at:
             raise SyntheticFailure(f"step {self.num_steps} of {self.name} failed on purpose")
         return outputs
@@ -271,15 +327,37 @@ class SyntheticStage:
         words = sum(len(state.request.text.split()) for state in fresh)
         return (self.prefill_s if fresh else 0.0) + self.prefill_per_word_s * words
 
+    def _makes_window(self, work: StreamWork) -> bool:
+        assert self.window is not None
+        held = len(self._streams[work.stream_id].held) + len(work.inputs)
+        return held >= self.window or (work.input_closed and held > 0)
+
+    def _units_of(self, state: _StreamState, work: StreamWork) -> tuple[Sequence[object], bool]:
+        """The inputs this step makes units of (one unit each), and whether the stream
+        needs another step without new input."""
+        if state.steps_left is not None:  # source mode
+            made = (None,) if state.steps_left > 0 else ()
+            state.steps_left -= len(made)
+            return made, state.steps_left > 0
+        if self.frames_per_input is not None:  # one owed frame per step
+            state.owed += self.frames_per_input * len(work.inputs)
+            state.cause = work.inputs[-1] if work.inputs else state.cause
+            if state.owed < 1 - 1e-9:
+                return (), False
+            state.owed -= 1
+            return (state.cause,), state.owed >= 1 - 1e-9
+        if self.window is not None:  # one unit per whole window
+            state.held += work.inputs
+            if len(state.held) < self.window and not (work.input_closed and state.held):
+                return (), False
+            window, state.held = state.held[: self.window], state.held[self.window :]
+            more = len(state.held) >= self.window or (work.input_closed and bool(state.held))
+            return (window[-1],), more
+        return work.inputs, False
+
     def _step_one(self, work: StreamWork, deadline_s: float) -> StreamOutput:
         state = self._streams[work.stream_id]
-        inputs: Sequence[object]
-        if state.steps_left is not None:
-            inputs = (None,) if state.steps_left > 0 else ()
-            state.steps_left -= len(inputs)
-            more = state.steps_left > 0
-        else:
-            inputs, more = work.inputs, False
+        inputs, more = self._units_of(state, work)
         payloads: list[SyntheticPayload] = []
         visible: list[VisibleItem] = []
         for item in inputs:

@@ -245,3 +245,25 @@ def test_open_loop_capacity_charges_one_prefill_per_arrival() -> None:
     assert open_loop_capacity_requests_per_s(synthetic, 24) == capacity_requests_per_s(
         synthetic, 24
     )
+
+
+def test_the_qwen3_omni_workload_profile() -> None:
+    profiles = synthetic_profiles(omnitrio.load_config(REPO / "configs" / "bench-qwen3-omni.yaml"))
+    assert profiles is not None
+    thinker_s, talker_s, code2wav_s = 0.006 + 0.35e-3 + 1e-3, 0.005 + 0.15e-3 + 1e-3, 0.0113
+    # One stream: the prefill and first token, then the talker (3.5 frames per token,
+    # slower than the tokens come) makes 25 frames, then one code2wav window.
+    first_token_s = 0.010 + 0.01e-3 * 32 + thinker_s
+    assert ideal_first_audio_s(profiles, 256, 32) == pytest.approx(
+        first_token_s + 25 * talker_s + code2wav_s
+    )
+    # The talker is the bottleneck: 896 frames per 256-token answer, one step each.
+    full_talker_step_s = 0.005 + 32 * 0.15e-3 + 1e-3
+    assert capacity_requests_per_s(profiles, 256) == pytest.approx(32 / (896 * full_talker_step_s))
+    # A frame every 80 ms per stream: talker rounds of 10.8 ms, 7 of them (224 streams).
+    assert max_continuous_streams(profiles) == 224
+    # Layout 1:2: two talker GPUs halve its share of the batch; the thinker is next.
+    split = synthetic_profiles(omnitrio.load_config(REPO / "configs" / "bench-qwen3-omni-1x2.yaml"))
+    assert split is not None
+    two_gpus_s = 0.005 + 32 * 0.15e-3 + 2 * 1e-3
+    assert capacity_requests_per_s(split, 256) == pytest.approx(64 / (896 * two_gpus_s))

@@ -14,6 +14,10 @@ times are known, so the benchmark can say what the stages alone cost:
 - ``max_continuous_streams``: the most concurrent streams for which every
   stage still keeps up with real-time audio (beyond it, underruns are the
   stages' doing, not the runtime's).
+
+A step of ``b`` streams costs ``step_s + per_stream_s * ceil(b / replicas)`` of
+device time plus ``host_s`` of host time per replica that steps (GIL held: zero-overhead
+means no *runtime* overhead, the stages' own host work counts).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ SYNTHETIC_IMPL = "stages.synthetic:SyntheticStage"
 class StageProfile:
     name: str
     step_s: float  # service time of one step, whatever the batch
-    per_stream_s: float  # added per stream in the batch
+    per_stream_s: float  # added per stream in the batch (per replica's share)
     prefill_s: float  # added to a stream's first step (source mode)
     prefill_per_word_s: float  # and this per word of its prompt
     steps: int | None  # units per stream at a source stage
@@ -42,6 +46,35 @@ class StageProfile:
     visible_every: int
     audio_s_per_visible: float | None  # None when its visible items are not audio
     max_batch_size: int
+    frames_per_input: float | None = None  # units owed per input, one per step
+    window: int | None = None  # inputs per unit, one unit per step
+    replicas: int = 1
+    host_s: float = 0.0  # GIL-held host time per step (per replica)
+
+    def step_cost_s(self, batch: int) -> float:
+        """One step of ``batch`` streams (device time, then host time)."""
+        return (
+            self.step_s
+            + self.per_stream_s * math.ceil(batch / self.replicas)
+            + self.host_s * min(batch, self.replicas)
+        )
+
+    def round_s(self, streams: int) -> float:
+        """Steps for every one of ``streams`` streams once: ceil(streams / batch) of them."""
+        batches = math.ceil(streams / self.max_batch_size)
+        return batches * self.step_cost_s(min(streams, self.max_batch_size))
+
+    def steps_per_input(self) -> float:
+        """Steps (per stream) per unit of the stage before: ``frames_per_input`` for a
+        talker, 1 / ``window`` for code2wav, 1 / ``inputs_per_step`` otherwise."""
+        if self.frames_per_input is not None:
+            return self.frames_per_input
+        return 1 / (self.window if self.window is not None else self.inputs_per_step)
+
+    def units_per_input(self) -> float:
+        if self.frames_per_input is not None:
+            return self.frames_per_input
+        return 1 / self.window if self.window is not None else 1.0
 
 
 def synthetic_profiles(config: PipelineConfig) -> list[StageProfile] | None:
@@ -74,6 +107,10 @@ def synthetic_profiles(config: PipelineConfig) -> list[StageProfile] | None:
                     params["audio_samples"] / params["sample_rate_hz"] if audio else None
                 ),
                 max_batch_size=spec.max_batch_size,
+                frames_per_input=params["frames_per_input"],
+                window=params["window"],
+                replicas=params["replicas"],
+                host_s=params["host_ms"] / 1000,
             )
         )
     return profiles
@@ -91,46 +128,59 @@ def ideal_first_audio_s(
     """
     arrivals: list[float] = []  # when each payload reaches the stage being walked
     for index, stage in enumerate(profiles):
-        num_batches = math.ceil(streams / stage.max_batch_size)
-        round_s = num_batches * (
-            stage.step_s + stage.per_stream_s * min(streams, stage.max_batch_size)
-        )
+        round_s = stage.round_s(streams)
         if index == 0:  # source mode: one unit per round, back to back, after the prefill
             prefill_s = (
-                stage.prefill_s * num_batches + stage.prefill_per_word_s * num_words * streams
+                stage.prefill_s * math.ceil(streams / stage.max_batch_size)
+                + stage.prefill_per_word_s * num_words * streams
             )
-            step_ends = [[prefill_s + round_s * (k + 1)] for k in range(steps)]
+            unit_ends = [prefill_s + round_s * (k + 1) for k in range(steps)]
         else:
-            step_ends = _greedy_steps(arrivals, stage, round_s)
-        outputs: list[float] = []
-        count = 0
-        for group in step_ends:
-            shows = False
-            for end in group:
-                count += 1
-                outputs += [end] * stage.outputs_per_input
-                shows = shows or (stage.visible_every > 0 and count % stage.visible_every == 0)
+            unit_ends = _unit_ends(arrivals, stage, round_s)
+        for count, end in enumerate(unit_ends, start=1):
+            shows = stage.visible_every > 0 and count % stage.visible_every == 0
             if shows and stage.audio_s_per_visible is not None:
-                return group[-1]
-        arrivals = outputs
+                return end
+        arrivals = [end for end in unit_ends for _ in range(stage.outputs_per_input)]
     return None
 
 
-def _greedy_steps(arrivals: list[float], stage: StageProfile, step_s: float) -> list[list[float]]:
-    """Step ends of an input-mode stage fed at ``arrivals`` (sorted): each step starts when
-    the previous one ended and an input is there, and takes up to ``inputs_per_step`` of
-    the inputs waiting then. One list per step, one entry (its end) per input taken."""
-    groups: list[list[float]] = []
-    free_at = 0.0
-    i = 0
-    while i < len(arrivals):
-        start = max(free_at, arrivals[i])
-        taken = [a for a in arrivals[i : i + stage.inputs_per_step] if a <= start]
-        end = start + step_s
-        groups.append([end] * len(taken))
+def _unit_ends(arrivals: list[float], stage: StageProfile, step_s: float) -> list[float]:
+    """When each unit of an input-mode stage fed at ``arrivals`` (sorted) is made: each
+    step starts when the previous one ended and it has work, and takes up to
+    ``inputs_per_step`` of the inputs waiting then (a window stage: a whole window)."""
+    ends: list[float] = []
+    free_at, owed, i = 0.0, 0.0, 0
+    while i < len(arrivals) or owed >= 1 - 1e-9:
+        if stage.window is not None:  # one unit per window, when its last input is there
+            last = min(i + stage.window, len(arrivals)) - 1
+            free_at = max(free_at, arrivals[last]) + step_s
+            ends.append(free_at)
+            i = last + 1
+            continue
+        if owed < 1 - 1e-9:  # nothing to make: wait for the next input
+            free_at = max(free_at, arrivals[i])
+        taken = [a for a in arrivals[i : i + stage.inputs_per_step] if a <= free_at]
         i += len(taken)
-        free_at = end
-    return groups
+        free_at += step_s
+        if stage.frames_per_input is None:
+            ends += [free_at] * len(taken)
+        else:
+            owed += stage.frames_per_input * len(taken) - 1
+            ends.append(free_at)
+    return ends
+
+
+def _steps_per_request(profiles: Sequence[StageProfile], steps: int) -> list[int]:
+    """Steps each stage makes for one request of ``steps`` source units."""
+    counts, units = [], float(steps)
+    for stage in profiles:
+        if stage.steps is not None:
+            counts.append(steps)
+        else:
+            counts.append(math.ceil(units * stage.steps_per_input() - 1e-9))
+            units *= stage.units_per_input()
+    return counts
 
 
 def capacity_requests_per_s(
@@ -170,10 +220,9 @@ def _capacity(
     one_prefill_per_request: bool,
 ) -> float:
     rates = []
-    for stage in profiles:
+    for stage, per_request in zip(profiles, _steps_per_request(profiles, steps), strict=True):
         batch = stage.max_batch_size if streams is None else min(streams, stage.max_batch_size)
-        per_request = steps if stage.steps is not None else math.ceil(steps / stage.inputs_per_step)
-        busy_s = per_request * (stage.step_s + stage.per_stream_s * batch)
+        busy_s = per_request * stage.step_cost_s(batch)
         if stage.steps is not None:
             prefills = batch if one_prefill_per_request else 1
             busy_s += stage.prefill_s * prefills + stage.prefill_per_word_s * num_words * batch
@@ -181,31 +230,39 @@ def _capacity(
     return min(rates)
 
 
-def unit_interval_s(stage: StageProfile, streams: int) -> float:
-    """Time between one stream's units at ``stage`` when ``streams`` keep it saturated:
-    ``ceil(streams / max_batch_size)`` steps per round, ``inputs_per_step`` units per
-    stream per round in input mode (one in source mode)."""
-    batch = min(streams, stage.max_batch_size)
-    round_s = math.ceil(streams / stage.max_batch_size) * (
-        stage.step_s + stage.per_stream_s * batch
-    )
-    return round_s / (stage.inputs_per_step if stage.steps is None else 1)
+def source_unit_interval_s(profiles: Sequence[StageProfile], index: int, streams: int) -> float:
+    """Time stage ``index`` takes per source unit (text token) of one stream when
+    ``streams`` streams keep it saturated: its round times its steps per source unit."""
+    steps, units = 1.0, 1.0  # the stage's steps, and the units reaching it, per source unit
+    for stage in profiles[1 : index + 1]:
+        steps = units * stage.steps_per_input()
+        units *= stage.units_per_input()
+    return profiles[index].round_s(streams) * steps
 
 
 def max_continuous_streams(profiles: Sequence[StageProfile], limit: int = 1024) -> int | None:
     """The most concurrent streams for which every stage keeps up with real-time audio.
 
-    A stream stays continuous while its slowest stage makes units at least as fast
-    as the audio they become is played (one payload per unit along the chain
-    assumed). None when no stage emits audio.
+    A stream stays continuous while every stage makes its share of one source unit
+    (a text token) at least as fast as the audio that unit becomes is played. None
+    when no stage emits audio.
     """
-    audio = next((p for p in profiles if p.audio_s_per_visible is not None), None)
-    if audio is None or audio.audio_s_per_visible is None:
+    units = 1.0
+    audio_per_source_unit_s = None
+    for stage in profiles:
+        if stage.steps is None:
+            units *= stage.units_per_input()
+        if stage.audio_s_per_visible is not None:
+            audio_per_source_unit_s = units * stage.audio_s_per_visible / stage.visible_every
+            break
+    if audio_per_source_unit_s is None:
         return None
-    audio_per_unit_s = audio.audio_s_per_visible / audio.visible_every
     best = 0
     for streams in range(1, limit + 1):
-        if max(unit_interval_s(p, streams) for p in profiles) > audio_per_unit_s:
+        if any(
+            source_unit_interval_s(profiles, i, streams) > audio_per_source_unit_s
+            for i in range(len(profiles))
+        ):
             break
         best = streams
     return best

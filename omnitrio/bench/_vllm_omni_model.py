@@ -255,6 +255,7 @@ class _Engine:
     pending: dict[str, list[object]] = field(default_factory=dict)  # payloads not yet chunked
     chunks: dict[str, int] = field(default_factory=dict)
     device: dict[str, numpy.ndarray[Any, Any]] = field(default_factory=dict)
+    more: set[str] = field(default_factory=set)  # asked for a step without new input
 
     def __post_init__(self) -> None:
         # What one unit leaves on the "device": the hidden rows the talker reads
@@ -291,7 +292,7 @@ class _Engine:
             with self.connector.lock:
                 inbox = self.connector.inbox[stream_id]
                 closed = stream_id in self.connector.upstream_done
-                if not inbox and not closed:
+                if not inbox and not closed and stream_id not in self.more:
                     continue  # WAITING_FOR_CHUNK
                 limit = self.stage.max_inputs_per_step or len(inbox)
                 taken = tuple(inbox.popleft() for _ in range(min(limit, len(inbox))))
@@ -307,6 +308,10 @@ class _Engine:
         if self.index == 1 and self.settings.packaging_ms > 0:
             _hold_gil(self.settings.packaging_ms / 1000)  # seed 002, before the next launch
         for stream_id, out in results.items():
+            if out.more:
+                self.more.add(stream_id)
+            else:
+                self.more.discard(stream_id)
             if self.index < self.num_stages - 1:
                 self._save(stream_id, out)
             if out.done or out.error is not None:
@@ -335,6 +340,7 @@ class _Engine:
 
     def _finish(self, stream_id: str) -> None:
         self.running.remove(stream_id)
+        self.more.discard(stream_id)
         self.pending.pop(stream_id, None)
         self.chunks.pop(stream_id, None)
         self.stage.close_stream(stream_id)
