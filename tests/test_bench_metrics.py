@@ -29,6 +29,8 @@ from omnitrio.bench._profile import (
     open_loop_capacity_requests_per_s,
     synthetic_profiles,
 )
+from omnitrio.bench._report import RunReport, report_run, spread_table
+from omnitrio.bench._runner import RunResult
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -267,3 +269,50 @@ def test_the_qwen3_omni_workload_profile() -> None:
     assert split is not None
     two_gpus_s = 0.005 + 32 * 0.15e-3 + 2 * 1e-3
     assert capacity_requests_per_s(split, 256) == pytest.approx(64 / (896 * two_gpus_s))
+
+
+def test_later_waves_by_mean_and_p90_see_a_tail_the_median_misses() -> None:
+    # Wave 1's median stays at wave 0's, but a quarter of it waits 4x as long.
+    ttfas = [0.1] * 4 + [0.1, 0.1, 0.1, 0.4]
+    records = [
+        RequestRecord(i, wave_of(i, 4), 0.0, "completed", audio=chunks((t, 0.1)), done_at_s=1)
+        for i, t in enumerate(ttfas)
+    ]
+    result, _ = aggregate(records)
+    assert result.later_waves is not None
+    assert result.later_waves.median == pytest.approx(1.0)
+    assert result.later_waves.mean == pytest.approx(0.175 / 0.1)
+    assert result.later_waves.p90 == pytest.approx(percentile([0.1, 0.1, 0.1, 0.4], 90) / 0.1)
+
+
+def test_admission_wait_is_reported_apart_from_runtime_added_ttfa() -> None:
+    # Refused twice, admitted 0.1 s after it was sent; the stages then took the ideal path.
+    retried = RequestRecord(
+        0, 0, 0.0, "completed", audio=chunks((0.35, 0.1)), done_at_s=1, admitted_at_s=0.1
+    )
+    at_once = RequestRecord(1, 0, 0.0, "completed", audio=chunks((0.25, 0.1)), done_at_s=1)
+    result, _ = aggregate([retried, at_once], ideal_ttfa_s=0.25)
+    assert result.admission_wait_s is not None
+    assert result.admission_wait_s.max == pytest.approx(0.1)
+    assert result.runtime_added_ttfa_s is not None
+    assert result.runtime_added_ttfa_s.max == pytest.approx(0.0)
+
+
+def test_the_spread_table_gives_each_ratio_over_the_repetitions() -> None:
+    def run(target: str, rep: int, ttfa_s: float) -> RunReport:
+        records = [
+            RequestRecord(i, 0, 0.0, "completed", audio=chunks((ttfa_s, 0.1)), done_at_s=1)
+            for i in range(2)
+        ]
+        result = RunResult(target, 2, math.inf, rep, tuple(records), (), False)
+        return report_run(result, ideal_ttfa_s=0.1)
+
+    reports = [
+        run(name, rep, ttfa)
+        for rep, (ours, theirs) in enumerate([(0.2, 0.4), (0.3, 0.4), (0.2, 0.8)])
+        for name, ttfa in (("omnitrio", ours), ("model", theirs))
+    ]
+    (row,) = spread_table(reports, "omnitrio").splitlines()[2:]
+    # TTFA p99 ratios 0.5, 0.75, 0.25; the bound: ideal 0.1 over 0.4, 0.4, 0.8.
+    assert row.startswith("| model | c=2 | 0.50 [0.25-0.75] (3) | 0.50 [0.25-0.75] (3) |")
+    assert row.endswith("| 0.25 [0.12-0.25] (3) |")

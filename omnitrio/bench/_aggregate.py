@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from ._metrics import (
     RequestMetrics,
     Summary,
+    WaveRatios,
     continuity_rate,
     later_waves_over_first,
+    later_waves_ratios,
     request_metrics,
     summarize,
     ttfa_by_wave,
@@ -39,12 +41,14 @@ class Aggregates:
     underrun_s: Summary | None
     audio_rtf: Summary | None
     text_to_audio_lag_s: Summary | None
-    runtime_added_ttfa_s: Summary | None  # TTFA minus the ideal critical path, if known
+    runtime_added_ttfa_s: Summary | None  # TTFA minus admission wait and the ideal path
+    admission_wait_s: Summary | None  # send to the admitted attempt, over the admitted
     refused_after_s: Summary | None  # send to the first refusal, over the refused requests
     continuity_rate: float | None
     ttfa_by_wave: dict[int, Summary]
     later_waves_over_first: float | None
     throughput: Throughput
+    later_waves: WaveRatios | None = None
 
 
 def throughput(records: Sequence[RequestRecord]) -> Throughput:
@@ -90,13 +94,17 @@ def aggregate(
             runtime_added_ttfa_s=(
                 None
                 if ideal_ttfa_s is None
-                else summarize(m.ttfa_s - ideal_ttfa_s for m in ok if m.ttfa_s is not None)
+                else summarize(
+                    m.ttfa_s - m.admission_wait_s - ideal_ttfa_s for m in ok if m.ttfa_s is not None
+                )
             ),
+            admission_wait_s=summarize(m.admission_wait_s for m in ok),
             refused_after_s=summarize(r.refused_after_s for r in measured),
             continuity_rate=continuity_rate(ok),
             ttfa_by_wave=by_wave,
             later_waves_over_first=later_waves_over_first(by_wave),
             throughput=throughput(measured),
+            later_waves=later_waves_ratios(ok),
         ),
         metrics,
     )

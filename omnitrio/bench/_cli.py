@@ -31,7 +31,15 @@ from ._profile import (
     open_loop_capacity_requests_per_s,
     synthetic_profiles,
 )
-from ._report import RunReport, markdown_table, ratio_table, report_run, to_json, wave_table
+from ._report import (
+    RunReport,
+    markdown_table,
+    ratio_table,
+    report_run,
+    spread_table,
+    to_json,
+    wave_table,
+)
 from ._runner import LoadSettings, default_progress_stream, run_load
 from ._server import ChatTarget, RealtimeTarget, wait_until_serving
 from ._target import Prompt, Target
@@ -371,6 +379,10 @@ def _write(args: argparse.Namespace, reports: list[RunReport], context: dict[str
     ratios = ratio_table(reports, subject)
     if ratios:
         sections.append(f"## {subject} / baseline (below 1 is better for times)\n\n" + ratios)
+        sections.append(
+            f"## {subject} / baseline over the repetitions: median [min-max] (n)\n\n"
+            + spread_table(reports, subject)
+        )
     workload = context["workload"]
     if "ideal_ttfa_s" in workload:
         sections.append(

@@ -17,6 +17,12 @@ The definitions follow vllm-omni's ``bench serve --omni`` so numbers compare:
   ``CONTINUITY_THRESHOLD_S`` (100 ms, vllm-omni's default).
 - **Text-to-audio lag**: TTFA minus TTFT (vllm-omni has no such metric; it is
   the gap a user hears between reading the reply and hearing it).
+- **Admission wait**: send to the start of the attempt that was admitted (a
+  refused request's retries); the *runtime-added TTFA* is TTFA minus this wait
+  minus the ideal critical path, so a refusal policy and a queue are told apart.
+- **Later waves / first**: median of the later waves' medians over wave 0's
+  median, and the mean and p90 of every later-wave request's TTFA over wave 0's
+  (seed 001's rise lives in the tail and the mean).
 - **Waves**: by send time: the ``k``-th request sent (``sent_at_s`` order) belongs
   to wave ``k // max_concurrency`` (``waves_by_send_time``). Not by request
   index: trio starts the clients' tasks in no set order.
@@ -115,6 +121,7 @@ class RequestMetrics:
     underrun_s: float | None
     continuous: bool | None
     text_to_audio_lag_s: float | None
+    admission_wait_s: float = 0.0
 
 
 def request_metrics(record: RequestRecord) -> RequestMetrics:
@@ -142,6 +149,7 @@ def request_metrics(record: RequestRecord) -> RequestMetrics:
         underrun_s=underrun,
         continuous=None if underrun is None else underrun <= CONTINUITY_THRESHOLD_S,
         text_to_audio_lag_s=ttfa - ttft if ttfa is not None and ttft is not None else None,
+        admission_wait_s=record.admitted_at_s,
     )
 
 
@@ -185,6 +193,32 @@ def later_waves_over_first(by_wave: dict[int, Summary]) -> float | None:
         return None
     later = [s.median for wave, s in by_wave.items() if wave > 0]
     return percentile(later, 50) / by_wave[0].median
+
+
+@dataclass(frozen=True)
+class WaveRatios:
+    """Later waves' TTFA over the first wave's, three ways (see the module docstring)."""
+
+    median: float
+    mean: float
+    p90: float
+
+
+def later_waves_ratios(metrics: Iterable[RequestMetrics]) -> WaveRatios | None:
+    """Later waves over wave 0 by median of medians, by mean and by p90 (None without
+    a wave 0 and a later wave with audio)."""
+    listed = list(metrics)
+    median = later_waves_over_first(ttfa_by_wave(listed))
+    first = [m.ttfa_s for m in listed if m.wave == 0 and m.ttfa_s is not None]
+    later = [m.ttfa_s for m in listed if m.wave > 0 and m.ttfa_s is not None]
+    if median is None or not first or not later:
+        return None
+    first_mean = sum(first) / len(first)
+    return WaveRatios(
+        median=median,
+        mean=(sum(later) / len(later)) / first_mean,
+        p90=percentile(later, 90) / percentile(first, 90),
+    )
 
 
 def continuity_rate(metrics: Iterable[RequestMetrics]) -> float | None:

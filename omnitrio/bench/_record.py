@@ -26,11 +26,11 @@ class RequestRecord:
     ``outcome`` is ``"completed"``, ``"failed"`` (an error mid-stream or at
     start, ``error`` says which) or ``"refused"`` (the target said it is full).
     Times count from the first attempt, so a refused-then-retried request's
-    wait is in its TTFA, unless the run does not retry: then it is
-    ``"refused"`` at once and ``refused_after_s`` says how soon. ``wave`` is the
-    rank of its send time divided by the maximum concurrency: with more prompts
-    than concurrency, wave 0 runs first and later waves follow as slots free up
-    (seed 001).
+    wait is in its TTFA (``admitted_at_s`` says how much of it), unless the run
+    does not retry: then it is ``"refused"`` at once and ``refused_after_s``
+    says how soon. ``wave`` is the rank of its send time divided by the maximum
+    concurrency: with more prompts than concurrency, wave 0 runs first and later
+    waves follow as slots free up (seed 001).
     """
 
     index: int
@@ -44,6 +44,7 @@ class RequestRecord:
     num_input_words: int = 0
     num_refusals: int = 0  # times the target said it was full before admitting it
     refused_after_s: float | None = None  # send to the first refusal
+    admitted_at_s: float = 0.0  # send to the start of the attempt admitted (after refusals)
     warmup: bool = False
 
     @property

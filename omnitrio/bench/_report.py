@@ -47,11 +47,12 @@ class RunReport:
     run: RunResult
     aggregates: Aggregates
     samples: SampleSummary
+    ideal_ttfa_s: float | None = None  # the zero-overhead TTFA of its load, if known
 
 
 def report_run(run: RunResult, ideal_ttfa_s: float | None) -> RunReport:
     aggregates, _ = aggregate(run.records, ideal_ttfa_s)
-    return RunReport(run, aggregates, summarize_samples(run.samples))
+    return RunReport(run, aggregates, summarize_samples(run.samples), ideal_ttfa_s)
 
 
 def to_json(reports: Sequence[RunReport], context: dict[str, Any]) -> str:
@@ -101,6 +102,7 @@ _COLUMNS: list[tuple[str, Callable[[RunReport], str]]] = [
     ("TTFT p50", lambda r: _ms(r.aggregates.ttft_s)),
     ("TTFA p50", lambda r: _ms(r.aggregates.ttfa_s)),
     ("TTFA p99", lambda r: _ms(r.aggregates.ttfa_s, "p99")),
+    ("admission wait p99", lambda r: _ms(r.aggregates.admission_wait_s, "p99")),
     ("added TTFA p50/p99", lambda r: _added(r.aggregates)),
     ("E2EL p50", lambda r: _ms(r.aggregates.e2el_s)),
     ("ITL p50/p99", lambda r: f"{_ms(r.aggregates.itl_s)}/{_ms(r.aggregates.itl_s, 'p99')}"),
@@ -111,10 +113,16 @@ _COLUMNS: list[tuple[str, Callable[[RunReport], str]]] = [
     ("req/s", lambda r: f"{r.aggregates.throughput.requests_per_s:.1f}"),
     ("tok/s", lambda r: f"{r.aggregates.throughput.text_deltas_per_s:.0f}"),
     ("audio s/s", lambda r: f"{r.aggregates.throughput.audio_s_per_s:.2f}"),
-    ("later/first wave", lambda r: _num(r.aggregates.later_waves_over_first)),
+    ("later/first wave p50/mean/p90", lambda r: _waves(r.aggregates)),
     ("max queue", lambda r: str(sum(r.samples.max_queue_depth.values()))),
     ("peak RSS MB", lambda r: _num(_mb(r.samples.rss_max_bytes), "{:.0f}")),
+    ("load avg", lambda r: "{:.1f}-{:.1f}".format(*r.run.load_average)),
 ]
+
+
+def _waves(a: Aggregates) -> str:
+    w = a.later_waves
+    return "-" if w is None else f"{w.median:.2f}/{w.mean:.2f}/{w.p90:.2f}"
 
 
 def _outcomes(a: Aggregates) -> str:
@@ -166,6 +174,51 @@ def ratio_table(reports: Sequence[RunReport], subject: str) -> str:
             + " |"
         )
     return "\n".join([header, rule, *rows]) if rows else ""
+
+
+def spread_table(reports: Sequence[RunReport], subject: str) -> str:
+    """``subject`` / baseline over the repetitions of each load: median [min-max] (n),
+    with the zero-overhead bound beside TTFA p99 (the ideal TTFA over the baseline's
+    median TTFA p99: the best ratio a runtime adding nothing could show)."""
+    by_key = {_key(r): r for r in reports}
+    ratios: dict[tuple[str, int, float], list[list[float | None]]] = {}
+    bounds: dict[tuple[str, int, float], list[float]] = {}
+    for (target, conc, rate, rep), base in by_key.items():
+        ours = by_key.get((subject, conc, rate, rep))
+        if target == subject or ours is None:
+            continue
+        row = [_divide(get(ours.aggregates), get(base.aggregates)) for _, get in _RATIOS]
+        ratios.setdefault((target, conc, rate), []).append(row)
+        base_p99 = base.aggregates.ttfa_s.p99 if base.aggregates.ttfa_s else None
+        if base.ideal_ttfa_s is not None and base_p99:
+            bounds.setdefault((target, conc, rate), []).append(base.ideal_ttfa_s / base_p99)
+    names = [name for name, _ in _RATIOS]
+    header = "| baseline | load | " + " | ".join(names) + " | zero-overhead TTFA p99 bound |"
+    rule = "|---|---|" + "|".join("---" for _ in names) + "|---|"
+    rows = []
+    for (target, conc, rate), runs in ratios.items():
+        cells = [_spread([run[i] for run in runs]) for i in range(len(names))]
+        load = by_key[(target, conc, rate, 0)].run if (target, conc, rate, 0) in by_key else None
+        label = load_label(load) if load is not None else f"c={conc}"
+        bound = _spread(list(bounds.get((target, conc, rate), [])))
+        rows.append(f"| {target} | {label} | " + " | ".join(cells) + f" | {bound} |")
+    return "\n".join([header, rule, *rows]) if rows else ""
+
+
+def _divide(ours: float | None, theirs: float | None) -> float | None:
+    return None if ours is None or theirs is None or theirs == 0 else ours / theirs
+
+
+def _spread(values: Sequence[float | None]) -> str:
+    present = sorted(v for v in values if v is not None)
+    if not present:
+        return "-"
+    middle = (
+        present[len(present) // 2]
+        if len(present) % 2
+        else (present[len(present) // 2 - 1] + present[len(present) // 2]) / 2
+    )
+    return f"{middle:.2f} [{present[0]:.2f}-{present[-1]:.2f}] ({len(present)})"
 
 
 def _key(report: RunReport) -> tuple[str, int, float, int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -47,6 +48,7 @@ class RunResult:
     records: tuple[RequestRecord, ...]
     samples: tuple[Sample, ...]
     timed_out: bool
+    load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at start, end
 
 
 class Progress:
@@ -100,6 +102,7 @@ async def run_load(
     label = f"{target.name} c={settings.max_concurrency}"
     progress = Progress(progress_out, label, len(warmup) + len(prompts))
     timed_out = True
+    load_at_start = os.getloadavg()[0]
     with trio.move_on_after(settings.time_limit_s):
         run_start_s = time.perf_counter()
         async with trio.open_nursery() as nursery:
@@ -119,6 +122,7 @@ async def run_load(
         records=tuple(sorted(records, key=lambda r: (not r.warmup, r.index))),
         samples=tuple(samples),
         timed_out=timed_out,
+        load_average=(load_at_start, os.getloadavg()[0]),
     )
 
 
@@ -158,10 +162,12 @@ async def _one(
         timeline = Timeline(read_speed=settings.read_speed)
         num_refusals = 0
         refused_after_s: float | None = None
+        attempt_s = timeline.sent_s
         outcome = "failed"
         error: str | None = "time limit reached"
         try:
             while True:
+                attempt_s = time.perf_counter() if num_refusals else timeline.sent_s
                 try:
                     await target.request(prompt, timeline)
                 except Refused:
@@ -195,6 +201,7 @@ async def _one(
                     num_input_words=prompt.num_words,
                     num_refusals=num_refusals,
                     refused_after_s=refused_after_s,
+                    admitted_at_s=max(0.0, attempt_s - timeline.sent_s),
                     warmup=warmup,
                 )
             )
