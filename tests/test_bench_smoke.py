@@ -237,3 +237,28 @@ def test_bench_tiny_qwen3_omni_against_monolithic_generate(
         assert run["aggregates"]["num_completed"] == 4, run["target"]
         assert run["aggregates"]["ttfa_s"]["count"] == 4, run["target"]
     assert "## omnitrio / baseline" in markdown
+
+
+def test_bench_sweeps_host_time_for_every_target_alike(tmp_path: Path, fast_config: Path) -> None:
+    report, markdown = run_bench(
+        tmp_path,
+        *("--config", str(fast_config), "--max-concurrency", "2", "--host-ms", "0,0.5"),
+        *("--baseline", "vllm-omni-model"),
+    )
+    check_runs(
+        report,
+        [
+            "omnitrio host=0ms",
+            "vllm-omni-model host=0ms",
+            "omnitrio host=0.5ms",
+            "vllm-omni-model host=0.5ms",
+        ],
+        [2],
+    )
+    runs = report["runs"]
+    assert isinstance(runs, list)
+    # Each host time has its own zero-overhead path: 4 steps of 0.5 ms more to the first audio.
+    added = [run["aggregates"]["runtime_added_ttfa_s"]["min"] for run in runs]
+    assert all(value > -0.001 for value in added), added
+    assert "## omnitrio host=0ms / baseline over the repetitions" in markdown
+    assert "| vllm-omni-model host=0.5ms | c=2 | " in markdown

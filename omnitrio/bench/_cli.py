@@ -18,12 +18,13 @@ from typing import Any
 
 import yaml
 
-from .._config import PipelineConfig, load_config, parse_config
+from .._config import PipelineConfig, load_config
 from .._items import Scalar
 from ._http import Endpoint
 from ._inprocess import open_pipeline_target
 from ._monolithic import SEQUENTIAL, open_monolithic
 from ._orchestrator_shape import open_orchestrator_shape
+from ._overrides import with_cpu_bound, with_host_ms, with_params, with_placement
 from ._profile import (
     capacity_requests_per_s,
     ideal_first_audio_s,
@@ -75,6 +76,16 @@ def add_parser(commands: Any) -> None:
         "--model-path", type=Path, help="local model folder for the stages that load one"
     )
     what.add_argument("--cpu-bound", action="store_true", help="synthetic stages hold the GIL")
+    what.add_argument(
+        "--host-ms",
+        help="synthetic stages' GIL-held host time per step, ms, for every target alike; "
+        "a list (0,1,2,4) sweeps it, each value's targets named with it",
+    )
+    what.add_argument(
+        "--placement",
+        choices=("thread", "ray"),
+        help="place every stage of omnitrio's pipeline so (ray: a process per stage)",
+    )
     what.add_argument(
         "--model-packaging-ms",
         type=float,
@@ -191,31 +202,25 @@ def _option(text: str) -> tuple[str, Scalar]:
     return key, value
 
 
-def with_params(path: Path, settings: list[str]) -> PipelineConfig:
-    """The config at ``path`` with ``STAGE.PARAM=VALUE`` overrides applied, validated."""
-    data = yaml.safe_load(path.read_text())
-    for setting in settings:
-        key, sep, raw = setting.partition("=")
-        stage_name, dot, param = key.partition(".")
-        stages = data.get("stages") if isinstance(data, dict) else None
-        stage = next((s for s in stages or () if s.get("name") == stage_name), None)
-        if not sep or not dot or stage is None:
-            raise ValueError(
-                f"--set {setting!r}: give STAGE.PARAM=VALUE with a stage of the config"
-            )
-        stage.setdefault("params", {})[param] = yaml.safe_load(raw)
-    return parse_config(data, source=f"{path} (with --set)")
+def _host_ms(args: argparse.Namespace) -> list[float | None]:
+    if not args.host_ms:
+        return [None]
+    values = [float(v) for v in args.host_ms.split(",")]
+    if any(v < 0 for v in values):
+        raise ValueError(f"--host-ms: give times of at least 0 ms, got {args.host_ms!r}")
+    return list(values)
 
 
-def with_cpu_bound(config: PipelineConfig) -> PipelineConfig:
-    """``config`` with every synthetic stage busy-waiting instead of sleeping."""
-    stages = tuple(
-        s.model_copy(update={"params": {**s.params, "cpu_bound": True}})
-        if s.impl == "stages.synthetic:SyntheticStage"
-        else s
-        for s in config.stages
-    )
-    return config.model_copy(update={"stages": stages})
+def _named(open_target: OpenTarget, suffix: str) -> OpenTarget:
+    """``open_target`` with ``suffix`` added to its target's name."""
+
+    @asynccontextmanager
+    async def opened() -> AsyncIterator[Target]:
+        async with open_target() as target:
+            target.name = f"{target.name}{suffix}"
+            yield target
+
+    return opened
 
 
 def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarget]:
@@ -278,15 +283,7 @@ def _context(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]
     if profiles is not None:
         workload |= {
             # omnitrio admits at most max_streams at once: the rest wait, refused.
-            "ideal_ttfa_s": {
-                level: ideal_first_audio_s(
-                    profiles,
-                    args.output_len,
-                    args.input_len,
-                    min(level, config.pipeline.max_streams),
-                )
-                for level in _levels(args)
-            },
+            "ideal_ttfa_s": {level: _ideal_ttfa_s(args, config, level) for level in _levels(args)},
             # open-loop arrivals come one at a time: one prefill each
             "capacity_requests_per_s": open_loop_capacity_requests_per_s(
                 profiles, args.output_len, num_words=args.input_len
@@ -323,6 +320,15 @@ def _context(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]
     }
 
 
+def _ideal_ttfa_s(args: argparse.Namespace, config: PipelineConfig, level: int) -> float | None:
+    """The zero-overhead TTFA at ``level`` streams (at most max_streams admitted)."""
+    profiles = synthetic_profiles(config)
+    if profiles is None:
+        return None
+    streams = min(level, config.pipeline.max_streams)
+    return ideal_first_audio_s(profiles, args.output_len, args.input_len, streams)
+
+
 def _commit() -> str | None:
     try:
         done = subprocess.run(
@@ -343,20 +349,32 @@ async def bench(args: argparse.Namespace) -> None:
         config = with_model_path(config, args.model_path)
     if args.cpu_bound:
         config = with_cpu_bound(config)
+    if args.placement:
+        config = with_placement(config, args.placement)
     if args.repeat < 1:
         raise ValueError(f"--repeat must be at least 1, got {args.repeat}")
+    host_ms = _host_ms(args)
+    if len(host_ms) == 1:
+        config = with_host_ms(config, host_ms[0])
     context = _context(args, config)
     loads = _loads(args, context)
     progress = None if args.no_progress else default_progress_stream()
     reports: list[RunReport] = []
-    targets = _targets(args, config)
+    targets = [(target, config) for target in _targets(args, config)]
+    if len(host_ms) > 1:  # a sweep: every target at every host time, named with it
+        swept = [with_host_ms(config, value) for value in host_ms]
+        targets = [
+            (_named(target, f" host={value:g}ms"), at)
+            for value, at in zip(host_ms, swept, strict=True)
+            for target in _targets(args, at)
+        ]
     warmup = make_prompts(args.warmup, args.input_len, args.output_len, args.seed + 1, args.option)
     for load in loads:
         prompts = make_prompts(
             load.num_prompts, args.input_len, args.output_len, args.seed, args.option
         )
         for repetition in range(args.repeat):  # repetitions interleave the targets
-            for open_target in targets:
+            for open_target, target_config in targets:
                 async with open_target() as target:
                     run = await run_load(
                         target,
@@ -366,7 +384,10 @@ async def bench(args: argparse.Namespace) -> None:
                         progress_out=progress,
                         repetition=repetition,
                     )
-                reports.append(report_run(run, load.ideal_ttfa_s))
+                ideal_s = load.ideal_ttfa_s
+                if ideal_s is not None and target_config is not config:  # its own host time
+                    ideal_s = _ideal_ttfa_s(args, target_config, load.settings.max_concurrency)
+                reports.append(report_run(run, ideal_s))
     _write(args, reports, context)
 
 
