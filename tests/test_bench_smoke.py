@@ -262,3 +262,33 @@ def test_bench_sweeps_host_time_for_every_target_alike(tmp_path: Path, fast_conf
     assert all(value > -0.001 for value in added), added
     assert "## omnitrio host=0ms / baseline over the repetitions" in markdown
     assert "| vllm-omni-model host=0.5ms | c=2 | " in markdown
+
+
+QWEN3_OMNI_SHAPED = FAST.replace(
+    "params: {visible_every: 0, service_time_ms: 0.5}",
+    "params: {visible_every: 0, service_time_ms: 0.5, frames_per_input: 2.5, host_ms: 0.2}",
+).replace("      visible_every: 4\n", "      visible_every: 1\n      window: 4\n")
+
+
+def test_todays_vllm_omni_and_the_talker_shape_end_to_end(tmp_path: Path) -> None:
+    config = tmp_path / "shaped.yaml"
+    config.write_text(QWEN3_OMNI_SHAPED)
+    report, markdown = run_bench(
+        tmp_path,
+        *("--config", str(config), "--max-concurrency", "2"),
+        *("--baseline", "vllm-omni-model-today", "--baseline", "vllm-omni-model"),
+    )
+    runs = report["runs"]
+    assert isinstance(runs, list)
+    assert [r["target"] for r in runs] == [
+        "omnitrio",
+        "vllm-omni-model-today",
+        "vllm-omni-model",
+    ]
+    for run in runs:
+        for record in run["requests"]:
+            assert record["outcome"] == "completed", (run["target"], record)
+            assert len(record["text_at_s"]) == 8
+            # 8 tokens x 2.5 frames = 20 frames: 5 windows of 4, one audio chunk each.
+            assert len(record["audio"]) == 5, run["target"]
+    assert "| vllm-omni-model-today | c=2 | 0 |" in markdown

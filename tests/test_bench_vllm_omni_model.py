@@ -6,17 +6,22 @@ End to end (every request completes with every token and chunk) it runs in
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import time
 
+import numpy
 import pytest
 
 pytest.importorskip("zmq", reason="pyzmq is in the optional bench extra")
 
 import omnitrio
+from omnitrio import AudioChunk, TextDelta
 from omnitrio.bench._target import TargetError
 from omnitrio.bench._vllm_omni_model import _Connector, _shm_path, open_vllm_omni_model
-from omnitrio.bench._vllm_omni_settings import ModelSettings
+from omnitrio.bench._vllm_omni_outputs import RequestState, StageOutput, chat_chunk_json
+from omnitrio.bench._vllm_omni_settings import ModelSettings, variant
 
 
 def wait_for(condition: object, timeout_s: float = 10.0) -> None:
@@ -73,3 +78,43 @@ async def test_a_stage_that_cannot_load_is_a_clear_error() -> None:
     with pytest.raises(TargetError, match="stage process 0 could not load its stage: ValueError"):
         async with open_vllm_omni_model(config, ModelSettings(), "vllm-omni-model"):
             pass
+
+
+def test_the_output_processor_copies_the_cumulative_ids_and_concatenates_at_the_end() -> None:
+    state = RequestState("r1", "hi", {}, num_stages=2)
+    row = numpy.ones((1, 4), numpy.uint16)
+    first = state.process(0, StageOutput("r1", "a ", None, 0, False, None, {"24": row}))
+    second = state.process(0, StageOutput("r1", "b ", None, 0, True, None, {"24": row}))
+    (one,), (two,) = first.output.outputs, second.output.outputs
+    assert (one.cumulative_token_ids, two.cumulative_token_ids) == ([0], [0, 1])
+    assert one.cumulative_token_ids is not state.token_ids  # a copy per step
+    # Finished at stage 0: its rows are concatenated (_consolidate_multimodal_tensors).
+    (joined,) = two.multimodal_output["24"]
+    assert joined.shape == (2, 4)
+    assert not second.done_all
+    last = state.process(1, StageOutput("r1", None, b"\0\0" * 8, 24000, True, None, {}))
+    assert last.done_all
+    assert [type(item).__name__ for item in last.items] == ["AudioChunk"]
+
+
+def test_the_api_server_writes_a_chat_chunk_per_token_and_a_base64_wav_per_audio_chunk() -> None:
+    text = json.loads(chat_chunk_json("r1", TextDelta("hello"))[len("data: ") :])
+    assert text["choices"][0]["delta"] == {"content": "hello"}
+    pcm = numpy.arange(480, dtype="<i2").tobytes()
+    audio = json.loads(chat_chunk_json("r1", AudioChunk(pcm, 24000))[len("data: ") :])
+    wav = base64.b64decode(audio["choices"][0]["delta"]["audio"]["data"])
+    assert wav[:4] == b"RIFF"
+    assert wav.endswith(pcm)
+
+
+def test_the_variants_share_one_model_and_differ_in_settings() -> None:
+    seeds, today = variant("vllm-omni-model"), variant("vllm-omni-model-today")
+    assert seeds.hidden_states_to_orchestrator
+    assert not seeds.async_output
+    assert not seeds.event_driven
+    assert not today.hidden_states_to_orchestrator
+    assert today.async_output
+    assert today.event_driven
+    assert variant("vllm-omni-model-sem512").save_limit == 512
+    with pytest.raises(ValueError, match="no vllm-omni model variant"):
+        variant("vllm-omni-model-tomorrow")

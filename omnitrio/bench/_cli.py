@@ -44,13 +44,14 @@ from ._report import (
 from ._runner import LoadSettings, default_progress_stream, run_load
 from ._server import ChatTarget, RealtimeTarget, wait_until_serving
 from ._target import Prompt, Target
-from ._vllm_omni_settings import PACKAGING_MS, SAVE_LIMIT, ModelSettings
+from ._vllm_omni_settings import PACKAGING_MS, ModelSettings, variant
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_CONFIG = REPO / "configs" / "bench-omni.yaml"
 BASELINES = (
     "vllm-omni-model",
     "vllm-omni-model-sem512",
+    "vllm-omni-model-today",
     "orchestrator-shape",
     "pipecat",
     "sequential",
@@ -91,7 +92,7 @@ def add_parser(commands: Any) -> None:
         type=float,
         default=PACKAGING_MS,
         help="vllm-omni model: talker payload packaging per step, GIL held (seed 002; "
-        "0: PR 4476's async output)",
+        "on the engine loop's path, or beside it in vllm-omni-model-today: PR 4476)",
     )
     what.add_argument(
         "--set",
@@ -248,10 +249,7 @@ def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarge
         elif name.startswith("vllm-omni-model"):
             if importlib.util.find_spec("zmq") is None:
                 raise ValueError(f"--baseline {name} needs pyzmq: pip install -e '.[bench]'")
-            settings = ModelSettings(
-                save_limit=SAVE_LIMIT if name.endswith("sem512") else None,
-                packaging_ms=args.model_packaging_ms,
-            )
+            settings = variant(name, args.model_packaging_ms)
             targets.append(_model_target(config, settings, name))
         elif name == "sequential":
             targets.append(lambda: open_monolithic(config, SEQUENTIAL))

@@ -14,7 +14,8 @@ mechanism stands for and the cost it charges):
   layer: what the talker reads), each talker token a ``[1, 16]`` codec row.
   They are copied off the "device" in the engine loop (``sample_tokens``'s
   D2H copy), sent to the next stage through the connector *and* to the
-  orchestrator in the step's output (seed 000).
+  orchestrator in the step's output (seed 000; not to the orchestrator with
+  ``hidden_states_to_orchestrator`` off: PR 4527).
 - **The connector** (``OmniTransferAdapterBase``): ``save_async`` queues a task
   (an unbounded deque, or a ``Semaphore(512)`` taken by the engine loop, PR
   3690); a save thread pickles the chunk into a POSIX shared-memory segment per
@@ -23,22 +24,20 @@ mechanism stands for and the cost it charges):
   ``inputs_per_step`` codec frames of the next stage (``codec_chunk_frames``).
 - **Talker payload packaging** held on the decode critical path with the GIL
   (seed 002: ``sample_tokens`` 6.38 ms against ``_sample`` 0.99 ms), a
-  parameter.
-- **The orchestrator** (one thread, ``_orchestration_loop``): polls the stages in
-  order, at most one raw output per stage per round, waiting up to 1 ms on an
-  empty stage and sleeping 1 ms after an idle round (seed 001); deserializes
-  each output on that thread, builds a request output per stream, keeps every
-  array until the request finishes the stage and then concatenates them
-  (``add_multimodal_tensor`` / ``_consolidate_multimodal_tensors``, seed 000;
-  numpy stands in for ``torch.cat``: omnitrio imports no torch), and hands the
-  visible items to the client through an unbounded queue.
+  parameter; with ``async_output`` (PR 4476) a background thread of the stage
+  process does it and sends the step's outputs, the engine loop goes on.
+- **The head process** (``_vllm_omni_head``): the orchestrator's asyncio loop
+  on its own thread (admission and aborts through its request queue, the
+  polling or event-driven output loop, the output processor's per-request work
+  of ``_vllm_omni_outputs``) and the API server's loop writing each chunk.
+- **Variants** (``_vllm_omni_settings``): the seeds' vllm-omni, with PR 3690's
+  semaphore, and today's (PRs 4527, 4476 and 5221) on this one code path.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import mmap
 import multiprocessing
 import os
@@ -63,9 +62,9 @@ import zmq
 from .._config import PipelineConfig
 from .._items import AudioChunk, Request, TextDelta
 from .._stage import Stage, StreamOutput, StreamWork
-from ._clients import Delivery, deliver, follow
 from ._stages import load_stage
-from ._target import Prompt, Sample, TargetError, Timeline, rss_bytes_of_self
+from ._target import TargetError
+from ._vllm_omni_head import VllmOmniModel
 from ._vllm_omni_settings import ModelSettings
 
 logger = logging.getLogger(__name__)
@@ -256,6 +255,7 @@ class _Engine:
     chunks: dict[str, int] = field(default_factory=dict)
     device: dict[str, numpy.ndarray[Any, Any]] = field(default_factory=dict)
     more: set[str] = field(default_factory=set)  # asked for a step without new input
+    packer: queue.Queue[tuple[float, list[Any]] | None] | None = None  # async output's
 
     def __post_init__(self) -> None:
         # What one unit leaves on the "device": the hidden rows the talker reads
@@ -305,8 +305,8 @@ class _Engine:
         except Exception as exc:  # the whole batch fails, as in omnitrio
             results = {w.stream_id: StreamOutput(error=exc) for w in batch}
         arrays = {sid: self._to_host(len(out.payloads)) for sid, out in results.items()}
-        if self.index == 1 and self.settings.packaging_ms > 0:
-            _hold_gil(self.settings.packaging_ms / 1000)  # seed 002, before the next launch
+        if not self.settings.hidden_states_to_orchestrator:  # PR 4527: connector only
+            arrays = {sid: [] for sid in arrays}
         for stream_id, out in results.items():
             if out.more:
                 self.more.add(stream_id)
@@ -316,7 +316,13 @@ class _Engine:
                 self._save(stream_id, out)
             if out.done or out.error is not None:
                 self._finish(stream_id)
-        self.outputs.put([_output(sid, out, arrays[sid]) for sid, out in results.items()])
+        step = [_output(sid, out, arrays[sid]) for sid, out in results.items()]
+        packaging_s = self.settings.packaging_ms / 1000 if self.index == 1 else 0.0
+        if self.packer is not None:  # PR 4476: built beside the loop, which goes on
+            self.packer.put((packaging_s, step))
+        else:  # seed 002: on the critical path, before the next launch
+            hold_gil_for(packaging_s)
+            self.outputs.put(step)
 
     def _to_host(self, units: int) -> list[dict[str, numpy.ndarray[Any, Any]]]:
         """The D2H copy of each unit's arrays (``sample_tokens``' hidden-state copies)."""
@@ -348,10 +354,22 @@ class _Engine:
             self.connector.drop(stream_id)
 
 
-def _hold_gil(seconds: float) -> None:
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
+def hold_gil_for(cpu_s: float) -> None:
+    """Python work holding the GIL until this thread has had ``cpu_s`` of CPU (as the
+    synthetic stage's host time: a fixed amount of work, slower when contended)."""
+    deadline_s = time.thread_time() + cpu_s
+    while time.thread_time() < deadline_s:
         pass
+
+
+def _packer_thread(
+    packer: queue.Queue[tuple[float, list[Any]] | None], outputs: queue.Queue[list[Any] | None]
+) -> None:
+    """PR 4476's background materialization: package each step, then hand it on."""
+    while (job := packer.get()) is not None:
+        packaging_s, step = job
+        hold_gil_for(packaging_s)
+        outputs.put(step)
 
 
 def _output(
@@ -420,14 +438,22 @@ def _stage_main(
     engine = _Engine(
         index, num, stage, spec.max_batch_size, int(frames), settings, connector, outputs
     )
+    threads = [threading.Thread(target=_output_thread, args=(outputs, outbound, sent))]
+    if settings.async_output:
+        engine.packer = queue.Queue()
+        threads.append(threading.Thread(target=_packer_thread, args=(engine.packer, outputs)))
     outbound.send(msgpack.packb(("ready", os.getpid())))
-    writer = threading.Thread(target=_output_thread, args=(outputs, outbound, sent), daemon=True)
-    writer.start()
+    for thread in threads:
+        thread.daemon = True
+        thread.start()
     try:
         _engine_loop(engine, inbound)
     finally:
+        if engine.packer is not None:
+            engine.packer.put(None)
+            threads[1].join()
         outputs.put(None)
-        writer.join()
+        threads[0].join()
         connector.stop()
         stage.close()
         inbound.close(linger=0)
@@ -452,149 +478,6 @@ def _engine_loop(engine: _Engine, inbound: zmq.Socket[Any]) -> None:
             inbound.poll(int(IDLE_SLEEP_S * 1000))
         else:  # an idle engine blocks on new requests
             inbound.poll(100)
-
-
-# ---------------------------------------------------------------- orchestrator
-
-
-@dataclass
-class _Client:
-    send: trio.MemorySendChannel[Delivery]
-    accumulated: dict[tuple[int, str], list[numpy.ndarray[Any, Any]]] = field(default_factory=dict)
-    stages_done: set[int] = field(default_factory=set)
-
-
-@dataclass(frozen=True)
-class _RequestOutput:
-    """What the output processor makes of one stream's raw output (``RequestOutput``)."""
-
-    request_id: str
-    stage: int
-    text: str | None
-    finished: bool
-    multimodal: dict[str, numpy.ndarray[Any, Any]] | None
-
-
-class VllmOmniModel:
-    """Stage processes plus the polling orchestrator thread; see the module docstring."""
-
-    def __init__(
-        self,
-        name: str,
-        processes: list[BaseProcess],
-        inputs: list[zmq.Socket[Any]],
-        outputs: list[zmq.Socket[Any]],
-        sent: list[Any],
-        token: trio.lowlevel.TrioToken,
-    ) -> None:
-        self.name = name
-        self._processes = processes
-        self._inputs = inputs
-        self._outputs = outputs
-        self._token = token
-        self._clients: dict[str, _Client] = {}
-        self._clients_lock = threading.Lock()
-        self._ids = 0
-        self._stop = threading.Event()
-        self._batch_sizes = [0] * len(outputs)
-        self._sent = sent  # steps each stage process has sent (shared counters)
-        self._received = [0] * len(outputs)
-        self._thread = threading.Thread(target=self._loop, name="vllm-omni-model", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    async def request(self, prompt: Prompt, timeline: Timeline) -> None:
-        self._ids += 1
-        stream_id = f"r{self._ids}"
-        send, receive = trio.open_memory_channel[Delivery](math.inf)
-        with self._clients_lock:
-            self._clients[stream_id] = _Client(send)
-        request = prompt.request()
-        add = msgpack.packb(("add", stream_id, request.text, dict(request.options)))
-        for sock in self._inputs:  # stage 0 plus the prewarmed downstream stages
-            sock.send(add)
-        await follow(receive, timeline, lambda completed: self._forget(stream_id, completed))
-
-    def _forget(self, stream_id: str, completed: bool) -> None:
-        with self._clients_lock:
-            del self._clients[stream_id]
-        if not completed:  # failed or abandoned: abort it in every stage
-            abort = msgpack.packb(("abort", stream_id))
-            for sock in self._inputs:
-                sock.send(abort)
-
-    async def sample(self) -> Sample:
-        depth = {  # raw outputs sent but not yet taken by the orchestrator
-            f"stage{i}.outputs": int(sent.value) - self._received[i]
-            for i, sent in enumerate(self._sent)
-        }
-        return Sample(
-            at_s=0.0,
-            open_streams=len(self._clients),
-            queue_depth=depth,
-            batch_size={f"stage{i}": float(b) for i, b in enumerate(self._batch_sizes)},
-            rss_bytes=rss_bytes_of_self(),
-        )
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            idle = True
-            for index, sock in enumerate(self._outputs):  # at most one per stage per round
-                if not sock.poll(int(POLL_TIMEOUT_S * 1000)):
-                    continue
-                idle = False
-                self._process(index, sock.recv_multipart(copy=False))
-            if idle:
-                time.sleep(IDLE_SLEEP_S)
-
-    def _process(self, stage_index: int, frames: list[Any]) -> None:
-        header = msgpack.unpackb(frames[0].buffer)
-        self._received[stage_index] += 1
-        self._batch_sizes[stage_index] = len(header)
-        at = 1
-        for stream_id, text, pcm, rate, done, error, shapes in header:
-            multimodal: dict[str, numpy.ndarray[Any, Any]] = {}
-            for name, dtype, shape in shapes:
-                array = numpy.frombuffer(frames[at].buffer, dtype=dtype).reshape(shape)
-                multimodal[name] = array
-                at += 1
-            output = _RequestOutput(stream_id, stage_index, text, done, multimodal or None)
-            with self._clients_lock:
-                client = self._clients.get(stream_id)
-            if client is None:
-                continue
-            self._handle(client, output, pcm, rate, error)
-
-    def _handle(
-        self,
-        client: _Client,
-        output: _RequestOutput,
-        pcm: bytes | None,
-        rate: int,
-        error: str | None,
-    ) -> None:
-        for name, array in (output.multimodal or {}).items():  # add_multimodal_tensor
-            client.accumulated.setdefault((output.stage, name), []).append(array)
-        if output.text:
-            self._deliver(client, TextDelta(output.text))
-        if pcm:
-            self._deliver(client, AudioChunk(pcm, rate))
-        if error is not None:
-            self._deliver(client, RuntimeError(error))
-        elif output.finished:
-            for key in [k for k in client.accumulated if k[0] == output.stage]:
-                numpy.concatenate(client.accumulated.pop(key))  # _consolidate_...: torch.cat
-            client.stages_done.add(output.stage)
-            if len(client.stages_done) == len(self._outputs):
-                self._deliver(client, None)
-
-    def _deliver(self, client: _Client, item: Delivery) -> None:
-        deliver(self._token, client.send, item)
 
 
 def _wait_ready(outputs: list[zmq.Socket[Any]], processes: list[BaseProcess]) -> None:
@@ -654,8 +537,8 @@ async def open_vllm_omni_model(
                 processes.append(process)
             await trio.to_thread.run_sync(_wait_ready, outputs, processes)
             token = trio.lowlevel.current_trio_token()
-            model = VllmOmniModel(name, processes, inputs, outputs, sent, token)
-            model.start()
+            model = VllmOmniModel(name, settings, inputs, outputs, sent, token)
+            await trio.to_thread.run_sync(model.start)
             try:
                 yield model
             finally:

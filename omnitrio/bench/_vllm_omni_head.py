@@ -1,0 +1,304 @@
+"""The vllm-omni model's head process: its orchestrator thread and its API server thread.
+
+Both run an asyncio loop of their own, as vllm-omni's do, in the benchmark's
+process (so they share its GIL with each other, as they share the API server
+process's in vllm-omni):
+
+- **The orchestrator thread** (``AsyncOmniEngine``'s thread running
+  ``Orchestrator.run``): a reader task per stage (``AsyncMPClient``'s
+  ``process_outputs_socket``: msgpack, a tensor hook per array) feeding that
+  stage's ``outputs_queue``; a ``_request_handler`` task taking adds and aborts
+  from the request queue, submitting to stage 0 and then prewarming the later
+  stages (``_prewarm_async_chunk_stages``); and the ``_orchestration_loop``:
+  ``asyncio.wait_for(queue.get(), 1 ms)`` on each stage in turn (one output per
+  stage per round, a Task per call on Python 3.11), a 1 ms sleep after an idle
+  round. With ``event_driven`` (PR #5221) the readers feed one dispatch queue the
+  loop awaits instead. Each output goes through ``_vllm_omni_outputs`` (the
+  output processor's per-request work) and ``_route_output``, which puts the
+  final stages' outputs on the output queue (janus in vllm-omni).
+- **The API server thread**: the final-output dispatcher (``get_nowait`` and a
+  1 ms sleep; a wake-up with ``event_driven``) hands each output to its request's
+  task, which does what ``serving_chat`` does per chunk (``_vllm_omni_outputs``)
+  before the client sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import queue
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+import numpy
+import trio
+import zmq
+import zmq.asyncio
+
+from ._clients import Delivery, deliver, follow
+from ._target import Prompt, Sample, Timeline, rss_bytes_of_self
+from ._vllm_omni_outputs import OutputMessage, RequestState, StageOutput, chat_chunk_json
+from ._vllm_omni_settings import ModelSettings
+
+POLL_TIMEOUT_S = 0.001  # the orchestrator's wait on each empty stage
+IDLE_SLEEP_S = 0.001  # after an idle round; the final-output dispatcher's poll too
+
+
+class _Loop:
+    """An asyncio loop on a thread of its own, running ``main`` until stopped."""
+
+    def __init__(self, name: str, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self._main = main
+        self._ready = threading.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait()
+
+    def call(self, function: Callable[..., object], *args: object) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(function, *args)
+
+    def stop(self) -> None:
+        if self.loop is not None and self._task is not None:
+            with contextlib.suppress(RuntimeError):  # already closed
+                self.loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join()
+
+    def _run(self) -> None:
+        async def wrapper() -> None:
+            self.loop = asyncio.get_running_loop()
+            self._task = asyncio.current_task()
+            self._ready.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._main()
+
+        asyncio.run(wrapper())
+
+
+class VllmOmniModel:
+    """Stage processes (started by the caller) driven by the head's two threads."""
+
+    def __init__(
+        self,
+        name: str,
+        settings: ModelSettings,
+        inputs: list[zmq.Socket[Any]],
+        outputs: list[zmq.Socket[Any]],
+        sent: list[Any],
+        token: trio.lowlevel.TrioToken,
+    ) -> None:
+        self.name = name
+        self._settings = settings
+        self._inputs = inputs
+        self._outputs = outputs
+        self._sent = sent  # steps each stage process has sent (shared counters)
+        self._token = token
+        self._processed = [0] * len(outputs)
+        self._batch_sizes = [0] * len(outputs)
+        self._states: dict[str, RequestState] = {}  # the orchestrator thread's own
+        self._open: set[str] = set()
+        self._ids = 0
+        self._output_queue: queue.Queue[OutputMessage] = queue.Queue()  # janus output_queue
+        self._orchestrator = _Loop("vllm-omni-orchestrator", self._orchestrator_main)
+        self._api = _Loop("vllm-omni-api-server", self._api_main)
+        self._requests: asyncio.Queue[tuple[str, str, RequestState | None]] | None = None
+        self._api_queues: dict[str, asyncio.Queue[OutputMessage]] = {}
+        self._api_wakeup: asyncio.Event | None = None
+
+    def start(self) -> None:
+        self._api.start()
+        self._orchestrator.start()
+
+    def stop(self) -> None:
+        self._orchestrator.stop()
+        self._api.stop()
+
+    # ------------------------------------------------------------ the caller's side
+
+    async def request(self, prompt: Prompt, timeline: Timeline) -> None:
+        self._ids += 1
+        stream_id = f"r{self._ids}"
+        send, receive = trio.open_memory_channel[Delivery](math.inf)
+        request = prompt.request()
+        state = RequestState(stream_id, request.text, dict(request.options), len(self._outputs))
+        self._open.add(stream_id)
+        self._api.call(self._api_open, stream_id, send)
+        self._orchestrator.call(self._submit, "add", stream_id, state)
+        await follow(receive, timeline, lambda completed: self._forget(stream_id, completed))
+
+    def _forget(self, stream_id: str, completed: bool) -> None:
+        self._open.discard(stream_id)
+        if not completed:  # failed or abandoned: abort it through the orchestrator
+            self._orchestrator.call(self._submit, "abort", stream_id, None)
+
+    async def sample(self) -> Sample:
+        depth = {  # outputs sent by a stage and not yet processed by the orchestrator
+            f"stage{i}.outputs": int(sent.value) - self._processed[i]
+            for i, sent in enumerate(self._sent)
+        }
+        return Sample(
+            at_s=0.0,
+            open_streams=len(self._open),
+            queue_depth=depth,
+            batch_size={f"stage{i}": float(b) for i, b in enumerate(self._batch_sizes)},
+            rss_bytes=rss_bytes_of_self(),
+        )
+
+    # ------------------------------------------------------------ orchestrator thread
+
+    def _submit(self, kind: str, stream_id: str, state: RequestState | None) -> None:
+        assert self._requests is not None
+        self._requests.put_nowait((kind, stream_id, state))  # janus request_queue.put
+
+    async def _orchestrator_main(self) -> None:
+        self._requests = asyncio.Queue()
+        inputs = [zmq.asyncio.Socket.from_socket(s) for s in self._inputs]
+        outputs = [zmq.asyncio.Socket.from_socket(s) for s in self._outputs]
+        queues: list[asyncio.Queue[tuple[int, list[StageOutput]]]] = [
+            asyncio.Queue() for _ in outputs
+        ]
+        dispatch: asyncio.Queue[tuple[int, list[StageOutput]]] = asyncio.Queue()
+        async with asyncio.TaskGroup() as tasks:
+            for index, sock in enumerate(outputs):
+                target = dispatch if self._settings.event_driven else queues[index]
+                tasks.create_task(self._read_outputs(index, sock, target))
+            tasks.create_task(self._request_handler(inputs))
+            if self._settings.event_driven:
+                tasks.create_task(self._dispatch_loop(dispatch))
+            else:
+                tasks.create_task(self._orchestration_loop(queues))
+
+    async def _read_outputs(
+        self,
+        index: int,
+        sock: zmq.asyncio.Socket,
+        target: asyncio.Queue[tuple[int, list[StageOutput]]],
+    ) -> None:
+        """``process_outputs_socket``: decode each step's outputs, queue them."""
+        while True:
+            frames = await sock.recv_multipart(copy=False)
+            target.put_nowait((index, _decode(frames)))
+
+    async def _request_handler(self, inputs: list[zmq.asyncio.Socket]) -> None:
+        assert self._requests is not None
+        while True:
+            kind, stream_id, state = await self._requests.get()
+            if kind == "add":
+                assert state is not None
+                if stream_id not in self._open:
+                    continue  # gone before it was admitted
+                self._states[stream_id] = state
+                add = msgpack.packb(("add", stream_id, state.prompt, state.options))
+                await inputs[0].send(add)  # submit_initial on stage 0
+                for sock in inputs[1:]:  # _prewarm_async_chunk_stages
+                    await sock.send(add)
+            elif self._states.pop(stream_id, None) is not None:
+                abort = msgpack.packb(("abort", stream_id))
+                for sock in inputs:  # _cleanup_request_ids(abort=True)
+                    await sock.send(abort)
+
+    async def _orchestration_loop(
+        self, queues: list[asyncio.Queue[tuple[int, list[StageOutput]]]]
+    ) -> None:
+        while True:
+            idle = True
+            for pending in queues:  # at most one raw output per stage per round
+                try:
+                    index, outputs = await asyncio.wait_for(pending.get(), POLL_TIMEOUT_S)
+                except TimeoutError:
+                    continue
+                idle = False
+                self._process(index, outputs)
+            await asyncio.sleep(IDLE_SLEEP_S if idle else 0)
+
+    async def _dispatch_loop(self, dispatch: asyncio.Queue[tuple[int, list[StageOutput]]]) -> None:
+        while True:
+            index, outputs = await dispatch.get()
+            self._process(index, outputs)
+
+    def _process(self, stage: int, outputs: list[StageOutput]) -> None:
+        """``process_llm_raw_outputs``, then ``_route_output`` for each request's output."""
+        self._processed[stage] += 1
+        self._batch_sizes[stage] = len(outputs)
+        final = (0, len(self._outputs) - 1)  # text from the thinker, audio from the last
+        for output in outputs:
+            state = self._states.get(output.stream_id)
+            if state is None:
+                continue
+            message = state.process(stage, output)
+            if message.done_all or message.error is not None:
+                del self._states[output.stream_id]
+            if stage in final or message.done_all or message.error is not None:
+                self._output_queue.put(message)  # the janus output_queue
+                if self._settings.event_driven:
+                    self._api.call(self._wake_api)
+
+    # ------------------------------------------------------------ API server thread
+
+    async def _api_main(self) -> None:
+        self._api_wakeup = asyncio.Event()
+        while True:  # the final-output dispatcher
+            try:
+                message = self._output_queue.get_nowait()
+            except queue.Empty:
+                if self._settings.event_driven:
+                    await self._api_wakeup.wait()
+                    self._api_wakeup.clear()
+                else:
+                    await asyncio.sleep(IDLE_SLEEP_S)
+                continue
+            pending = self._api_queues.get(message.request_id)
+            if pending is not None:
+                pending.put_nowait(message)  # the request's unbounded asyncio.Queue
+
+    def _wake_api(self) -> None:
+        if self._api_wakeup is not None:
+            self._api_wakeup.set()
+
+    def _api_open(self, stream_id: str, send: trio.MemorySendChannel[Delivery]) -> None:
+        pending: asyncio.Queue[OutputMessage] = asyncio.Queue()
+        self._api_queues[stream_id] = pending
+        asyncio.get_running_loop().create_task(self._serve_chat(stream_id, pending, send))
+
+    async def _serve_chat(
+        self,
+        stream_id: str,
+        pending: asyncio.Queue[OutputMessage],
+        send: trio.MemorySendChannel[Delivery],
+    ) -> None:
+        """``generate`` then ``serving_chat``'s stream: one JSON chunk per output."""
+        try:
+            while True:
+                message = await pending.get()
+                if message.error is not None:
+                    deliver(self._token, send, RuntimeError(message.error))
+                    return
+                for item in message.items:
+                    chat_chunk_json(stream_id, item)  # what the server writes per chunk
+                    deliver(self._token, send, item)
+                if message.done_all:
+                    deliver(self._token, send, None)
+                    return
+        finally:
+            del self._api_queues[stream_id]
+
+
+def _decode(frames: list[Any]) -> list[StageOutput]:
+    """vLLM's ``MsgpackDecoder`` on one step: the header, then a tensor per array frame."""
+    header = msgpack.unpackb(frames[0].buffer)
+    outputs = []
+    at = 1
+    for stream_id, text, pcm, rate, done, error, shapes in header:
+        arrays: dict[str, numpy.ndarray[Any, Any]] = {}
+        for name, dtype, shape in shapes:  # the tensor hook
+            arrays[name] = numpy.frombuffer(frames[at].buffer, dtype=dtype).reshape(shape)
+            at += 1
+        outputs.append(StageOutput(stream_id, text, pcm, rate, done, error, arrays))
+    return outputs
