@@ -139,6 +139,8 @@ class StageActor:
         self._waiting: trio.CancelScope | None = None  # the loop's wait, while it waits
         self._idle_since: float | None = None  # when the last round out came back
         self._skipped = False  # the last plan left a stream out for want of credit
+        self.num_behind_now = 0
+        """Ready streams the latest plan saw past their playback deadline."""
         self.limits = Limits(None, 0, 0, has_outbox=has_outbox)  # the runner's, once loaded
 
     @property
@@ -436,16 +438,17 @@ class StageActor:
         second time is left for after its round is back, not counted as skipped.
         """
         now_s = time.perf_counter()
-        behind = 0
+        self.num_behind_now = 0
         for slot in self.slots.values():
             if not slot.steppable or not self._has_work(slot):
                 continue
             fits = self._fits(slot)
             if fits or not slot.in_flight:
                 deadline_s = slot.stream.deadline_s
-                behind += deadline_s < now_s
+                if deadline_s < now_s:
+                    self.num_behind_now += 1
+                    self.counters.num_behind_deadline += 1
                 yield Candidate(slot.id, True, fits, deadline_s)
-        self.counters.num_behind_deadline += behind
 
     @staticmethod
     def _has_work(slot: Slot) -> bool:
@@ -578,6 +581,7 @@ class StageActor:
                     if output.error is not None:
                         self._fail(sid, "step", output.error)
                     else:
+                        slot.num_steps += 1
                         delivered.append((slot, work, output))
                         routed |= outbox is not None
                         self._route(slot, work, output)
@@ -702,6 +706,7 @@ class StageActor:
     def _release(self, slot: Slot, event: Event) -> None:
         slot.on(event)
         del self.slots[slot.id]
+        slot.stream.num_steps_at[self.name] = slot.num_steps
         self._lifecycle.pop(slot.id, None)
         if slot.inbox is not None:
             slot.inbox.discard()  # finished early or ended: upstream must not wait on it

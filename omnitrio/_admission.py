@@ -80,7 +80,7 @@ class Admission:
 
     def behind(self, model: StepModel, num_live: int, audio_s: float) -> bool:
         """The stage keeps fewer than the ``num_live`` streams in real time (cheap)."""
-        if not self.headroom or num_live <= 1:
+        if not self.headroom or num_live <= 1 or not model.settled:
             return False
         return model.realtime_factor(num_live, audio_s) < 1.0
 
@@ -91,7 +91,8 @@ class Admission:
         first, then newest first (``behind`` said it is behind)."""
         num_live = len(live)
         factor = model.realtime_factor(num_live, audio_s)
-        keep = max(1, model.realtime_streams(audio_s, 1.0, num_live))
+        needed = 1.0 + self.realtime_margin  # as admission would: the kept streams catch up
+        keep = max(1, model.realtime_streams(audio_s, needed, num_live))
         problem = (
             f"stage {stage!r} slowed to {factor:.2f} s of audio per second for each of "
             f"{num_live} streams; it keeps {keep} in real time"

@@ -46,7 +46,7 @@ class PipelineSection(_Strict):
     scheduling: Literal["deadline", "round_robin"] = "deadline"
     """Which ready streams a full batch takes: the earliest playback deadlines, or the
     least recently stepped (``_scheduler.py``)."""
-    client_buffer_s: float = pydantic.Field(default=0.1, ge=0, allow_inf_nan=False)
+    client_buffer_s: float = pydantic.Field(default=0.25, ge=0, allow_inf_nan=False)
     """A stream's playback deadline is when its client runs out of audio, less this."""
     first_audio_budget_s: float = pydantic.Field(default=1.0, ge=0, allow_inf_nan=False)
     """Before its first audio, a stream's deadline is its admission plus this."""

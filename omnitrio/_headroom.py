@@ -10,9 +10,13 @@ a fraction of a second while the line's shape stays well conditioned.
 
 With ``n`` streams a stage runs ``ceil(n / max_batch_size)`` steps per *round*
 (each stream stepped once); each stream-step yields, on average,
-``audio_s_per_stream_step`` seconds of audio (learned too: audio delivered to
-clients over stream-steps taken). The stage keeps ``n`` streams in real time
-when ``realtime_factor(n) = audio_s_per_stream_step / round_s(n)`` is at least 1.
+``audio_s_per_stream_step`` seconds of audio, learned too: over the streams that
+completed, their audio over the steps they took here (``completed``). Before
+the first completion it is audio delivered so far over all stream-steps taken,
+an underestimate (a stage's steps run ahead of the audio they become), so early
+admission errs on the side of refusing, and nothing is shed on it. The stage
+keeps ``n`` streams in real time when
+``realtime_factor(n) = audio_s_per_stream_step / round_s(n)`` is at least 1.
 The pipeline admits a stream only while, with it, every stage's factor is at
 least ``1 + realtime_margin`` (``Pipeline._admit``), and sheds streams once a
 stage's factor falls below 1 (``Pipeline._shed``).
@@ -31,6 +35,8 @@ MIN_STEPS = 32
 """Steps a stage takes before its model has an opinion."""
 MIN_AUDIO_S = 0.5
 """Audio delivered (seconds, pipeline-wide) before any model has an opinion."""
+YIELD_KEEP = 0.98
+"""Weight of the past in the audio per stream-step, per completed stream."""
 
 
 def _keep(half_life: float) -> float:
@@ -67,6 +73,9 @@ class StepModel:
         self._intercept_s = 0.0
         self._per_stream_s = 0.0
         self.scale = 1.0
+        self.num_completed = 0
+        self._yield_audio_s = 0.0
+        self._yield_steps = 0.0
 
     def observe(self, batch_size: int, step_s: float) -> None:
         """One step of ``batch_size`` streams took ``step_s``."""
@@ -100,13 +109,30 @@ class StepModel:
         steps = math.ceil(num_streams / batch)
         return steps * self.scale * self._line_s(min(num_streams, batch))
 
+    def completed(self, num_steps: int, audio_s: float) -> None:
+        """A stream completed after ``num_steps`` steps here and ``audio_s`` of audio."""
+        if num_steps <= 0:
+            return
+        self.num_completed += 1
+        self._yield_audio_s = self._yield_audio_s * YIELD_KEEP + audio_s
+        self._yield_steps = self._yield_steps * YIELD_KEEP + num_steps
+
     def audio_s_per_stream_step(self, audio_s_delivered: float) -> float:
+        if self._yield_steps > 0 and self._yield_audio_s > 0:
+            return self._yield_audio_s / self._yield_steps
         if not self.num_stream_steps:
             return 0.0
         return audio_s_delivered / self.num_stream_steps
 
     def ready(self, audio_s_delivered: float) -> bool:
-        return self.num_steps >= MIN_STEPS and audio_s_delivered >= MIN_AUDIO_S
+        return self.num_steps >= MIN_STEPS and (
+            self._yield_audio_s > 0 or audio_s_delivered >= MIN_AUDIO_S
+        )
+
+    @property
+    def settled(self) -> bool:
+        """Its audio per stream-step comes from completed streams (no lag in it)."""
+        return self._yield_audio_s > 0
 
     def realtime_factor(self, num_streams: int, audio_s_delivered: float) -> float:
         """Audio seconds each of ``num_streams`` streams gets per second (inf: no opinion)."""

@@ -138,7 +138,10 @@ class Pipeline:
         )
 
     def _after_round(self, actor: StageActor) -> None:
-        """A stage applied a round: shed what it no longer keeps in real time."""
+        """A stage applied a round: if streams there are past their playback deadlines
+        and its model says it keeps fewer than are live in real time, shed the rest."""
+        if not actor.num_behind_now:
+            return  # nobody is late here: a dip in the model alone sheds nothing
         audio_s = self._delivery.audio_s_put
         if self._admission.behind(actor.step_model, len(self._streams) - self._num_ended, audio_s):
             live = [s for s in self._streams.values() if not s.ending]
@@ -220,6 +223,8 @@ class Pipeline:
             self._num_ended -= 1
         else:
             self._admission.completed(time.perf_counter() - stream.admitted_at_s)
+            for actor in self._actors:
+                actor.step_model.completed(stream.num_steps_at.get(actor.name, 0), stream.audio_s)
         outcome = "failed" if stream.failure else "cancelled" if stream.cancelled else "completed"
         self._outcomes[outcome] += 1
 

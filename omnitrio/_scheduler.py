@@ -35,7 +35,7 @@ Scheduling = Literal["deadline", "round_robin"]
 class Playback:
     """How a stream's playback deadline is computed (the config's ``pipeline`` section)."""
 
-    client_buffer_s: float = 0.1
+    client_buffer_s: float = 0.25
     """Audio a client should still hold when the next audio reaches it."""
     first_audio_budget_s: float = 1.0
     """Before its first audio, a stream's deadline is its admission plus this."""

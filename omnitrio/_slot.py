@@ -118,6 +118,8 @@ class Slot:
     """Forecast: the stage has been stepped with its input closed."""
     waiting: bool = False
     """The actor's wake-up is on one of its links, for credit."""
+    num_steps: int = 0
+    """Steps whose output it got (what the step-time model's audio per step learns)."""
 
     @property
     def id(self) -> str:

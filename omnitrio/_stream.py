@@ -80,6 +80,8 @@ class StreamState:
         self.num_delivered = 0
         self.admitted_at_s = time.perf_counter()
         self.priority = 0.0
+        self.num_steps_at: dict[str, int] = {}
+        """Per stage that released it: the steps it took there."""
         """The request's ``priority`` option: streams are shed lowest first."""
         self.first_audio_at_s: float | None = None
         self.audio_s = 0.0

@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from ._vllm_omni_settings import PACKAGING_MS, SAVE_LIMIT, ModelSettings
 REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_CONFIG = REPO / "configs" / "bench-omni.yaml"
 BASELINES = (
+    "omnitrio-round-robin",
     "vllm-omni-model",
     "vllm-omni-model-sem512",
     "orchestrator-shape",
@@ -67,6 +69,9 @@ def add_parser(commands: Any) -> None:
         "--model-path", type=Path, help="local model folder for the stages that load one"
     )
     what.add_argument("--cpu-bound", action="store_true", help="synthetic stages hold the GIL")
+    what.add_argument(
+        "--max-streams", type=int, help="override the config's pipeline.max_streams (every target)"
+    )
     what.add_argument(
         "--model-packaging-ms",
         type=float,
@@ -230,7 +235,18 @@ def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarge
     else:
         targets.append(lambda: open_pipeline_target(config))
     for name in dict.fromkeys(args.baseline):
-        if name == "orchestrator-shape":
+        if name == "omnitrio-round-robin":  # the runtime before deadlines and headroom
+            section = config.pipeline.model_copy(
+                update={"scheduling": "round_robin", "admission": "max_streams"}
+            )
+            targets.append(
+                partial(
+                    open_pipeline_target,
+                    config.model_copy(update={"pipeline": section}),
+                    "omnitrio-round-robin",
+                )
+            )
+        elif name == "orchestrator-shape":
             targets.append(lambda: open_orchestrator_shape(config))
         elif name.startswith("vllm-omni-model"):
             if importlib.util.find_spec("zmq") is None:
@@ -335,6 +351,9 @@ async def bench(args: argparse.Namespace) -> None:
         config = with_model_path(config, args.model_path)
     if args.cpu_bound:
         config = with_cpu_bound(config)
+    if args.max_streams is not None:
+        section = config.pipeline.model_copy(update={"max_streams": args.max_streams})
+        config = config.model_copy(update={"pipeline": section})
     if args.repeat < 1:
         raise ValueError(f"--repeat must be at least 1, got {args.repeat}")
     context = _context(args, config)

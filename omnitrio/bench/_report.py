@@ -109,12 +109,20 @@ _COLUMNS: list[tuple[str, Callable[[RunReport], str]]] = [
     ("continuity", lambda r: _num(r.aggregates.continuity_rate, "{:.0%}")),
     ("RTF p50", lambda r: _num(r.aggregates.audio_rtf.median if r.aggregates.audio_rtf else None)),
     ("req/s", lambda r: f"{r.aggregates.throughput.requests_per_s:.1f}"),
+    ("goodput/s", lambda r: _goodput(r.aggregates)),
     ("tok/s", lambda r: f"{r.aggregates.throughput.text_deltas_per_s:.0f}"),
     ("audio s/s", lambda r: f"{r.aggregates.throughput.audio_s_per_s:.2f}"),
     ("later/first wave", lambda r: _num(r.aggregates.later_waves_over_first)),
     ("max queue", lambda r: str(sum(r.samples.max_queue_depth.values()))),
     ("peak RSS MB", lambda r: _num(_mb(r.samples.rss_max_bytes), "{:.0f}")),
 ]
+
+
+def _goodput(a: Aggregates) -> str:
+    """Continuous completed requests per second."""
+    if a.continuity_rate is None:
+        return "-"
+    return f"{a.continuity_rate * a.throughput.requests_per_s:.2f}"
 
 
 def _outcomes(a: Aggregates) -> str:
