@@ -72,6 +72,7 @@ class _Round:
 
 
 _EMPTY_ROUND = _Round(Plan((), (), ()), (), (), 0.0)
+_LIVE = frozenset({Phase.NEW, Phase.OPENING, Phase.OPEN})
 
 
 @dataclass
@@ -246,6 +247,14 @@ class StageActor:
         if slot.on(Event.END) in (Phase.CLOSED, Phase.ENDING):
             self._lifecycle[stream_id] = slot
         self.wakeup.set()
+
+    def live_streams(self) -> list[StreamState]:
+        """The streams this stage serves that have not ended (for shedding)."""
+        return [
+            slot.stream
+            for slot in self.slots.values()
+            if slot.phase in _LIVE and not slot.stream.ending
+        ]
 
     def offer(self) -> None:
         """Upstream just put payloads on this stage's incoming edges: plan now, from

@@ -79,7 +79,7 @@ class StageSpec(_Strict):
     step_timeout_s: float | None = pydantic.Field(
         default=DEFAULT_STEP_TIMEOUT_S, gt=0, allow_inf_nan=False
     )
-    """Watchdog: a turn on the worker thread (closes, opens, one step) that takes
+    """Watchdog: a round on the worker thread (closes, opens, one step) that takes
     longer marks the stage hung (None: no watchdog)."""
     params: dict[str, Any] = pydantic.Field(default_factory=dict)
     placement: Literal["thread", "ray"] = "thread"

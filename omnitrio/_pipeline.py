@@ -139,13 +139,13 @@ class Pipeline:
 
     def _after_round(self, actor: StageActor) -> None:
         """A stage applied a round: if streams there are past their playback deadlines
-        and its model says it keeps fewer than are live in real time, shed the rest."""
+        and its model says it keeps fewer than it holds in real time, shed the rest
+        (of the streams it holds: shedding one it has finished would not help it)."""
         if not actor.num_behind_now:
             return  # nobody is late here: a dip in the model alone sheds nothing
         audio_s = self._delivery.audio_s_put
-        if self._admission.behind(actor.step_model, len(self._streams) - self._num_ended, audio_s):
-            live = [s for s in self._streams.values() if not s.ending]
-            self._admission.shed(actor.name, actor.step_model, live, audio_s)
+        if self._admission.behind(actor.step_model, len(actor.slots), audio_s):
+            self._admission.shed(actor.name, actor.step_model, actor.live_streams(), audio_s)
 
     @property
     def side_stage(self) -> str | None:
