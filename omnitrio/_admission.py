@@ -4,12 +4,14 @@ The rule (``docs/design.md``, "Admission"): a new stream is admitted only while,
 with it, every stage's learned realtime factor (``_headroom.StepModel``) is at
 least ``1 + realtime_margin``; ``max_streams`` stays a hard cap, and the first
 stream is always admitted. Once streams are admitted the runtime protects them:
-after each round a stage applies, if its factor for the streams now live is
-below 1 (it slowed down), the streams beyond what it keeps in real time are
-shed at once, lowest ``priority`` request option first, then newest first,
-each failed with ``StreamShed``; failing a stream drops it at every stage at
-once. The retry hint of a refusal is the expected time until a live stream
-ends: the mean lifetime of completed streams over the number live.
+after each round a stage applies, if a stream it planned is past its playback
+deadline and its factor for the streams it holds is below
+``1 - realtime_margin`` (it slowed down; audio yield learned from completed
+streams), the streams beyond what it keeps at ``1 + realtime_margin`` are shed
+at once, lowest ``priority`` request option first, then newest first, each
+failed with ``StreamShed``; failing a stream drops it at every stage at once.
+The retry hint of a refusal is the expected time until a live stream ends: the
+mean lifetime of completed streams over the number live.
 """
 
 from __future__ import annotations
@@ -82,7 +84,9 @@ class Admission:
         """The stage keeps fewer than the ``num_live`` streams in real time (cheap)."""
         if not self.headroom or num_live <= 1 or not model.settled:
             return False
-        return model.realtime_factor(num_live, audio_s) < 1.0
+        # Admission keeps 1 + margin; shedding waits for 1 - margin: a dip of the
+        # model's noise between the two sheds nothing.
+        return model.realtime_factor(num_live, audio_s) < 1.0 - self.realtime_margin
 
     def shed(
         self, stage: str, model: StepModel, live: Sequence[StreamState], audio_s: float
