@@ -14,6 +14,7 @@ from ._errors import Overloaded as Overloaded
 from ._errors import PipelineClosed as PipelineClosed
 from ._errors import StageError as StageError
 from ._errors import StageLoadError as StageLoadError
+from ._errors import StreamShed as StreamShed
 from ._items import AudioChunk as AudioChunk
 from ._items import AudioInput as AudioInput
 from ._items import Event as Event
@@ -61,6 +62,7 @@ __all__ = [
     "Stream",
     "StreamOutput",
     "StreamResampler",
+    "StreamShed",
     "StreamStatistics",
     "StreamWork",
     "TextDelta",

@@ -1,23 +1,25 @@
 """A stage actor: one trio task plus the place its stage executes (a dedicated
 worker thread, or a Ray actor: ``_placement.py``).
 
-The task decides, the thread executes. Each turn is::
+The task decides, the thread executes. Each *round* is::
 
-    plan     (trio)    drop ended streams, pick a batch of ready streams that fit,
+    plan     (trio)    free ended streams, pick a batch of ready streams that fit,
                        reserve their credit, take their inputs
     execute  (thread)  close/open per-stream state, stage.step(batch), close finished
                        (in a Ray actor's process with ``placement: ray``)
     apply    (trio)    hand payloads to the next stage (which plans at once), then
                        visible items to clients; fail streams whose work failed
 
-Up to two turns are out at once: while the thread runs turn N, turn N+1 is
+Up to two rounds are out at once: while the thread runs round N, round N+1 is
 already planned, its credit reserved, and queued behind it, so the thread goes
 from one step to the next without waiting for trio. One crossing into the
-thread and one back per turn, whatever the batch size; a finished turn is
-applied, and the next planned, in the callback that brings its result back.
-When nothing is ready the task waits on its ``Wakeup``, which only what it
-waits for sets (an input, credit it was short of, a new or ended stream): no
-polling, no timeouts but the watchdog's.
+thread and one back per round, whatever the batch size. Planning starts in one
+place, ``_advance`` (apply the rounds that came back, then plan while fewer than
+two are out), called where a round's result lands, where upstream offers work,
+and from the task when its ``Wakeup`` fires (an input, credit it was short of, a
+new or ended stream): no polling, no timeouts but the watchdog's.
+
+Each stream's life at the stage is a ``Slot`` state machine (``_slot.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
@@ -37,44 +39,40 @@ import trio
 from ._config import StageSpec
 from ._contract import Limits, ProtocolError
 from ._errors import StageError
+from ._headroom import StepModel
+from ._items import AudioChunk
 from ._link import Link, Wakeup
 from ._placement import StageLost, place
 from ._runner import Plan, Result
-from ._scheduler import Candidate, pick_batch
+from ._scheduler import Candidate, Scheduling, pick_batch
+from ._slot import HOLDING, Event, Phase, Slot
 from ._stage import StreamOutput, StreamWork
 from ._statistics import StageStatistics
 from ._stream import StreamState
 
 logger = logging.getLogger(__name__)
 
-MAX_TURNS_IN_FLIGHT = 2
-"""The running turn and the next one, planned and queued behind it."""
+MAX_ROUNDS_OUT = 2
+"""The running round and the next one, planned and queued behind it."""
 
 
 @dataclass(eq=False, slots=True)
-class _Slot:
-    """One stream as one stage sees it."""
-
-    stream: StreamState
-    inbox: Link | None  # None for the first stage
-    outbox: Link | None  # None for the last stage (or a side stage)
-    opened: bool = False
-    more: bool = False
-    input_closed_delivered: bool = False
-    in_flight: int = 0  # turns out (planned, not applied) that open or step it
-    closed_on_stage: bool = False  # the runner closed it; released once no turn holds it
-    waiting: bool = False  # the actor's wake-up is on one of its links, for credit
-
-
-@dataclass(eq=False, slots=True)
-class _Turn:
+class _Round:
     """A plan handed to the thread, and what it holds, until its result is applied."""
 
     plan: Plan
-    batch: tuple[_Slot, ...]  # the slots of plan.batch, in order (their credit is reserved)
-    opens: tuple[_Slot, ...]
-    since: float  # trio time it became the oldest turn out (the watchdog's start)
+    batch: tuple[Slot, ...]  # the slots of plan.batch, in order (their credit is reserved)
+    opens: tuple[Slot, ...]
+    since: float  # trio time it became the oldest round out (the watchdog's start)
     result: outcome.Outcome[Result] | None = None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.plan.closes or self.opens or self.batch)
+
+
+_EMPTY_ROUND = _Round(Plan((), (), ()), (), (), 0.0)
+_LIVE = frozenset({Phase.NEW, Phase.OPENING, Phase.OPEN})
 
 
 @dataclass
@@ -89,6 +87,7 @@ class _Counters:
     num_stream_failures: int = 0
     num_step_failures: int = 0
     num_empty_plans: int = 0
+    num_behind_deadline: int = 0
     busy_s: float = 0.0
     trio_s: float = 0.0
     idle_s: float = 0.0
@@ -98,7 +97,7 @@ class _Counters:
 class _Hang:
     """The stage is out of service: a step outlived ``step_timeout_s``."""
 
-    turn: _Turn
+    round: _Round
     problem: str
     closes: list[str] = field(default_factory=list)
 
@@ -108,6 +107,8 @@ class StageActor:
 
     ``outbox`` is False for the last stage of the chain and for a side stage;
     ``payloads_by_reference``: this stage and the next are both on Ray.
+    ``on_round``: called after each applied round that stepped (the supervisor's
+    overload check).
     """
 
     def __init__(
@@ -117,25 +118,30 @@ class StageActor:
         *,
         has_outbox: bool,
         payloads_by_reference: bool = False,
+        scheduling: Scheduling = "deadline",
     ) -> None:
         self.spec = spec
         self.name = spec.name
+        self.scheduling: Scheduling = scheduling
         self.wakeup = Wakeup()
         self.counters = _Counters()
-        self.slots: dict[str, _Slot] = {}
+        self.slots: dict[str, Slot] = {}
+        self.step_model = StepModel(spec.max_batch_size)
         self.downstream: StageActor | None = None
+        self.on_round: Callable[[StageActor], None] | None = None
         self._placement = place(
             spec, source, has_outbox=has_outbox, payloads_by_reference=payloads_by_reference
         )
         self._loading = False  # load() was called: shutdown closes what it made
-        self._turns: deque[_Turn] = deque()
-        self._unopened: list[_Slot] = []
-        self._ending: set[str] = set()
+        self._rounds: deque[_Round] = deque()
+        self._lifecycle: dict[str, Slot] = {}  # slots in NEW or ENDING: planning acts on them
         self._hang: _Hang | None = None
         self._serving = False
         self._waiting: trio.CancelScope | None = None  # the loop's wait, while it waits
-        self._idle_since: float | None = None  # when the last turn out came back
+        self._idle_since: float | None = None  # when the last round out came back
         self._skipped = False  # the last plan left a stream out for want of credit
+        self.num_behind_now = 0
+        """Ready streams the latest plan saw past their playback deadline."""
         self.limits = Limits(None, 0, 0, has_outbox=has_outbox)  # the runner's, once loaded
 
     @property
@@ -147,7 +153,7 @@ class StageActor:
     # ----- lifecycle ----------------------------------------------------------------
 
     @trio.lowlevel.enable_ki_protection
-    def statistics(self) -> StageStatistics:
+    def statistics(self, audio_s_delivered: float = 0.0, cap: int = 0) -> StageStatistics:
         """A frozen snapshot of this stage. Cheap; never blocks."""
         c = self.counters
         return StageStatistics(
@@ -173,6 +179,8 @@ class StageActor:
             model=MappingProxyType(self._placement.model_statistics()),
             num_payload_bytes_relayed=self._placement.num_payload_bytes_relayed,
             pid=self._placement.pid,
+            step_model=self.step_model.statistics(audio_s_delivered, cap),
+            num_behind_deadline=c.num_behind_deadline,
         )
 
     async def load(self) -> Limits:
@@ -220,127 +228,133 @@ class StageActor:
                 extra={"stage": self.name},
             )
         for slot in list(self.slots.values()):
-            self._release(slot)
+            self._release(slot, Event.ABANDON)
 
     # ----- streams coming and going -------------------------------------------------
 
     def add(self, stream: StreamState, inbox: Link | None, outbox: Link | None) -> None:
-        """A new stream: its state is opened on the stage at the next turn."""
-        slot = _Slot(stream, inbox, outbox)
+        """A new stream: its state is opened on the stage in the next round."""
+        slot = Slot(stream, inbox, outbox)
         self.slots[stream.id] = slot
-        self._unopened.append(slot)
+        self._lifecycle[stream.id] = slot
         self.wakeup.set()
 
     def drop(self, stream_id: str) -> None:
-        """The stream ended (failed or cancelled): free it at the next turn."""
-        self._ending.add(stream_id)
+        """The stream ended (failed or cancelled): free it in the next round."""
+        slot = self.slots.get(stream_id)
+        if slot is None:
+            return
+        if slot.on(Event.END) in (Phase.CLOSED, Phase.ENDING):
+            self._lifecycle[stream_id] = slot
         self.wakeup.set()
+
+    def live_streams(self) -> list[StreamState]:
+        """The streams this stage serves that have not ended (for shedding)."""
+        return [
+            slot.stream
+            for slot in self.slots.values()
+            if slot.phase in _LIVE and not slot.stream.ending
+        ]
 
     def offer(self) -> None:
         """Upstream just put payloads on this stage's incoming edges: plan now, from
         upstream's apply, so the work is queued before upstream delivers to clients."""
         if self._serving and self._hang is None:
-            self._fill()
+            self._advance()
         else:
             self.wakeup.set()
 
     # ----- the loop -----------------------------------------------------------------
 
     async def _serve(self) -> None:
-        """The task's part: plan on wake-ups, and the watchdog. A finished turn is
-        applied where its result lands (``_turn_done``), without waking the task."""
-        turns = self._turns
+        """The task's part: advance on wake-ups, and the watchdog. A finished round is
+        applied where its result lands (``_round_done``), without waking the task."""
         self._idle_since = time.perf_counter()
+        woken = False
         while True:
-            # Everything that happened so far is seen by this plan: a wake-up already
-            # pending (an input, a new stream) is spent.
-            self.wakeup.consume()
-            acted = self._fill()
-            woken = False
-            with trio.CancelScope(deadline=self._watchdog_deadline()) as self._waiting:
-                woken = await self.wakeup.wait()
-            self._waiting = None
-            applied = self._apply_finished()
-            if turns and trio.current_time() >= self._watchdog_deadline():
-                self._hung(turns[0])
-            elif not woken or applied or acted or self.hung or len(turns) >= 2:
-                continue
-            elif not self._fill() and not self._skipped:
+            acted = self._advance()
+            if woken and not acted and not self._skipped and len(self._rounds) < MAX_ROUNDS_OUT:
                 # Woken, and no stream had work (a stream that lost the credit it was
                 # woken for to another stage is counted in num_skipped_no_credit).
                 self.counters.num_empty_plans += 1
+            with trio.CancelScope(deadline=self._watchdog_deadline()) as self._waiting:
+                woken = await self.wakeup.wait()
+            self._waiting = None
+            if self._rounds and trio.current_time() >= self._watchdog_deadline():
+                self._hung(self._rounds[0])
+                woken = False
 
-    def _turn_done(self, turn: _Turn, value: outcome.Outcome[Result]) -> None:
-        """A turn's result is back on the trio thread (``run_sync_soon``): apply it and
-        plan the next turn right here, one task switch earlier than the actor's task
+    def _round_done(self, round_: _Round, value: outcome.Outcome[Result]) -> None:
+        """A round's result is back on the trio thread (``run_sync_soon``): apply it and
+        plan the next round right here, one task switch earlier than the actor's task
         could. Never raises (this runs in trio's own callback task)."""
-        turn.result = value
+        round_.result = value
         if not self._serving:
             return  # shutting down: the final job closes what the stage holds
         try:
-            self._apply_finished()
-            self.wakeup.consume()  # this plan sees everything a pending wake-up was for
-            self._fill()
+            self._advance()
             if self._waiting is not None:
                 self._waiting.deadline = self._watchdog_deadline()
         except Exception:
-            logger.exception("stage %r: applying a turn failed", self.name)
+            logger.exception("stage %r: applying a round failed", self.name)
             self.wakeup.set()
 
+    def _advance(self) -> bool:
+        """Where all planning starts: apply the rounds that came back, in order, then
+        plan and submit rounds while fewer than two are out. True if it did anything."""
+        acted = self._apply_finished()
+        self.wakeup.consume()  # this plan sees everything a pending wake-up was for
+        if self._hang is not None:
+            self._fail_all()
+            return True
+        while len(self._rounds) < MAX_ROUNDS_OUT:
+            round_ = self._plan()
+            if round_ is None:
+                break
+            acted = True
+            if round_.has_work:
+                self._submit(round_)
+        return acted
+
     def _apply_finished(self) -> bool:
-        """Apply the finished turns at the head, in order. True if there were any."""
-        turns = self._turns
+        """Apply the finished rounds at the head, in order. True if there were any."""
+        rounds = self._rounds
         applied = False
-        while turns and turns[0].result is not None:
-            self._apply(turns.popleft())
+        while rounds and rounds[0].result is not None:
+            self._apply(rounds.popleft())
             applied = True
-            if turns:
-                turns[0].since = trio.current_time()
+            if rounds:
+                rounds[0].since = trio.current_time()
             else:
                 self._idle_since = time.perf_counter()
         return applied
 
     def _watchdog_deadline(self) -> float:
-        """When the oldest turn out has run for ``step_timeout_s`` (inf if none, or hung)."""
+        """When the oldest round out has run for ``step_timeout_s`` (inf if none, or hung)."""
         timeout_s = self.spec.step_timeout_s
-        if not self._turns or timeout_s is None or self._hang is not None:
+        if not self._rounds or timeout_s is None or self._hang is not None:
             return math.inf
-        return self._turns[0].since + timeout_s
+        return self._rounds[0].since + timeout_s
 
-    def _fill(self) -> bool:
-        """Plan and submit turns while fewer than two are out. True if it did anything."""
-        if self._hang is not None:
-            self._fail_all()
-            return True
-        acted = False
-        while len(self._turns) < MAX_TURNS_IN_FLIGHT:
-            turn = self._plan()
-            if turn is None:
-                break
-            acted = True
-            if turn.plan.closes or turn.opens or turn.batch:
-                self._submit(turn)
-        return acted
-
-    def _submit(self, turn: _Turn) -> None:
-        first = not self._turns
-        self._turns.append(turn)
+    def _submit(self, round_: _Round) -> None:
+        first = not self._rounds
+        self._rounds.append(round_)
         if first:
-            turn.since = trio.current_time()
+            round_.since = trio.current_time()
             if self._idle_since is not None:
                 self.counters.idle_s += time.perf_counter() - self._idle_since
                 self._idle_since = None
             if self._waiting is not None:  # submitted from outside the task: arm the watchdog
                 self._waiting.deadline = self._watchdog_deadline()
-        self._placement.submit(turn.plan, partial(self._turn_done, turn))
+        self._placement.submit(round_.plan, partial(self._round_done, round_))
 
-    def _hung(self, turn: _Turn) -> None:
-        """The oldest turn did not return within ``step_timeout_s``. A thread cannot be
+    def _hung(self, round_: _Round) -> None:
+        """The oldest round did not return within ``step_timeout_s``. A thread cannot be
         interrupted, so the stage is out of service until it does: its streams fail
         with a ``StageError`` naming it, streams that arrive meanwhile fail at once,
         and the rest of the pipeline serves on. When the step returns, the stage
         serves again (the streams it failed stay failed)."""
-        in_flight = [w.stream_id for w in turn.plan.batch] + [sid for sid, _ in turn.plan.opens]
+        in_flight = [w.stream_id for w in round_.plan.batch] + [sid for sid, _ in round_.plan.opens]
         logger.error(
             "stage %r is hung: a step has not returned for %.1f s; streams in flight: %s",
             self.name,
@@ -349,112 +363,130 @@ class StageActor:
             extra={"stage": self.name},
         )
         problem = f"step did not return within step_timeout_s={self.spec.step_timeout_s}"
-        self._hang = _Hang(turn, problem)
+        self._hang = _Hang(round_, problem)
         self._fail_all()
 
     def _fail_all(self) -> None:
         hang = self._hang
         assert hang is not None
         for slot in list(self.slots.values()):
-            self._fail(slot.stream.id, "watchdog", TimeoutError(hang.problem))
-            if slot.opened or slot.in_flight:
-                hang.closes.append(slot.stream.id)  # closed on the stage once it is back
-            self._release(slot)
-        self._unopened.clear()
-        self._ending.clear()
+            self._fail(slot.id, "watchdog", TimeoutError(hang.problem))
+            if slot.phase in HOLDING or slot.in_flight:
+                hang.closes.append(slot.id)  # closed on the stage once it is back
+            self._release(slot, Event.ABANDON)
 
     # ----- plan (trio) --------------------------------------------------------------
 
-    def _plan(self) -> _Turn | None:
+    def _plan(self) -> _Round | None:
         started = time.perf_counter()
-        turn = self._plan_turn()
+        round_ = self._plan_round()
         self.counters.trio_s += time.perf_counter() - started
-        return turn
+        return round_
 
-    def _plan_turn(self) -> _Turn | None:
-        """One turn's work, or None if there is none. Releases ended streams the stage
-        never opened on the way (that counts as work done: it returns an empty turn)."""
+    def _plan_round(self) -> _Round | None:
+        """One round's work, or None if there is none. Frees ended streams the stage does
+        not hold on the way (that counts as work done: it returns an empty round)."""
+        closes, opens, released = self._plan_lifecycle()
+        batch = self._plan_batch()
+        if not (closes or opens or batch):
+            return _EMPTY_ROUND if released else None
+        plan = Plan(
+            tuple(closes),
+            tuple((s.id, s.stream.request) for s in opens),
+            tuple(self._take_work(slot) for slot in batch),
+        )
+        return _Round(plan, batch, tuple(opens), 0.0)
+
+    def _plan_lifecycle(self) -> tuple[list[str], list[Slot], bool]:
+        """Opens for new streams, closes for ended ones the stage holds, and frees the
+        ended ones it does not; a slot a round out holds is decided once it is back."""
         closes: list[str] = []
+        opens: list[Slot] = []
         released = False
-        if self._ending:
-            for sid in list(self._ending):
-                slot = self.slots.get(sid)
-                if slot is not None and slot.in_flight:
-                    continue  # decided once its turn is back
-                self._ending.discard(sid)
-                if slot is not None and slot.opened and not slot.closed_on_stage:
-                    closes.append(sid)
-                elif slot is not None:
-                    self._release(slot)
-                    released = True
-        opens: list[_Slot] = []
-        if self._unopened:
-            opens = [s for s in self._unopened if self.slots.get(s.stream.id) is s]
-            self._unopened.clear()
-        decision = pick_batch(self._candidates(), self.spec.max_batch_size)
+        lifecycle = self._lifecycle
+        for sid, slot in list(lifecycle.items()):
+            if slot.in_flight:
+                continue
+            del lifecycle[sid]
+            if slot.phase is Phase.NEW:
+                slot.on(Event.PLAN_OPEN)
+                slot.in_flight += 1
+                opens.append(slot)
+            elif slot.phase is Phase.ENDING:
+                slot.on(Event.PLAN_CLOSE)
+                closes.append(sid)
+            elif slot.releasable:
+                self._release(slot, Event.RELEASE)
+                released = True
+        return closes, opens, released
+
+    def _plan_batch(self) -> tuple[Slot, ...]:
+        """The streams to step, by ``pick_batch``; stepped streams, and ready ones left
+        out for want of credit, go to the back of ``slots`` (least recently stepped
+        first), and the latter leave the actor's wake-up on the channel that is short."""
+        decision = pick_batch(self._candidates(), self.spec.max_batch_size, self.scheduling)
         slots = self.slots
         self._skipped = bool(decision.skipped)
         if decision.skipped:
             self.counters.num_skipped_no_credit += len(decision.skipped)
-            for sid in decision.skipped:  # full streams wait at the back: scans stay O(batch)
-                slots[sid] = slots.pop(sid)
-        picked: list[_Slot] = []
-        for sid in decision.batch:  # stepped streams go to the back of the line
+            for sid in decision.skipped:
+                slot = slots[sid] = slots.pop(sid)
+                if not slot.in_flight:
+                    self._wait_for_credit(slot)
+        picked: list[Slot] = []
+        for sid in decision.batch:
             slot = slots[sid] = slots.pop(sid)
             picked.append(slot)
-        batch = tuple(picked)
-        if not (closes or opens or batch):
-            return None if not released else _Turn(Plan((), (), ()), (), (), 0.0)
-        for slot in opens:
-            slot.in_flight += 1
-        plan = Plan(
-            tuple(closes),
-            tuple((s.stream.id, s.stream.request) for s in opens),
-            tuple(self._take_work(slot) for slot in batch),
-        )
-        return _Turn(plan, batch, tuple(opens), 0.0)
+        return tuple(picked)
 
     def _candidates(self) -> Iterator[Candidate]:
         """Streams with work, least recently planned first (``slots`` is kept in that order).
 
-        A stream whose last turn is still out is planned again on what trio knows
+        A stream whose last round is still out is planned again on what trio knows
         (the runner skips it if that step said otherwise); one that does not fit a
-        second time is left for after its turn is back, not counted as skipped.
+        second time is left for after its round is back, not counted as skipped.
         """
+        now_s = time.perf_counter()
+        self.num_behind_now = 0
         for slot in self.slots.values():
-            if slot.stream.ending or not self._has_work(slot):
+            if not slot.steppable or not self._has_work(slot):
                 continue
             fits = self._fits(slot)
             if fits or not slot.in_flight:
-                yield Candidate(slot.stream.id, True, fits)
+                deadline_s = slot.stream.deadline_s
+                if deadline_s < now_s:
+                    self.num_behind_now += 1
+                    self.counters.num_behind_deadline += 1
+                yield Candidate(slot.id, True, fits, deadline_s)
 
     @staticmethod
-    def _has_work(slot: _Slot) -> bool:
+    def _has_work(slot: Slot) -> bool:
         """New input, input that just closed, or the stage asked for more."""
         inbox = slot.inbox
         if slot.more or (inbox is not None and inbox.buffered > 0):
             return True
-        return (inbox is None or inbox.producers_done) and not slot.input_closed_delivered
+        return (inbox is None or inbox.producers_done) and not slot.told_closed
 
-    def _fits(self, slot: _Slot) -> bool:
-        """Room for a whole step's output on every channel the stream writes to. If not,
-        the actor waits on the channel that is short (only that wakes it)."""
+    def _fits(self, slot: Slot) -> bool:
+        """Room for a whole step's output on every channel the stream writes to."""
         limits = self.limits
-        client = slot.stream.client
-        if client.free < limits.max_visible_per_step:
-            if not slot.in_flight:
-                client.wait_for_credit(self.wakeup, limits.max_visible_per_step)
-                slot.waiting = True
+        if slot.stream.client.free < limits.max_visible_per_step:
             return False
         outbox = slot.outbox
-        if outbox is not None and outbox.free < limits.max_payloads_per_step:
-            if not slot.in_flight:
-                outbox.wait_for_credit(self.wakeup, limits.max_payloads_per_step)
-                slot.waiting = True
-            return False
-        return True
+        return outbox is None or outbox.free >= limits.max_payloads_per_step
 
-    def _take_work(self, slot: _Slot) -> StreamWork:
+    def _wait_for_credit(self, slot: Slot) -> None:
+        """Leave the actor's wake-up on the channel a skipped stream is short of (only
+        credit coming back there wakes it)."""
+        limits = self.limits
+        client, outbox = slot.stream.client, slot.outbox
+        if client.free < limits.max_visible_per_step:
+            client.wait_for_credit(self.wakeup, limits.max_visible_per_step)
+        elif outbox is not None:
+            outbox.wait_for_credit(self.wakeup, limits.max_payloads_per_step)
+        slot.waiting = True
+
+    def _take_work(self, slot: Slot) -> StreamWork:
         limits = self.limits
         slot.in_flight += 1
         client, outbox = slot.stream.client, slot.outbox
@@ -467,54 +499,82 @@ class StageActor:
         if outbox is not None:
             outbox.reserve(limits.max_payloads_per_step)
         if slot.inbox is None:
-            return StreamWork(slot.stream.id, (), True)
+            return StreamWork(slot.id, (), True)
         inputs, closed = slot.inbox.take(limits.max_inputs_per_step)
-        return StreamWork(slot.stream.id, tuple(inputs), closed)
+        return StreamWork(slot.id, tuple(inputs), closed)
 
     # ----- apply (back in trio) -----------------------------------------------------
 
-    def _apply(self, turn: _Turn) -> None:
+    def _apply(self, round_: _Round) -> None:
         started = time.perf_counter()
-        self._apply_turn(turn)
+        self._apply_round(round_)
         self.counters.trio_s += time.perf_counter() - started
+        if round_.plan.batch and self.on_round is not None:
+            self.on_round(self)
 
-    def _apply_turn(self, turn: _Turn) -> None:
+    def _apply_round(self, round_: _Round) -> None:
+        """A round's result, in the order it matters: what the stage opened, the step's
+        outputs onto the edges (downstream plans at once), then onto clients, then
+        what the stage closed."""
+        result = self._unwrap(round_)
+        self._count_step(result)
+        self._settle_opens(round_, result)
+        delivered = self._route_outputs(round_, result)
+        self._deliver_visible(delivered)
+        self._settle_closes(round_, result)
+
+    def _unwrap(self, round_: _Round) -> Result:
         try:
-            result = turn.result.unwrap() if turn.result is not None else Result()
+            result = round_.result.unwrap() if round_.result is not None else Result()
         except StageLost as lost:
             result = self._lost(lost)
         except Exception as broken:  # the runner itself broke: a runtime bug, loud
-            logger.exception("stage %r: a turn failed outside the stage", self.name)
-            stepped = [w.stream_id for w in turn.plan.batch]
+            logger.exception("stage %r: a round failed outside the stage", self.name)
+            stepped = [w.stream_id for w in round_.plan.batch]
             result = Result(stepped=stepped, step_error=broken)
-        if self._hang is not None and self._hang.turn is turn:
+        if self._hang is not None and self._hang.round is round_:
             self._recover()
-        plan, counters = turn.plan, self.counters
+        self._report_step_problems(result)
+        return result
+
+    def _count_step(self, result: Result) -> None:
+        counters = self.counters
         counters.busy_s += result.busy_s
-        if result.stepped:
+        size = len(result.stepped)
+        if size:
             counters.num_steps += 1
-            counters.num_batched += len(result.stepped)
-            counters.last_batch_size = len(result.stepped)
-            counters.max_batch_size_seen = max(counters.max_batch_size_seen, len(result.stepped))
-        for slot in turn.opens:
+            counters.num_batched += size
+            counters.last_batch_size = size
+            counters.max_batch_size_seen = max(counters.max_batch_size_seen, size)
+            if result.step_error is None:
+                self.step_model.observe(size, result.step_s)
+
+    def _settle_opens(self, round_: _Round, result: Result) -> None:
+        for slot in round_.opens:
             slot.in_flight -= 1
-        for sid in result.opened:
-            opened = self.slots.get(sid)
-            if opened is not None:
-                opened.opened = True
+        opened = set(result.opened)
+        for slot in round_.opens:
+            if self.slots.get(slot.id) is slot and slot.phase in (Phase.OPENING, Phase.ENDING):
+                slot.on(Event.OPENED if slot.id in opened else Event.OPEN_FAILED)
         for sid, exc in result.errors.items():
             self._fail(sid, "open_stream", exc)
-        self._report_step_problems(plan, result)
-        # The hot loops: O(batch), a handful of attribute reads per stream.
+
+    def _route_outputs(
+        self, round_: _Round, result: Result
+    ) -> list[tuple[Slot, StreamWork, StreamOutput]]:
+        """Each stepped stream's payloads onto its outgoing edge, its credit settled; the
+        next stage is offered the work once, after the whole batch. The hot loop:
+        O(batch), a handful of attribute reads per stream."""
+        plan = round_.plan
         stepped = result.stepped
         in_step = None if len(stepped) == len(plan.batch) else set(stepped)
         outputs, step_error = result.outputs, result.step_error
         slots = self.slots
         max_payloads = self.limits.max_payloads_per_step
         max_visible = self.limits.max_visible_per_step
-        delivered: list[tuple[_Slot, StreamWork, StreamOutput]] = []
+        delivered: list[tuple[Slot, StreamWork, StreamOutput]] = []
         routed = False
-        for slot, work in zip(turn.batch, plan.batch, strict=True):
+        for slot, work in zip(round_.batch, plan.batch, strict=True):
             slot.in_flight -= 1
             sid = work.stream_id
             outbox = slot.outbox
@@ -530,6 +590,7 @@ class StageActor:
                     if output.error is not None:
                         self._fail(sid, "step", output.error)
                     else:
+                        slot.num_steps += 1
                         delivered.append((slot, work, output))
                         routed |= outbox is not None
                         self._route(slot, work, output)
@@ -543,37 +604,11 @@ class StageActor:
         # Downstream work is queued before any client hears of this step.
         if routed and self.downstream is not None:
             self.downstream.offer()
-        num_visible = 0
-        for slot, work, output in delivered:
-            visible = output.visible
-            client = slot.stream.client
-            if visible:
-                client.put(visible)
-                num_visible += len(visible)
-            # Unused client credit goes back, and a stage short of it hears of it.
-            client.settle(max_visible, len(visible))
-            if output.done:
-                client.producer_done()
-            elif work.input_closed and not output.more:
-                problem = ProtocolError("neither more nor done after input closed")
-                self._fail(work.stream_id, "step", problem)
-        counters.num_visible_sent += num_visible
-        for sid in result.closed:
-            closed = slots.get(sid)
-            if closed is not None:
-                closed.closed_on_stage = True
-                if not closed.in_flight:
-                    self._release(closed)
-        for slot in turn.batch:  # closed by an earlier turn, and now no turn holds it
-            if slot.closed_on_stage and not slot.in_flight and slots.get(slot.stream.id) is slot:
-                self._release(slot)
-        for slot in turn.opens:
-            if slot.closed_on_stage and not slot.in_flight and slots.get(slot.stream.id) is slot:
-                self._release(slot)
+        return delivered
 
-    def _route(self, slot: _Slot, work: StreamWork, output: StreamOutput) -> None:
-        """An output's payloads onto the outgoing edge (the consumer is offered the work
-        after the whole batch), and what the stage said about the stream."""
+    def _route(self, slot: Slot, work: StreamWork, output: StreamOutput) -> None:
+        """An output's payloads onto the outgoing edge, and what the stage said about the
+        stream (the forecast of the runner's record)."""
         outbox = slot.outbox
         if outbox is not None:
             if output.payloads:
@@ -582,16 +617,56 @@ class StageActor:
             if output.done:
                 outbox.producer_done(wake=False)
         slot.more = output.more
-        slot.input_closed_delivered |= work.input_closed
+        slot.told_closed |= work.input_closed
+
+    def _deliver_visible(self, delivered: list[tuple[Slot, StreamWork, StreamOutput]]) -> None:
+        """Visible items onto clients' links (audio moves the stream's playback deadline);
+        unused client credit goes back, and a stage short of it hears of it."""
+        max_visible = self.limits.max_visible_per_step
+        num_visible = 0
+        now_s = time.perf_counter()
+        for slot, work, output in delivered:
+            visible = output.visible
+            stream = slot.stream
+            client = stream.client
+            if visible:
+                client.put(visible)
+                num_visible += len(visible)
+                for item in visible:
+                    if type(item) is AudioChunk:
+                        stream.put_audio(item.duration_s, now_s)
+            client.settle(max_visible, len(visible))
+            if output.done:
+                client.producer_done()
+            elif work.input_closed and not output.more:
+                problem = ProtocolError("neither more nor done after input closed")
+                self._fail(work.stream_id, "step", problem)
+        self.counters.num_visible_sent += num_visible
+
+    def _settle_closes(self, round_: _Round, result: Result) -> None:
+        """Streams the stage closed this round, and any it closed earlier that no round
+        holds any more, are freed."""
+        slots = self.slots
+        for sid in result.closed:
+            closed = slots.get(sid)
+            if closed is not None:
+                closed.on(Event.CLOSED)
+                if closed.releasable:
+                    self._release(closed, Event.RELEASE)
+        for slot in (*round_.batch, *round_.opens):
+            if slot.releasable and slots.get(slot.id) is slot:
+                self._release(slot, Event.RELEASE)
+            elif slot.phase is Phase.ENDING and not slot.in_flight:
+                self._lifecycle[slot.id] = slot  # its close can be planned now
 
     def _lost(self, lost: StageLost) -> Result:
         """The stage's process died with every stream it held (opened, or opening in a
-        turn out): they fail with a ``StageError`` naming the stage and are freed (their
+        round out): they fail with a ``StageError`` naming the stage and are freed (their
         state died with it). Streams it had not opened yet wait for the restart."""
-        held = [s for s in self.slots.values() if s.opened or s.in_flight]
+        held = [s for s in self.slots.values() if s.phase in HOLDING or s.in_flight]
         for slot in held:
-            self._fail(slot.stream.id, "the stage's process", lost)
-        return Result(closed=[slot.stream.id for slot in held])
+            self._fail(slot.id, "the stage's process", lost)
+        return Result(closed=[slot.id for slot in held])
 
     def _recover(self) -> None:
         hang = self._hang
@@ -603,9 +678,9 @@ class StageActor:
             extra={"stage": self.name},
         )
         if hang.closes:  # the streams it failed meanwhile: free them on the stage
-            self._submit(_Turn(Plan(tuple(hang.closes), (), ()), (), (), 0.0))
+            self._submit(_Round(Plan(tuple(hang.closes), (), ()), (), (), 0.0))
 
-    def _report_step_problems(self, plan: Plan, result: Result) -> None:
+    def _report_step_problems(self, result: Result) -> None:
         streams = ", ".join(result.stepped)
         extra = {"stage": self.name}
         if result.step_error is not None:
@@ -637,12 +712,19 @@ class StageActor:
         logger.warning("%s", error, extra={"stage": self.name, "stream": sid})
         slot.stream.fail(error)
 
-    def _release(self, slot: _Slot) -> None:
-        del self.slots[slot.stream.id]
+    def _release(self, slot: Slot, event: Event) -> None:
+        slot.on(event)
+        del self.slots[slot.id]
+        slot.stream.num_steps_at[self.name] = slot.num_steps
+        self._lifecycle.pop(slot.id, None)
         if slot.inbox is not None:
             slot.inbox.discard()  # finished early or ended: upstream must not wait on it
         slot.stream.released_by(self.name)
 
 
-def stage_statistics(actors: Mapping[str, StageActor]) -> Mapping[str, StageStatistics]:
-    return MappingProxyType({name: actor.statistics() for name, actor in actors.items()})
+def stage_statistics(
+    actors: Mapping[str, StageActor], audio_s_delivered: float = 0.0, cap: int = 0
+) -> Mapping[str, StageStatistics]:
+    return MappingProxyType(
+        {name: actor.statistics(audio_s_delivered, cap) for name, actor in actors.items()}
+    )

@@ -43,6 +43,21 @@ class PipelineSection(_Strict):
     """The Ray cluster that stages with ``placement: ray`` join (``ray start --head``
     prints it). None: a local Ray instance is started with the pipeline and stopped
     with it."""
+    scheduling: Literal["deadline", "round_robin"] = "deadline"
+    """Which ready streams a full batch takes: the earliest playback deadlines, or the
+    least recently stepped (``_scheduler.py``)."""
+    client_buffer_s: float = pydantic.Field(default=0.25, ge=0, allow_inf_nan=False)
+    """A stream's playback deadline is when its client runs out of audio, less this."""
+    first_audio_budget_s: float = pydantic.Field(default=1.0, ge=0, allow_inf_nan=False)
+    """Before its first audio, a stream's deadline is its admission plus this."""
+    admission: Literal["headroom", "max_streams"] = "headroom"
+    """``headroom``: admit a stream only while every stage keeps every admitted stream
+    faster than real time by ``realtime_margin`` (its learned step-time model), and
+    shed the newest (or lowest ``priority``) streams when a stage falls behind;
+    ``max_streams`` stays a hard cap. ``max_streams``: the count alone."""
+    realtime_margin: float = pydantic.Field(default=0.05, ge=0, le=10, allow_inf_nan=False)
+    """Admission by headroom keeps every stream at least ``1 + realtime_margin`` x real
+    time (audio seconds made per second)."""
 
 
 class RayResources(_Strict):
@@ -64,7 +79,7 @@ class StageSpec(_Strict):
     step_timeout_s: float | None = pydantic.Field(
         default=DEFAULT_STEP_TIMEOUT_S, gt=0, allow_inf_nan=False
     )
-    """Watchdog: a turn on the worker thread (closes, opens, one step) that takes
+    """Watchdog: a round on the worker thread (closes, opens, one step) that takes
     longer marks the stage hung (None: no watchdog)."""
     params: dict[str, Any] = pydantic.Field(default_factory=dict)
     placement: Literal["thread", "ray"] = "thread"

@@ -22,13 +22,48 @@ class ConfigError(OmnitrioError):
 
 
 class Overloaded(OmnitrioError):
-    """The pipeline already serves ``max_streams`` streams; a new one is refused at once."""
+    """A new stream is refused at once: the pipeline serves ``max_streams`` streams, or
+    (``problem`` set) one more would push a stage below real time for every stream.
 
-    def __init__(self, max_streams: int) -> None:
+    ``retry_after_s``: when a retry may find room, from the stages' step-time models
+    (HTTP sends it as ``Retry-After``), or None when there is no estimate.
+    """
+
+    def __init__(
+        self, max_streams: int, retry_after_s: float | None = None, problem: str | None = None
+    ) -> None:
         self.max_streams = max_streams
+        self.retry_after_s = retry_after_s
+        self.problem = problem
+        retry = "retry later" if retry_after_s is None else f"retry in {retry_after_s:.1f} s"
+        if problem is None:
+            message = (
+                f"pipeline is serving its max_streams={max_streams} streams; "
+                f"{retry} or raise pipeline.max_streams in the config"
+            )
+        else:
+            message = f"pipeline has no real-time headroom for another stream: {problem}; {retry}"
+        super().__init__(message)
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[Overloaded], tuple[int, float | None, str | None]]:
+        return (Overloaded, (self.max_streams, self.retry_after_s, self.problem))
+
+
+class StreamShed(OmnitrioError):
+    """An admitted stream was stopped to keep the others in real time: ``stage`` fell
+    behind (it slowed down) and this stream was the newest, or the lowest ``priority``.
+
+    Raised from the stream's iterator after the items made before it.
+    """
+
+    def __init__(self, stream_id: str, stage: str, problem: str) -> None:
+        self.stream_id = stream_id
+        self.stage = stage
+        self.problem = problem
         super().__init__(
-            f"pipeline is serving its max_streams={max_streams} streams; "
-            "retry later or raise pipeline.max_streams in the config"
+            f"stream {stream_id!r} was shed to keep the other streams in real time: {problem}"
         )
 
 

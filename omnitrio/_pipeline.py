@@ -24,10 +24,12 @@ from types import MappingProxyType
 import trio
 
 from ._actor import StageActor, stage_statistics
+from ._admission import Admission, priority_of
 from ._config import PipelineConfig, StageSpec, check_stage_limits, load_config, uses_ray
 from ._errors import Overloaded, PipelineClosed
 from ._items import Request
 from ._link import Link
+from ._scheduler import Playback
 from ._statistics import PipelineStatistics
 from ._stream import DeliveryCounters, Stream, StreamHooks, StreamState
 
@@ -86,21 +88,31 @@ class Pipeline:
         self._closed = False
         self._num_admitted = 0
         self._num_refused = 0
+        self._num_ended = 0  # admitted streams that failed or were cancelled, not yet released
         self._outcomes = {"completed": 0, "failed": 0, "cancelled": 0}
         self._delivery = DeliveryCounters()
+        section = config.pipeline
         self._hooks = StreamHooks(
             self._on_end,
             self._on_released,
             self._delivery,
-            config.pipeline.shutdown_timeout_s,
+            section.shutdown_timeout_s,
+            Playback(section.client_buffer_s, section.first_audio_budget_s),
         )
+        self._admission = Admission(
+            section.max_streams, section.realtime_margin, headroom=section.admission == "headroom"
+        )
+        for actor in actors:
+            actor.on_round = self._after_round
 
     @asynccontextmanager
     async def open_stream(self, request: Request | str) -> AsyncIterator[Stream]:
         """Admit a stream and yield its handle; leaving the block cancels it if still running.
 
         Raises ``Overloaded`` at once (no queueing) when ``max_streams`` streams
-        are open, and ``PipelineClosed`` once the pipeline is shutting down.
+        are open or a stage has no real-time headroom for one more (``_admission.py``),
+        and ``PipelineClosed`` once the pipeline is shutting down. The request option
+        ``priority`` (a number, default 0) orders shedding: lowest first.
         Leaving the block waits until every stage has freed the stream (the steps
         in progress plus at most one more); see ``Stream.aclose``.
         """
@@ -113,7 +125,27 @@ class Pipeline:
     @property
     def is_full(self) -> bool:
         """True when ``open_stream`` would raise ``Overloaded`` (or the pipeline is closing)."""
-        return self._closed or len(self._streams) >= self.config.pipeline.max_streams
+        return self._closed or self.refusal() is not None
+
+    def refusal(self) -> Overloaded | None:
+        """The ``Overloaded`` that ``open_stream`` would raise now (with its retry hint),
+        or None if a stream would be admitted. Counts nothing."""
+        return self._admission.refusal(
+            len(self._streams) - self._num_ended,
+            len(self._streams),
+            ((a.name, a.step_model) for a in self._actors),
+            self._delivery.audio_s_put,
+        )
+
+    def _after_round(self, actor: StageActor) -> None:
+        """A stage applied a round: if streams there are past their playback deadlines
+        and its model says it keeps fewer than it holds in real time, shed the rest
+        (of the streams it holds: shedding one it has finished would not help it)."""
+        if not actor.num_behind_now:
+            return  # nobody is late here: a dip in the model alone sheds nothing
+        audio_s = self._delivery.audio_s_put
+        if self._admission.behind(actor.step_model, len(actor.slots), audio_s):
+            self._admission.shed(actor.name, actor.step_model, actor.live_streams(), audio_s)
 
     @property
     def side_stage(self) -> str | None:
@@ -124,10 +156,12 @@ class Pipeline:
     def _admit(self, request: Request) -> StreamState:
         if self._closed:
             raise PipelineClosed("<new>")
-        max_streams = self.config.pipeline.max_streams
-        if len(self._streams) >= max_streams:
+        priority = priority_of(request)
+        refusal = self.refusal()
+        if refusal is not None:
             self._num_refused += 1
-            raise Overloaded(max_streams)
+            self._admission.num_refused_headroom += refusal.problem is not None
+            raise refusal
         stream_id = f"s{next(self._ids)}"
         actors = self._actors
         client = Link("client", self.config.pipeline.client_capacity, num_producers=len(actors))
@@ -140,6 +174,7 @@ class Pipeline:
             edges[edge.name] = link
         holders = frozenset(a.name for a in actors)
         stream = StreamState(stream_id, request, client, edges, holders, self._hooks)
+        stream.priority = priority
         self._streams[stream_id] = stream
         self._num_admitted += 1
         links = list(edges.values())
@@ -176,6 +211,7 @@ class Pipeline:
             assert self._side is not None
             self._side.drop(stream.id)
             return
+        self._num_ended += 1
         for actor in self._actors:
             actor.drop(stream.id)
 
@@ -183,6 +219,12 @@ class Pipeline:
         if self._side_streams.pop(stream.id, None) is not None:
             return
         del self._streams[stream.id]
+        if stream.ending:
+            self._num_ended -= 1
+        else:
+            self._admission.completed(time.perf_counter() - stream.admitted_at_s)
+            for actor in self._actors:
+                actor.step_model.completed(stream.num_steps_at.get(actor.name, 0), stream.audio_s)
         outcome = "failed" if stream.failure else "cancelled" if stream.cancelled else "completed"
         self._outcomes[outcome] += 1
 
@@ -195,7 +237,9 @@ class Pipeline:
     def statistics(self) -> PipelineStatistics:
         """A frozen snapshot of every stage and stream. Cheap; never blocks."""
         actors = self._actors
-        stages = stage_statistics({a.name: a for a in actors})
+        audio_s = self._delivery.audio_s_put
+        cap = self.config.pipeline.max_streams
+        stages = stage_statistics({a.name: a for a in actors}, audio_s, cap)
         return PipelineStatistics(
             stages=stages,
             streams=MappingProxyType({s.id: s.statistics() for s in self._streams.values()}),
@@ -203,6 +247,9 @@ class Pipeline:
             max_streams=self.config.pipeline.max_streams,
             num_admitted=self._num_admitted,
             num_refused=self._num_refused,
+            num_refused_headroom=self._admission.num_refused_headroom,
+            num_shed=self._admission.num_shed,
+            audio_s_delivered=audio_s,
             num_completed=self._outcomes["completed"],
             num_failed=self._outcomes["failed"],
             num_cancelled=self._outcomes["cancelled"],
@@ -314,6 +361,7 @@ async def open_pipeline(config: PipelineConfig | str | os.PathLike[str]) -> Asyn
         StageActor(
             spec,
             source,
+            scheduling=config.pipeline.scheduling,
             has_outbox=config.edge_from(spec.name) is not None,
             payloads_by_reference=spec.placement == "ray"
             and index + 1 < len(specs)

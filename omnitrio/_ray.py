@@ -13,7 +13,7 @@ as it routes any payload (credits count items, not bytes), and the downstream ac
 fetches each object once per step. Payloads to or from a thread-placed stage
 are copied through the supervisor and counted (``num_payload_bytes_relayed``).
 
-If the actor's process dies, every turn out fails with ``StageLost`` (the actor
+If the actor's process dies, every round out fails with ``StageLost`` (the actor
 then fails the streams the stage held) and a fresh actor loads the stage; until it
 has, the stage is out of service (``restarting``, so ``/health`` says degraded).
 """
@@ -155,7 +155,7 @@ def _nbytes(payload: object) -> int:
 
 
 # A dead actor is not restarted by Ray: ``RayPlacement`` makes a fresh one, so that
-# every turn sent to the dead one fails (``StageLost``) and none runs on the new one.
+# every round sent to the dead one fails (``StageLost``) and none runs on the new one.
 _RemoteStage: Any = ray.remote(max_restarts=0)(_StageProcess)
 
 
@@ -208,7 +208,7 @@ class RayPlacement:
         return done.is_set()
 
     def model_statistics(self) -> Mapping[str, float]:
-        return self._model  # as of the latest turn back
+        return self._model  # as of the latest round back
 
     def _create(self) -> Any:
         spec, resources = self._spec, self._spec.resources
@@ -234,7 +234,7 @@ class RayPlacement:
         on_done(outcome.Value(reply.result))
 
     def _restart(self) -> None:
-        """The actor's process died: load the stage on a fresh actor (turns submitted
+        """The actor's process died: load the stage on a fresh actor (rounds submitted
         meanwhile queue behind its load)."""
         logger.error(
             "stage %r: its Ray actor's process (pid %s) died; restarting it",

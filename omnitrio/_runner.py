@@ -1,13 +1,17 @@
 """The executing half of a stage actor: everything that runs on its worker thread.
 
-``StageRunner`` owns the stage object. It loads it, runs one turn's closes,
+``StageRunner`` owns the stage object. It loads it, runs one round's closes,
 opens and step, checks each stream's output against the stage's ``Limits``,
 and closes what finished. It tracks which streams the stage holds, so
-``close_stream`` runs exactly once per stream even when a turn's result never
-reaches trio (a turn cut off by shutdown). The deciding half, in trio, is
+``close_stream`` runs exactly once per stream even when a round's result never
+reaches trio (a round cut off by shutdown). The deciding half, in trio, is
 ``StageActor`` (``_actor.py``).
 
-Trio plans a turn while the previous one still runs, so a plan may hold a stream
+Its records (``_held``, ``_more``, ``_told_closed``) are the authority on what the
+stage object holds and on whether a stream has work: the trio side's ``Slot``
+(``_slot.py``) keeps a forecast of them, at most one round behind.
+
+Trio plans a round while the previous one still runs, so a plan may hold a stream
 whose previous step trio has not seen yet. The runner has seen it: it steps a
 planned stream only if the stage still holds it and it has work by the stage's
 latest answer (it asked for ``more``, inputs came, or its input closed and the
@@ -36,7 +40,7 @@ _NO_PROGRESS = StreamOutput()
 
 @dataclass(frozen=True)
 class Plan:
-    """One turn's work for the thread, decided in trio."""
+    """One round's work for the thread, decided in trio."""
 
     closes: tuple[str, ...]
     opens: tuple[tuple[str, Request], ...]
@@ -56,6 +60,9 @@ class Result:
     stray: list[str] = field(default_factory=list)
     step_error: Exception | None = None
     busy_s: float = 0.0
+    """The whole round on the thread: closes, opens and the step."""
+    step_s: float = 0.0
+    """The step alone (``stage.step``): what the stage's step-time model learns from."""
 
 
 class StageRunner:
@@ -118,7 +125,9 @@ class StageRunner:
         batch = [w for w in plan.batch if self._has_work(w)]
         result.stepped = [w.stream_id for w in batch]
         if batch:
+            step_started = time.perf_counter()
             self._step(batch, result)
+            result.step_s = time.perf_counter() - step_started
         result.busy_s = time.perf_counter() - started
         return result
 

@@ -6,16 +6,47 @@ write to has room for a whole step's output. Only ready streams that fit are
 batched; a ready stream that does not fit is skipped and counted, never waited
 for, so one slow client cannot hold up anybody else's batch.
 
-Candidates come least recently stepped first (the actor keeps its streams in
-that order), and are consumed lazily: the scan stops once the batch is full, so
-a turn costs O(batch), not O(open streams).
+**Earliest playback deadline first** (``scheduling: deadline``, the default).
+Every stream has a *playback deadline*: when its client runs out of audio (the
+first chunk's delivery time plus the seconds of audio delivered since), less
+the configured client buffer; before its first audio, its admission time plus
+the first-audio budget (so streams that have no audio yet, text-only ones
+included, are ordered by age). When more streams are ready than a batch holds,
+the batch takes the earliest deadlines: a stream far ahead of its deadline
+gives its place to one that is behind. Ties keep the given order (least
+recently stepped first).
+
+**Round robin** (``scheduling: round_robin``, the runtime before deadlines):
+candidates in the given order, least recently stepped first, read lazily, so
+the scan stops once the batch is full.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple
+
+Scheduling = Literal["deadline", "round_robin"]
+
+
+@dataclass(frozen=True, slots=True)
+class Playback:
+    """How a stream's playback deadline is computed (the config's ``pipeline`` section)."""
+
+    client_buffer_s: float = 0.25
+    """Audio a client should still hold when the next audio reaches it."""
+    first_audio_budget_s: float = 1.0
+    """Before its first audio, a stream's deadline is its admission plus this."""
+
+    def deadline_s(
+        self, admitted_at_s: float, first_audio_at_s: float | None, audio_s: float
+    ) -> float:
+        """When the client runs out of audio, less the buffer (times: perf_counter s)."""
+        if first_audio_at_s is None:
+            return admitted_at_s + self.first_audio_budget_s
+        return first_audio_at_s + audio_s - self.client_buffer_s
 
 
 class Candidate(NamedTuple):
@@ -26,17 +57,46 @@ class Candidate(NamedTuple):
     stream_id: str
     has_work: bool
     fits: bool
+    deadline_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     batch: tuple[str, ...]
     skipped: tuple[str, ...]
-    """Streams with work that did not fit (seen before the batch filled)."""
+    """Streams with work that did not fit (round robin: those seen before the batch filled)."""
 
 
-def pick_batch(candidates: Iterable[Candidate], max_batch_size: int) -> Decision:
-    """The first ``max_batch_size`` candidates that have work and fit, in the given order."""
+def _deadline(candidate: Candidate) -> float:
+    return candidate.deadline_s
+
+
+def pick_batch(
+    candidates: Iterable[Candidate],
+    max_batch_size: int,
+    scheduling: Scheduling = "round_robin",
+) -> Decision:
+    """Up to ``max_batch_size`` candidates that have work and fit: the earliest deadlines
+    (``deadline``) or the first in the given order (``round_robin``). The batch lists
+    them in the given order."""
+    if scheduling == "round_robin":
+        return _first_that_fit(candidates, max_batch_size)
+    ready: list[Candidate] = []
+    skipped: list[str] = []
+    for candidate in candidates:
+        if not candidate.has_work:
+            continue
+        if candidate.fits:
+            ready.append(candidate)
+        else:
+            skipped.append(candidate.stream_id)
+    if len(ready) > max_batch_size:
+        chosen = {id(c) for c in heapq.nsmallest(max_batch_size, ready, key=_deadline)}
+        ready = [c for c in ready if id(c) in chosen]
+    return Decision(tuple(c.stream_id for c in ready), tuple(skipped))
+
+
+def _first_that_fit(candidates: Iterable[Candidate], max_batch_size: int) -> Decision:
     batch: list[str] = []
     skipped: list[str] = []
     for candidate in candidates:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ._headroom import StepModelStatistics
+
 
 @dataclass(frozen=True)
 class StageStatistics:
@@ -48,6 +50,11 @@ class StageStatistics:
     Ray-placed stages (the supervisor routes object references only)."""
     pid: int | None = None
     """The process id of the stage's Ray actor (``placement: ray``); None for a thread."""
+    step_model: StepModelStatistics | None = None
+    """The stage's step-time model, learned online from its own steps (``_headroom.py``):
+    what admission by headroom and shedding decide by."""
+    num_behind_deadline: int = 0
+    """Ready streams seen by a plan after their playback deadline (summed over plans)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,13 @@ class PipelineStatistics:
     """The side stage (the config's ``turn_detection``), if there is one."""
     num_payload_bytes_relayed: int = 0
     """Sum of the stages' ``num_payload_bytes_relayed``."""
+    num_refused_headroom: int = 0
+    """Of ``num_refused``: refused because a stage had no real-time headroom for one
+    more stream (the rest: ``max_streams``)."""
+    num_shed: int = 0
+    """Admitted streams failed with ``StreamShed`` because a stage fell behind real time."""
+    audio_s_delivered: float = 0.0
+    """Seconds of audio the stages put on clients' links."""
     max_trio_stall_s: float = 0.0
     """The longest single task step on the trio thread while pipelines ran (a collector
     pause counts): the longest time no actor and no client could move."""

@@ -17,8 +17,9 @@ iterator then raises the stage's ``StageError`` after the items made before it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Self
 
@@ -27,6 +28,7 @@ import trio
 from ._errors import OmnitrioError
 from ._items import VISIBLE_TYPES, Request, VisibleItem
 from ._link import Link
+from ._scheduler import Playback
 from ._statistics import StreamStatistics
 
 logger = logging.getLogger(__name__)
@@ -38,6 +40,9 @@ class DeliveryCounters:
 
     num_delivered: int = 0
     num_non_visible_seen: int = 0
+    audio_s_put: float = 0.0
+    """Seconds of audio the stages put on clients' links (what the step-time models'
+    audio per stream-step is learned from)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class StreamHooks:
     on_released: Callable[[StreamState], None]
     counters: DeliveryCounters
     release_timeout_s: float
+    playback: Playback = field(default_factory=Playback)
 
 
 class StreamState:
@@ -72,6 +78,26 @@ class StreamState:
         self.failure: OmnitrioError | None = None
         self.cancelled = False
         self.num_delivered = 0
+        self.admitted_at_s = time.perf_counter()
+        self.priority = 0.0
+        self.num_steps_at: dict[str, int] = {}
+        """Per stage that released it: the steps it took there."""
+        """The request's ``priority`` option: streams are shed lowest first."""
+        self.first_audio_at_s: float | None = None
+        self.audio_s = 0.0
+        """Seconds of audio put on the client link so far."""
+        self.deadline_s = hooks.playback.deadline_s(self.admitted_at_s, None, 0.0)
+        """When its client runs out of audio, less the client buffer (``Playback``)."""
+
+    def put_audio(self, duration_s: float, now_s: float) -> None:
+        """``duration_s`` of audio went onto the client link at ``now_s`` (perf_counter)."""
+        if self.first_audio_at_s is None:
+            self.first_audio_at_s = now_s
+        self.audio_s += duration_s
+        self.hooks.counters.audio_s_put += duration_s
+        self.deadline_s = self.hooks.playback.deadline_s(
+            self.admitted_at_s, self.first_audio_at_s, self.audio_s
+        )
 
     @property
     def ending(self) -> bool:

@@ -200,6 +200,9 @@ class SyntheticStage:
         fail_step_at: int | None = None,
         gate: str | None = None,
         load_time_ms: float = 0.0,
+        slowdown: float = 1.0,
+        slowdown_after_s: float = 0.0,
+        slowdown_for_s: float = 0.0,
     ) -> None:
         for label, value in (
             ("inputs_per_step", inputs_per_step),
@@ -240,6 +243,12 @@ class SyntheticStage:
         self.fail_after_units = fail_after_units
         self.fail_step_at = fail_step_at
         self.gate = Gate.named(gate) if gate else None
+        # A slowdown fault: steps cost ``slowdown`` x their profile for ``slowdown_for_s``,
+        # from ``slowdown_after_s`` after the first step (a noisy neighbour).
+        self.slowdown = slowdown
+        self.slowdown_after_s = slowdown_after_s
+        self.slowdown_for_s = slowdown_for_s
+        self._first_step_s: float | None = None
         time.sleep(load_time_ms / 1000)  # stands for loading weights
         self.max_inputs_per_step: int | None = inputs_per_step
         limits = _step_limits(steps, inputs_per_step, outputs_per_input, visible_every)
@@ -308,7 +317,12 @@ class SyntheticStage:
             if working
             else 0.0
         )
-        deadline_s = time.perf_counter() + cost_s
+        now_s = time.perf_counter()
+        if self._first_step_s is None:
+            self._first_step_s = now_s
+        if 0 <= now_s - self._first_step_s - self.slowdown_after_s < self.slowdown_for_s:
+            cost_s *= self.slowdown
+        deadline_s = now_s + cost_s
         # The outputs are built inside the step's budget, as a GPU stage's host work
         # overlaps its kernels: the step returns at its deadline, not after it.
         outputs = {work.stream_id: self._step_one(work, deadline_s) for work in batch}

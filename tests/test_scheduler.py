@@ -1,4 +1,4 @@
-from omnitrio._scheduler import Candidate, pick_batch
+from omnitrio._scheduler import Candidate, Playback, pick_batch
 
 
 def c(sid: str, *, work: bool = True, fits: bool = True) -> Candidate:
@@ -38,3 +38,28 @@ def test_stops_reading_candidates_once_the_batch_is_full() -> None:
 
 def test_nothing_ready_is_an_empty_batch() -> None:
     assert pick_batch([c("a", work=False)], 4).batch == ()
+
+
+def d(sid: str, deadline_s: float, *, fits: bool = True) -> Candidate:
+    return Candidate(sid, True, fits, deadline_s)
+
+
+def test_deadline_a_full_batch_takes_the_earliest_deadlines_in_the_given_order() -> None:
+    # "ahead" is far ahead of its deadline: it gives its place to the streams behind.
+    candidates = [d("ahead", 9.0), d("late", 1.0), d("full", 0.0, fits=False), d("soon", 2.0)]
+    decision = pick_batch(candidates, 2, "deadline")
+    assert decision.batch == ("late", "soon")
+    assert decision.skipped == ("full",)
+
+
+def test_deadline_ties_keep_the_given_order_and_a_batch_with_room_takes_all() -> None:
+    assert pick_batch([d("b", 1.0), d("a", 1.0), d("c", 1.0)], 2, "deadline").batch == ("b", "a")
+    assert pick_batch([d("b", 5.0), d("a", 1.0)], 8, "deadline").batch == ("b", "a")
+
+
+def test_playback_deadline_is_first_audio_plus_audio_less_the_buffer() -> None:
+    playback = Playback(client_buffer_s=0.25, first_audio_budget_s=1.0)
+    assert playback.deadline_s(10.0, None, 0.0) == 11.0  # before its first audio: the budget
+    assert playback.deadline_s(10.0, 10.5, 2.0) == 10.5 + 2.0 - 0.25
+    # streams with no audio (text-only) are ordered by age
+    assert playback.deadline_s(1.0, None, 0.0) < playback.deadline_s(2.0, None, 0.0)

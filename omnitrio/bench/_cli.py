@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from ._vllm_omni_settings import PACKAGING_MS, ModelSettings, variant
 REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_CONFIG = REPO / "configs" / "bench-omni.yaml"
 BASELINES = (
+    "omnitrio-round-robin",
     "vllm-omni-model",
     "vllm-omni-model-sem512",
     "vllm-omni-model-today",
@@ -86,6 +88,9 @@ def add_parser(commands: Any) -> None:
         "--placement",
         choices=("thread", "ray"),
         help="place every stage of omnitrio's pipeline so (ray: a process per stage)",
+    )
+    what.add_argument(
+        "--max-streams", type=int, help="override the config's pipeline.max_streams (every target)"
     )
     what.add_argument(
         "--model-packaging-ms",
@@ -244,7 +249,18 @@ def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarge
     else:
         targets.append(lambda: open_pipeline_target(config))
     for name in dict.fromkeys(args.baseline):
-        if name == "orchestrator-shape":
+        if name == "omnitrio-round-robin":  # the runtime before deadlines and headroom
+            section = config.pipeline.model_copy(
+                update={"scheduling": "round_robin", "admission": "max_streams"}
+            )
+            targets.append(
+                partial(
+                    open_pipeline_target,
+                    config.model_copy(update={"pipeline": section}),
+                    "omnitrio-round-robin",
+                )
+            )
+        elif name == "orchestrator-shape":
             targets.append(lambda: open_orchestrator_shape(config))
         elif name.startswith("vllm-omni-model"):
             if importlib.util.find_spec("zmq") is None:
@@ -349,6 +365,9 @@ async def bench(args: argparse.Namespace) -> None:
         config = with_cpu_bound(config)
     if args.placement:
         config = with_placement(config, args.placement)
+    if args.max_streams is not None:
+        section = config.pipeline.model_copy(update={"max_streams": args.max_streams})
+        config = config.model_copy(update={"pipeline": section})
     if args.repeat < 1:
         raise ValueError(f"--repeat must be at least 1, got {args.repeat}")
     host_ms = _host_ms(args)

@@ -46,6 +46,8 @@ class PipelineTarget:
 
 
 @asynccontextmanager
-async def open_pipeline_target(config: PipelineConfig) -> AsyncIterator[PipelineTarget]:
+async def open_pipeline_target(
+    config: PipelineConfig, name: str = "omnitrio"
+) -> AsyncIterator[PipelineTarget]:
     async with open_pipeline(config) as pipeline:
-        yield PipelineTarget(pipeline)
+        yield PipelineTarget(pipeline, name)

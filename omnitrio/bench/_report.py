@@ -111,6 +111,7 @@ _COLUMNS: list[tuple[str, Callable[[RunReport], str]]] = [
     ("continuity", lambda r: _num(r.aggregates.continuity_rate, "{:.0%}")),
     ("RTF p50", lambda r: _num(r.aggregates.audio_rtf.median if r.aggregates.audio_rtf else None)),
     ("req/s", lambda r: f"{r.aggregates.throughput.requests_per_s:.1f}"),
+    ("goodput/s", lambda r: _goodput(r.aggregates)),
     ("tok/s", lambda r: f"{r.aggregates.throughput.text_deltas_per_s:.0f}"),
     ("audio s/s", lambda r: f"{r.aggregates.throughput.audio_s_per_s:.2f}"),
     ("later/first wave p50/mean/p90", lambda r: _waves(r.aggregates)),
@@ -123,6 +124,13 @@ _COLUMNS: list[tuple[str, Callable[[RunReport], str]]] = [
 def _waves(a: Aggregates) -> str:
     w = a.later_waves
     return "-" if w is None else f"{w.median:.2f}/{w.mean:.2f}/{w.p90:.2f}"
+
+
+def _goodput(a: Aggregates) -> str:
+    """Continuous completed requests per second."""
+    if a.continuity_rate is None:
+        return "-"
+    return f"{a.continuity_rate * a.throughput.requests_per_s:.2f}"
 
 
 def _outcomes(a: Aggregates) -> str:

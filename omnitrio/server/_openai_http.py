@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
@@ -124,8 +125,12 @@ def _refusal(state: ServerState) -> Response | None:
 
 def _overloaded(state: ServerState, reason: str) -> Response:
     state.refusals.labels(reason).inc()
-    max_streams = state.pipeline.config.pipeline.max_streams
-    return error_response(503, str(Overloaded(max_streams)), "server_overloaded")
+    pipeline = state.pipeline
+    refusal = pipeline.refusal() or Overloaded(pipeline.config.pipeline.max_streams)
+    response = error_response(503, str(refusal), "server_overloaded")
+    if refusal.retry_after_s is not None:  # the pipeline's estimate (whole seconds, >= 1)
+        response.headers["Retry-After"] = str(max(1, math.ceil(refusal.retry_after_s)))
+    return response
 
 
 class _BadContent(ValueError):

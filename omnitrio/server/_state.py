@@ -124,6 +124,22 @@ class _PipelineCollector(Collector):
             "mean_batch": ("omnitrio_stage_mean_batch_size", "Mean streams per step."),
             "step_time": ("omnitrio_stage_mean_step_seconds", "Mean time per step."),
             "hung": ("omnitrio_stage_hung", "1 when a step outlived the stage's step_timeout_s."),
+            "model_intercept": (
+                "omnitrio_stage_model_intercept_seconds",
+                "Learned step time: the part that does not grow with the batch.",
+            ),
+            "model_per_stream": (
+                "omnitrio_stage_model_per_stream_seconds",
+                "Learned step time added per stream in the batch.",
+            ),
+            "model_scale": (
+                "omnitrio_stage_model_scale",
+                "Recent steps' time over the learned line's (above 1: slower lately).",
+            ),
+            "realtime_streams": (
+                "omnitrio_stage_realtime_streams",
+                "The most streams the stage keeps in real time now (0: no estimate yet).",
+            ),
         }
         # Totals since start are counters: exported as <name>_total.
         counters = {
@@ -148,6 +164,12 @@ class _PipelineCollector(Collector):
             mean_step = stage.busy_s / stage.num_steps if stage.num_steps else 0.0
             families["step_time"].add_metric([name], mean_step)
             families["hung"].add_metric([name], 1.0 if stage.hung else 0.0)
+            model = stage.step_model
+            if model is not None:
+                families["model_intercept"].add_metric([name], model.intercept_s)
+                families["model_per_stream"].add_metric([name], model.per_stream_s)
+                families["model_scale"].add_metric([name], model.scale)
+                families["realtime_streams"].add_metric([name], model.realtime_streams)
         yield from families.values()
         totals = CounterMetricFamily(
             "omnitrio_streams", "Streams by outcome since start.", labels=["outcome"]
@@ -157,6 +179,8 @@ class _PipelineCollector(Collector):
             ("failed", stats.num_failed),
             ("cancelled", stats.num_cancelled),
             ("refused", stats.num_refused),
+            ("refused_headroom", stats.num_refused_headroom),
+            ("shed", stats.num_shed),
         ):
             totals.add_metric([outcome], count)
         yield totals
