@@ -7,7 +7,7 @@ naming ``tools.<i>.function.<field>`` before any stream is opened), honour
 answer was cut there) and report the LLM's token counts in ``usage`` (streamed
 too with ``stream_options.include_usage``).
 
-Request bodies are validated with pydantic; a bad body is a 400 with an OpenAI-style
+Request bodies are validated by the models in _requests.py; a bad body is a 400 with an OpenAI-style
 error object naming the field. Every response is one pipeline stream; overload is
 an immediate 503 with Retry-After.
 """
@@ -20,9 +20,8 @@ import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
-from typing import Any, Literal
+from typing import Any
 
-import pydantic
 from quart import Response
 
 from .._errors import OmnitrioError, Overloaded, PipelineClosed
@@ -37,59 +36,10 @@ from ..tools import (
     call_text,
 )
 from ._audio import checked_input_audio, resample_pcm16, wav_bytes, wav_header
+from ._requests import BadRequest, ChatRequest, SpeechRequest, parse_json
 from ._settings import ServerSettings
 from ._state import ResponseLog, ServerState
-from ._tools import (
-    ChatTool,
-    ChatToolChoice,
-    ChatToolError,
-    ToolCall,
-    chat_tool_options,
-    is_tool_event,
-)
-
-
-class _Lenient(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="ignore")
-
-
-class _Message(_Lenient):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-
-
-class _StreamOptions(_Lenient):
-    include_usage: bool = False
-
-
-class _AudioParams(_Lenient):
-    voice: str = "default"
-    format: Literal["pcm16", "wav"] = "pcm16"
-
-
-class ChatRequest(_Lenient):
-    model: str
-    messages: list[_Message] = pydantic.Field(min_length=1)
-    modalities: list[Literal["text", "audio"]] = ["text"]
-    audio: _AudioParams | None = None
-    stream: bool = False
-    max_tokens: int | None = pydantic.Field(default=None, ge=1)
-    max_completion_tokens: int | None = pydantic.Field(default=None, ge=1)
-    temperature: float | None = pydantic.Field(default=None, ge=0, le=2)
-    top_p: float | None = pydantic.Field(default=None, gt=0, le=1)
-    seed: int | None = None
-    tools: list[ChatTool] | None = None
-    tool_choice: ChatToolChoice | None = None
-    stream_options: _StreamOptions | None = None
-
-
-class SpeechRequest(_Lenient):
-    model: str
-    input: str = pydantic.Field(min_length=1, max_length=4096)
-    voice: str = "default"
-    response_format: Literal["pcm", "wav"] = "pcm"
+from ._tools import ChatToolError, chat_tool_options, is_tool_event
 
 
 def error_response(status: int, message: str, code: str, param: str | None = None) -> Response:
@@ -102,13 +52,8 @@ def error_response(status: int, message: str, code: str, param: str | None = Non
     return response
 
 
-def parse_body(model: type[pydantic.BaseModel], raw: bytes) -> pydantic.BaseModel | Response:
-    try:
-        return model.model_validate_json(raw)
-    except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        return error_response(400, f"{where}: {first['msg']}", "invalid_request", where)
+def bad_request(exc: BadRequest) -> Response:
+    return error_response(exc.status, str(exc), exc.code, exc.param)
 
 
 def _refusal(state: ServerState) -> Response | None:
@@ -198,10 +143,10 @@ def _input_audio(part: object, where: str, settings: ServerSettings) -> AudioInp
 
 
 async def chat_completions(state: ServerState, raw: bytes) -> Response:
-    parsed = parse_body(ChatRequest, raw)
-    if isinstance(parsed, Response):
-        return parsed
-    assert isinstance(parsed, ChatRequest)
+    try:
+        parsed = parse_json(ChatRequest, raw)
+    except BadRequest as exc:
+        return bad_request(exc)
     if "audio" in parsed.modalities and parsed.audio is None:
         return error_response(
             400, "audio: required when modalities include audio", "invalid_request", "audio"
@@ -395,10 +340,10 @@ class _Completion:
 
 
 async def speech(state: ServerState, raw: bytes) -> Response:
-    parsed = parse_body(SpeechRequest, raw)
-    if isinstance(parsed, Response):
-        return parsed
-    assert isinstance(parsed, SpeechRequest)
+    try:
+        parsed = parse_json(SpeechRequest, raw)
+    except BadRequest as exc:
+        return bad_request(exc)
     # task "speak": say ``text`` as it is (a pipeline that answers would answer it instead).
     options = {"voice": parsed.voice, "modalities": "audio", "task": "speak"}
     request = Request(text=parsed.input, options=options)

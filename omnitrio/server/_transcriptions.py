@@ -31,12 +31,12 @@ from .._errors import OmnitrioError, Overloaded, PipelineClosed
 from .._items import AudioInput, Event, Request
 from ..realtime import new_id
 from ._audio import InputAudioError, check_input_audio, resample_pcm16
-from ._openai_http import _overloaded, _refusal, error_response
+from ._openai_http import _overloaded, _refusal, bad_request, error_response
+from ._requests import BadRequest, TranscriptionForm, parse_form
 from ._settings import ServerSettings
 from ._state import ResponseLog, ServerState
 
 DECODE_RATE_HZ = 16000
-FORMATS = ("json", "text", "verbose_json")
 TASK = "transcribe"
 """The request option ``task`` this endpoint sets; a stage's ``tasks`` must name it."""
 
@@ -105,10 +105,11 @@ async def transcriptions(state: ServerState, form: Any, files: Any) -> Response:
         return error_response(
             400, "file: required (the audio to transcribe)", "invalid_request", "file"
         )
-    response_format = form.get("response_format", "json")
-    if response_format not in FORMATS:
-        message = f"response_format: must be one of {', '.join(FORMATS)}, not {response_format!r}"
-        return error_response(400, message, "invalid_request", "response_format")
+    try:
+        fields = parse_form(TranscriptionForm, {k: form.get(k) for k in form})
+    except BadRequest as exc:
+        return bad_request(exc)
+    response_format = fields.response_format
     try:  # off the event loop: decoding a whole file takes a while
         pcm16 = await trio.to_thread.run_sync(decode_audio, upload.read(), state.settings)
     except (UndecodableAudio, InputAudioError) as exc:
@@ -139,6 +140,6 @@ async def transcriptions(state: ServerState, form: Any, files: Any) -> Response:
     body: dict[str, Any] = {"text": text}
     if response_format == "verbose_json":
         duration_s = len(pcm16) / 2 / DECODE_RATE_HZ
-        language = form.get("language") or "en"
+        language = fields.language or "en"
         body = {"task": "transcribe", "language": language, "duration": duration_s, "text": text}
     return Response(json.dumps(body), mimetype="application/json")
