@@ -20,6 +20,7 @@ import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
+from functools import partial
 from typing import Any
 
 from quart import Response
@@ -36,8 +37,9 @@ from ..tools import (
     call_text,
 )
 from ._audio import checked_input_audio, resample_pcm16, wav_bytes, wav_header
-from ._requests import BadRequest, ChatRequest, SpeechRequest, parse_json
+from ._requests import BadRequest, ChatRequest, SpeechRequest, check_chat, parse_json
 from ._settings import ServerSettings
+from ._shares import ShareExceeded
 from ._state import ResponseLog, ServerState
 from ._tools import ChatToolError, chat_tool_options, is_tool_event
 
@@ -47,7 +49,7 @@ def error_response(status: int, message: str, code: str, param: str | None = Non
         "error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}
     }
     response = Response(json.dumps(body), status=status, mimetype="application/json")
-    if status == 503:
+    if status in (429, 503):
         response.headers["Retry-After"] = "1"
     return response
 
@@ -56,15 +58,26 @@ def bad_request(exc: BadRequest) -> Response:
     return error_response(exc.status, str(exc), exc.code, exc.param)
 
 
-def _refusal(state: ServerState) -> Response | None:
-    """An immediate 503 when the pipeline is full or the server is draining.
+def _refusal(state: ServerState, client: str) -> Response | None:
+    """An immediate 503 when the pipeline is full or the server is draining, a 429 when
+    ``client`` holds its share of the streams (``_shares.py``).
 
     Checked before the response starts, because a streamed body cannot change its
     status later; a stream refused in the narrow race after this check ends with
     an error chunk instead."""
     if state.draining or state.pipeline.is_full:
         return _overloaded(state, "draining" if state.draining else "overloaded")
+    try:
+        state.shares.check_stream(client)
+    except ShareExceeded as exc:
+        return over_share(state, exc)
     return None
+
+
+def over_share(state: ServerState, exc: ShareExceeded) -> Response:
+    """429 naming the per-client limit the client reached."""
+    state.refusals.labels(exc.setting.removeprefix("max_").removesuffix("_per_client")).inc()
+    return error_response(429, str(exc), "rate_limit_exceeded", exc.setting)
 
 
 def _overloaded(state: ServerState, reason: str) -> Response:
@@ -111,7 +124,7 @@ def _request_of(chat: ChatRequest, settings: ServerSettings) -> Request:
             content = f"{content or ''}{call_text(call.function.name, arguments)}"
         lines.append(f"{role}: {content or ''}")
     try:
-        tools = chat_tool_options(chat.tools, chat.tool_choice)
+        tools = chat_tool_options(chat.tools, chat.tool_choice, settings.tool_limits)
     except ChatToolError as exc:
         raise _BadContent(exc.param, str(exc).partition(": ")[2], "invalid_value") from None
     max_tokens = chat.max_completion_tokens or chat.max_tokens
@@ -142,26 +155,35 @@ def _input_audio(part: object, where: str, settings: ServerSettings) -> AudioInp
     return AudioInput(pcm16, rate_hz)
 
 
-async def chat_completions(state: ServerState, raw: bytes) -> Response:
+def _prepared(raw: bytes, settings: ServerSettings) -> tuple[ChatRequest, Request]:
+    """The body parsed and checked, and its pipeline request (on a checking thread: a
+    body's tools are compiled, its audio decoded). Raises ``BadRequest``."""
+    parsed = parse_json(ChatRequest, raw)
+    check_chat(parsed, settings)
+    if "audio" in parsed.modalities and parsed.audio is None:
+        raise BadRequest("audio: required when modalities include audio", "audio")
     try:
-        parsed = parse_json(ChatRequest, raw)
+        return parsed, _request_of(parsed, settings)
+    except _BadContent as exc:
+        raise BadRequest(str(exc), exc.where, exc.code) from None
+
+
+async def chat_completions(state: ServerState, raw: bytes, client: str) -> Response:
+    try:
+        parsed, request = await state.shares.off_loop(
+            client, partial(_prepared, raw, state.settings)
+        )
     except BadRequest as exc:
         return bad_request(exc)
-    if "audio" in parsed.modalities and parsed.audio is None:
-        return error_response(
-            400, "audio: required when modalities include audio", "invalid_request", "audio"
-        )
-    refusal = _refusal(state)
+    except ShareExceeded as exc:
+        return over_share(state, exc)
+    refusal = _refusal(state, client)
     if refusal is not None:
         return refusal
-    try:
-        request = _request_of(parsed, state.settings)
-    except _BadContent as exc:
-        return error_response(400, str(exc), exc.code, exc.where)
     completion = _Completion(state, parsed)
 
     async def items() -> AsyncGenerator[AudioChunk | TextDelta | Event]:
-        async with state.pipeline.open_stream(request) as stream:
+        async with state.open_stream(client, request) as stream:
             async for item in stream:
                 if isinstance(item, AudioChunk | TextDelta) or is_tool_event(item):
                     yield item
@@ -262,6 +284,9 @@ class _Completion:
             error = {"error": {"message": str(exc), "type": "server_error"}}
             yield f"data: {json.dumps(error)}\n\n".encode()
             return
+        except BaseException:  # cancelled or closed mid-stream: the client went away
+            self.log.done("disconnected")
+            raise
         self.log.done("completed")
         yield self._chunk({}, finish=self.finish_reason())
         options = self.chat.stream_options
@@ -297,6 +322,9 @@ class _Completion:
             return _overloaded(
                 self.state, "overloaded" if isinstance(exc, Overloaded) else "draining"
             )
+        except ShareExceeded as exc:  # the same race, for the client's share
+            self.log.done("failed")
+            return over_share(self.state, exc)
         except OmnitrioError as exc:
             self.log.done("failed")
             return error_response(500, str(exc), "pipeline_error")
@@ -339,7 +367,7 @@ class _Completion:
         return Response(json.dumps(body), mimetype="application/json")
 
 
-async def speech(state: ServerState, raw: bytes) -> Response:
+async def speech(state: ServerState, raw: bytes, client: str) -> Response:
     try:
         parsed = parse_json(SpeechRequest, raw)
     except BadRequest as exc:
@@ -347,13 +375,13 @@ async def speech(state: ServerState, raw: bytes) -> Response:
     # task "speak": say ``text`` as it is (a pipeline that answers would answer it instead).
     options = {"voice": parsed.voice, "modalities": "audio", "task": "speak"}
     request = Request(text=parsed.input, options=options)
-    refusal = _refusal(state)
+    refusal = _refusal(state, client)
     if refusal is not None:
         return refusal
     rate_hz = state.settings.output_sample_rate_hz
 
     async def body() -> AsyncGenerator[bytes]:
-        async with state.pipeline.open_stream(request) as stream:
+        async with state.open_stream(client, request) as stream:
             yield b""  # admitted: see below
             if parsed.response_format == "wav":
                 yield wav_header(rate_hz)
@@ -369,6 +397,9 @@ async def speech(state: ServerState, raw: bytes) -> Response:
     except (Overloaded, PipelineClosed) as exc:
         await chunks.aclose()
         return _overloaded(state, "overloaded" if isinstance(exc, Overloaded) else "draining")
+    except ShareExceeded as exc:
+        await chunks.aclose()
+        return over_share(state, exc)
     mimetype = "audio/wav" if parsed.response_format == "wav" else "audio/pcm"
     response = Response(chunks, mimetype=mimetype)
     response.headers["X-Sample-Rate"] = str(rate_hz)

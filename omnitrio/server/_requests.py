@@ -13,7 +13,11 @@ from typing import Any, Literal, TypeVar
 
 import pydantic
 
+from ._settings import ServerSettings
 from ._tools import ChatTool, ChatToolChoice, ToolCall
+
+SEED_RANGE = (-(2**63), 2**64 - 1)
+"""A sampling seed: what a torch generator takes (a 64-bit integer, either sign)."""
 
 
 class BadRequest(ValueError):
@@ -58,10 +62,24 @@ class ChatRequest(_Lenient):
     max_completion_tokens: int | None = pydantic.Field(default=None, ge=1)
     temperature: float | None = pydantic.Field(default=None, ge=0, le=2)
     top_p: float | None = pydantic.Field(default=None, gt=0, le=1)
-    seed: int | None = None
+    seed: int | None = pydantic.Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     tools: list[ChatTool] | None = None
     tool_choice: ChatToolChoice | None = None
     stream_options: StreamOptions | None = None
+
+
+def check_chat(chat: ChatRequest, settings: ServerSettings) -> None:
+    """The checks that depend on the server's settings: ``max_tokens`` and
+    ``max_completion_tokens`` at most ``settings.max_output_tokens`` (reported)."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = getattr(chat, name)
+        if value is not None and value > settings.max_output_tokens:
+            raise BadRequest(
+                f"{name}: {value:.3g} is above this server's cap of "
+                f"{settings.max_output_tokens} tokens (max_output_tokens)",
+                name,
+                "invalid_value",
+            )
 
 
 class SpeechRequest(_Lenient):
