@@ -15,9 +15,10 @@ naming the tool, not a failed stream.
 
 from __future__ import annotations
 
-import functools
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -139,7 +140,7 @@ def check_tools(tools: Sequence[FunctionTool], limits: ToolLimits | None = None)
     tool-call grammar compiles. Raises ``ToolError``.
 
     Compiling costs about a millisecond a tool: a server runs this off its event loop.
-    Results are kept per tool (``_grammar_problem``), so a client that sends the same
+    Results are kept per tool (``grammar_problem``), so a client that sends the same
     tools with every request pays once."""
     limits = limits or ToolLimits()
     if len(tools) > limits.max_tools:
@@ -181,7 +182,7 @@ def check_tools(tools: Sequence[FunctionTool], limits: ToolLimits | None = None)
                 index=index,
                 field="parameters",
             )
-        problem = _grammar_problem(tool_call_lark([tool]))
+        problem = grammar_problem(tool_call_lark([tool]))
         if problem:
             raise ToolError(
                 f"the parameters of function {tool.name!r} cannot be compiled to a "
@@ -191,17 +192,38 @@ def check_tools(tools: Sequence[FunctionTool], limits: ToolLimits | None = None)
             )
 
 
-@functools.lru_cache(maxsize=1024)
-def _grammar_problem(lark: str) -> str | None:
-    """What llguidance finds wrong with a grammar (its first line), or None. Kept for the
-    last 1024 grammars (each a tool's, bounded by ``max_tools_bytes``)."""
+_VERDICTS: OrderedDict[str, str | None] = OrderedDict()
+_VERDICTS_LOCK = threading.Lock()
+MAX_VERDICTS = 1024
+"""Grammars whose verdict is kept (each a tool's, bounded by ``max_tools_bytes``)."""
+
+
+def grammar_problem(lark: str) -> str | None:
+    """What llguidance finds wrong with a tool's grammar (its first line), or None;
+    kept for the last ``MAX_VERDICTS`` grammars."""
+    with _VERDICTS_LOCK:
+        if lark in _VERDICTS:
+            _VERDICTS.move_to_end(lark)
+            return _VERDICTS[lark]
     problem = llguidance.LLMatcher.validate_grammar(
         llguidance.LLMatcher.grammar_from_lark(lark), None
     )
-    if not problem:
-        return None
-    first = problem.strip().splitlines()[0].removeprefix("at ").partition(": ")[2]
-    return (first or problem.strip())[:300]
+    verdict = None
+    if problem:
+        first = problem.strip().splitlines()[0].removeprefix("at ").partition(": ")[2]
+        verdict = (first or problem.strip())[:300]
+    remember_verdicts({lark: verdict})
+    return verdict
+
+
+def remember_verdicts(verdicts: Mapping[str, str | None]) -> None:
+    """Keep verdicts found elsewhere (a checking process) for ``grammar_problem``."""
+    with _VERDICTS_LOCK:
+        for lark, verdict in verdicts.items():
+            _VERDICTS[lark] = verdict
+            _VERDICTS.move_to_end(lark)
+        while len(_VERDICTS) > MAX_VERDICTS:
+            _VERDICTS.popitem(last=False)
 
 
 def check_tool_choice(tools: Sequence[FunctionTool], choice: ToolChoice) -> None:

@@ -168,11 +168,23 @@ def _prepared(raw: bytes, settings: ServerSettings) -> tuple[ChatRequest, Reques
         raise BadRequest(str(exc), exc.where, exc.code) from None
 
 
+INLINE_BODY_BYTES = 16 * 1024
+"""A chat body this short, without tools or audio, is checked on the event loop."""
+
+
+def _costly(raw: bytes) -> bool:
+    """Whether checking this body could hold the event loop for long (then a checking
+    thread does it). A false positive costs a thread hop."""
+    return len(raw) > INLINE_BODY_BYTES or b'"tools"' in raw or b'"input_audio"' in raw
+
+
 async def chat_completions(state: ServerState, raw: bytes, client: str) -> Response:
     try:
-        parsed, request = await state.shares.off_loop(
-            client, partial(_prepared, raw, state.settings)
-        )
+        prepare = partial(_prepared, raw, state.settings)
+        if _costly(raw):  # tools to compile, audio to decode, a long body to parse
+            parsed, request = await state.shares.off_loop(client, prepare)
+        else:
+            parsed, request = prepare()
     except BadRequest as exc:
         return bad_request(exc)
     except ShareExceeded as exc:

@@ -46,8 +46,9 @@ from ..realtime import (
     StartResponse,
     new_id,
 )
+from ..tools import remember_verdicts
 from ._audio import resample_pcm16
-from ._precheck import may_carry_tools, precheck_tools
+from ._precheck import may_carry_tools, tool_verdicts
 from ._shares import ShareExceeded
 from ._state import ResponseLog, ServerState
 from ._turns import DetectorStream
@@ -124,8 +125,9 @@ class RealtimeConnection:
             frame = await self._ws.receive()
             if may_carry_tools(frame):  # compile its tools off the loop first (_precheck.py)
                 assert frame is not None
-                check = partial(precheck_tools, frame, self._session.config)
-                await self._state.shares.off_loop(self._client, check, wait=True)
+                check = partial(tool_verdicts, frame, self._session.config)
+                shares = self._state.shares
+                remember_verdicts(await shares.off_loop(self._client, check, wait=True))
             # quart hands an empty binary frame over as None; it is still a frame.
             await self._dispatch(nursery, self._session.receive(b"" if frame is None else frame))
 

@@ -31,6 +31,10 @@ class BadRequest(ValueError):
         self.code = code
         self.status = status
 
+    def __reduce__(self) -> tuple[type[BadRequest], tuple[str, str | None, str, int]]:
+        # Raised in a checking process too: it pickles by its fields.
+        return (BadRequest, (str(self), self.param, self.code, self.status))
+
 
 class _Lenient(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="ignore")

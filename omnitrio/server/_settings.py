@@ -66,7 +66,7 @@ class ServerSettings:
     max_streams_per_client: int | None = None
     """Pipeline streams one client (connection address) may hold at once; None: half the
     pipeline's ``max_streams`` (at least 1). One more is refused (429) naming it."""
-    max_queued_per_client: int = 4
+    max_queued_per_client: int = 2
     """Requests one client may have waiting for, or in, the checking threads (body
     parsing, tool schema compilation, audio decoding run off the event loop)."""
     max_checking_threads: int = 2

@@ -15,8 +15,8 @@ Two things are shared:
 - **queued work** (``max_queued_per_client``): requests a client has waiting for, or
   in, the threads that check them off the event loop (parsing a body, compiling its
   tools' schemas, decoding its audio). Past it: 429 naming the setting. The threads are
-  ``max_checking_threads`` at most, taken in arrival order, so a client can make the
-  others wait behind at most ``max_queued_per_client`` of its checks.
+  ``max_checking_threads`` at most, taken in arrival order, and one client runs on half
+  of them at most, so the others always find threads that no one client holds.
 
 ``/metrics`` reports the limits, the most any client holds, and the refusals by reason
 (``client_streams``, ``client_queued``).
@@ -63,6 +63,8 @@ class ClientShares:
         self.queued: Counter[str] = Counter()
         self.threads = trio.CapacityLimiter(max_threads)
         self._lots: dict[str, trio.lowlevel.ParkingLot] = {}  # clients waiting to queue
+        self._running: dict[str, trio.CapacityLimiter] = {}  # each client's share of threads
+        self._threads_per_client = max(1, max_threads // 2)
 
     def check_stream(self, client: str) -> None:
         """Raise ``ShareExceeded`` if ``client`` cannot open one more stream now."""
@@ -96,10 +98,16 @@ class ClientShares:
                 if not lot:
                     self._lots.pop(client, None)
         self.queued[client] += 1
+        own = self._running.get(client)
+        if own is None:
+            own = self._running[client] = trio.CapacityLimiter(self._threads_per_client)
         try:
-            return await trio.to_thread.run_sync(work, limiter=self.threads)
+            async with own:  # one client runs on at most half the threads
+                return await trio.to_thread.run_sync(work, limiter=self.threads)
         finally:
             self._drop(self.queued, client)
+            if client not in self.queued:
+                self._running.pop(client, None)
             waiting = self._lots.get(client)
             if waiting is not None:
                 waiting.unpark()
