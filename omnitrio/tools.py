@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -24,6 +26,7 @@ from typing import Any, Literal
 import llguidance
 
 from ._items import Scalar
+from ._schema_bounds import depth_of, loads_bounded, ref_cycle
 
 __all__ = [
     "FINISH_EVENT",
@@ -36,6 +39,7 @@ __all__ = [
     "FunctionTool",
     "ToolChoice",
     "ToolError",
+    "ToolLimits",
     "arguments_json",
     "call_text",
     "check_tool_choice",
@@ -94,6 +98,29 @@ class ToolChoice:
     name: str | None = None
 
 
+@dataclass(frozen=True)
+class ToolLimits:
+    """What one request's tools may cost (``ServerSettings`` sets them per server).
+
+    Each tool's schema is compiled to check it, ~1 ms a tool: 19,000 tiny tools took
+    16.8 s. ``max_tools`` is OpenAI's own limit; ``max_tools_bytes`` bounds the tools
+    as JSON (names, descriptions, schemas), ``max_schema_depth`` a schema's nesting."""
+
+    max_tools: int = 128
+    max_tools_bytes: int = 256 * 1024
+    max_schema_depth: int = 32
+
+    def __post_init__(self) -> None:
+        for name in ("max_tools", "max_tools_bytes", "max_schema_depth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int of at least 1, not {value!r}")
+
+
+MAX_ARGUMENTS_DEPTH = 64
+"""A call's arguments (a JSON object as text) nest at most this deep."""
+
+
 class ToolError(ValueError):
     """Tools or a tool choice that break the rules. ``index`` and ``field`` say where:
     ``tools[index].field``, ``tools`` (``index`` None) or ``tool_choice``; each API
@@ -105,15 +132,25 @@ class ToolError(ValueError):
         self.field = field
 
 
-def check_tools(tools: Sequence[FunctionTool]) -> None:
-    """The one set of rules for tools, checked before a stream is opened: each name
-    matches ``NAME_PATTERN``, no two tools share a name, and each ``parameters`` is a
-    JSON schema the tool-call grammar compiles. Raises ``ToolError``."""
+def check_tools(tools: Sequence[FunctionTool], limits: ToolLimits | None = None) -> None:
+    """The one set of rules for tools, checked before a stream is opened: at most
+    ``limits.max_tools`` of at most ``limits.max_tools_bytes`` as JSON, each name matches
+    ``NAME_PATTERN``, no two tools share a name, and each ``parameters`` is a JSON schema
+    no deeper than ``limits.max_schema_depth``, without ``$ref`` cycles, that the
+    tool-call grammar compiles. Raises ``ToolError``.
+
+    Compiling costs about a millisecond a tool: a server runs this off its event loop.
+    Results are kept per tool (``grammar_problem``), so a client that sends the same
+    tools with every request pays once."""
+    limits = limits or ToolLimits()
+    if len(tools) > limits.max_tools:
+        raise ToolError(f"{len(tools)} tools are more than the limit of {limits.max_tools}")
     seen: set[str] = set()
+    num_bytes = 0
     for index, tool in enumerate(tools):
         if not NAME_PATTERN.fullmatch(tool.name):
             raise ToolError(
-                f"function name {tool.name!r} must be 1 to 64 letters, digits, '_' or '-'",
+                f"function name {tool.name!r:.80} must be 1 to 64 letters, digits, '_' or '-'",
                 index=index,
                 field="name",
             )
@@ -124,17 +161,69 @@ def check_tools(tools: Sequence[FunctionTool]) -> None:
             raise ToolError(
                 "parameters must be a JSON schema object", index=index, field="parameters"
             )
-        problem = llguidance.LLMatcher.validate_grammar(
-            llguidance.LLMatcher.grammar_from_lark(tool_call_lark([tool])), None
-        )
-        if problem:
-            first = problem.strip().splitlines()[0].removeprefix("at ").partition(": ")[2]
+        depth = depth_of(tool.parameters, limits.max_schema_depth)
+        if depth > limits.max_schema_depth:
             raise ToolError(
-                f"the parameters of function {tool.name!r} cannot be compiled to a "
-                f"tool-call grammar: {first or problem.strip()}",
+                f"parameters nest deeper than the limit of {limits.max_schema_depth} levels",
                 index=index,
                 field="parameters",
             )
+        num_bytes += len(json.dumps(tool.described()))
+        if num_bytes > limits.max_tools_bytes:
+            raise ToolError(
+                f"the tools are more than the limit of {limits.max_tools_bytes} bytes as JSON "
+                f"(tools 0-{index} alone)"
+            )
+        cycle = ref_cycle(tool.parameters)
+        if cycle is not None:
+            raise ToolError(
+                f"the parameters of function {tool.name!r} refer to themselves ({cycle}); "
+                "a recursive schema cannot be compiled to a bounded tool-call grammar",
+                index=index,
+                field="parameters",
+            )
+        problem = grammar_problem(tool_call_lark([tool]))
+        if problem:
+            raise ToolError(
+                f"the parameters of function {tool.name!r} cannot be compiled to a "
+                f"tool-call grammar: {problem}",
+                index=index,
+                field="parameters",
+            )
+
+
+_VERDICTS: OrderedDict[str, str | None] = OrderedDict()
+_VERDICTS_LOCK = threading.Lock()
+MAX_VERDICTS = 1024
+"""Grammars whose verdict is kept (each a tool's, bounded by ``max_tools_bytes``)."""
+
+
+def grammar_problem(lark: str) -> str | None:
+    """What llguidance finds wrong with a tool's grammar (its first line), or None;
+    kept for the last ``MAX_VERDICTS`` grammars."""
+    with _VERDICTS_LOCK:
+        if lark in _VERDICTS:
+            _VERDICTS.move_to_end(lark)
+            return _VERDICTS[lark]
+    problem = llguidance.LLMatcher.validate_grammar(
+        llguidance.LLMatcher.grammar_from_lark(lark), None
+    )
+    verdict = None
+    if problem:
+        first = problem.strip().splitlines()[0].removeprefix("at ").partition(": ")[2]
+        verdict = (first or problem.strip())[:300]
+    remember_verdicts({lark: verdict})
+    return verdict
+
+
+def remember_verdicts(verdicts: Mapping[str, str | None]) -> None:
+    """Keep verdicts found elsewhere (a checking process) for ``grammar_problem``."""
+    with _VERDICTS_LOCK:
+        for lark, verdict in verdicts.items():
+            _VERDICTS[lark] = verdict
+            _VERDICTS.move_to_end(lark)
+        while len(_VERDICTS) > MAX_VERDICTS:
+            _VERDICTS.popitem(last=False)
 
 
 def check_tool_choice(tools: Sequence[FunctionTool], choice: ToolChoice) -> None:
@@ -204,9 +293,11 @@ def arguments_json(arguments: str) -> str:
     """A call's ``arguments`` (a JSON object as text), checked and made one line.
     Raises ``ValueError`` saying what is wrong."""
     try:
-        value = json.loads(arguments)
-    except ValueError as exc:
+        value = loads_bounded(arguments, MAX_ARGUMENTS_DEPTH)
+    except json.JSONDecodeError as exc:
         raise ValueError(f"arguments are not JSON ({exc})") from None
+    except ValueError as exc:  # too deep
+        raise ValueError(f"arguments are {exc}") from None
     if not isinstance(value, dict):
         raise ValueError("arguments must be a JSON object")
     return json.dumps(value)

@@ -40,6 +40,14 @@ class OptionError(ValueError):
     """A request option has the wrong type or range; the message names the option."""
 
 
+class SamplingError(RuntimeError):
+    """One stream's scores could not be sampled (not numbers, or nothing allowed)."""
+
+
+SEED_RANGE = (-(2**63), 2**64 - 1)
+"""What ``torch.Generator.manual_seed`` takes."""
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     temperature: float = 0.0
@@ -83,11 +91,16 @@ class SamplingParams:
             ("top_k", self.top_k >= 0, ">= 0"),
             ("repetition_penalty", self.repetition_penalty > 0, "> 0"),
             ("max_tokens", self.max_tokens >= 1, ">= 1"),
+            (
+                "seed",
+                self.seed is None or SEED_RANGE[0] <= self.seed <= SEED_RANGE[1],
+                "a 64-bit integer",
+            ),
         )
         for key, ok, rule in rules:
             if not ok:
                 raise OptionError(
-                    f"option {key!r} ({stage}) must be {rule}, not {getattr(self, key)!r}"
+                    f"option {key!r} ({stage}) must be {rule}, not {getattr(self, key)!r:.40}"
                 )
 
 
@@ -139,7 +152,10 @@ class Sampler:
             for warper in self._warpers:
                 scores = warper(ids, scores)  # type: ignore[operator]
             probs = torch.softmax(scores, dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=self._generator))
+            try:
+                token = int(torch.multinomial(probs, 1, generator=self._generator))
+            except RuntimeError as exc:  # inf, nan or no token left to draw
+                raise SamplingError(f"cannot sample the next token: {exc}") from None
         if self._penalty is not None:
             self.history.append(token)
         if self.constraint is not None:

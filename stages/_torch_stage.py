@@ -1,21 +1,40 @@
-"""What the autoregressive model stages share: device, threads, packaging, statistics.
+"""What the autoregressive model stages share: device, threads, packaging, statistics,
+and failing one stream of a batch.
 
 A subclass keeps its per-stream state in ``self.streams`` (objects with a ``kv``
 attribute: its ``DynamicCache`` or ``None``) and its step timing in ``self.clock``;
 what a step's packaging made waits in ``self.outboxes`` until the step limits allow.
+
+A batched step does one forward for every stream, then each stream's own work
+(sampling, its grammar). An error in a stream's own work is that stream's: run it
+through ``per_stream`` and the error (one of ``STREAM_ERRORS``) is kept for the
+stream, which the step then answers with ``failed(stream_id)`` (a ``StreamOutput``
+carrying the error: the runtime fails that stream alone, with the stage named). Any
+other exception escapes ``step`` and fails the whole batch, as it should: the
+forward, the shared state, may be broken. The runtime counts those
+(``num_step_failures``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import torch
 
+from omnitrio import StreamOutput
+from stages._grammar import GrammarError
 from stages._packaging import Outbox, Packager
 from stages._torch_device import stage_device
 from stages._torch_kv import cache_nbytes
+from stages._torch_sampling import OptionError, SamplingError
 from stages._torch_timing import StepClock
+
+T = TypeVar("T")
+
+STREAM_ERRORS: tuple[type[Exception], ...] = (GrammarError, SamplingError, OptionError)
+"""Errors of one stream's own work: a grammar that cannot continue, a sampling error
+(probabilities that are not numbers), an option that does not fit."""
 
 
 class AutoregressiveStage:
@@ -30,8 +49,26 @@ class AutoregressiveStage:
         self.outboxes: dict[str, Outbox] = {}
         self.clock = StepClock()
         self.packager = Packager(f"omnitrio-{name}", max_queued_jobs=packaging_queue)
+        self.failures: dict[str, Exception] = {}  # streams failed in this step
+
+    def per_stream(self, stream_id: str, work: Callable[[], T]) -> T | None:
+        """``work()``, one stream's part of a step. If it raises one of
+        ``STREAM_ERRORS``, the error is kept for ``failed(stream_id)`` and the result is
+        None: the stream drops out of this step, the others go on."""
+        try:
+            return work()
+        except STREAM_ERRORS as exc:
+            self.failures[stream_id] = exc
+            return None
+
+    def failed(self, stream_id: str) -> StreamOutput | None:
+        """The output that fails ``stream_id`` (and only it), if its work failed in this
+        step; None otherwise. Its state is freed when the runtime closes it."""
+        error = self.failures.pop(stream_id, None)
+        return None if error is None else StreamOutput(error=error)
 
     def close_stream(self, stream_id: str) -> None:
+        self.failures.pop(stream_id, None)
         self.streams.pop(stream_id, None)  # its KV cache goes with it
         self.outboxes.pop(stream_id, None)
         self.packager.drop(stream_id)

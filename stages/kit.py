@@ -11,14 +11,17 @@ model of their own leave it out, and the flag names them (``--model-path STAGE=P
 What this module gives it:
 
 - ``AutoregressiveStage``: the base of an autoregressive model stage (device,
-  ``num_threads``, per-stream state in ``streams``, ``clock``, ``packager``, statistics).
+  ``num_threads``, per-stream state in ``streams``, ``clock``, ``packager``, statistics),
+  and ``per_stream`` / ``failed``: an error in one stream's own work (``STREAM_ERRORS``:
+  ``GrammarError``, ``SamplingError``, ``OptionError``) fails that stream alone.
 - ``Packager``, ``Piece``, ``Outbox``, ``step_output``, ``PackagingError``,
   ``Detokenizer``: packaging off the critical path (detokenizing, slicing hidden
   states) on one thread per stage, collected by the stream's next step.
 - ``batched_decode``, ``cache_length``, ``cache_nbytes``: one decode forward for
   every stream of a step, each with its own ``DynamicCache``.
-- ``SamplingParams``, ``Sampler``, ``OptionError``: per-stream sampling from request
-  options (greedy by default), with transformers' own logits processors.
+- ``SamplingParams``, ``Sampler``, ``OptionError``, ``SamplingError``: per-stream
+  sampling from request options (greedy by default), with transformers' own logits
+  processors.
 - ``load_pretrained``, ``WeightsError``: loading a local checkpoint folder, refusing
   missing or mismatched weights.
 - ``StepClock``: forward, sampling and packaging time per step.
@@ -33,6 +36,7 @@ The implementations live in the private ``stages._*`` modules; import them from 
 """
 
 from stages._grammar import Grammar as Grammar
+from stages._grammar import GrammarError as GrammarError
 from stages._grammar import Vocabulary as Vocabulary
 from stages._grammar import tool_call_grammar as tool_call_grammar
 from stages._packaging import Detokenizer as Detokenizer
@@ -51,21 +55,26 @@ from stages._torch_loading import WeightsError as WeightsError
 from stages._torch_loading import load_pretrained as load_pretrained
 from stages._torch_sampling import OptionError as OptionError
 from stages._torch_sampling import Sampler as Sampler
+from stages._torch_sampling import SamplingError as SamplingError
 from stages._torch_sampling import SamplingParams as SamplingParams
+from stages._torch_stage import STREAM_ERRORS as STREAM_ERRORS
 from stages._torch_stage import AutoregressiveStage as AutoregressiveStage
 from stages._torch_timing import StepClock as StepClock
 
 __all__ = [
+    "STREAM_ERRORS",
     "AutoregressiveStage",
     "Detokenizer",
     "DeviceError",
     "Grammar",
+    "GrammarError",
     "OptionError",
     "Outbox",
     "Packager",
     "PackagingError",
     "Piece",
     "Sampler",
+    "SamplingError",
     "SamplingParams",
     "StepClock",
     "Vocabulary",

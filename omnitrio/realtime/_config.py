@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+from ..tools import ToolLimits
 
 Framing = Literal["json", "msgpack"]
 """How events travel: JSON text frames (the OpenAI protocol) or msgpack binary frames."""
@@ -57,6 +59,10 @@ class SessionConfig:
     """Text (and transcripts) a conversation may hold: it is sent with every response."""
     server_vad: bool = False
     """The pipeline has a turn detector: server_vad is available (and the default)."""
+    tool_limits: ToolLimits = field(default_factory=ToolLimits)
+    """What a session's or a response's tools may cost (the server's settings)."""
+    max_output_tokens: int = 4096
+    """A response's ``max_output_tokens`` above this is refused (``"inf"``: the pipeline's)."""
 
     def __post_init__(self) -> None:
         if self.framing not in ("json", "msgpack"):
@@ -70,6 +76,7 @@ class SessionConfig:
             "max_frame_values",
             "max_conversation_items",
             "max_conversation_bytes",
+            "max_output_tokens",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

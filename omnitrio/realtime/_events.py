@@ -200,6 +200,10 @@ def _text_part(value: object, path: str, part_type: str) -> str:
     return text
 
 
+MAX_AUDIO_END_MS = 2**31 - 1
+"""More than any item's audio (24 days); a larger number is refused, not echoed in full."""
+
+
 def _item_truncate(fields: Fields, config: SessionConfig) -> ItemTruncate:
     item_id = fields.required_str("item_id")
     if fields.required_number("content_index") != 0:
@@ -207,10 +211,11 @@ def _item_truncate(fields: Fields, config: SessionConfig) -> ItemTruncate:
             "invalid_value", "content_index must be 0 (an item has one part)", param="content_index"
         )
     end_ms = fields.required_number("audio_end_ms")
-    if end_ms < 0 or end_ms != int(end_ms):
+    if not 0 <= end_ms <= MAX_AUDIO_END_MS or end_ms != int(end_ms):
         raise ClientEventError(
             "invalid_value",
-            f"audio_end_ms must be a whole number of milliseconds >= 0, not {end_ms:g}",
+            f"audio_end_ms must be a whole number of milliseconds from 0 to "
+            f"{MAX_AUDIO_END_MS}, not {str(end_ms)[:24]}",
             param="audio_end_ms",
         )
     return ItemTruncate(item_id, int(end_ms))

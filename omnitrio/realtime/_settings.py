@@ -26,6 +26,7 @@ from ..tools import (
     FunctionTool,
     ToolChoice,
     ToolError,
+    ToolLimits,
     check_tool_choice,
     check_tools,
     empty_parameters,
@@ -180,14 +181,16 @@ def _modalities(fields: Fields, key: str) -> tuple[Modality, ...] | None:
     return chosen
 
 
-def _max_tokens(fields: Fields, key: str) -> int | Literal["inf"] | None:
+def _max_tokens(fields: Fields, key: str, cap: int) -> int | Literal["inf"] | None:
+    """A response's token limit: 1 to ``cap`` (the server's ``max_output_tokens``) or
+    ``"inf"`` (the pipeline's own limit)."""
     value = fields.raw(key)
     if value is None or value == "inf":
         return None if value is None else "inf"
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= cap:
         raise ClientEventError(
             "invalid_value",
-            f'{fields.param(key)} must be a positive integer or "inf"',
+            f'{fields.param(key)} must be an integer from 1 to {cap} (this server\'s cap) or "inf"',
             param=fields.param(key),
         )
     return value
@@ -279,9 +282,9 @@ def parse_session(fields: Fields, config: SessionConfig) -> SettingsPatch:
         instructions=fields.optional_str("instructions"),
         voice=voice,
         temperature=_temperature(fields),
-        max_output_tokens=_max_tokens(fields, "max_output_tokens"),
+        max_output_tokens=_max_tokens(fields, "max_output_tokens", config.max_output_tokens),
         turn_detection=turn_detection,
-        tools=_tools(fields),
+        tools=_tools(fields, config.tool_limits),
         tool_choice=_tool_choice(fields),
     )
     _ignorable(fields, "tracing", "include", "prompt", "reasoning")
@@ -301,9 +304,11 @@ def _parse_beta_session(fields: Fields, config: SessionConfig) -> SettingsPatch:
         instructions=fields.optional_str("instructions"),
         voice=_voice(fields, "voice", allow_id=False),
         temperature=_temperature(fields),
-        max_output_tokens=_max_tokens(fields, "max_response_output_tokens"),
+        max_output_tokens=_max_tokens(
+            fields, "max_response_output_tokens", config.max_output_tokens
+        ),
         turn_detection=turn_detection,
-        tools=_tools(fields),
+        tools=_tools(fields, config.tool_limits),
         tool_choice=_tool_choice(fields),
     )
 
@@ -311,7 +316,7 @@ def _parse_beta_session(fields: Fields, config: SessionConfig) -> SettingsPatch:
 def parse_response_params(fields: Fields, config: SessionConfig) -> SettingsPatch:
     """The ``response`` object of a response.create, in the session's dialect."""
     _ignorable(fields, "conversation", "input")
-    tools, tool_choice = _tools(fields), _tool_choice(fields)
+    tools, tool_choice = _tools(fields, config.tool_limits), _tool_choice(fields)
     if config.dialect == "beta":
         _beta_format(fields, "output_audio_format")
         return SettingsPatch(
@@ -319,7 +324,9 @@ def parse_response_params(fields: Fields, config: SessionConfig) -> SettingsPatc
             instructions=fields.optional_str("instructions"),
             voice=_voice(fields, "voice", allow_id=False),
             temperature=_temperature(fields),
-            max_output_tokens=_max_tokens(fields, "max_response_output_tokens"),
+            max_output_tokens=_max_tokens(
+                fields, "max_response_output_tokens", config.max_output_tokens
+            ),
             tools=tools,
             tool_choice=tool_choice,
         )
@@ -338,13 +345,13 @@ def parse_response_params(fields: Fields, config: SessionConfig) -> SettingsPatc
         instructions=fields.optional_str("instructions"),
         voice=voice,
         temperature=_temperature(fields),
-        max_output_tokens=_max_tokens(fields, "max_output_tokens"),
+        max_output_tokens=_max_tokens(fields, "max_output_tokens", config.max_output_tokens),
         tools=tools,
         tool_choice=tool_choice,
     )
 
 
-def _tools(fields: Fields) -> tuple[FunctionTool, ...] | None:
+def _tools(fields: Fields, limits: ToolLimits) -> tuple[FunctionTool, ...] | None:
     """``tools``: function tools, each with a JSON-schema object as ``parameters``."""
     listed = fields.optional_array("tools")
     if listed is None:
@@ -367,7 +374,7 @@ def _tools(fields: Fields) -> tuple[FunctionTool, ...] | None:
         tool.done()
         tools.append(FunctionTool(name, description, parameters))
     try:
-        check_tools(tools)
+        check_tools(tools, limits)
     except ToolError as exc:
         param = f"{fields.param('tools')}[{exc.index}].{exc.field}"
         raise ClientEventError("invalid_value", str(exc), param=param) from None

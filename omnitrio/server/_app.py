@@ -14,10 +14,14 @@ from ..realtime import RealtimeSession, select_subprotocol
 from ._guard import host_ok, key_ok, origin_ok
 from ._openai_http import chat_completions, error_response, speech
 from ._realtime import CLOSE_TRY_AGAIN_LATER, RealtimeConnection, session_config
+from ._shares import client_of
 from ._state import ServerState
 from ._transcriptions import transcriptions
 
 logger = logging.getLogger(__name__)
+
+MAX_STATIC_PATH = 1024
+"""A longer path under /static/ names no file of web/static: a 404 without a look-up."""
 
 
 def create_app(state: ServerState) -> QuartTrio:
@@ -62,15 +66,15 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.post("/v1/chat/completions")
     async def chat() -> Response:
-        return await chat_completions(state, await _body())
+        return await chat_completions(state, await _body(), _client())
 
     @app.post("/v1/audio/speech")
     async def audio_speech() -> Response:
-        return await speech(state, await _body())
+        return await speech(state, await _body(), _client())
 
     @app.post("/v1/audio/transcriptions")
     async def audio_transcriptions() -> Response:
-        return await transcriptions(state, await request.form, await request.files)
+        return await transcriptions(state, await request.form, await request.files, _client())
 
     @app.get("/")
     async def index() -> Response:
@@ -78,8 +82,20 @@ def create_app(state: ServerState) -> QuartTrio:
 
     @app.get("/static/<path:name>")
     async def static_file(name: str) -> Response:
-        # send_from_directory joins safely: a path escaping web/ is a 404.
-        return await send_from_directory(os.path.join(settings.web_dir, "static"), name)
+        # send_from_directory joins safely: a path escaping web/ is a 404, and so is one
+        # the file system cannot even look up (a name too long: ENAMETOOLONG).
+        if len(name) > MAX_STATIC_PATH:
+            return error_response(404, "no such file", "not_found")
+        try:
+            return await send_from_directory(os.path.join(settings.web_dir, "static"), name)
+        except OSError:
+            return error_response(404, "no such file", "not_found")
+
+    @app.errorhandler(413)
+    async def too_large(_: Exception) -> Response:
+        limit = settings.max_message_bytes
+        message = f"the request body is over the limit of {limit} bytes (max_message_bytes)"
+        return error_response(413, message, "request_too_large")
 
     @app.websocket("/v1/realtime")
     async def realtime() -> Response | None:
@@ -105,10 +121,15 @@ def create_app(state: ServerState) -> QuartTrio:
             return None
         state.connections.inc()
         session = RealtimeSession(session_config(state, framing, beta))
-        await RealtimeConnection(state, websocket, session).run()
+        await RealtimeConnection(state, websocket, session, client_of(websocket.remote_addr)).run()
         return None
 
     return app
+
+
+def _client() -> str:
+    """Who is asking, for the per-client shares: the connection's address."""
+    return client_of(request.remote_addr)
 
 
 async def _body() -> bytes:

@@ -18,7 +18,7 @@ def key_ok(settings: ServerSettings, headers: Headers, subprotocols: list[str]) 
     """True when no key is configured or the request carries the right one."""
     if settings.api_key is None:
         return True
-    offered = [headers.get("Authorization", "").removeprefix("Bearer ").strip()]
+    offered = [bearer_token(headers.get("Authorization", ""))]
     offered += [
         p.removeprefix(INSECURE_KEY_PREFIX)
         for p in subprotocols
@@ -26,6 +26,15 @@ def key_ok(settings: ServerSettings, headers: Headers, subprotocols: list[str]) 
     ]
     expected = settings.api_key.encode()
     return any(hmac.compare_digest(k.encode(), expected) for k in offered if k)
+
+
+def bearer_token(authorization: str) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header ('' if it is not one).
+
+    The scheme is case-insensitive (RFC 9110 11.1: ``bearer`` is ``Bearer``); a bare
+    token without the scheme is not a bearer credential and is refused."""
+    scheme, _, token = authorization.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})

@@ -7,7 +7,7 @@ naming ``tools.<i>.function.<field>`` before any stream is opened), honour
 answer was cut there) and report the LLM's token counts in ``usage`` (streamed
 too with ``stream_options.include_usage``).
 
-Request bodies are validated with pydantic; a bad body is a 400 with an OpenAI-style
+Request bodies are validated by the models in _requests.py; a bad body is a 400 with an OpenAI-style
 error object naming the field. Every response is one pipeline stream; overload is
 an immediate 503 with Retry-After.
 """
@@ -21,9 +21,9 @@ import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
-from typing import Any, Literal
+from functools import partial
+from typing import Any
 
-import pydantic
 from quart import Response
 
 from .._errors import OmnitrioError, Overloaded, PipelineClosed
@@ -38,59 +38,11 @@ from ..tools import (
     call_text,
 )
 from ._audio import checked_input_audio, resample_pcm16, wav_bytes, wav_header
+from ._requests import BadRequest, ChatRequest, SpeechRequest, check_chat, parse_json
 from ._settings import ServerSettings
+from ._shares import ShareExceeded
 from ._state import ResponseLog, ServerState
-from ._tools import (
-    ChatTool,
-    ChatToolChoice,
-    ChatToolError,
-    ToolCall,
-    chat_tool_options,
-    is_tool_event,
-)
-
-
-class _Lenient(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="ignore")
-
-
-class _Message(_Lenient):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-
-
-class _StreamOptions(_Lenient):
-    include_usage: bool = False
-
-
-class _AudioParams(_Lenient):
-    voice: str = "default"
-    format: Literal["pcm16", "wav"] = "pcm16"
-
-
-class ChatRequest(_Lenient):
-    model: str
-    messages: list[_Message] = pydantic.Field(min_length=1)
-    modalities: list[Literal["text", "audio"]] = ["text"]
-    audio: _AudioParams | None = None
-    stream: bool = False
-    max_tokens: int | None = pydantic.Field(default=None, ge=1)
-    max_completion_tokens: int | None = pydantic.Field(default=None, ge=1)
-    temperature: float | None = pydantic.Field(default=None, ge=0, le=2)
-    top_p: float | None = pydantic.Field(default=None, gt=0, le=1)
-    seed: int | None = None
-    tools: list[ChatTool] | None = None
-    tool_choice: ChatToolChoice | None = None
-    stream_options: _StreamOptions | None = None
-
-
-class SpeechRequest(_Lenient):
-    model: str
-    input: str = pydantic.Field(min_length=1, max_length=4096)
-    voice: str = "default"
-    response_format: Literal["pcm", "wav"] = "pcm"
+from ._tools import ChatToolError, chat_tool_options, is_tool_event
 
 
 def error_response(status: int, message: str, code: str, param: str | None = None) -> Response:
@@ -98,29 +50,35 @@ def error_response(status: int, message: str, code: str, param: str | None = Non
         "error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}
     }
     response = Response(json.dumps(body), status=status, mimetype="application/json")
-    if status == 503:
+    if status in (429, 503):
         response.headers["Retry-After"] = "1"
     return response
 
 
-def parse_body(model: type[pydantic.BaseModel], raw: bytes) -> pydantic.BaseModel | Response:
-    try:
-        return model.model_validate_json(raw)
-    except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        return error_response(400, f"{where}: {first['msg']}", "invalid_request", where)
+def bad_request(exc: BadRequest) -> Response:
+    return error_response(exc.status, str(exc), exc.code, exc.param)
 
 
-def _refusal(state: ServerState) -> Response | None:
-    """An immediate 503 when the pipeline is full or the server is draining.
+def _refusal(state: ServerState, client: str) -> Response | None:
+    """An immediate 503 when the pipeline is full or the server is draining, a 429 when
+    ``client`` holds its share of the streams (``_shares.py``).
 
     Checked before the response starts, because a streamed body cannot change its
     status later; a stream refused in the narrow race after this check ends with
     an error chunk instead."""
     if state.draining or state.pipeline.is_full:
         return _overloaded(state, "draining" if state.draining else "overloaded")
+    try:
+        state.shares.check_stream(client)
+    except ShareExceeded as exc:
+        return over_share(state, exc)
     return None
+
+
+def over_share(state: ServerState, exc: ShareExceeded) -> Response:
+    """429 naming the per-client limit the client reached."""
+    state.refusals.labels(exc.setting.removeprefix("max_").removesuffix("_per_client")).inc()
+    return error_response(429, str(exc), "rate_limit_exceeded", exc.setting)
 
 
 def _overloaded(state: ServerState, reason: str) -> Response:
@@ -171,7 +129,7 @@ def _request_of(chat: ChatRequest, settings: ServerSettings) -> Request:
             content = f"{content or ''}{call_text(call.function.name, arguments)}"
         lines.append(f"{role}: {content or ''}")
     try:
-        tools = chat_tool_options(chat.tools, chat.tool_choice)
+        tools = chat_tool_options(chat.tools, chat.tool_choice, settings.tool_limits)
     except ChatToolError as exc:
         raise _BadContent(exc.param, str(exc).partition(": ")[2], "invalid_value") from None
     max_tokens = chat.max_completion_tokens or chat.max_tokens
@@ -202,26 +160,47 @@ def _input_audio(part: object, where: str, settings: ServerSettings) -> AudioInp
     return AudioInput(pcm16, rate_hz)
 
 
-async def chat_completions(state: ServerState, raw: bytes) -> Response:
-    parsed = parse_body(ChatRequest, raw)
-    if isinstance(parsed, Response):
-        return parsed
-    assert isinstance(parsed, ChatRequest)
+def _prepared(raw: bytes, settings: ServerSettings) -> tuple[ChatRequest, Request]:
+    """The body parsed and checked, and its pipeline request (on a checking thread: a
+    body's tools are compiled, its audio decoded). Raises ``BadRequest``."""
+    parsed = parse_json(ChatRequest, raw)
+    check_chat(parsed, settings)
     if "audio" in parsed.modalities and parsed.audio is None:
-        return error_response(
-            400, "audio: required when modalities include audio", "invalid_request", "audio"
-        )
-    refusal = _refusal(state)
+        raise BadRequest("audio: required when modalities include audio", "audio")
+    try:
+        return parsed, _request_of(parsed, settings)
+    except _BadContent as exc:
+        raise BadRequest(str(exc), exc.where, exc.code) from None
+
+
+INLINE_BODY_BYTES = 16 * 1024
+"""A chat body this short, without tools or audio, is checked on the event loop."""
+
+
+def _costly(raw: bytes) -> bool:
+    """Whether checking this body could hold the event loop for long (then a checking
+    thread does it). A false positive costs a thread hop."""
+    return len(raw) > INLINE_BODY_BYTES or b'"tools"' in raw or b'"input_audio"' in raw
+
+
+async def chat_completions(state: ServerState, raw: bytes, client: str) -> Response:
+    try:
+        prepare = partial(_prepared, raw, state.settings)
+        if _costly(raw):  # tools to compile, audio to decode, a long body to parse
+            parsed, request = await state.shares.off_loop(client, prepare)
+        else:
+            parsed, request = prepare()
+    except BadRequest as exc:
+        return bad_request(exc)
+    except ShareExceeded as exc:
+        return over_share(state, exc)
+    refusal = _refusal(state, client)
     if refusal is not None:
         return refusal
-    try:
-        request = _request_of(parsed, state.settings)
-    except _BadContent as exc:
-        return error_response(400, str(exc), exc.code, exc.where)
     completion = _Completion(state, parsed)
 
     async def items() -> AsyncGenerator[AudioChunk | TextDelta | Event]:
-        async with state.pipeline.open_stream(request) as stream:
+        async with state.open_stream(client, request) as stream:
             async for item in stream:
                 if isinstance(item, AudioChunk | TextDelta) or is_tool_event(item):
                     yield item
@@ -322,6 +301,9 @@ class _Completion:
             error = {"error": {"message": str(exc), "type": "server_error"}}
             yield f"data: {json.dumps(error)}\n\n".encode()
             return
+        except BaseException:  # cancelled or closed mid-stream: the client went away
+            self.log.done("disconnected")
+            raise
         self.log.done("completed")
         yield self._chunk({}, finish=self.finish_reason())
         options = self.chat.stream_options
@@ -357,6 +339,9 @@ class _Completion:
             return _overloaded(
                 self.state, "overloaded" if isinstance(exc, Overloaded) else "draining"
             )
+        except ShareExceeded as exc:  # the same race, for the client's share
+            self.log.done("failed")
+            return over_share(self.state, exc)
         except OmnitrioError as exc:
             self.log.done("failed")
             return error_response(500, str(exc), "pipeline_error")
@@ -399,21 +384,21 @@ class _Completion:
         return Response(json.dumps(body), mimetype="application/json")
 
 
-async def speech(state: ServerState, raw: bytes) -> Response:
-    parsed = parse_body(SpeechRequest, raw)
-    if isinstance(parsed, Response):
-        return parsed
-    assert isinstance(parsed, SpeechRequest)
+async def speech(state: ServerState, raw: bytes, client: str) -> Response:
+    try:
+        parsed = parse_json(SpeechRequest, raw)
+    except BadRequest as exc:
+        return bad_request(exc)
     # task "speak": say ``text`` as it is (a pipeline that answers would answer it instead).
     options = {"voice": parsed.voice, "modalities": "audio", "task": "speak"}
     request = Request(text=parsed.input, options=options)
-    refusal = _refusal(state)
+    refusal = _refusal(state, client)
     if refusal is not None:
         return refusal
     rate_hz = state.settings.output_sample_rate_hz
 
     async def body() -> AsyncGenerator[bytes]:
-        async with state.pipeline.open_stream(request) as stream:
+        async with state.open_stream(client, request) as stream:
             yield b""  # admitted: see below
             if parsed.response_format == "wav":
                 yield wav_header(rate_hz)
@@ -429,6 +414,9 @@ async def speech(state: ServerState, raw: bytes) -> Response:
     except (Overloaded, PipelineClosed) as exc:
         await chunks.aclose()
         return _overloaded(state, "overloaded" if isinstance(exc, Overloaded) else "draining")
+    except ShareExceeded as exc:
+        await chunks.aclose()
+        return over_share(state, exc)
     mimetype = "audio/wav" if parsed.response_format == "wav" else "audio/pcm"
     response = Response(chunks, mimetype=mimetype)
     response.headers["X-Sample-Rate"] = str(rate_hz)

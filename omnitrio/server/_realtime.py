@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import trio
 from quart import Websocket
@@ -45,7 +46,10 @@ from ..realtime import (
     StartResponse,
     new_id,
 )
+from ..tools import remember_verdicts
 from ._audio import resample_pcm16
+from ._precheck import may_carry_tools, tool_verdicts
+from ._shares import ShareExceeded
 from ._state import ResponseLog, ServerState
 from ._turns import DetectorStream
 
@@ -78,8 +82,11 @@ class _Speculation:
 class RealtimeConnection:
     """One accepted Realtime WebSocket connection."""
 
-    def __init__(self, state: ServerState, ws: Websocket, session: RealtimeSession) -> None:
+    def __init__(
+        self, state: ServerState, ws: Websocket, session: RealtimeSession, client: str
+    ) -> None:
         self._state = state
+        self._client = client  # whose share its responses count in (``_shares.py``)
         self._ws = ws
         self._session = session
         self._send, self._outbound = trio.open_memory_channel[ServerEvent](
@@ -116,6 +123,11 @@ class RealtimeConnection:
     async def _read(self, nursery: trio.Nursery) -> None:
         while True:
             frame = await self._ws.receive()
+            if may_carry_tools(frame):  # compile its tools off the loop first (_precheck.py)
+                assert frame is not None
+                check = partial(tool_verdicts, frame, self._session.config)
+                shares = self._state.shares
+                remember_verdicts(await shares.off_loop(self._client, check, wait=True))
             # quart hands an empty binary frame over as None; it is still a frame.
             await self._dispatch(nursery, self._session.receive(b"" if frame is None else frame))
 
@@ -192,7 +204,7 @@ class RealtimeConnection:
             # As in _respond: a cancel stops only the reading; leaving the block then
             # waits until every stage has freed the stream, and ``closed`` says so.
             with send:
-                async with self._state.pipeline.open_stream(speculation.request) as stream:
+                async with self._state.open_stream(self._client, speculation.request) as stream:
                     with speculation.scope:
                         async for item in stream:
                             await send.send(item)
@@ -259,11 +271,14 @@ class RealtimeConnection:
                 if speculation.error is not None:
                     raise speculation.error
             else:
-                async with self._state.pipeline.open_stream(start.request) as stream:
+                async with self._state.open_stream(self._client, start.request) as stream:
                     with reading:
                         await self._forward(rid, stream, log)
         except Overloaded as exc:
             self._state.refusals.labels("overloaded").inc()
+            status, error = "failed", str(exc)
+        except ShareExceeded as exc:
+            self._state.refusals.labels("streams").inc()
             status, error = "failed", str(exc)
         except OmnitrioError as exc:
             status, error = "failed", str(exc)
@@ -306,5 +321,7 @@ def session_config(state: ServerState, framing: Framing, beta: bool) -> SessionC
         max_input_audio_s=settings.max_input_audio_s,
         max_message_bytes=settings.max_message_bytes,
         max_frame_values=settings.max_frame_values,
+        tool_limits=settings.tool_limits,
+        max_output_tokens=settings.max_output_tokens,
         server_vad=state.turns is not None,
     )

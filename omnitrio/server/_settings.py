@@ -8,6 +8,8 @@ import os
 import resource
 from dataclasses import dataclass, field
 
+from ..tools import ToolLimits
+
 API_KEY_ENV = "OMNITRIO_API_KEY"
 FD_RESERVE = 64
 """File descriptors kept free of client connections: the listening socket, logs, model
@@ -52,6 +54,23 @@ class ServerSettings:
     """A Realtime message holding more arrays, maps and elements than this is refused
     with an error event before (JSON) or while (msgpack) it is decoded: decoding runs on
     the event loop, and a megabyte of empty maps took ~80 ms, delaying every client."""
+    max_tools: int = 128
+    """Function tools in one request (chat ``tools``, Realtime session or response
+    ``tools``); each one's schema is compiled to check it (~1 ms a tool, off the event
+    loop). OpenAI's own limit."""
+    max_tools_bytes: int = 256 * 1024
+    """The tools of one request as JSON (names, descriptions, schemas)."""
+    max_output_tokens: int = 4096
+    """A chat's ``max_tokens`` / ``max_completion_tokens`` above this is refused (400
+    naming the cap): every token's KV cache is memory the stream holds to its end."""
+    max_streams_per_client: int | None = None
+    """Pipeline streams one client (connection address) may hold at once; None: half the
+    pipeline's ``max_streams`` (at least 1). One more is refused (429) naming it."""
+    max_queued_per_client: int = 2
+    """Requests one client may have waiting for, or in, the checking threads (body
+    parsing, tool schema compilation, audio decoding run off the event loop)."""
+    max_checking_threads: int = 2
+    """Threads that check requests off the event loop, taken in arrival order."""
     h2c: bool = False
     """HTTP/2 over cleartext (prior knowledge or ``Upgrade: h2c``). Off by default: the
     h2 stack buffers whole responses for a peer that keeps its flow-control window shut,
@@ -83,9 +102,33 @@ class ServerSettings:
                 "min_input_sample_rate_hz must be positive and at most max_input_sample_rate_hz, "
                 f"not {self.min_input_sample_rate_hz} and {self.max_input_sample_rate_hz}"
             )
-        for name in ("max_connections", "max_frame_values"):
+        for name in (
+            "max_connections",
+            "max_frame_values",
+            "max_tools",
+            "max_tools_bytes",
+            "max_output_tokens",
+            "max_queued_per_client",
+            "max_checking_threads",
+        ):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be at least 1, not {getattr(self, name)}")
+
+        if self.max_streams_per_client is not None and self.max_streams_per_client < 1:
+            raise SettingsError(
+                f"max_streams_per_client must be at least 1 (or None), "
+                f"not {self.max_streams_per_client}"
+            )
+
+    @property
+    def tool_limits(self) -> ToolLimits:
+        return ToolLimits(max_tools=self.max_tools, max_tools_bytes=self.max_tools_bytes)
+
+    def streams_per_client(self, max_streams: int) -> int:
+        """``max_streams_per_client``, or half the pipeline's ``max_streams`` (at least 1)."""
+        if self.max_streams_per_client is not None:
+            return self.max_streams_per_client
+        return max(1, (max_streams + 1) // 2)
 
     @classmethod
     def from_env(cls, **overrides: object) -> ServerSettings:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import trio
@@ -11,8 +12,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .._items import Request
 from .._pipeline import Pipeline
+from .._stream import Stream
 from ._settings import ServerSettings
+from ._shares import ClientShares
 from ._turns import TurnDetector
 
 logger = logging.getLogger("omnitrio.server")
@@ -53,6 +57,13 @@ class ServerState:
         )
         for outcome in ("taken", "dropped"):
             self.speculations.labels(outcome)  # exported from 0
+        settings = self.settings
+        self.shares = ClientShares(
+            settings.streams_per_client(self.pipeline.config.pipeline.max_streams),
+            settings.max_queued_per_client,
+            settings.max_checking_threads,
+        )
+        self.registry.register(_SharesCollector(self.shares))
         self.registry.register(_PipelineCollector(self.pipeline))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and the like
         if self.turns is not None:
@@ -61,6 +72,13 @@ class ServerState:
     @property
     def model_name(self) -> str:
         return self.pipeline.config.pipeline.name
+
+    @asynccontextmanager
+    async def open_stream(self, client: str, request: Request) -> AsyncIterator[Stream]:
+        """A pipeline stream counted in ``client``'s share (``ShareExceeded`` past it)."""
+        with self.shares.stream(client):
+            async with self.pipeline.open_stream(request) as stream:
+                yield stream
 
 
 class ResponseLog:
@@ -81,6 +99,35 @@ class ResponseLog:
         ttfa = "none" if self.first_audio_s is None else f"{self.first_audio_s * 1000:.0f} ms"
         total_ms = (trio.current_time() - self._started) * 1000
         logger.info("%s %s: first audio %s, took %.0f ms", self._what, status, ttfa, total_ms)
+
+
+class _SharesCollector(Collector):
+    """The per-client limits and the most any one client holds, read at scrape time."""
+
+    def __init__(self, shares: ClientShares) -> None:
+        self._shares = shares
+
+    def collect(self) -> Iterator[Metric]:
+        shares = self._shares
+        for name, text, limit, counts in (
+            ("streams", "pipeline streams", shares.max_streams, shares.streams),
+            ("queued", "requests being checked", shares.max_queued, shares.queued),
+        ):
+            held = GaugeMetricFamily(
+                f"omnitrio_client_{name}_max", f"The most {text} any one client holds now."
+            )
+            held.add_metric([], max(counts.values(), default=0))
+            cap = GaugeMetricFamily(
+                f"omnitrio_client_{name}_limit",
+                f"The {text} one client may hold (max_{name}_per_client).",
+            )
+            cap.add_metric([], limit)
+            yield from (held, cap)
+        clients = GaugeMetricFamily(
+            "omnitrio_clients_with_streams", "Clients (addresses) with a stream open."
+        )
+        clients.add_metric([], len(shares.streams))
+        yield clients
 
 
 class _TurnsCollector(Collector):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import pydantic
+import pydantic_core
 
 from .._items import Event, Scalar
 from ..tools import (
@@ -16,6 +17,8 @@ from ..tools import (
     FunctionTool,
     ToolChoice,
     ToolError,
+    ToolLimits,
+    arguments_json,
     check_tool_choice,
     check_tools,
     empty_parameters,
@@ -54,6 +57,19 @@ class ToolCallFunction(_Lenient):
     name: str
     arguments: str
 
+    @pydantic.field_validator("arguments")
+    @classmethod
+    def _json_object(cls, arguments: str) -> str:
+        """A JSON object nested at most ``MAX_ARGUMENTS_DEPTH`` deep (``"[" * 200000``
+        is a 400 naming ``messages.<i>.tool_calls.<j>.function.arguments``)."""
+        try:
+            arguments_json(arguments)
+        except ValueError as exc:
+            raise pydantic_core.PydanticCustomError(
+                "arguments", "{problem}", {"problem": str(exc)}
+            ) from None
+        return arguments
+
 
 class ToolCall(_Lenient):
     id: str
@@ -70,7 +86,7 @@ class ChatToolError(ValueError):
 
 
 def chat_tool_options(
-    tools: list[ChatTool] | None, choice: ChatToolChoice | None
+    tools: list[ChatTool] | None, choice: ChatToolChoice | None, limits: ToolLimits | None = None
 ) -> dict[str, Scalar]:
     """The request options for a chat request's tools, checked by omnitrio's rules.
     Raises ``ChatToolError`` naming the field (``tools.1.function.parameters``)."""
@@ -83,7 +99,7 @@ def chat_tool_options(
     else:
         wanted = ToolChoice(choice or "auto")
     try:
-        check_tools(functions)
+        check_tools(functions, limits)
         check_tool_choice(functions, wanted)
     except ToolError as exc:
         param = exc.field if exc.index is None else f"tools.{exc.index}.function.{exc.field}"

@@ -21,9 +21,9 @@ from __future__ import annotations
 import io
 import itertools
 import json
+from functools import partial
 from typing import Any
 
-import trio
 from quart import Response
 
 from .._config import PipelineConfig, resolve_impl
@@ -31,12 +31,13 @@ from .._errors import OmnitrioError, Overloaded, PipelineClosed
 from .._items import AudioInput, Event, Request
 from ..realtime import new_id
 from ._audio import InputAudioError, check_input_audio, resample_pcm16
-from ._openai_http import _overloaded, _refusal, error_response
+from ._openai_http import _overloaded, _refusal, bad_request, error_response, over_share
+from ._requests import BadRequest, TranscriptionForm, parse_form
 from ._settings import ServerSettings
+from ._shares import ShareExceeded
 from ._state import ResponseLog, ServerState
 
 DECODE_RATE_HZ = 16000
-FORMATS = ("json", "text", "verbose_json")
 TASK = "transcribe"
 """The request option ``task`` this endpoint sets; a stage's ``tasks`` must name it."""
 
@@ -74,7 +75,10 @@ def decode_audio(data: bytes, settings: ServerSettings) -> bytes:
             if not container.streams.audio:
                 raise UndecodableAudio("the file has no audio stream")
             audio = container.streams.audio[0]
-            rate_hz = int(audio.rate or 0)
+            # A stream FFmpeg found no codec for (a WAV of 0 bits per sample) has no rate.
+            rate_hz = int(getattr(audio, "rate", 0) or 0)
+            if rate_hz <= 0:
+                raise UndecodableAudio("the file's audio stream has no codec FFmpeg can decode")
             check_input_audio(0, rate_hz, settings)
             to_mono_s16 = av.AudioResampler(format="s16", layout="mono", rate=rate_hz)
             frames = itertools.chain(container.decode(audio), [None])
@@ -91,7 +95,7 @@ def decode_audio(data: bytes, settings: ServerSettings) -> bytes:
     return resample_pcm16(bytes(pcm), rate_hz, DECODE_RATE_HZ)
 
 
-async def transcriptions(state: ServerState, form: Any, files: Any) -> Response:
+async def transcriptions(state: ServerState, form: Any, files: Any, client: str) -> Response:
     config = state.pipeline.config
     if not transcribing_stages(config):
         message = (
@@ -105,30 +109,38 @@ async def transcriptions(state: ServerState, form: Any, files: Any) -> Response:
         return error_response(
             400, "file: required (the audio to transcribe)", "invalid_request", "file"
         )
-    response_format = form.get("response_format", "json")
-    if response_format not in FORMATS:
-        message = f"response_format: must be one of {', '.join(FORMATS)}, not {response_format!r}"
-        return error_response(400, message, "invalid_request", "response_format")
+    try:
+        fields = parse_form(TranscriptionForm, {k: form.get(k) for k in form})
+    except BadRequest as exc:
+        return bad_request(exc)
+    response_format = fields.response_format
     try:  # off the event loop: decoding a whole file takes a while
-        pcm16 = await trio.to_thread.run_sync(decode_audio, upload.read(), state.settings)
+        pcm16 = await state.shares.off_loop(
+            client, partial(decode_audio, upload.read(), state.settings)
+        )
+    except ShareExceeded as exc:
+        return over_share(state, exc)
     except (UndecodableAudio, InputAudioError) as exc:
         return error_response(400, f"file: {exc}", "invalid_audio", "file")
     except NoDecoder as exc:
         return error_response(501, str(exc), "not_implemented")
-    refusal = _refusal(state)
+    refusal = _refusal(state, client)
     if refusal is not None:
         return refusal
     request = Request(audio=AudioInput(pcm16, DECODE_RATE_HZ), options={"task": TASK})
     log = ResponseLog(state, "transcription", new_id("trans"))
     texts: list[str] = []
     try:
-        async with state.pipeline.open_stream(request) as stream:
+        async with state.open_stream(client, request) as stream:
             async for item in stream:
                 if isinstance(item, Event) and item.name == "transcript":
                     texts.append(str(item.data.get("text", "")))
     except (Overloaded, PipelineClosed) as exc:  # admitted after _refusal looked: a race
         log.done("failed")
         return _overloaded(state, "overloaded" if isinstance(exc, Overloaded) else "draining")
+    except ShareExceeded as exc:
+        log.done("failed")
+        return over_share(state, exc)
     except OmnitrioError as exc:
         log.done("failed")
         return error_response(500, str(exc), "pipeline_error")
@@ -139,6 +151,6 @@ async def transcriptions(state: ServerState, form: Any, files: Any) -> Response:
     body: dict[str, Any] = {"text": text}
     if response_format == "verbose_json":
         duration_s = len(pcm16) / 2 / DECODE_RATE_HZ
-        language = form.get("language") or "en"
+        language = fields.language or "en"
         body = {"task": "transcribe", "language": language, "duration": duration_s, "text": text}
     return Response(json.dumps(body), mimetype="application/json")

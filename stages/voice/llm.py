@@ -45,6 +45,7 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -259,7 +260,9 @@ class SmolLM2(AutoregressiveStage):
                 if not utterances and not work.input_closed:
                     continue
                 turn.prompt = self._prompt_ids(turn, utterances)
-                sampled[work.stream_id] = self._prefill(turn)
+                token = self._prefill(work.stream_id, turn)
+                if token is not None:
+                    sampled[work.stream_id] = token
             elif not turn.finished:
                 decoding.append(work.stream_id)
         if decoding:
@@ -267,7 +270,8 @@ class SmolLM2(AutoregressiveStage):
         self.clock.end_compute()
         if sampled:
             self._package(sampled)
-        return {work.stream_id: self._output(work) for work in batch}
+        # A stream whose own sampling failed (its grammar, say) fails alone (stage kit).
+        return {w.stream_id: self.failed(w.stream_id) or self._output(w) for w in batch}
 
     def _prompt_ids(self, turn: _Turn, utterances: list[Utterance]) -> list[int]:
         options = turn.request.options
@@ -283,12 +287,13 @@ class SmolLM2(AutoregressiveStage):
         )
         return [int(i) for i in ids][-self.max_prompt_tokens :]
 
-    def _prefill(self, turn: _Turn) -> int:
+    def _prefill(self, sid: str, turn: _Turn) -> int | None:
         assert turn.prompt is not None
         input_ids = torch.tensor([turn.prompt], device=self.device)  # input_ids: [1, S]
         out = self.model(input_ids=input_ids, use_cache=True)
         turn.kv = out.past_key_values
-        return self._pick(out.logits[0, -1], turn)
+        logits = out.logits[0, -1]
+        return self.per_stream(sid, lambda: self._pick(logits, turn))
 
     def _decode(self, sids: list[str]) -> dict[str, int]:
         turns = [self.streams[sid] for sid in sids]
@@ -297,10 +302,12 @@ class SmolLM2(AutoregressiveStage):
         positions = torch.tensor([[cache_length(c)] for c in caches], device=self.device)  # [B, 1]
         out = batched_decode(self.model, caches, positions, input_ids=last)
         logits = out.logits[:, -1]  # logits: [B, V]
-        return {
-            sid: self._pick(logits[row], turn)
-            for row, (sid, turn) in enumerate(zip(sids, turns, strict=True))
-        }
+        picked: dict[str, int] = {}
+        for row, (sid, turn) in enumerate(zip(sids, turns, strict=True)):
+            token = self.per_stream(sid, partial(self._pick, logits[row], turn))
+            if token is not None:
+                picked[sid] = token
+        return picked
 
     def _pick(self, logits: torch.Tensor, turn: _Turn) -> int:
         """Sample the turn's next token and decide whether it is the last."""
