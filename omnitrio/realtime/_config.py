@@ -57,6 +57,10 @@ class SessionConfig:
     """Text (and transcripts) a conversation may hold: it is sent with every response."""
     server_vad: bool = False
     """The pipeline has a turn detector: server_vad is available (and the default)."""
+    transcription_model: str | None = None
+    """The pipeline's speech-recognition stage, as sessions name it (None: it has none)."""
+    voices: tuple[str, ...] = ()
+    """The voice names a session may choose; empty: any (the pipeline decides)."""
 
     def __post_init__(self) -> None:
         if self.framing not in ("json", "msgpack"):

@@ -46,6 +46,7 @@ from ..realtime import (
     new_id,
 )
 from ._audio import resample_pcm16
+from ._capabilities import pipeline_voices, transcription_model
 from ._state import ResponseLog, ServerState
 from ._turns import DetectorStream
 
@@ -307,4 +308,6 @@ def session_config(state: ServerState, framing: Framing, beta: bool) -> SessionC
         max_message_bytes=settings.max_message_bytes,
         max_frame_values=settings.max_frame_values,
         server_vad=state.turns is not None,
+        transcription_model=transcription_model(state.pipeline.config),
+        voices=pipeline_voices(state.pipeline.config).names,
     )

@@ -26,28 +26,18 @@ from typing import Any
 import trio
 from quart import Response
 
-from .._config import PipelineConfig, resolve_impl
 from .._errors import OmnitrioError, Overloaded, PipelineClosed
 from .._items import AudioInput, Event, Request
 from ..realtime import new_id
 from ._audio import InputAudioError, check_input_audio, resample_pcm16
+from ._capabilities import TRANSCRIBE_TASK as TASK
+from ._capabilities import transcribing_stages
 from ._openai_http import _overloaded, _refusal, bad_request, error_response
 from ._requests import BadRequest, TranscriptionForm, parse_form
 from ._settings import ServerSettings
 from ._state import ResponseLog, ServerState
 
 DECODE_RATE_HZ = 16000
-TASK = "transcribe"
-"""The request option ``task`` this endpoint sets; a stage's ``tasks`` must name it."""
-
-
-def transcribing_stages(config: PipelineConfig) -> list[str]:
-    """The stages whose class declares ``tasks`` with ``transcribe``."""
-    return [
-        spec.name
-        for spec in config.stages
-        if TASK in getattr(resolve_impl(spec.impl, config.source, "impl"), "tasks", ())
-    ]
 
 
 class UndecodableAudio(ValueError):
