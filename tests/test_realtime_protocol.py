@@ -607,7 +607,8 @@ def test_tool_choice_required_before_the_tools_is_kept_until_a_response() -> Non
     ] == ["session.updated"]
     error = only_error(send(session, {"type": "response.create"}))
     assert error["param"] == "tool_choice"
-    assert "no tools" in error["message"] and "send tools" in error["message"]
+    assert "no tools" in error["message"]
+    assert "send tools" in error["message"]
     tool = {"type": "function", "name": "get_time", "parameters": {"type": "object"}}
     send(session, {"type": "session.update", "session": {"tools": [tool]}})
     assert start_response(session).request.options["tool_choice"] == "required"
