@@ -12,6 +12,7 @@ lists them as such. Any other name is refused, naming the choices.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 from .._config import PipelineConfig, resolve_impl
@@ -86,6 +87,20 @@ def transcription_model(config: PipelineConfig) -> str | None:
         if TRANSCRIBE_TASK in getattr(impl, "tasks", ()):
             return str(getattr(impl, "__name__", "asr"))
     return None
+
+
+def transcription_language(config: PipelineConfig) -> str:
+    """The language the speech-recognition stage transcribes: its ``language`` param,
+    else the default of its constructor's ``language`` (``"en"`` when it has none)."""
+    for spec in config.stages:
+        impl = resolve_impl(spec.impl, config.source, "impl")
+        if TRANSCRIBE_TASK in getattr(impl, "tasks", ()):
+            if "language" in spec.params:
+                return str(spec.params["language"])
+            parameter = inspect.signature(impl).parameters.get("language")
+            if parameter is not None and isinstance(parameter.default, str):
+                return parameter.default
+    return "en"
 
 
 def pipeline_voices(config: PipelineConfig) -> Voices:

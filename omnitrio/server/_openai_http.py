@@ -35,17 +35,18 @@ from ..tools import (
     arguments_json,
     call_text,
 )
-from ._audio import checked_input_audio, resample_pcm16, wav_bytes, wav_header
+from ._audio import checked_input_audio, resample_pcm16, wav_bytes
+from ._capabilities import pipeline_voices
 from ._requests import BadRequest, ChatRequest, SpeechRequest, parse_json
 from ._settings import ServerSettings
+from ._speech_formats import MIMETYPES, SpeechEncoder
 from ._state import ResponseLog, ServerState
 from ._tools import ChatToolError, chat_tool_options, is_tool_event
 
 
 def error_response(status: int, message: str, code: str, param: str | None = None) -> Response:
-    body = {
-        "error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}
-    }
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     response = Response(json.dumps(body), status=status, mimetype="application/json")
     if status == 503:
         response.headers["Retry-After"] = "1"
@@ -71,6 +72,12 @@ def _overloaded(state: ServerState, reason: str) -> Response:
     state.refusals.labels(reason).inc()
     max_streams = state.pipeline.config.pipeline.max_streams
     return error_response(503, str(Overloaded(max_streams)), "server_overloaded")
+
+
+def _unknown_voice(state: ServerState, voice: str, param: str) -> Response | None:
+    """A 400 naming the choices when ``voice`` is not one of the pipeline's voices."""
+    why = pipeline_voices(state.pipeline.config).check(voice)
+    return None if why is None else error_response(400, f"{param}: {why}", "invalid_value", param)
 
 
 class _BadContent(ValueError):
@@ -151,6 +158,10 @@ async def chat_completions(state: ServerState, raw: bytes) -> Response:
         return error_response(
             400, "audio: required when modalities include audio", "invalid_request", "audio"
         )
+    if parsed.audio is not None:
+        refused = _unknown_voice(state, parsed.audio.voice, "audio.voice")
+        if refused is not None:
+            return refused
     refusal = _refusal(state)
     if refusal is not None:
         return refusal
@@ -344,6 +355,9 @@ async def speech(state: ServerState, raw: bytes) -> Response:
         parsed = parse_json(SpeechRequest, raw)
     except BadRequest as exc:
         return bad_request(exc)
+    refused = _unknown_voice(state, parsed.voice, "voice")
+    if refused is not None:
+        return refused
     # task "speak": say ``text`` as it is (a pipeline that answers would answer it instead).
     options = {"voice": parsed.voice, "modalities": "audio", "task": "speak"}
     request = Request(text=parsed.input, options=options)
@@ -351,15 +365,22 @@ async def speech(state: ServerState, raw: bytes) -> Response:
     if refusal is not None:
         return refusal
     rate_hz = state.settings.output_sample_rate_hz
+    try:
+        encoder = SpeechEncoder(parsed.response_format, rate_hz)
+    except ImportError:
+        message = f"response_format {parsed.response_format!r} needs PyAV (the voice extra)"
+        return error_response(501, message, "not_implemented", "response_format")
 
     async def body() -> AsyncGenerator[bytes]:
         async with state.pipeline.open_stream(request) as stream:
             yield b""  # admitted: see below
-            if parsed.response_format == "wav":
-                yield wav_header(rate_hz)
             async for item in stream:
                 if isinstance(item, AudioChunk):
-                    yield resample_pcm16(item.pcm16, item.sample_rate_hz, rate_hz)
+                    pcm = resample_pcm16(item.pcm16, item.sample_rate_hz, rate_hz)
+                    encoded = encoder.feed(pcm)
+                    if encoded:
+                        yield encoded
+            yield encoder.close()
 
     # The stream is admitted here, before the status is sent: ``_refusal`` is only a
     # first look, and many requests can pass it before any of their bodies starts.
@@ -369,7 +390,6 @@ async def speech(state: ServerState, raw: bytes) -> Response:
     except (Overloaded, PipelineClosed) as exc:
         await chunks.aclose()
         return _overloaded(state, "overloaded" if isinstance(exc, Overloaded) else "draining")
-    mimetype = "audio/wav" if parsed.response_format == "wav" else "audio/pcm"
-    response = Response(chunks, mimetype=mimetype)
+    response = Response(chunks, mimetype=MIMETYPES[parsed.response_format])
     response.headers["X-Sample-Rate"] = str(rate_hz)
     return response
