@@ -14,7 +14,8 @@ from werkzeug.exceptions import HTTPException
 from ..realtime import RealtimeSession, select_subprotocol
 from ._capabilities import pipeline_voices
 from ._guard import host_ok, key_ok, origin_ok
-from ._openai_http import chat_completions, error_response, speech
+from ._http_errors import error_response
+from ._openai_http import chat_completions, speech
 from ._realtime import CLOSE_TRY_AGAIN_LATER, RealtimeConnection, session_config
 from ._state import ServerState
 from ._transcriptions import transcriptions

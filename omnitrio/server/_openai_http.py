@@ -37,41 +37,12 @@ from ..tools import (
 )
 from ._audio import checked_input_audio, resample_pcm16, wav_bytes
 from ._capabilities import pipeline_voices
+from ._http_errors import admit, bad_request, error_response, refused
 from ._requests import BadRequest, ChatRequest, SpeechRequest, parse_json
 from ._settings import ServerSettings
 from ._speech_formats import MIMETYPES, SpeechEncoder
 from ._state import ResponseLog, ServerState
 from ._tools import ChatToolError, chat_tool_options, is_tool_event
-
-
-def error_response(status: int, message: str, code: str, param: str | None = None) -> Response:
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    response = Response(json.dumps(body), status=status, mimetype="application/json")
-    if status == 503:
-        response.headers["Retry-After"] = "1"
-    return response
-
-
-def bad_request(exc: BadRequest) -> Response:
-    return error_response(exc.status, str(exc), exc.code, exc.param)
-
-
-def _refusal(state: ServerState) -> Response | None:
-    """An immediate 503 when the pipeline is full or the server is draining.
-
-    Checked before the response starts, because a streamed body cannot change its
-    status later; a stream refused in the narrow race after this check ends with
-    an error chunk instead."""
-    if state.draining or state.pipeline.is_full:
-        return _overloaded(state, "draining" if state.draining else "overloaded")
-    return None
-
-
-def _overloaded(state: ServerState, reason: str) -> Response:
-    state.refusals.labels(reason).inc()
-    max_streams = state.pipeline.config.pipeline.max_streams
-    return error_response(503, str(Overloaded(max_streams)), "server_overloaded")
 
 
 def _unknown_voice(state: ServerState, voice: str, param: str) -> Response | None:
@@ -159,10 +130,10 @@ async def chat_completions(state: ServerState, raw: bytes) -> Response:
             400, "audio: required when modalities include audio", "invalid_request", "audio"
         )
     if parsed.audio is not None:
-        refused = _unknown_voice(state, parsed.audio.voice, "audio.voice")
-        if refused is not None:
-            return refused
-    refusal = _refusal(state)
+        wrong_voice = _unknown_voice(state, parsed.audio.voice, "audio.voice")
+        if wrong_voice is not None:
+            return wrong_voice
+    refusal = admit(state)
     if refusal is not None:
         return refusal
     try:
@@ -303,11 +274,9 @@ class _Completion:
                     else:
                         self.log.audio()
                         pcm += resample_pcm16(item.pcm16, item.sample_rate_hz, self.rate_hz)
-        except (Overloaded, PipelineClosed) as exc:  # admitted after _refusal looked: a race
+        except (Overloaded, PipelineClosed) as exc:  # admitted after admit() looked: a race
             self.log.done("failed")
-            return _overloaded(
-                self.state, "overloaded" if isinstance(exc, Overloaded) else "draining"
-            )
+            return refused(self.state, exc)
         except OmnitrioError as exc:
             self.log.done("failed")
             return error_response(500, str(exc), "pipeline_error")
@@ -355,13 +324,13 @@ async def speech(state: ServerState, raw: bytes) -> Response:
         parsed = parse_json(SpeechRequest, raw)
     except BadRequest as exc:
         return bad_request(exc)
-    refused = _unknown_voice(state, parsed.voice, "voice")
-    if refused is not None:
-        return refused
+    wrong_voice = _unknown_voice(state, parsed.voice, "voice")
+    if wrong_voice is not None:
+        return wrong_voice
     # task "speak": say ``text`` as it is (a pipeline that answers would answer it instead).
     options = {"voice": parsed.voice, "modalities": "audio", "task": "speak"}
     request = Request(text=parsed.input, options=options)
-    refusal = _refusal(state)
+    refusal = admit(state)
     if refusal is not None:
         return refusal
     rate_hz = state.settings.output_sample_rate_hz
@@ -382,14 +351,14 @@ async def speech(state: ServerState, raw: bytes) -> Response:
                         yield encoded
             yield encoder.close()
 
-    # The stream is admitted here, before the status is sent: ``_refusal`` is only a
+    # The stream is admitted here, before the status is sent: ``admit`` is only a
     # first look, and many requests can pass it before any of their bodies starts.
     chunks = body()
     try:
         await anext(chunks)
     except (Overloaded, PipelineClosed) as exc:
         await chunks.aclose()
-        return _overloaded(state, "overloaded" if isinstance(exc, Overloaded) else "draining")
+        return refused(state, exc)
     response = Response(chunks, mimetype=MIMETYPES[parsed.response_format])
     response.headers["X-Sample-Rate"] = str(rate_hz)
     return response

@@ -32,7 +32,7 @@ from ..realtime import new_id
 from ._audio import InputAudioError, check_input_audio, resample_pcm16
 from ._capabilities import TRANSCRIBE_TASK as TASK
 from ._capabilities import transcribing_stages, transcription_language
-from ._openai_http import _overloaded, _refusal, bad_request, error_response
+from ._http_errors import admit, bad_request, error_response, refused
 from ._requests import BadRequest, TranscriptionForm, parse_form
 from ._settings import ServerSettings
 from ._state import ResponseLog, ServerState
@@ -116,7 +116,7 @@ async def transcriptions(state: ServerState, form: Any, files: Any) -> Response:
         return error_response(400, f"file: {exc}", "invalid_audio", "file")
     except NoDecoder as exc:
         return error_response(501, str(exc), "not_implemented")
-    refusal = _refusal(state)
+    refusal = admit(state)
     if refusal is not None:
         return refusal
     request = Request(audio=AudioInput(pcm16, DECODE_RATE_HZ), options={"task": TASK})
@@ -127,9 +127,9 @@ async def transcriptions(state: ServerState, form: Any, files: Any) -> Response:
             async for item in stream:
                 if isinstance(item, Event) and item.name == "transcript":
                     texts.append(str(item.data.get("text", "")))
-    except (Overloaded, PipelineClosed) as exc:  # admitted after _refusal looked: a race
+    except (Overloaded, PipelineClosed) as exc:  # admitted after admit() looked: a race
         log.done("failed")
-        return _overloaded(state, "overloaded" if isinstance(exc, Overloaded) else "draining")
+        return refused(state, exc)
     except OmnitrioError as exc:
         log.done("failed")
         return error_response(500, str(exc), "pipeline_error")
