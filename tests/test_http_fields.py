@@ -70,9 +70,13 @@ def _call(
     request = urllib.request.Request(url, data=body, headers=headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.read(), dict(response.headers)
+            return response.status, response.read(), _lower(response.headers.items())
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(), dict(exc.headers)
+        return exc.code, exc.read(), _lower(exc.headers.items())
+
+
+def _lower(headers: Any) -> dict[str, str]:
+    return {name.lower(): value for name, value in headers}
 
 
 async def _post(url: str, body: dict[str, Any]) -> tuple[int, bytes]:
@@ -172,7 +176,7 @@ async def test_speech_in_each_format_decodes(base_url: str, fmt: str, mimetype: 
         _call, f"{base_url}/v1/audio/speech", json.dumps(body).encode()
     )
     assert status == 200
-    assert headers["Content-Type"].startswith(mimetype)
+    assert headers["content-type"].startswith(mimetype)
     if fmt == "pcm":
         assert len(data) == NUM_SAMPLES * 2
         return
@@ -198,7 +202,7 @@ async def test_every_error_is_openai_style_json(base_url: str) -> None:
     for url, body, method, expected in cases:
         status, data, headers = await trio.to_thread.run_sync(_call, url, body, method)
         assert status == expected
-        assert headers["Content-Type"] == "application/json", (expected, headers)
+        assert headers["content-type"] == "application/json", (expected, headers)
         error = json.loads(data)["error"]
         assert error["message"]
         assert error["type"] == "invalid_request_error"
