@@ -88,6 +88,12 @@ def only_error(out: Out) -> dict[str, Any]:
     return error
 
 
+def field_error(out: Out) -> dict[str, Any]:
+    """The one error of a session.update refused field by field (the rest applied)."""
+    assert names(out)[-1:] == ["session.updated"], names(out)
+    return only_error(out[:-1])
+
+
 def user_text(text: str, **extra: Any) -> dict[str, Any]:
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
     return {"type": "conversation.item.create", "item": item, **extra}
@@ -249,7 +255,7 @@ def test_audio_turn() -> None:
 
 
 def test_transcript_event_becomes_the_input_transcription() -> None:
-    session = open_session()
+    session = open_session(transcription_model="WhisperAsr")
     send(session, {"type": "input_audio_buffer.append", "audio": b64(pcm(4800))})
     item_id = wire(session, send(session, {"type": "input_audio_buffer.commit"})[0])["item_id"]  # type: ignore[arg-type]
     start = start_response(session)
@@ -412,7 +418,7 @@ BAD_EVENTS: list[tuple[str, object, str]] = [
     ),
     (
         "tool choice names no tool",
-        {"type": "session.update", "session": {"tool_choice": {"type": "function", "name": "f"}}},
+        {"type": "response.create", "response": {"tool_choice": {"type": "function", "name": "f"}}},
         "invalid_value",
     ),
     (
@@ -521,7 +527,10 @@ def test_bad_event_gives_an_error_and_the_session_goes_on(
     with_id = (
         {**event, "event_id": event.get("event_id", "evt_1")} if isinstance(event, dict) else event
     )
-    error = only_error(session.receive(json.dumps(with_id)))
+    out = session.receive(json.dumps(with_id))
+    if names(out)[-1:] == ["session.updated"]:  # refused field by field; the rest applies
+        out = out[:-1]
+    error = only_error(out)
     assert error["code"] == code
     if isinstance(event, dict) and "event_id" not in event:
         assert error["event_id"] == "evt_1"
@@ -574,13 +583,52 @@ def test_input_audio_is_bounded() -> None:
     assert send(session, {"type": "input_audio_buffer.append", "audio": b64(pcm(24000))}) == []
 
 
-def test_session_update_is_all_or_nothing() -> None:
+def test_session_update_refuses_field_by_field() -> None:
     session = open_session()
-    bad = {"instructions": "new", "audio": {"output": {"format": {"type": "audio/pcma"}}}}
-    error = only_error(send(session, {"type": "session.update", "session": bad}))
-    assert error["param"] == "session.audio.output.format.type"
-    assert "audio/pcm" in error["message"]
-    assert "instructions" not in start_response(session).request.options
+    bad = {
+        "instructions": "new",
+        "colour": "red",
+        "audio": {"output": {"format": {"type": "audio/pcma"}, "voice": "marin"}},
+    }
+    out = send(session, {"type": "session.update", "session": bad})
+    assert names(out) == ["error", "error", "session.updated"]
+    errors = [only_error(out[i : i + 1]) for i in (0, 1)]
+    assert [e["param"] for e in errors] == ["session.audio.output.format.type", "session.colour"]
+    assert "audio/pcm" in errors[0]["message"]
+    assert errors[1]["code"] == "unknown_parameter"
+    options = start_response(session).request.options
+    assert (options["instructions"], options["voice"]) == ("new", "marin")  # the rest applied
+
+
+def test_tool_choice_required_before_the_tools_is_kept_until_a_response() -> None:
+    session = open_session()
+    assert names(send(session, {"type": "session.update", "session": {"tool_choice": "required"}}))[
+        -1:
+    ] == ["session.updated"]
+    error = only_error(send(session, {"type": "response.create"}))
+    assert error["param"] == "tool_choice"
+    assert "no tools" in error["message"]
+    assert "send tools" in error["message"]
+    tool = {"type": "function", "name": "get_time", "parameters": {"type": "object"}}
+    send(session, {"type": "session.update", "session": {"tools": [tool]}})
+    assert start_response(session).request.options["tool_choice"] == "required"
+
+
+def test_input_transcription_on_off_and_the_stage_model() -> None:
+    session = open_session(transcription_model="WhisperAsr")
+    asked = {"audio": {"input": {"transcription": {"model": "gpt-4o-mini-transcribe"}}}}
+    [updated] = send(session, {"type": "session.update", "session": asked})
+    shown = wire(session, updated)["session"]["audio"]["input"]["transcription"]  # type: ignore[index]
+    assert shown["model"] == "WhisperAsr"
+    off = {"audio": {"input": {"transcription": None}}}
+    send(session, {"type": "session.update", "session": off})
+    send(session, {"type": "input_audio_buffer.append", "audio": b64(pcm(4800))})
+    send(session, {"type": "input_audio_buffer.commit"})
+    start = start_response(session)
+    assert session.output(start.response_id, Event("transcript", {"text": "hi"})) == []
+    no_asr = open_session()
+    out = send(no_asr, {"type": "session.update", "session": asked})
+    assert only_error(out[:1])["param"] == "session.audio.input.transcription"
 
 
 def test_session_update_accepts_what_asks_for_nothing() -> None:
@@ -672,11 +720,11 @@ def test_beta_dialect_names_and_session_shape() -> None:
     assert names(send(session, {"type": "session.update", "session": update})) == [
         "session.updated"
     ]
-    error = only_error(
+    error = field_error(
         send(session, {"type": "session.update", "session": {"output_modalities": ["text"]}})
     )
     assert (error["code"], error["param"]) == ("unknown_parameter", "session.output_modalities")
-    error = only_error(
+    error = field_error(
         send(session, {"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}})
     )
     assert error["code"] == "unsupported_parameter"
@@ -896,7 +944,8 @@ def _output_item_id(events: list[object]) -> str:
 def test_the_sdk_parses_every_event_we_send(dialect: Dialect, framing: Framing) -> None:
     union = RealtimeServerEvent if dialect == "ga" else BetaServerEvent
     models = _models_by_type(union)
-    session = RealtimeSession(SessionConfig("sess_sdk", "synthetic-omni", framing, dialect))
+    config = SessionConfig("sess_sdk", "synthetic-omni", framing, dialect, transcription_model="A")
+    session = RealtimeSession(config)
     events = every_kind_of_event(session)
     assert {e.type for e in events} == (EMITTED_GA if dialect == "ga" else EMITTED_BETA)
     for event in events:

@@ -189,22 +189,44 @@ def test_without_a_detector_server_vad_is_refused() -> None:
     [created] = session.start()
     assert created.fields["session"]["audio"]["input"]["turn_detection"] is None  # type: ignore[index]
     on = {"type": "server_vad"}
-    [error] = send(
+    [error, updated] = send(
         session, {"type": "session.update", "session": {"audio": {"input": {"turn_detection": on}}}}
     )
+    assert updated.type == "session.updated"
     assert error.fields["error"]["code"] == "unsupported_parameter"  # type: ignore[index]
     assert "no turn detector" in error.fields["error"]["message"]  # type: ignore[index]
 
 
 @pytest.mark.parametrize(
     "detection",
-    [{"type": "semantic_vad"}, {"type": "server_vad", "threshold": 2}, {"silence_ms": 1}],
+    [
+        {"type": "semantic_vad", "eagerness": "eager"},
+        {"type": "server_vad", "threshold": 2},
+        {"silence_ms": 1},
+    ],
 )
 def test_bad_turn_detection_gets_an_error(detection: dict[str, Any]) -> None:
     session = vad_session()
     patch = {"audio": {"input": {"turn_detection": detection}}}
-    [error] = send(session, {"type": "session.update", "session": patch})
+    [error, updated] = send(session, {"type": "session.update", "session": patch})
     assert error.type == "error"
+    shown = updated.fields["session"]["audio"]["input"]["turn_detection"]  # type: ignore[index]
+    assert shown["silence_duration_ms"] == 500  # left as it was
+
+
+@pytest.mark.parametrize(("eagerness", "silence_ms"), [("low", 1000), ("auto", 500), ("high", 250)])
+def test_semantic_vad_is_served_by_the_detector_with_eagerness_as_silence(
+    eagerness: str, silence_ms: int
+) -> None:
+    session = vad_session()
+    asked = {"type": "semantic_vad", "eagerness": eagerness, "create_response": True}
+    patch = {"audio": {"input": {"turn_detection": asked}}}
+    [updated] = send(session, {"type": "session.update", "session": patch})
+    shown = updated.fields["session"]["audio"]["input"]["turn_detection"]  # type: ignore[index]
+    assert (shown["type"], shown["silence_duration_ms"]) == ("server_vad", silence_ms)
+    [listen] = append(session, RATE_HZ)
+    assert isinstance(listen, ListenAudio)
+    assert listen.options["silence_duration_ms"] == silence_ms
 
 
 @pytest.mark.parametrize("dialect", ["ga", "beta"])

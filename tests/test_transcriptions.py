@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import wave
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -69,6 +70,40 @@ async def test_transcriptions_of_wav_and_mp3_in_every_format(
         assert verbose.language == "en"
         assert verbose.duration == pytest.approx(len(pcm16) / 2 / INPUT_RATE_HZ, abs=0.05)
         assert word_error_rate(SENTENCE, verbose.text) <= 0.15
+        # Every other field of the SDK's request: honoured (these values), or refused by name.
+        honoured = client.audio.transcriptions.create(
+            model="any-name",
+            file=("fox.wav", wav_path.read_bytes()),
+            response_format="verbose_json",
+            language="en",
+            temperature=0,
+            timestamp_granularities=["segment"],
+            chunking_strategy="auto",
+        )
+        [segment] = honoured.segments or []
+        assert segment.start == 0.0
+        assert segment.end == pytest.approx(honoured.duration)
+        assert segment.text == honoured.text
+        probes: dict[str, Any] = {
+            "language": "fr",
+            "prompt": "cats",
+            "temperature": 0.5,
+            "timestamp_granularities": ["word"],
+            "include": ["logprobs"],
+            "chunking_strategy": {"type": "server_vad"},
+            "known_speaker_names": ["ann"],
+            "known_speaker_references": ["data:audio/wav;base64,AAAA"],
+            "extra_body": {"keywords": ["cat"], "languages": ["en"], "colour": "red"},
+        }
+        for name, value in probes.items():
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.audio.transcriptions.create(
+                    model="voice-chat", file=("fox.wav", b"RIFF"), **{name: value}
+                )
+            error = refused.value.body
+            assert isinstance(error, dict)
+            expected = list(value) if name == "extra_body" else [name]
+            assert error["param"] in expected, error
         with pytest.raises(openai.BadRequestError, match="file"):
             client.audio.transcriptions.create(
                 model="voice-chat", file=("noise.wav", b"not audio at all")

@@ -63,6 +63,10 @@ class SessionConfig:
     """What a session's or a response's tools may cost (the server's settings)."""
     max_output_tokens: int = 4096
     """A response's ``max_output_tokens`` above this is refused (``"inf"``: the pipeline's)."""
+    transcription_model: str | None = None
+    """The pipeline's speech-recognition stage, as sessions name it (None: it has none)."""
+    voices: tuple[str, ...] = ()
+    """The voice names a session may choose; empty: any (the pipeline decides)."""
 
     def __post_init__(self) -> None:
         if self.framing not in ("json", "msgpack"):

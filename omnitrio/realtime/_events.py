@@ -17,12 +17,15 @@ from ._conversation import ItemKind, Role
 from ._encode import decode_audio
 from ._errors import ClientEventError, quote
 from ._fields import Fields
-from ._settings import SettingsPatch, parse_metadata, parse_response_params, parse_session
+from ._parse_settings import parse_metadata, parse_response_params, parse_session
+from ._settings import SettingsPatch
 
 
 @dataclass(frozen=True)
 class SessionUpdate:
     patch: SettingsPatch
+    errors: tuple[ClientEventError, ...] = ()
+    """The fields that were not applied, each to be reported in its own error event."""
 
 
 @dataclass(frozen=True)
@@ -109,9 +112,8 @@ _TEXT_PART = {
 
 def _session_update(fields: Fields, config: SessionConfig) -> SessionUpdate:
     session = fields.required_object("session")
-    patch = parse_session(session, config)
-    session.done()
-    return SessionUpdate(patch)
+    patch, errors = parse_session(session, config)
+    return SessionUpdate(patch, tuple(errors))
 
 
 def _append(fields: Fields, config: SessionConfig) -> AudioAppend:

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from ._errors import ClientEventError, quote
+
+T = TypeVar("T")
 
 
 def type_name(value: object) -> str:
@@ -161,12 +164,40 @@ class Fields:
                 param=self.param(key),
             )
 
+    def unread(self) -> list[ClientEventError]:
+        """An error for each key that was not read: it is not a parameter of this object."""
+        return [
+            ClientEventError(
+                "unknown_parameter",
+                f"unknown parameter {quote(self.param(key))}",
+                param=self.param(key)[:64],
+            )
+            for key in self._object
+            if key not in self._read
+        ]
+
     def done(self) -> None:
-        """Refuse any key that was not read: it is not a parameter of this object."""
-        for key in self._object:
-            if key not in self._read:
-                raise ClientEventError(
-                    "unknown_parameter",
-                    f"unknown parameter {quote(self.param(key))}",
-                    param=self.param(key)[:64],
-                )
+        """Refuse the first key that was not read."""
+        for error in self.unread():
+            raise error
+
+
+class Problems:
+    """The per-field errors of one session.update: a field that fails to parse is
+    reported and left as it was, and the rest of the update still applies (so one
+    unsupported knob does not silently drop the others)."""
+
+    def __init__(self) -> None:
+        self.errors: list[ClientEventError] = []
+
+    def read(self, read: Callable[[], T | None]) -> T | None:
+        """``read()``, or None (no change) after noting its error."""
+        try:
+            return read()
+        except ClientEventError as error:
+            self.errors.append(error)
+            return None
+
+    def done(self, fields: Fields) -> None:
+        """Note every key of ``fields`` that nobody read."""
+        self.errors.extend(fields.unread())

@@ -279,6 +279,8 @@ class ActiveResponse:
             return []
         transcript = safe_text(text)
         conversation.replace(Item(audio_item.id, "user", "audio", transcript))
+        if self.settings.transcription is None:
+            return []  # the conversation keeps the text; the client asked for no events
         usage: dict[str, JsonValue] = {"type": "duration", "seconds": self._input_audio_s}
         fields: dict[str, JsonValue] = {
             "item_id": audio_item.id,

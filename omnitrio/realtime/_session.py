@@ -175,7 +175,11 @@ class RealtimeSession:
             message = decode_frame(
                 frame, config.framing, config.max_message_bytes, config.max_frame_values
             )
-            return self._handle(parse_client_event(message, self.config))
+            event = parse_client_event(message, self.config)
+            errors = event.errors if isinstance(event, SessionUpdate) else ()
+            self._num_errors += len(errors)
+            refused: list[Output] = [error_event(e, client_event_id(message)) for e in errors]
+            return refused + self._handle(event)
         except ClientEventError as error:
             self._num_errors += 1
             return [error_event(error, client_event_id(message))]
@@ -356,7 +360,7 @@ class RealtimeSession:
 
     def _handle(self, event: ClientEvent) -> list[Output]:
         match event:
-            case SessionUpdate(patch):
+            case SessionUpdate(patch, _):
                 before = self._settings.turn_detection
                 self._settings = self._settings.apply(patch)
                 if self._settings.turn_detection != before:
@@ -528,6 +532,7 @@ class RealtimeSession:
                 f"response {self.active_response_id} {advice}",
             )
         settings = self._settings.apply(event.patch)
+        settings.check_tool_choice()
         request = self._request(settings, b"".join(pcm16 for _, pcm16 in self._committed))
         response = ActiveResponse(
             new_id("resp"),

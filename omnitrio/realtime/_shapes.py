@@ -96,6 +96,9 @@ def session_object(settings: Settings, config: SessionConfig) -> dict[str, JsonV
     limit: JsonValue = "inf" if settings.max_output_tokens is None else settings.max_output_tokens
     detection = settings.turn_detection
     turn_detection: JsonValue = None if detection is None else detection.render()
+    transcription: JsonValue = (
+        None if settings.transcription is None else settings.transcription.render()
+    )
     if config.dialect == "beta":
         # The beta SDK types ``model`` as a list of OpenAI model names: left out here.
         return {
@@ -106,7 +109,7 @@ def session_object(settings: Settings, config: SessionConfig) -> dict[str, JsonV
             "voice": settings.voice,
             "input_audio_format": "pcm16",
             "output_audio_format": "pcm16",
-            "input_audio_transcription": None,
+            "input_audio_transcription": transcription,
             "turn_detection": turn_detection,
             "tools": settings.tools_shape(),
             "tool_choice": settings.tool_choice_shape(),
@@ -125,7 +128,7 @@ def session_object(settings: Settings, config: SessionConfig) -> dict[str, JsonV
             "input": {
                 "format": {"type": "audio/pcm", "rate": config.input_sample_rate_hz},
                 "turn_detection": turn_detection,
-                "transcription": None,
+                "transcription": transcription,
                 "noise_reduction": None,
             },
             "output": {

@@ -1,6 +1,7 @@
 """Server VAD turn detection: settings, and the audio the server must listen to.
 
-With ``turn_detection: {"type": "server_vad"}`` the session hands every appended
+With ``turn_detection: {"type": "server_vad"}`` (or ``semantic_vad``, served by the
+same detector with its ``eagerness`` as the silence time) the session hands every appended
 chunk to the server as ``ListenAudio``; the server runs it through the
 pipeline's turn detector (a VAD stage) and reports back with
 ``RealtimeSession.speech_started`` / ``speech_stopped``. The session then sends
@@ -37,6 +38,11 @@ END_PADDING_MS = 100
 later stays in the buffer. A fixed cut makes the turn's audio the same whether it is
 taken at the first pause (a speculative response, see ``RealtimeSession.speculate``)
 or when the silence is long enough to end the turn."""
+EAGERNESS_SILENCE_MS: Mapping[str, int] = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
+"""semantic_vad's ``eagerness`` as the silence that ends a turn. There is no semantic
+end-of-turn model behind it yet: the VAD decides, with a longer wait for "low" (the
+speaker may take their time) and a shorter one for "high". session.updated shows the
+server_vad settings in force, which is what the client's semantic_vad became."""
 IDLE_KEEP_MS = 10_000
 """Audio kept while no one speaks, beyond the prefix padding; older audio is dropped
 (the detector reports a start only after hearing it, so this is its allowance for
@@ -52,6 +58,8 @@ class TurnDetection:
     silence_duration_ms: int = DEFAULT_SILENCE_DURATION_MS
     create_response: bool = True
     interrupt_response: bool = True
+    eagerness: str | None = None
+    """Set when the client asked for semantic_vad: the eagerness that chose the times."""
 
     def options(self) -> Mapping[str, Scalar]:
         """Request options for the turn detector's stream."""
@@ -99,13 +107,9 @@ def parse_turn_detection(fields: Fields, key: str, available: bool) -> TurnDetec
             f"{fields.param(key)} is not supported: {VAD_WHY}",
             param=fields.param(key),
         )
-    kind = value.optional_str("type") or "server_vad"
-    if kind != "server_vad":
-        raise ClientEventError(
-            "unsupported_parameter",
-            f"{value.param('type')} {kind!r} is not supported; use server_vad",
-            param=value.param("type"),
-        )
+    kind = value.choice("type", ("server_vad", "semantic_vad")) or "server_vad"
+    if kind == "semantic_vad":
+        return _semantic(value)
     threshold = value.optional_number("threshold")
     if threshold is not None and not 0.0 < threshold < 1.0:
         raise ClientEventError(
@@ -123,6 +127,20 @@ def parse_turn_detection(fields: Fields, key: str, available: bool) -> TurnDetec
         interrupt_response=_flag(value, "interrupt_response"),
     )
     value.unsupported_unless("idle_timeout_ms", lambda v: False, "idle timeouts are not available")
+    value.done()
+    return detection
+
+
+def _semantic(value: Fields) -> TurnDetection:
+    """semantic_vad: the turn ends after the silence its ``eagerness`` maps to
+    (``EAGERNESS_SILENCE_MS``); the detector's other settings are the defaults."""
+    eagerness = value.choice("eagerness", tuple(EAGERNESS_SILENCE_MS)) or "auto"
+    detection = TurnDetection(
+        silence_duration_ms=EAGERNESS_SILENCE_MS[eagerness],
+        create_response=_flag(value, "create_response"),
+        interrupt_response=_flag(value, "interrupt_response"),
+        eagerness=eagerness,
+    )
     value.done()
     return detection
 

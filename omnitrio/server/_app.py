@@ -9,16 +9,25 @@ import os
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from quart import Response, request, send_from_directory, websocket
 from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
 
 from ..realtime import RealtimeSession, select_subprotocol
+from ._capabilities import pipeline_voices
 from ._guard import host_ok, key_ok, origin_ok
-from ._openai_http import chat_completions, error_response, speech
+from ._http_errors import error_response
+from ._openai_http import chat_completions, speech
 from ._realtime import CLOSE_TRY_AGAIN_LATER, RealtimeConnection, session_config
 from ._shares import client_of
 from ._state import ServerState
 from ._transcriptions import transcriptions
 
 logger = logging.getLogger(__name__)
+_HTTP_CODES = {
+    400: "invalid_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+}
 
 MAX_STATIC_PATH = 1024
 """A longer path under /static/ names no file of web/static: a 404 without a look-up."""
@@ -43,6 +52,23 @@ def create_app(state: ServerState) -> QuartTrio:
             return error_response(401, "invalid or missing API key", "invalid_api_key")
         return None
 
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        # quart's own 404 / 405 / 413 ... as OpenAI-style JSON errors, like every other.
+        status = exc.code or 500
+        code = _HTTP_CODES.get(status, "http_error")
+        message = f"{request.method} {request.path}: {exc.name} ({exc.description})"
+        response = error_response(status, message, code)
+        if status == 405 and exc.get_headers():
+            response.headers.update(dict(exc.get_headers()))
+            response.headers["Content-Type"] = "application/json"
+        return response
+
+    @app.errorhandler(Exception)
+    async def server_error(exc: Exception) -> Response:
+        logger.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, f"internal server error ({type(exc).__name__})", "server_error")
+
     @app.get("/health")
     async def health() -> Response:
         stats = state.pipeline.statistics()
@@ -58,6 +84,12 @@ def create_app(state: ServerState) -> QuartTrio:
             f'{{"object": "list", "data": [{{"id": "{state.model_name}", "object": "model", '
             f'"created": 0, "owned_by": "omnitrio"}}]}}'
         )
+        return Response(body, mimetype="application/json")
+
+    @app.get("/v1/audio/voices")
+    async def voices() -> Response:
+        listing = pipeline_voices(state.pipeline.config).listing()
+        body = json.dumps({"object": "list", "data": listing})
         return Response(body, mimetype="application/json")
 
     @app.get("/metrics")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
@@ -37,58 +36,21 @@ from ..tools import (
     arguments_json,
     call_text,
 )
-from ._audio import checked_input_audio, resample_pcm16, wav_bytes, wav_header
+from ._audio import checked_input_audio, resample_pcm16, wav_bytes
+from ._capabilities import pipeline_voices
+from ._http_errors import admit, bad_request, error_response, over_share, refused
 from ._requests import BadRequest, ChatRequest, SpeechRequest, check_chat, parse_json
 from ._settings import ServerSettings
 from ._shares import ShareExceeded
+from ._speech_formats import MIMETYPES, SpeechEncoder
 from ._state import ResponseLog, ServerState
 from ._tools import ChatToolError, chat_tool_options, is_tool_event
 
 
-def error_response(status: int, message: str, code: str, param: str | None = None) -> Response:
-    body = {
-        "error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}
-    }
-    response = Response(json.dumps(body), status=status, mimetype="application/json")
-    if status in (429, 503):
-        response.headers["Retry-After"] = "1"
-    return response
-
-
-def bad_request(exc: BadRequest) -> Response:
-    return error_response(exc.status, str(exc), exc.code, exc.param)
-
-
-def _refusal(state: ServerState, client: str) -> Response | None:
-    """An immediate 503 when the pipeline is full or the server is draining, a 429 when
-    ``client`` holds its share of the streams (``_shares.py``).
-
-    Checked before the response starts, because a streamed body cannot change its
-    status later; a stream refused in the narrow race after this check ends with
-    an error chunk instead."""
-    if state.draining or state.pipeline.is_full:
-        return _overloaded(state, "draining" if state.draining else "overloaded")
-    try:
-        state.shares.check_stream(client)
-    except ShareExceeded as exc:
-        return over_share(state, exc)
-    return None
-
-
-def over_share(state: ServerState, exc: ShareExceeded) -> Response:
-    """429 naming the per-client limit the client reached."""
-    state.refusals.labels(exc.setting.removeprefix("max_").removesuffix("_per_client")).inc()
-    return error_response(429, str(exc), "rate_limit_exceeded", exc.setting)
-
-
-def _overloaded(state: ServerState, reason: str) -> Response:
-    state.refusals.labels(reason).inc()
-    pipeline = state.pipeline
-    refusal = pipeline.refusal() or Overloaded(pipeline.config.pipeline.max_streams)
-    response = error_response(503, str(refusal), "server_overloaded")
-    if refusal.retry_after_s is not None:  # the pipeline's estimate (whole seconds, >= 1)
-        response.headers["Retry-After"] = str(max(1, math.ceil(refusal.retry_after_s)))
-    return response
+def _unknown_voice(state: ServerState, voice: str, param: str) -> Response | None:
+    """A 400 naming the choices when ``voice`` is not one of the pipeline's voices."""
+    why = pipeline_voices(state.pipeline.config).check(voice)
+    return None if why is None else error_response(400, f"{param}: {why}", "invalid_value", param)
 
 
 class _BadContent(ValueError):
@@ -194,7 +156,11 @@ async def chat_completions(state: ServerState, raw: bytes, client: str) -> Respo
         return bad_request(exc)
     except ShareExceeded as exc:
         return over_share(state, exc)
-    refusal = _refusal(state, client)
+    if parsed.audio is not None:
+        wrong_voice = _unknown_voice(state, parsed.audio.voice, "audio.voice")
+        if wrong_voice is not None:
+            return wrong_voice
+    refusal = admit(state, client)
     if refusal is not None:
         return refusal
     completion = _Completion(state, parsed)
@@ -334,11 +300,9 @@ class _Completion:
                     else:
                         self.log.audio()
                         pcm += resample_pcm16(item.pcm16, item.sample_rate_hz, self.rate_hz)
-        except (Overloaded, PipelineClosed) as exc:  # admitted after _refusal looked: a race
+        except (Overloaded, PipelineClosed) as exc:  # admitted after admit() looked: a race
             self.log.done("failed")
-            return _overloaded(
-                self.state, "overloaded" if isinstance(exc, Overloaded) else "draining"
-            )
+            return refused(self.state, exc)
         except ShareExceeded as exc:  # the same race, for the client's share
             self.log.done("failed")
             return over_share(self.state, exc)
@@ -389,35 +353,44 @@ async def speech(state: ServerState, raw: bytes, client: str) -> Response:
         parsed = parse_json(SpeechRequest, raw)
     except BadRequest as exc:
         return bad_request(exc)
+    wrong_voice = _unknown_voice(state, parsed.voice, "voice")
+    if wrong_voice is not None:
+        return wrong_voice
     # task "speak": say ``text`` as it is (a pipeline that answers would answer it instead).
     options = {"voice": parsed.voice, "modalities": "audio", "task": "speak"}
     request = Request(text=parsed.input, options=options)
-    refusal = _refusal(state, client)
+    refusal = admit(state, client)
     if refusal is not None:
         return refusal
     rate_hz = state.settings.output_sample_rate_hz
+    try:
+        encoder = SpeechEncoder(parsed.response_format, rate_hz)
+    except ImportError:
+        message = f"response_format {parsed.response_format!r} needs PyAV (the voice extra)"
+        return error_response(501, message, "not_implemented", "response_format")
 
     async def body() -> AsyncGenerator[bytes]:
         async with state.open_stream(client, request) as stream:
             yield b""  # admitted: see below
-            if parsed.response_format == "wav":
-                yield wav_header(rate_hz)
             async for item in stream:
                 if isinstance(item, AudioChunk):
-                    yield resample_pcm16(item.pcm16, item.sample_rate_hz, rate_hz)
+                    pcm = resample_pcm16(item.pcm16, item.sample_rate_hz, rate_hz)
+                    encoded = encoder.feed(pcm)
+                    if encoded:
+                        yield encoded
+            yield encoder.close()
 
-    # The stream is admitted here, before the status is sent: ``_refusal`` is only a
+    # The stream is admitted here, before the status is sent: ``admit`` is only a
     # first look, and many requests can pass it before any of their bodies starts.
     chunks = body()
     try:
         await anext(chunks)
     except (Overloaded, PipelineClosed) as exc:
         await chunks.aclose()
-        return _overloaded(state, "overloaded" if isinstance(exc, Overloaded) else "draining")
+        return refused(state, exc)
     except ShareExceeded as exc:
         await chunks.aclose()
         return over_share(state, exc)
-    mimetype = "audio/wav" if parsed.response_format == "wav" else "audio/pcm"
-    response = Response(chunks, mimetype=mimetype)
+    response = Response(chunks, mimetype=MIMETYPES[parsed.response_format])
     response.headers["X-Sample-Rate"] = str(rate_hz)
     return response

@@ -48,6 +48,7 @@ from ..realtime import (
 )
 from ..tools import remember_verdicts
 from ._audio import resample_pcm16
+from ._capabilities import pipeline_voices, transcription_model
 from ._precheck import may_carry_tools, tool_verdicts
 from ._shares import ShareExceeded
 from ._state import ResponseLog, ServerState
@@ -324,4 +325,6 @@ def session_config(state: ServerState, framing: Framing, beta: bool) -> SessionC
         tool_limits=settings.tool_limits,
         max_output_tokens=settings.max_output_tokens,
         server_vad=state.turns is not None,
+        transcription_model=transcription_model(state.pipeline.config),
+        voices=pipeline_voices(state.pipeline.config).names,
     )

@@ -27,13 +27,15 @@ from ..tools import (
 
 
 class _Lenient(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="ignore")
+    # Unknown keys are refused, as everywhere in the API (see _requests.py).
+    model_config = pydantic.ConfigDict(extra="forbid")
 
 
 class FunctionSpec(_Lenient):
     name: str  # the rules (pattern, no two alike) are check_tools's
     description: str = ""
     parameters: dict[str, Any] = pydantic.Field(default_factory=empty_parameters)
+    strict: bool | None = None  # the tool-call grammar always holds calls to the schema
 
 
 class ChatTool(_Lenient):

@@ -26,29 +26,19 @@ from typing import Any
 
 from quart import Response
 
-from .._config import PipelineConfig, resolve_impl
 from .._errors import OmnitrioError, Overloaded, PipelineClosed
 from .._items import AudioInput, Event, Request
 from ..realtime import new_id
 from ._audio import InputAudioError, check_input_audio, resample_pcm16
-from ._openai_http import _overloaded, _refusal, bad_request, error_response, over_share
+from ._capabilities import TRANSCRIBE_TASK as TASK
+from ._capabilities import transcribing_stages, transcription_language
+from ._http_errors import admit, bad_request, error_response, over_share, refused
 from ._requests import BadRequest, TranscriptionForm, parse_form
 from ._settings import ServerSettings
 from ._shares import ShareExceeded
 from ._state import ResponseLog, ServerState
 
 DECODE_RATE_HZ = 16000
-TASK = "transcribe"
-"""The request option ``task`` this endpoint sets; a stage's ``tasks`` must name it."""
-
-
-def transcribing_stages(config: PipelineConfig) -> list[str]:
-    """The stages whose class declares ``tasks`` with ``transcribe``."""
-    return [
-        spec.name
-        for spec in config.stages
-        if TASK in getattr(resolve_impl(spec.impl, config.source, "impl"), "tasks", ())
-    ]
 
 
 class UndecodableAudio(ValueError):
@@ -110,9 +100,19 @@ async def transcriptions(state: ServerState, form: Any, files: Any, client: str)
             400, "file: required (the audio to transcribe)", "invalid_request", "file"
         )
     try:
-        fields = parse_form(TranscriptionForm, {k: form.get(k) for k in form})
+        fields = parse_form(TranscriptionForm, _form_fields(form))
     except BadRequest as exc:
         return bad_request(exc)
+    language = transcription_language(config)
+    if fields.language not in (None, language):
+        message = (
+            f"language: {fields.language[:16]!r} is not supported: this pipeline's "
+            f"speech-recognition stage transcribes {language!r}"
+        )
+        return error_response(400, message, "unsupported_parameter", "language")
+    if fields.timestamp_granularities and fields.response_format != "verbose_json":
+        message = 'timestamp_granularities: needs response_format "verbose_json"'
+        return error_response(400, message, "invalid_value", "timestamp_granularities")
     response_format = fields.response_format
     try:  # off the event loop: decoding a whole file takes a while
         pcm16 = await state.shares.off_loop(
@@ -124,7 +124,7 @@ async def transcriptions(state: ServerState, form: Any, files: Any, client: str)
         return error_response(400, f"file: {exc}", "invalid_audio", "file")
     except NoDecoder as exc:
         return error_response(501, str(exc), "not_implemented")
-    refusal = _refusal(state, client)
+    refusal = admit(state, client)
     if refusal is not None:
         return refusal
     request = Request(audio=AudioInput(pcm16, DECODE_RATE_HZ), options={"task": TASK})
@@ -135,9 +135,9 @@ async def transcriptions(state: ServerState, form: Any, files: Any, client: str)
             async for item in stream:
                 if isinstance(item, Event) and item.name == "transcript":
                     texts.append(str(item.data.get("text", "")))
-    except (Overloaded, PipelineClosed) as exc:  # admitted after _refusal looked: a race
+    except (Overloaded, PipelineClosed) as exc:  # admitted after admit() looked: a race
         log.done("failed")
-        return _overloaded(state, "overloaded" if isinstance(exc, Overloaded) else "draining")
+        return refused(state, exc)
     except ShareExceeded as exc:
         log.done("failed")
         return over_share(state, exc)
@@ -151,6 +151,30 @@ async def transcriptions(state: ServerState, form: Any, files: Any, client: str)
     body: dict[str, Any] = {"text": text}
     if response_format == "verbose_json":
         duration_s = len(pcm16) / 2 / DECODE_RATE_HZ
-        language = fields.language or "en"
-        body = {"task": "transcribe", "language": language, "duration": duration_s, "text": text}
+        # One segment: the stage reports the utterance's text, not Whisper's segments.
+        segment = {"id": 0, "seek": 0, "start": 0.0, "end": duration_s, "text": text}
+        body = {
+            "task": "transcribe",
+            "language": language,
+            "duration": duration_s,
+            "text": text,
+            "segments": [segment] if text else [],
+        }
     return Response(json.dumps(body), mimetype="application/json")
+
+
+def _form_fields(form: Any) -> dict[str, object]:
+    """A multipart form as model fields: ``name[]`` (repeated) as the list ``name``, and
+    ``name[key]`` as the object ``name`` (the SDK's encoding of lists and objects)."""
+    fields: dict[str, object] = {}
+    for key in form:
+        name, _, rest = key.partition("[")
+        if rest == "]":
+            fields[name] = form.getlist(key)
+        elif rest:
+            inner = fields.setdefault(name, {})
+            if isinstance(inner, dict):
+                inner[rest.rstrip("]")] = form.get(key)
+        else:
+            fields[key] = form.get(key)
+    return fields
