@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from omnitrio import resample_float
@@ -128,3 +129,30 @@ def _voice() -> PiperTts:
     from stages.voice.tts import PiperTts
 
     return PiperTts("question voice")
+
+
+def paused_speech(question: str, folder: Path, *, pause_s: float, voice: str = "piper") -> bytes:
+    """The question said whole (its prosody runs on through the pause, as a person's
+    does), with ``pause_s`` of silence inserted where ``|`` stands in ``question``, and
+    the silence before and after the speech cut off; PCM16 at 24 kHz. The cut is the
+    quietest 10 ms within 0.2 s of where the first part ends when said alone."""
+    first, _, rest = question.partition("|")
+    whole = _trimmed(spoken(f"{first.strip()} {rest.strip()}", folder / "whole.wav", voice=voice))
+    if not rest:
+        return float_to_pcm16(whole)
+    alone = _trimmed(spoken(first.strip(), folder / "first.wav", voice=voice)).size
+    hop = INPUT_RATE_HZ // 100
+    low, high = max(0, alone - 20 * hop), min(whole.size - 3 * hop, alone + 20 * hop)
+    energy = [float(np.square(whole[i : i + 3 * hop]).mean()) for i in range(low, high, hop)]
+    cut = low + int(np.argmin(energy)) * hop + hop
+    pause = np.zeros(int(pause_s * INPUT_RATE_HZ), dtype=np.float32)
+    return float_to_pcm16(np.concatenate([whole[:cut], pause, whole[cut:]]))
+
+
+SILENCE_LEVEL = 0.01
+
+
+def _trimmed(pcm16: bytes) -> npt.NDArray[np.float32]:
+    samples = pcm16_to_float(pcm16)
+    loud = np.nonzero(np.abs(samples) > SILENCE_LEVEL)[0]
+    return samples[int(loud[0]) : int(loud[-1]) + 1]
