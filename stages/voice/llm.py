@@ -372,9 +372,8 @@ class SmolLM2(AutoregressiveStage):
         super().close_stream(stream_id)
 
     def close(self) -> None:
-        for turn in self.streams.values():
-            if turn.ct2 is not None:
-                turn.ct2.cancelled = True
+        if self.ct2 is not None:
+            self.ct2.close([t.ct2 for t in self.streams.values() if t.ct2 is not None])
         super().close()
 
     def _prefill(self, turn: _Turn) -> int:

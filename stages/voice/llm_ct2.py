@@ -98,11 +98,12 @@ class Ct2Runtime:
     ) -> Ct2Answer:
         """Start generating (returns at once); tokens arrive in the answer's ``arrived``."""
         answer = Ct2Answer()
+        condition = self._arrived  # not self: a worker thread must never drop the generator
 
         def arrived(step: ctranslate2.GenerationStepResult) -> bool:
-            with self._arrived:
+            with condition:
                 answer.arrived.append((step.token_id, step.is_last))
-                self._arrived.notify_all()
+                condition.notify_all()
             return answer.cancelled  # True stops the generation
 
         sampling = (
@@ -141,3 +142,11 @@ class Ct2Runtime:
             tokens = list(answer.arrived)
             answer.arrived.clear()
         return tokens
+
+    def close(self, answers: Sequence[Ct2Answer]) -> None:
+        """Stop ``answers`` (still generating or not) and wait until they have stopped."""
+        for answer in answers:
+            answer.cancelled = True
+        for answer in answers:
+            if answer.result is not None:
+                answer.result.result()
