@@ -135,7 +135,9 @@ def paused_speech(question: str, folder: Path, *, pause_s: float, voice: str = "
     """The question said whole (its prosody runs on through the pause, as a person's
     does), with ``pause_s`` of silence inserted where ``|`` stands in ``question``, and
     the silence before and after the speech cut off; PCM16 at 24 kHz. The cut is the
-    quietest 10 ms within 0.2 s of where the first part ends when said alone."""
+    quietest 10 ms within 0.2 s of where the first part ends when said alone; the
+    reading's own quiet there counts toward the pause, so the speech stops for
+    ``pause_s`` (below ``SILENCE_LEVEL``), as long as that quiet is not longer."""
     first, _, rest = question.partition("|")
     whole = _trimmed(spoken(f"{first.strip()} {rest.strip()}", folder / "whole.wav", voice=voice))
     if not rest:
@@ -145,7 +147,13 @@ def paused_speech(question: str, folder: Path, *, pause_s: float, voice: str = "
     low, high = max(0, alone - 20 * hop), min(whole.size - 3 * hop, alone + 20 * hop)
     energy = [float(np.square(whole[i : i + 3 * hop]).mean()) for i in range(low, high, hop)]
     cut = low + int(np.argmin(energy)) * hop + hop
-    pause = np.zeros(int(pause_s * INPUT_RATE_HZ), dtype=np.float32)
+    quiet = np.abs(whole) <= SILENCE_LEVEL
+    start, end = cut, cut
+    while start > 0 and quiet[start - 1]:
+        start -= 1
+    while end < whole.size and quiet[end]:
+        end += 1
+    pause = np.zeros(max(0, int(pause_s * INPUT_RATE_HZ) - (end - start)), dtype=np.float32)
     return float_to_pcm16(np.concatenate([whole[:cut], pause, whole[cut:]]))
 
 
