@@ -5,6 +5,7 @@ Usage (from the repository root; needs `scripts/setup dev,voice`)::
 
     python benchmarks/voice_latency.py [--levels 1,2,4] [--turns 20] [--json out.json]
         [--checkout DIR] [--voice piper|espeak] [--questions latency|paused] [--pause-s 0.4]
+        [--config FILE]
 
 ``--checkout DIR`` serves another checkout of omnitrio (e.g. a ``git worktree`` of
 an older commit) with this client, for before/after figures from one session.
@@ -347,8 +348,10 @@ def report(levels: list[Level]) -> str:
     return "\n".join(lines)
 
 
-def start_server(log_path: Path, checkout: Path) -> tuple[subprocess.Popen[bytes], str]:
-    command = [sys.executable, "-m", "omnitrio._cli", "--log-level", "WARNING", "run"]
+def start_server(
+    log_path: Path, checkout: Path, extra: list[str]
+) -> tuple[subprocess.Popen[bytes], str]:
+    command = [sys.executable, "-m", "omnitrio._cli", "--log-level", "WARNING", "run", *extra]
     with log_path.open("wb") as log:
         server = subprocess.Popen(
             [*command, "--port", "0"],
@@ -377,13 +380,16 @@ def main() -> None:
     parser.add_argument("--voice", choices=("piper", "espeak"), default="piper")
     parser.add_argument("--questions", choices=tuple(QUESTION_SETS), default="latency")
     parser.add_argument("--pause-s", type=float, default=0.4, help="a mid-sentence pause")
+    parser.add_argument("--config", type=Path, help="serve this config, not the default")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         voices = {
             q: speech(q, Path(scratch), args.voice, args.pause_s)
             for q in QUESTION_SETS[args.questions]
         }
-        server, base_url = start_server(Path(scratch) / "server.log", args.checkout.resolve())
+        extra = ["--config", str(args.config.resolve())] if args.config else []
+        log = Path(scratch) / "server.log"
+        server, base_url = start_server(log, args.checkout.resolve(), extra)
         try:
             levels = [
                 trio.run(run_level, base_url, int(n), args.turns, voices)

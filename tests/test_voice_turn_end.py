@@ -37,7 +37,7 @@ def _stops(vad: object, pcm16: bytes, options: dict[str, object] | None = None) 
 def vads() -> tuple[object, object]:
     from stages.voice.vad import SileroVad
 
-    return SileroVad("vad", smart_turn=True), SileroVad("vad")
+    return SileroVad("vad", smart_turn="all"), SileroVad("vad")
 
 
 def test_a_finished_sentence_ends_the_turn_at_the_decision_time(
@@ -70,12 +70,27 @@ def test_a_turn_heard_as_unfinished_ends_at_the_latest_after_max_silence(
 ) -> None:
     from stages.voice.vad import SileroVad
 
-    vad = SileroVad("vad", smart_turn=True, smart_turn_threshold=0.999, max_silence_ms=1000)
+    vad = SileroVad("vad", smart_turn="all", smart_turn_threshold=0.999, max_silence_ms=1000)
     speech = paused_speech("Tell me a story about a dragon.", tmp_path, pause_s=0.0)
     speech_end_ms = len(speech) * 1000 // (2 * INPUT_RATE_HZ) + 500
     (stop,) = _stops(vad, _silence(0.5) + speech + _silence(3.0))
     assert speech_end_ms + 1000 <= stop <= speech_end_ms + 1000 + 200
     assert vad.turn_ends == {"finished": 0, "unfinished": 1}
+
+
+def test_with_smart_turn_semantic_only_an_eagerness_stream_waits(tmp_path: Path) -> None:
+    from stages.voice.vad import SileroVad
+
+    vad = SileroVad("vad", smart_turn="semantic", smart_turn_threshold=0.999)
+    speech = paused_speech("Tell me a story about a dragon.", tmp_path, pause_s=0.0)
+    speech_end_ms = len(speech) * 1000 // (2 * INPUT_RATE_HZ) + 500
+    audio = _silence(0.5) + speech + _silence(3.0)
+    (server_vad,) = _stops(vad, audio)  # silence alone: 500 ms
+    (semantic,) = _stops(vad, audio, {"eagerness": "medium"})  # heard as unfinished: 2 s
+    assert speech_end_ms + 500 <= server_vad <= speech_end_ms + 600
+    assert speech_end_ms + 2000 <= semantic <= speech_end_ms + 2200
+    with pytest.raises(ValueError, match="smart_turn must be one of"):
+        SileroVad("vad", smart_turn="yes")
 
 
 def test_eagerness_picks_the_times_and_a_wrong_one_is_refused(tmp_path: Path) -> None:

@@ -14,15 +14,17 @@ stream's first sample. A stream's request options ``threshold``,
 (the Realtime session's turn_detection settings). The server turns them into the Realtime API's
 server_vad events (see omnitrio/server/_turns.py).
 
-Semantic end of turn (the Realtime API's semantic_vad): with param ``smart_turn``
-on, or for a stream with option ``eagerness``, Smart Turn (smart_turn.py) hears
+Semantic end of turn (the Realtime API's semantic_vad): param ``smart_turn`` is
+``off`` (the model is not loaded), ``semantic`` (streams with option ``eagerness``,
+what semantic_vad maps to) or ``all`` (server_vad streams too). For those streams
+Smart Turn (smart_turn.py) hears
 the turn's last 8 s when the silence reaches the decision time, and the turn ends
 there only if it sounds finished (probability >= ``smart_turn_threshold``);
 otherwise it asks again every ``recheck_ms`` of silence, and the turn ends at the
 latest after ``max_silence_ms``. The decision time is the stream's
 ``silence_duration_ms`` (server_vad), or for ``eagerness`` (low, medium, auto,
-high) the one in ``EAGERNESS_MS``, which also gives the latest end. Without a model
-(``smart_turn`` off), ``eagerness`` only picks the silence time.
+high) the one in ``EAGERNESS_MS``, which also gives the latest end. With
+``smart_turn: off``, ``eagerness`` only picks the silence time.
 
 Batching: every step runs one ONNX call per 32 ms window position over all
 streams that have a window ready, each with its own recurrent state
@@ -56,6 +58,7 @@ CONTEXT_SAMPLES = 64
 STATE_SHAPE = (2, 1, 128)
 MAX_EVENTS_PER_STEP = 8  # speech events one step may send a session
 KEEP_SAMPLES = 8 * VAD_RATE_HZ  # what Smart Turn hears
+SMART_TURN_MODES = ("off", "semantic", "all")
 EAGERNESS_MS: dict[str, tuple[int, int]] = {
     "high": (300, 1000),  # (the first decision, the latest end), ms of silence
     "medium": (500, 2000),
@@ -111,7 +114,7 @@ class SileroVad:
         pause_ms: int | None = None,
         max_events_per_step: int = MAX_EVENTS_PER_STEP,
         num_threads: int = 1,
-        smart_turn: bool = False,
+        smart_turn: str = "off",
         smart_turn_threshold: float = 0.5,
         max_silence_ms: int = 2000,
         recheck_ms: int = 200,
@@ -145,7 +148,10 @@ class SileroVad:
             raise ValueError(
                 f"smart_turn_threshold must be between 0 and 1, got {smart_turn_threshold}"
             )
-        self.smart_turn = SmartTurn(num_threads=num_threads) if smart_turn else None
+        if smart_turn not in SMART_TURN_MODES:
+            raise ValueError(f"smart_turn must be one of {SMART_TURN_MODES}, not {smart_turn!r}")
+        self.smart_turn_mode = smart_turn
+        self.smart_turn = SmartTurn(num_threads=num_threads) if smart_turn != "off" else None
         self.smart_turn_threshold = smart_turn_threshold
         self.max_silence_ms = max_silence_ms
         self.recheck_windows = max(1, recheck_ms // self.window_ms)
@@ -171,7 +177,7 @@ class SileroVad:
         silence_windows = max(1, silence_ms // self.window_ms)
         resampler = StreamResampler(self.input_sample_rate_hz, VAD_RATE_HZ)
         track = _Track(float(threshold), silence_windows, padding_ms, resampler)
-        if self.smart_turn is not None:
+        if self.smart_turn is not None and (eagerness is not None or self.smart_turn_mode == "all"):
             track.max_silence_windows = max(silence_windows, max_silence_ms // self.window_ms)
         if self.pause_ms is not None:
             pause_windows = -(-self.pause_ms // self.window_ms)  # at least pause_ms
