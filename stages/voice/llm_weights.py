@@ -52,9 +52,12 @@ def ensure_converted(cache_dir: str | None, gguf: Path | None = None) -> Path:
     return folder
 
 
-def load_llm(model_path: str | None, cache_dir: str | None) -> tuple[PreTrainedModel, Tokenizer]:
+def load_llm(
+    model_path: str | None, cache_dir: str | None
+) -> tuple[PreTrainedModel, Tokenizer, Path]:
     """The model and tokenizer from ``model_path`` (a safetensors folder or a ``.gguf``
-    file; None: the packaged SmolLM2), converting a GGUF into the cache first if needed."""
+    file; None: the packaged SmolLM2), converting a GGUF into the cache first if needed;
+    and the safetensors folder they came from."""
     if model_path is None:
         folder = ensure_converted(cache_dir)
     elif model_path.endswith(".gguf"):
@@ -64,7 +67,7 @@ def load_llm(model_path: str | None, cache_dir: str | None) -> tuple[PreTrainedM
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model.eval()
-    return model, tokenizer
+    return model, tokenizer, folder
 
 
 def convert(gguf: Path, folder: Path) -> None:

@@ -10,13 +10,18 @@ Phonemes come from one long-lived espeak-ng process (phonemes.py: it is GPL,
 so it stays out of process). One step speaks at most one phrase per stream; the streams of a batch
 are synthesised one after another (Piper's ONNX graph returns no per-item
 lengths, so a padded batch could not be cut back apart).
+
+With param ``first_chunk_frames`` (null: off), an answer's first phrase is spoken
+in two steps (tts_stream.py): its first ``first_chunk_frames`` frames (~11.6 ms
+each at 22.05 kHz) go out as soon as they are made, the rest at the next step,
+so the answer starts playing before its first phrase is synthesised whole.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,8 +30,10 @@ import onnxruntime
 
 from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
 
+from .llm_weights import default_cache_dir
 from .phonemes import Espeak, VoiceSymbols, phoneme_ids
 from .phrases import PhraseSplitter
+from .tts_stream import SplitPhrase, SplitVoice
 from .voice_common import (
     INSTALL_HINT,
     Floats,
@@ -56,6 +63,8 @@ class _Speech:
     splitter: PhraseSplitter
     phrases: deque[str] = field(default_factory=deque)
     text_done: bool = False
+    spoken: int = 0  # phrases begun
+    rest: SplitPhrase | None = None  # a phrase whose first part is out
 
 
 class PiperTts:
@@ -78,6 +87,8 @@ class PiperTts:
         first_phrase_min_words: int | None = None,
         espeak_timeout_s: float = 5.0,
         num_threads: int = 1,
+        first_chunk_frames: int | None = None,
+        cache_dir: str | None = None,
     ) -> None:
         cpu_only(name, device)
         self.name = name
@@ -98,6 +109,21 @@ class PiperTts:
         self.first_phrase_max_words = first_phrase_max_words
         self.first_phrase_min_words = first_phrase_min_words
         self._speech: dict[str, _Speech] = {}
+        if first_chunk_frames is not None and first_chunk_frames < 1:
+            raise ValueError(
+                f"first_chunk_frames must be positive or null, got {first_chunk_frames}"
+            )
+        self.first_chunk_frames = first_chunk_frames
+        self._split = (
+            None
+            if first_chunk_frames is None
+            else SplitVoice(
+                onnx,
+                self.sample_rate_hz,
+                Path(cache_dir) if cache_dir else default_cache_dir(),
+                num_threads=num_threads,
+            )
+        )
         self.audio_s = 0.0  # audio made, for the real-time factor
         self.busy_s = 0.0
 
@@ -130,22 +156,59 @@ class PiperTts:
             rest = speech.splitter.flush()
             if rest:
                 speech.phrases.append(rest)
-        if not speech.phrases:
+        if speech.rest is not None:
+            samples = self._timed(self._rest, speech)
+        elif not speech.phrases:
             return StreamOutput(done=speech.text_done)
-        samples = self.synthesize(speech.phrases.popleft())
-        finished = speech.text_done and not speech.phrases
+        elif speech.spoken == 0 and self._split is not None:
+            samples = self._timed(self._first_part, speech)
+        else:
+            samples = self.synthesize(speech.phrases.popleft())
+            speech.spoken += 1
+        finished = speech.text_done and not speech.phrases and speech.rest is None
         chunk = AudioChunk(float_to_pcm16(samples), self.sample_rate_hz)
-        return StreamOutput(visible=(chunk,), more=bool(speech.phrases), done=finished)
+        more = bool(speech.phrases) or speech.rest is not None
+        return StreamOutput(visible=(chunk,), more=more, done=finished)
 
-    def synthesize(self, text: str) -> Floats:
-        """Float samples at ``sample_rate_hz`` for one phrase."""
+    def _first_part(self, speech: _Speech) -> Floats:
+        assert self._split is not None
+        assert self.first_chunk_frames is not None
+        phrase = self._split.front(*self._inputs(speech.phrases.popleft()))
+        speech.spoken += 1
+        samples = self._split.speak(phrase, self.first_chunk_frames)
+        speech.rest = phrase if phrase.next_frame < phrase.num_frames else None
+        return samples
+
+    def _rest(self, speech: _Speech) -> Floats:
+        assert self._split is not None
+        assert speech.rest is not None
+        samples = self._split.speak(speech.rest, speech.rest.num_frames)
+        speech.rest = None
+        return samples
+
+    def _timed(self, part: Callable[[_Speech], Floats], speech: _Speech) -> Floats:
         started = time.perf_counter()
+        samples = part(speech)
+        self.busy_s += time.perf_counter() - started
+        self.audio_s += samples.size / self.sample_rate_hz
+        return samples
+
+    def _inputs(self, text: str, *, noise: bool = True) -> tuple[np.ndarray, Floats]:
+        """The phrase's phoneme ids ([1, N]) and the voice's scales."""
         symbols = self.symbols
-        ipa = self._espeak.ipa(text)
-        ids = np.array([phoneme_ids(ipa, symbols)], dtype=np.int64)  # ids: [1, N]
+        ids = np.array([phoneme_ids(self._espeak.ipa(text), symbols)], dtype=np.int64)
         scales = np.array(
-            [symbols.noise_scale, symbols.length_scale, symbols.noise_w], dtype=np.float32
+            [symbols.noise_scale * noise, symbols.length_scale, symbols.noise_w * noise],
+            dtype=np.float32,
         )
+        return ids, scales
+
+    def synthesize(self, text: str, *, noise: bool = True) -> Floats:
+        """Float samples at ``sample_rate_hz`` for one phrase. Without ``noise`` (the
+        voice's sampled variation of sounds and durations), the same text always gives
+        the same audio."""
+        started = time.perf_counter()
+        ids, scales = self._inputs(text, noise=noise)  # ids: [1, N]
         inputs = {"input": ids, "input_lengths": np.array([ids.shape[1]]), "scales": scales}
         audio = self._session.run(None, inputs)[0]  # audio: [1, 1, T]
         samples = np.asarray(audio, dtype=np.float32).reshape(-1)

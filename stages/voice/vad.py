@@ -14,6 +14,18 @@ stream's first sample. A stream's request options ``threshold``,
 (the Realtime session's turn_detection settings). The server turns them into the Realtime API's
 server_vad events (see omnitrio/server/_turns.py).
 
+Semantic end of turn (the Realtime API's semantic_vad): param ``smart_turn`` is
+``off`` (the model is not loaded), ``semantic`` (streams with option ``eagerness``,
+what semantic_vad maps to) or ``all`` (server_vad streams too). For those streams
+Smart Turn (smart_turn.py) hears
+the turn's last 8 s when the silence reaches the decision time, and the turn ends
+there only if it sounds finished (probability >= ``smart_turn_threshold``);
+otherwise it asks again every ``recheck_ms`` of silence, and the turn ends at the
+latest after ``max_silence_ms``. The decision time is the stream's
+``silence_duration_ms`` (server_vad), or for ``eagerness`` (low, medium, auto,
+high) the one in ``EAGERNESS_MS``, which also gives the latest end. With
+``smart_turn: off``, ``eagerness`` only picks the silence time.
+
 Batching: every step runs one ONNX call per 32 ms window position over all
 streams that have a window ready, each with its own recurrent state
 (``state``: [2, B, 128]) and 64 samples of left context.
@@ -37,6 +49,7 @@ from omnitrio import (
     VisibleItem,
 )
 
+from .smart_turn import SmartTurn
 from .voice_common import INSTALL_HINT, Floats, cpu_only, package_dir, pcm16_to_float
 
 VAD_RATE_HZ = 16000
@@ -44,6 +57,14 @@ WINDOW_SAMPLES = 512  # 32 ms at 16 kHz, what the model takes
 CONTEXT_SAMPLES = 64
 STATE_SHAPE = (2, 1, 128)
 MAX_EVENTS_PER_STEP = 8  # speech events one step may send a session
+KEEP_SAMPLES = 8 * VAD_RATE_HZ  # what Smart Turn hears
+SMART_TURN_MODES = ("off", "semantic", "all")
+EAGERNESS_MS: dict[str, tuple[int, int]] = {
+    "high": (300, 1000),  # (the first decision, the latest end), ms of silence
+    "medium": (500, 2000),
+    "auto": (500, 2000),
+    "low": (800, 4000),
+}
 
 
 @dataclass
@@ -61,6 +82,8 @@ class _Track:
     silence_windows: int = 0  # consecutive silent windows while in speech
     pause_windows: int | None = None  # silent windows that make a pause; None: no pauses
     last_speech_end_ms: int = 0
+    max_silence_windows: int = 0  # Smart Turn's latest end; 0: no Smart Turn
+    recent: Floats = field(default_factory=lambda: np.zeros(0, np.float32))  # scored audio
 
 
 class SileroVad:
@@ -91,6 +114,10 @@ class SileroVad:
         pause_ms: int | None = None,
         max_events_per_step: int = MAX_EVENTS_PER_STEP,
         num_threads: int = 1,
+        smart_turn: str = "off",
+        smart_turn_threshold: float = 0.5,
+        max_silence_ms: int = 2000,
+        recheck_ms: int = 200,
     ) -> None:
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must be between 0 and 1, got {threshold}")
@@ -117,6 +144,18 @@ class SileroVad:
         self._tracks: dict[str, _Track] = {}
         self.num_windows_scored = 0
         self.num_model_calls = 0
+        if not 0.0 < smart_turn_threshold < 1.0:
+            raise ValueError(
+                f"smart_turn_threshold must be between 0 and 1, got {smart_turn_threshold}"
+            )
+        if smart_turn not in SMART_TURN_MODES:
+            raise ValueError(f"smart_turn must be one of {SMART_TURN_MODES}, not {smart_turn!r}")
+        self.smart_turn_mode = smart_turn
+        self.smart_turn = SmartTurn(num_threads=num_threads) if smart_turn != "off" else None
+        self.smart_turn_threshold = smart_turn_threshold
+        self.max_silence_ms = max_silence_ms
+        self.recheck_windows = max(1, recheck_ms // self.window_ms)
+        self.turn_ends: dict[str, int] = {"finished": 0, "unfinished": 0}  # Smart Turn's verdicts
 
     def open_stream(self, stream_id: str, request: Request) -> None:
         options = request.options
@@ -127,9 +166,19 @@ class SileroVad:
             raise ValueError(f"threshold must be between 0 and 1, got {threshold!r}")
         if not isinstance(silence_ms, int) or not isinstance(padding_ms, int):
             raise ValueError("silence_duration_ms and prefix_padding_ms must be integers")
+        eagerness = options.get("eagerness")
+        max_silence_ms = self.max_silence_ms
+        if eagerness is not None:
+            if eagerness not in EAGERNESS_MS:
+                raise ValueError(
+                    f"eagerness must be one of {sorted(EAGERNESS_MS)}, not {eagerness!r}"
+                )
+            silence_ms, max_silence_ms = EAGERNESS_MS[str(eagerness)]
         silence_windows = max(1, silence_ms // self.window_ms)
         resampler = StreamResampler(self.input_sample_rate_hz, VAD_RATE_HZ)
         track = _Track(float(threshold), silence_windows, padding_ms, resampler)
+        if self.smart_turn is not None and (eagerness is not None or self.smart_turn_mode == "all"):
+            track.max_silence_windows = max(silence_windows, max_silence_ms // self.window_ms)
         if self.pause_ms is not None:
             pause_windows = -(-self.pause_ms // self.window_ms)  # at least pause_ms
             if pause_windows < silence_windows:
@@ -175,6 +224,9 @@ class SileroVad:
         for index, track in enumerate(tracks):
             track.state = new_state[:, index : index + 1, :]
             track.context = audio[index, -CONTEXT_SAMPLES:]
+            if track.max_silence_windows:
+                window = audio[index, CONTEXT_SAMPLES:]
+                track.recent = np.concatenate([track.recent[-KEEP_SAMPLES + window.size :], window])
             track.pending = track.pending[WINDOW_SAMPLES:]
             track.num_windows += 1
         self.num_windows_scored += len(tracks)
@@ -202,7 +254,21 @@ class SileroVad:
         track.silence_windows += 1
         if track.silence_windows == track.pause_windows:
             return Event("speech_paused", {"audio_end_ms": track.last_speech_end_ms})
-        if track.silence_windows < track.silence_windows_to_stop:
+        if track.silence_windows < track.silence_windows_to_stop or not self._turn_ends(track):
             return None
         track.in_speech, track.speech_windows = False, 0
         return Event("speech_stopped", {"audio_end_ms": track.last_speech_end_ms})
+
+    def _turn_ends(self, track: _Track) -> bool:
+        """Past the decision time: whether this much silence ends the turn (see the
+        module docstring)."""
+        if self.smart_turn is None or not track.max_silence_windows:
+            return True
+        if track.silence_windows >= track.max_silence_windows:
+            self.turn_ends["unfinished"] += 1
+            return True
+        if (track.silence_windows - track.silence_windows_to_stop) % self.recheck_windows:
+            return False
+        finished = self.smart_turn.probability_finished(track.recent) >= self.smart_turn_threshold
+        self.turn_ends["finished"] += finished
+        return finished

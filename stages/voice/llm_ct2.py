@@ -1,0 +1,152 @@
+"""The voice LLM's answers on CTranslate2 (int8 on the CPU), the stage's fast runtime.
+
+CTranslate2 is installed with faster-whisper and runs a decoder LM without a compile
+step. Decoding SmolLM2-135M takes ~21 ms per token on one thread against ~58 ms in
+torch bfloat16 (docs/models.md). The weights are converted once from the stage's
+safetensors folder into the omnitrio cache (~10 s, with a progress bar).
+
+Each answer is one asynchronous ``generate_batch`` call: CTranslate2 runs up to
+``num_workers`` of them at once, each on its own thread, so no conversation's
+answer waits for another's whole answer (a further one queues until a worker is
+free). Each token comes back through a callback into the answer's queue; the stage's
+step takes what has arrived. The system message is passed as the ``static_prompt``:
+CTranslate2 keeps its KV cache (per worker) and reuses it in every later answer with
+the same instructions.
+
+CTranslate2 has no hook to mask the logits, so turns that may call a tool (a
+grammar-constrained call) and turns with a ``seed`` stay on the stage's torch model.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ctranslate2
+from tqdm import tqdm
+
+from stages.kit import SamplingParams
+
+CACHE_SUFFIX = "-ct2-int8"
+
+
+def ensure_ct2(folder: Path, cache_root: Path) -> Path:
+    """The CTranslate2 int8 copy of the safetensors ``folder`` in ``cache_root``,
+    converted first if it is not there yet (atomically: a half-written copy is never
+    used)."""
+    target = cache_root / f"{folder.name}{CACHE_SUFFIX}"
+    if (target / "model.bin").is_file():
+        return target
+    from ctranslate2.converters import TransformersConverter
+
+    cache_root.mkdir(parents=True, exist_ok=True)
+    with (
+        tqdm(total=1, desc=f"converting {folder.name} to CTranslate2 int8 (once)") as bar,
+        tempfile.TemporaryDirectory(dir=cache_root, prefix=".convert-") as scratch,
+    ):
+        TransformersConverter(str(folder)).convert(scratch, quantization="int8", force=True)
+        os.replace(scratch, target)
+        os.makedirs(scratch)  # the context manager removes it again
+        bar.update()
+    return target
+
+
+@dataclass
+class Ct2Answer:
+    """One answer being generated. ``arrived`` is filled on CTranslate2's thread (under
+    the runtime's condition) and emptied by the stage's step."""
+
+    arrived: deque[tuple[int, bool]] = field(default_factory=deque)  # (token, is_last)
+    cancelled: bool = False
+    result: ctranslate2.AsyncGenerationResult | None = None
+
+    def failed(self) -> bool:
+        """Generation ended without its last token (an error: ``check`` raises it)."""
+        return self.result is not None and self.result.done() and not self.arrived
+
+    def check(self) -> None:
+        if self.result is not None and self.result.done():
+            self.result.result()  # raises the generation's error, if any
+
+
+class Ct2Runtime:
+    """The generator and the condition its callbacks signal."""
+
+    def __init__(self, folder: Path, *, num_workers: int, num_threads: int) -> None:
+        self.generator = ctranslate2.Generator(
+            str(folder),
+            device="cpu",
+            compute_type="int8",
+            inter_threads=num_workers,
+            intra_threads=num_threads,
+        )
+        self._arrived = threading.Condition()
+
+    def start(
+        self,
+        static_prompt: Sequence[str],
+        prompt: Sequence[str],
+        *,
+        max_new_tokens: int,
+        params: SamplingParams,
+        end_tokens: Sequence[int],
+    ) -> Ct2Answer:
+        """Start generating (returns at once); tokens arrive in the answer's ``arrived``."""
+        answer = Ct2Answer()
+        condition = self._arrived  # not self: a worker thread must never drop the generator
+
+        def arrived(step: ctranslate2.GenerationStepResult) -> bool:
+            with condition:
+                answer.arrived.append((step.token_id, step.is_last))
+                condition.notify_all()
+            return answer.cancelled  # True stops the generation
+
+        sampling = (
+            {"sampling_topk": 1}
+            if params.temperature == 0
+            else {
+                "sampling_topk": params.top_k,  # 0: the whole vocabulary
+                "sampling_topp": params.top_p,
+                "sampling_temperature": params.temperature,
+            }
+        )
+        (answer.result,) = self.generator.generate_batch(
+            [list(prompt)],
+            static_prompt=list(static_prompt) or None,
+            include_prompt_in_result=False,
+            max_length=max_new_tokens,
+            repetition_penalty=params.repetition_penalty,
+            end_token=list(end_tokens),
+            return_end_token=True,
+            callback=arrived,
+            asynchronous=True,
+            **sampling,
+        )
+        return answer
+
+    def wait_any(self, answers: Sequence[Ct2Answer], timeout_s: float) -> None:
+        """Return once one of ``answers`` has tokens waiting (or has failed), or after
+        ``timeout_s``."""
+        with self._arrived:
+            self._arrived.wait_for(
+                lambda: any(a.arrived or a.failed() for a in answers), timeout=timeout_s
+            )
+
+    def take(self, answer: Ct2Answer) -> list[tuple[int, bool]]:
+        with self._arrived:
+            tokens = list(answer.arrived)
+            answer.arrived.clear()
+        return tokens
+
+    def close(self, answers: Sequence[Ct2Answer]) -> None:
+        """Stop ``answers`` (still generating or not) and wait until they have stopped."""
+        for answer in answers:
+            answer.cancelled = True
+        for answer in answers:
+            if answer.result is not None:
+                answer.result.result()

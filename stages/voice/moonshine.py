@@ -1,0 +1,162 @@
+"""Moonshine base (English) speech recognition, run with onnxruntime.
+
+The weights ship inside the ``moonshine-cpp`` package as onnxruntime ``.ort`` files
+(``models/base-en``: an encoder, a decoder with its KV cache, a tokenizer). They are
+rewritten once as plain ``.onnx`` into the omnitrio cache (ort_to_onnx.py; a few
+seconds, with a progress bar): onnxruntime then expands the 8-bit weights once at
+load instead of on every decoder step. Param ``model_dir`` names another folder
+with the same three files (``.ort`` or ``.onnx``).
+
+Unlike Whisper, Moonshine's encoder takes the utterance as it is (no padding to
+30 s): a 2-second question costs a 2-second encoder pass. Decoding is greedy
+(start id 1, end id 2), at most ``max_tokens_per_s`` tokens per second of audio.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+from tqdm import tqdm
+
+from .llm_weights import default_cache_dir
+from .voice_common import INSTALL_HINT, Floats, existing_path, package_dir
+
+RATE_HZ = 16000
+START_ID = 1
+END_ID = 2
+PARTS = ("encoder_model", "decoder_model_merged")
+CACHE_FOLDER = "moonshine-base-en-onnx"
+MIN_SAMPLES = RATE_HZ // 10  # the encoder's convolutions need ~0.1 s
+
+
+def packaged_model_dir() -> Path:
+    """The ``.ort`` files inside the ``moonshine-cpp`` package."""
+    return package_dir("moonshine_cpp", INSTALL_HINT) / "models" / "base-en"
+
+
+def ensure_converted(cache_dir: str | None, source: Path | None = None) -> Path:
+    """The cache folder holding ``encoder_model.onnx``, ``decoder_model_merged.onnx`` and
+    ``tokenizer.bin`` converted from ``source`` (default: the packaged model), made first
+    if it is not there yet (atomically: a half-written folder is never used)."""
+    source = packaged_model_dir() if source is None else source
+    folder = (Path(cache_dir) if cache_dir else default_cache_dir()) / CACHE_FOLDER
+    if all((folder / f"{part}.onnx").is_file() for part in PARTS):
+        return folder
+    import onnx
+
+    from .ort_to_onnx import convert_ort_file
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with (
+        tqdm(total=len(PARTS), desc="converting Moonshine base .ort -> .onnx (once)") as bar,
+        tempfile.TemporaryDirectory(dir=folder.parent, prefix=".convert-") as scratch,
+    ):
+        for part in PARTS:
+            bar.set_postfix_str(part)
+            onnx.save(convert_ort_file(source / f"{part}.ort"), str(Path(scratch) / f"{part}.onnx"))
+            bar.update()
+        (Path(scratch) / "tokenizer.bin").write_bytes((source / "tokenizer.bin").read_bytes())
+        if folder.exists():
+            for stale in folder.iterdir():
+                stale.unlink()
+            folder.rmdir()
+        os.replace(scratch, folder)
+        os.makedirs(scratch)  # the context manager removes it again
+    return folder
+
+
+def read_tokenizer(path: Path) -> list[bytes]:
+    """``tokenizer.bin``: one entry per token id, each a length byte and that many bytes."""
+    data = path.read_bytes()
+    tokens: list[bytes] = []
+    at = 0
+    while at < len(data):
+        length = data[at]
+        tokens.append(data[at + 1 : at + 1 + length])
+        at += 1 + length
+    return tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFiles:
+    encoder: Path
+    decoder: Path
+    tokenizer: Path
+
+
+def model_files(model_dir: str | None, cache_dir: str | None) -> ModelFiles:
+    """The packaged model converted into the cache, or the files of param ``model_dir``."""
+    if model_dir is None:
+        folder = ensure_converted(cache_dir)
+        suffix = ".onnx"
+    else:
+        folder = existing_path("model_dir", model_dir, folder=True)
+        suffix = ".onnx" if (folder / f"{PARTS[0]}.onnx").is_file() else ".ort"
+    return ModelFiles(
+        existing_path("model_dir", str(folder / f"{PARTS[0]}{suffix}")),
+        existing_path("model_dir", str(folder / f"{PARTS[1]}{suffix}")),
+        existing_path("model_dir", str(folder / "tokenizer.bin")),
+    )
+
+
+class Moonshine:
+    """The model: ``transcribe`` 16 kHz float samples to text."""
+
+    def __init__(self, files: ModelFiles, *, num_threads: int = 1, max_tokens_per_s: float = 6.5):
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = num_threads
+        options.inter_op_num_threads = 1
+        providers = ["CPUExecutionProvider"]
+        self.encoder = onnxruntime.InferenceSession(str(files.encoder), options, providers)
+        self.decoder = onnxruntime.InferenceSession(str(files.decoder), options, providers)
+        self.tokens = read_tokenizer(files.tokenizer)
+        self.max_tokens_per_s = max_tokens_per_s
+        self._past = [i.name for i in self.decoder.get_inputs() if i.name.startswith("past_")]
+        outputs = [o.name for o in self.decoder.get_outputs()]
+        if outputs[1:] != [n.replace("past_key_values.", "present.") for n in self._past]:
+            raise ValueError(f"{files.decoder}: its cache outputs do not match its inputs")
+        heads, head_dim = (
+            self.decoder.get_inputs()[2].shape[1],
+            self.decoder.get_inputs()[2].shape[3],
+        )
+        self._empty = np.zeros((1, int(heads), 0, int(head_dim)), np.float32)
+
+    def token_ids(self, samples: Floats) -> list[int]:
+        """The greedy token ids of the utterance (without the start and end ids)."""
+        if samples.size < MIN_SAMPLES:
+            samples = np.pad(samples, (0, MIN_SAMPLES - samples.size))
+        (hidden,) = self.encoder.run(None, {"input_values": samples[None, :].astype(np.float32)})
+        limit = max(4, math.ceil(samples.size / RATE_HZ * self.max_tokens_per_s))
+        past = {name: self._empty for name in self._past}
+        ids: list[int] = []
+        token = START_ID
+        for step in range(limit):
+            feed = {
+                "input_ids": np.array([[token]], np.int64),
+                "encoder_hidden_states": hidden,  # hidden: [1, T, 416]
+                "use_cache_branch": np.array([step > 0]),
+                **past,
+            }
+            logits, *presents = self.decoder.run(None, feed)
+            for name, value in zip(self._past, presents, strict=True):
+                # The encoder's keys and values are computed at the first step only.
+                if step == 0 or ".decoder." in name:
+                    past[name] = value
+            token = int(np.argmax(logits[0, -1]))
+            if token == END_ID:
+                break
+            ids.append(token)
+        return ids
+
+    def text(self, ids: list[int]) -> str:
+        pieces = b"".join(self.tokens[i] for i in ids if 2 < i < len(self.tokens))
+        return pieces.decode("utf-8", errors="replace").replace("\u2581", " ").strip()
+
+    def transcribe(self, samples: Floats) -> str:
+        return self.text(self.token_ids(samples))
