@@ -48,7 +48,7 @@ def test_signals_stop_a_running_pipeline_cleanly(tmp_path: Path, signum: signal.
 def test_ray_address_applies_to_pipelines_with_ray_stages(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from omnitrio._cli import with_ray_address
+    from omnitrio._overrides import with_ray_address
 
     ray = omnitrio.load_config(REPO / "configs" / "synthetic-ray.yaml")
     assert with_ray_address(ray, "10.0.0.1:6379").pipeline.ray_address == "10.0.0.1:6379"
@@ -61,7 +61,7 @@ def test_ray_address_applies_to_pipelines_with_ray_stages(
 
 
 def test_model_path_names_one_stage_or_goes_to_one_checkpoint(tmp_path: Path) -> None:
-    from omnitrio._cli import with_model_path_arg
+    from omnitrio._overrides import with_model_path_arg
 
     voice = omnitrio.load_config(REPO / "configs" / "voice-chat.yaml")
     folder = tmp_path / "smollm2-360m"

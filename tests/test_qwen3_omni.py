@@ -25,7 +25,7 @@ from transformers import (  # noqa: E402
 )
 
 import omnitrio  # noqa: E402
-from omnitrio._cli import with_model_path  # noqa: E402
+from omnitrio._overrides import with_model_path  # noqa: E402
 from stages._torch_loading import WeightsError, load_pretrained  # noqa: E402
 from stages.qwen3_omni.code2wav import decode_window  # noqa: E402
 from stages.qwen3_omni.thinker import Qwen3OmniThinker  # noqa: E402
