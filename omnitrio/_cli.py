@@ -68,7 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not all(isinstance(e, OmnitrioError | ValueError | OSError) for e in leaves):
             raise
         for error in leaves:
-            print(f"omnitrio: {error}", file=sys.stderr)
+            for line in str(error).splitlines() or [type(error).__name__]:
+                print(f"omnitrio: {line}", file=sys.stderr)
+            if isinstance(error, ConfigError) and error.also:
+                print(
+                    f"omnitrio: {1 + len(error.also)} problems in {error.source}", file=sys.stderr
+                )
         return 2
     return 0
 

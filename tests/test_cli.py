@@ -33,6 +33,32 @@ def test_check_config_reports_errors(capsys: pytest.CaptureFixture[str], tmp_pat
     assert main(["check-config", str(REPO / "configs" / "synthetic.yaml")]) == 0
 
 
+def test_check_config_reports_every_problem_in_one_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "pipeline: {name: x, max_stream: 3}\n"
+        "stages:\n"
+        '  - {name: a, impl: "stages.synthetic:SyntheticStage", params: {step: 3}}\n'
+        '  - {name: b, impl: "stages.nowhere:Stage"}\n'
+        "edges:\n"
+        "  - {from: a, to: b, capacity: 0}\n"
+    )
+    assert main(["check-config", str(bad)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"omnitrio: {bad}: pipeline.max_stream: unknown key; remove it or fix its spelling",
+        f"omnitrio: {bad}: edges[0].capacity: input should be greater than or equal to 1; "
+        "fix the value",
+        f"omnitrio: {bad}: stages[0].params.step: stages.synthetic:SyntheticStage has no "
+        "parameter 'step'; known parameters: " + err[2].rpartition("known parameters: ")[2],
+        f"omnitrio: {bad}: stages[1].impl: cannot import 'stages.nowhere' (No module named "
+        "'stages.nowhere'); install it or fix the module path",
+        f"omnitrio: 4 problems in {bad}",
+    ]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signals_stop_a_running_pipeline_cleanly(tmp_path: Path, signum: signal.Signals) -> None:
     config = tmp_path / "long.yaml"
