@@ -137,8 +137,26 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
         yield exc
 
 
+# What --help shows: plain text (the module docstring is for readers of the code).
+DESCRIPTION = (
+    "omnitrio: streaming speech and omni-model pipelines on trio. Serve one over HTTP and "
+    "WebSocket with a voice-chat page, run prompts through one, measure one, check a config."
+)
+EXAMPLES = """examples:
+  omnitrio run                                  serve the voice chat, http://127.0.0.1:8000
+  omnitrio run --config configs/synthetic.yaml  serve the synthetic pipeline (no models)
+  omnitrio prompt --prompt hello --streams 4    run prompts in-process; print the output
+  omnitrio check-config FILE                    list every problem in a pipeline config
+  omnitrio COMMAND --help                       a command's options"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="omnitrio", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="omnitrio",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.add_argument("--version", action="version", version=f"omnitrio {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -184,7 +202,9 @@ def _parser() -> argparse.ArgumentParser:
             " else a local Ray instance started with the pipeline)",
         )
     bench.add_parser(commands)
-    check = commands.add_parser("check-config", help="validate a pipeline config")
+    check = commands.add_parser(
+        "check-config", help="validate a pipeline config and name every problem in it"
+    )
     check.add_argument("config", type=Path)
     tiny = commands.add_parser(
         "make-tiny-model", help="write a tiny random-init checkpoint (for tests and demos)"

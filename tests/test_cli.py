@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 import signal
 from pathlib import Path
 
@@ -31,6 +33,26 @@ def test_check_config_reports_errors(capsys: pytest.CaptureFixture[str], tmp_pat
     assert main(["check-config", str(bad)]) == 2
     assert f"omnitrio: {bad}: stages: needs at least 1 entry; add one" in capsys.readouterr().err
     assert main(["check-config", str(REPO / "configs" / "synthetic.yaml")]) == 0
+
+
+def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    # --help is read in a terminal: no reStructuredText (``code``, :class:) in it,
+    # for the command or any subcommand.
+    from omnitrio._cli import _parser
+
+    parser = _parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {"omnitrio": parser.format_help()}
+    helps |= {name: sub.format_help() for name, sub in commands.choices.items()}
+    assert set(helps) >= {"omnitrio", "run", "prompt", "bench", "check-config"}
+    for name, text in helps.items():
+        assert "``" not in text, f"{name} --help:\n{text}"
+        assert not re.search(r":(class|func|meth|mod|attr):", text), f"{name} --help:\n{text}"
+    assert "omnitrio run" in helps["omnitrio"]  # the examples
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == helps["omnitrio"]
 
 
 def test_check_config_reports_every_problem_in_one_run(
