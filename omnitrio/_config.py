@@ -143,36 +143,79 @@ def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
 
 
 def parse_config(data: object, *, source: str = "<in-code config>") -> PipelineConfig:
-    """Validate an already-parsed config mapping. Raises ``ConfigError``."""
+    """Validate an already-parsed config mapping. Raises ``ConfigError`` naming every
+    problem found (``ConfigError.also``), not only the first."""
     if not isinstance(data, Mapping):
         raise ConfigError(
             source, "<top>", "a config must be a mapping with pipeline, stages, edges"
         )
+    problems: list[ConfigError] = []
     if "source" in data:
-        raise ConfigError(source, "source", "unknown key; remove it")
+        problems.append(ConfigError(source, "source", "unknown key; remove it"))
     if "edges" in data and data["edges"] is None:
         data = {**data, "edges": ()}  # `edges:` left empty in YAML
     try:
         config = PipelineConfig.model_validate({**data, "source": source})
     except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        raise ConfigError(source, _key(first["loc"]), _problem(first)) from None
-    _check_graph(config)
+        problems += [ConfigError(source, _key(e["loc"]), _problem(e)) for e in exc.errors()]
+        # The stage entries that are well formed on their own are checked still.
+        for key, entry in _stage_entries(data):
+            try:
+                spec = StageSpec.model_validate(entry)
+            except pydantic.ValidationError:
+                continue  # its problems are listed above
+            problems += _stage_problems(spec, source, key)
+        raise ConfigError.of_all(problems) from None
+    problems += _graph_problems(config)
     for index, spec in enumerate(config.stages):
-        _check_stage(config, spec, f"stages[{index}]", on_chain=True)
+        problems += _stage_problems(spec, source, f"stages[{index}]", config=config)
     if config.turn_detection is not None:
-        _check_stage(config, config.turn_detection, "turn_detection", on_chain=False)
+        problems += _stage_problems(
+            config.turn_detection, source, "turn_detection", config=config, on_chain=False
+        )
+    if problems:
+        raise ConfigError.of_all(problems)
     return config.model_copy(update={"stages": _chain_order(config)})
 
 
-def _check_stage(config: PipelineConfig, spec: StageSpec, key: str, *, on_chain: bool) -> None:
-    params = _check_impl(spec, config.source, key)
-    _check_placement(spec, config.source, key)
-    factory = resolve_impl(spec.impl, config.source, f"{key}.impl")
-    limits = _declared_limits(factory, params, config.source, key)
-    if limits is not None:
-        payloads = limits.max_payloads_per_step if on_chain else 0
-        check_stage_limits(config, spec.name, payloads, limits.max_visible_per_step)
+def _stage_entries(data: Mapping[Any, Any]) -> list[tuple[str, object]]:
+    """The raw stage entries of a config mapping, each with its key."""
+    stages = data.get("stages")
+    entries: list[tuple[str, object]] = []
+    if isinstance(stages, list | tuple):
+        entries += [(f"stages[{index}]", entry) for index, entry in enumerate(stages)]
+    if data.get("turn_detection") is not None:
+        entries.append(("turn_detection", data["turn_detection"]))
+    return entries
+
+
+def _stage_problems(
+    spec: StageSpec,
+    source: str,
+    key: str,
+    *,
+    config: PipelineConfig | None = None,
+    on_chain: bool = True,
+) -> list[ConfigError]:
+    """What is wrong with one stage entry: its impl, its params, its placement, and
+    (given the valid ``config`` around it) its per-step limits against the capacities."""
+    problems = _placement_problems(spec, source, key)
+    try:
+        factory = resolve_impl(spec.impl, source, f"{key}.impl")
+    except ConfigError as error:
+        return [error, *problems]
+    params, param_problems = _checked_params(spec, factory, source, key)
+    problems = [*param_problems, *problems]
+    if param_problems:
+        return problems
+    try:
+        limits = _declared_limits(factory, params, source, key)
+    except ConfigError as error:
+        return [*problems, error]
+    if limits is not None and config is not None:
+        payloads = limits.max_payloads_per_step if on_chain else 0  # a side stage's go nowhere
+        problems += stage_limit_problems(config, spec.name, payloads, limits.max_visible_per_step)
+    return problems
 
 
 def _key(loc: tuple[int | str, ...]) -> str:
@@ -197,53 +240,55 @@ def _problem(error: Mapping[str, Any]) -> str:
     return f"{error['msg'].lower()}; fix the value"
 
 
-def _check_graph(config: PipelineConfig) -> None:
+def _graph_problems(config: PipelineConfig) -> list[ConfigError]:
+    problems: list[ConfigError] = []
+
+    def problem(key: str, text: str) -> None:
+        problems.append(ConfigError(config.source, key, text))
+
     names = [s.name for s in config.stages]
     for index, name in enumerate(names):
         if names.index(name) != index:
-            raise ConfigError(
-                config.source, f"stages[{index}].name", f"duplicate stage name {name!r}; rename it"
-            )
+            problem(f"stages[{index}].name", f"duplicate stage name {name!r}; rename it")
     seen_sources: set[str] = set()
     seen_targets: set[str] = set()
+    ends_known = True
     for index, edge in enumerate(config.edges):
         for end, key in ((edge.source, "from"), (edge.target, "to")):
             if end not in names:
-                raise ConfigError(
-                    config.source,
+                ends_known = False
+                problem(
                     f"edges[{index}].{key}",
                     f"no stage named {end!r}; stages are {', '.join(names)}",
                 )
         if edge.source in seen_sources:
-            raise ConfigError(
-                config.source,
+            problem(
                 f"edges[{index}].from",
                 f"stage {edge.source!r} already has an outgoing edge; pipelines are chains, "
                 "so give each stage at most one",
             )
         if edge.target in seen_targets:
-            raise ConfigError(
-                config.source,
+            problem(
                 f"edges[{index}].to",
                 f"stage {edge.target!r} already has an incoming edge; pipelines are chains, "
                 "so give each stage at most one",
             )
         seen_sources.add(edge.source)
         seen_targets.add(edge.target)
+    if not ends_known:
+        return problems  # the chain's shape follows once every edge names a stage
     heads = [n for n in names if n not in seen_targets]
     if not heads:
-        raise ConfigError(
-            config.source, "edges", "the edges form a cycle; remove the edge into the first stage"
-        )
-    if len(heads) > 1:
+        problem("edges", "the edges form a cycle; remove the edge into the first stage")
+    elif len(heads) > 1:
         loose = heads[1]
         previous = names[names.index(loose) - 1]
-        raise ConfigError(
-            config.source,
+        problem(
             "edges",
             f"stage {loose!r} is not on the chain from the first stage; "
             f"add an edge {{from: {previous}, to: {loose}}}",
         )
+    return problems
 
 
 def _chain_order(config: PipelineConfig) -> tuple[StageSpec, ...]:
@@ -266,29 +311,30 @@ def _chain_order(config: PipelineConfig) -> tuple[StageSpec, ...]:
     return tuple(ordered)
 
 
-def _check_impl(spec: StageSpec, source: str, key: str) -> dict[str, Any] | None:
+def _checked_params(
+    spec: StageSpec, factory: Any, source: str, key: str
+) -> tuple[dict[str, Any] | None, list[ConfigError]]:
     """The stage's params with its constructor's defaults filled in (None if the
-    constructor cannot be introspected). Raises ``ConfigError`` for unknown or missing
-    ones."""
-    factory = resolve_impl(spec.impl, source, f"{key}.impl")
+    constructor cannot be introspected), and the problems with them: unknown ones,
+    missing ones."""
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):
-        return None  # not introspectable: the stage checks its own parameters when it loads
+        return None, []  # not introspectable: the stage checks its own parameters when it loads
+    problems: list[ConfigError] = []
+
+    def problem(param: str, text: str) -> None:
+        problems.append(ConfigError(source, f"{key}.params.{param}", text))
+
     parameters = signature.parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     known = [n for n in parameters if n not in ("name", "device")]
     for param in spec.params:
         if param in ("name", "device"):
-            raise ConfigError(
-                source,
-                f"{key}.params.{param}",
-                f"{param!r} is set by the stage entry itself; move it out of params",
-            )
-        if not takes_any and param not in parameters:
-            raise ConfigError(
-                source,
-                f"{key}.params.{param}",
+            problem(param, f"{param!r} is set by the stage entry itself; move it out of params")
+        elif not takes_any and param not in parameters:
+            problem(
+                param,
                 f"{spec.impl} has no parameter {param!r}; known parameters: "
                 + (", ".join(known) or "none"),
             )
@@ -298,17 +344,13 @@ def _check_impl(spec: StageSpec, source: str, key: str) -> dict[str, Any] | None
             inspect.Parameter.KEYWORD_ONLY,
         )
         if required and pname not in ("name", "device") and pname not in spec.params:
-            raise ConfigError(
-                source,
-                f"{key}.params.{pname}",
-                f"{spec.impl} requires parameter {pname!r}; add it under params",
-            )
+            problem(pname, f"{spec.impl} requires parameter {pname!r}; add it under params")
     defaults = {
         n: p.default
         for n, p in parameters.items()
         if p.default is not inspect.Parameter.empty and n not in ("name", "device")
     }
-    return {**defaults, **spec.params}
+    return {**defaults, **spec.params}, problems
 
 
 def _declared_limits(
@@ -339,22 +381,17 @@ def _declared_limits(
     return StepLimits.of_attributes(factory)
 
 
-def _check_placement(spec: StageSpec, source: str, key: str) -> None:
-    if spec.placement == "thread":
-        if spec.resources is not None:
-            raise ConfigError(
-                source,
-                f"{key}.resources",
-                "resources apply to placement: ray only; set placement: ray or remove them",
-            )
-        return
-    if importlib.util.find_spec("ray") is None:
-        raise ConfigError(
-            source,
-            f"{key}.placement",
+def _placement_problems(spec: StageSpec, source: str, key: str) -> list[ConfigError]:
+    if spec.placement == "thread" and spec.resources is not None:
+        problem = "resources apply to placement: ray only; set placement: ray or remove them"
+        return [ConfigError(source, f"{key}.resources", problem)]
+    if spec.placement == "ray" and importlib.util.find_spec("ray") is None:
+        problem = (
             "ray is not installed; install the ray extra (pip install 'omnitrio[ray]') "
-            "or use placement: thread",
+            "or use placement: thread"
         )
+        return [ConfigError(source, f"{key}.placement", problem)]
+    return []
 
 
 def uses_ray(config: PipelineConfig) -> bool:
@@ -388,18 +425,33 @@ def check_stage_limits(
     class declares (``_declared_limits``), and by ``open_pipeline`` as each stage loads
     for the loaded object's own (they may follow its parameters), before any stream
     runs. Raises ``ConfigError`` naming the stage and the key to raise."""
+    problems = stage_limit_problems(config, stage, max_payloads_per_step, max_visible_per_step)
+    if problems:
+        raise ConfigError.of_all(problems)
+
+
+def stage_limit_problems(
+    config: PipelineConfig, stage: str, max_payloads_per_step: int, max_visible_per_step: int
+) -> list[ConfigError]:
+    """What ``check_stage_limits`` raises, as a list (empty: the capacities fit)."""
+    problems: list[ConfigError] = []
     edge = config.edge_from(stage)
     if edge is not None and max_payloads_per_step > edge.capacity:
-        raise ConfigError(
-            config.source,
-            f"edges[from={stage}].capacity",
-            f"{edge.capacity} is below stage {stage!r} max_payloads_per_step="
-            f"{max_payloads_per_step}; raise the capacity",
+        problems.append(
+            ConfigError(
+                config.source,
+                f"edges[from={stage}].capacity",
+                f"{edge.capacity} is below stage {stage!r} max_payloads_per_step="
+                f"{max_payloads_per_step}; raise the capacity",
+            )
         )
     if max_visible_per_step > config.pipeline.client_capacity:
-        raise ConfigError(
-            config.source,
-            "pipeline.client_capacity",
-            f"{config.pipeline.client_capacity} is below stage {stage!r} max_visible_per_step="
-            f"{max_visible_per_step}; raise it",
+        problems.append(
+            ConfigError(
+                config.source,
+                "pipeline.client_capacity",
+                f"{config.pipeline.client_capacity} is below stage {stage!r} "
+                f"max_visible_per_step={max_visible_per_step}; raise it",
+            )
         )
+    return problems

@@ -2,23 +2,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class OmnitrioError(Exception):
     """Base class of every error omnitrio raises on purpose."""
 
 
 class ConfigError(OmnitrioError):
-    """A pipeline config is invalid. The message names the file, the key and the fix."""
+    """A pipeline config is invalid. The message names the file, the key and the fix.
 
-    def __init__(self, source: str, key: str, problem: str) -> None:
+    A config is checked whole: ``also`` holds the other problems found in the same
+    file (each a ``ConfigError`` of its own), so one run names them all; the message
+    has one ``FILE: KEY: problem`` line for each."""
+
+    def __init__(
+        self, source: str, key: str, problem: str, also: Sequence[ConfigError] = ()
+    ) -> None:
         self.source = source
         self.key = key
         self.problem = problem
-        super().__init__(f"{source}: {key}: {problem}")
+        self.also = tuple(also)
+        lines = [f"{source}: {key}: {problem}", *(str(e) for e in self.also)]
+        super().__init__("\n".join(lines))
 
-    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str, str]]:
+    @classmethod
+    def of_all(cls, problems: Sequence[ConfigError]) -> ConfigError:
+        """One error for ``problems`` (at least one): the first, with the rest as ``also``."""
+        first, *rest = problems
+        return cls(first.source, first.key, first.problem, (*first.also, *rest))
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[ConfigError], tuple[str, str, str, tuple[ConfigError, ...]]]:
         # Raised in a Ray-placed stage's process too: it pickles by its fields.
-        return (ConfigError, (self.source, self.key, self.problem))
+        return (ConfigError, (self.source, self.key, self.problem, self.also))
 
 
 class Overloaded(OmnitrioError):

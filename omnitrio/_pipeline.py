@@ -352,6 +352,14 @@ async def open_pipeline(config: PipelineConfig | str | os.PathLike[str]) -> Asyn
     are cancelled and worker threads joined; this returns within
     ``pipeline.shutdown_timeout_s`` even if producers sit on full channels. A
     stage still stuck in a step past that deadline is logged with its streams.
+
+    While any pipeline is open it changes process-wide settings, and puts them back
+    when the last one closes: it runs a full collection, then ``gc.freeze()`` (what was
+    allocated until then is no longer scanned by the collector, so a collection does
+    not walk the loaded models on the trio thread), sets ``sys.setswitchinterval`` to
+    ``SWITCH_INTERVAL_S`` (0.5 ms instead of 5 ms: a thread holding the GIL keeps the
+    trio thread out for less), and adds a trio instrument (``max_trio_stall_s``).
+    Code sharing the process sees these too.
     """
     if not isinstance(config, PipelineConfig):
         config = load_config(config)

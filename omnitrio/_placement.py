@@ -11,61 +11,17 @@ a ``Plan`` over with ``submit`` and brings the ``Result`` back with one
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
-from typing import Protocol
 
-import outcome
 import trio
 
 from ._config import StageSpec
 from ._contract import Limits
-from ._runner import Plan, Result, StageRunner
+from ._placement_protocol import OnDone, Placement
+from ._placement_protocol import StageLost as StageLost  # re-exported: the actor catches it
+from ._runner import Plan, StageRunner
 from ._worker import WorkerThread
-
-OnDone = Callable[[outcome.Outcome[Result]], None]
-
-
-class StageLost(RuntimeError):
-    """The process that held the stage died (e.g. ``kill -9``): every stream the stage
-    held is gone with it. The placement brings the stage back (``restarting``)."""
-
-
-class Placement(Protocol):
-    """What an actor needs of the place its stage runs in."""
-
-    @property
-    def restarting(self) -> bool:
-        """The stage is being loaded again after ``StageLost``: out of service."""
-        ...
-
-    @property
-    def pid(self) -> int | None:
-        """The id of the process the stage runs in, if not this one."""
-        ...
-
-    @property
-    def num_payload_bytes_relayed(self) -> int:
-        """Bytes of edge payloads copied through this process to or from the stage
-        (0 for a thread: payloads never leave the process)."""
-        ...
-
-    async def load(self) -> Limits:
-        """Load the stage; raises ``StageLoadError`` (or ``ConfigError``)."""
-        ...
-
-    def submit(self, plan: Plan, on_done: OnDone) -> None:
-        """Execute ``plan``; ``on_done(outcome)`` runs later on the trio thread. Never blocks."""
-        ...
-
-    async def close(self, deadline: float) -> bool:
-        """Close every stream the stage holds, then the stage, until trio time
-        ``deadline`` (shielded). False if it did not finish in time."""
-        ...
-
-    def model_statistics(self) -> Mapping[str, float]:
-        """The stage's own figures (``stage_statistics()``), cheap, never blocking."""
-        ...
 
 
 class ThreadPlacement:

@@ -36,7 +36,7 @@ import trio
 
 from ._config import StageSpec
 from ._contract import Limits
-from ._placement import OnDone, StageLost
+from ._placement_protocol import OnDone, StageLost
 from ._runner import Plan, Result, StageRunner
 from ._stage import StreamOutput, StreamWork
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import signal
 import subprocess
@@ -214,3 +215,45 @@ async def collect(stream: omnitrio.Stream) -> list[omnitrio.VisibleItem]:
 
 def texts(items: Sequence[omnitrio.VisibleItem]) -> list[str]:
     return [i.text for i in items if isinstance(i, omnitrio.TextDelta)]
+
+
+class Announced:
+    """A ``trio.Event`` set when the runtime logs a message containing ``text`` for
+    stage ``stage`` (its log records carry ``extra={"stage": ...}`` or name it): what
+    a test waits on for a change the runtime only announces, e.g. "is back" after a
+    hung step returned or a Ray actor was restarted. Use as a context manager, entered
+    before the change can happen; it sets the event from whichever thread logs."""
+
+    def __init__(self, stage: str, text: str) -> None:
+        self.event = trio.Event()
+        self._stage = stage
+        self._text = text
+        self._token = trio.lowlevel.current_trio_token()
+        self._handler = logging.Handler()
+        self._handler.emit = self._emit  # type: ignore[method-assign]
+
+    def _emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        named = getattr(record, "stage", None) == self._stage or repr(self._stage) in message
+        if named and self._text in message:
+            self._token.run_sync_soon(self.event.set)
+
+    def __enter__(self) -> trio.Event:
+        logging.getLogger("omnitrio").addHandler(self._handler)
+        return self.event
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger("omnitrio").removeHandler(self._handler)
+
+
+async def wait_until_exited(pid: int) -> None:
+    """Until process ``pid`` (any process, not only a child) has exited: its pidfd
+    becomes readable then (Linux 5.3+). No polling."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return  # gone already
+    try:
+        await trio.lowlevel.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)

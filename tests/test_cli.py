@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 import signal
 from pathlib import Path
 
@@ -33,6 +35,52 @@ def test_check_config_reports_errors(capsys: pytest.CaptureFixture[str], tmp_pat
     assert main(["check-config", str(REPO / "configs" / "synthetic.yaml")]) == 0
 
 
+def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    # --help is read in a terminal: no reStructuredText (``code``, :class:) in it,
+    # for the command or any subcommand.
+    from omnitrio._cli import _parser
+
+    parser = _parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {"omnitrio": parser.format_help()}
+    helps |= {name: sub.format_help() for name, sub in commands.choices.items()}
+    assert set(helps) >= {"omnitrio", "run", "prompt", "bench", "check-config"}
+    for name, text in helps.items():
+        assert "``" not in text, f"{name} --help:\n{text}"
+        assert not re.search(r":(class|func|meth|mod|attr):", text), f"{name} --help:\n{text}"
+    assert "omnitrio run" in helps["omnitrio"]  # the examples
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == helps["omnitrio"]
+
+
+def test_check_config_reports_every_problem_in_one_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "pipeline: {name: x, max_stream: 3}\n"
+        "stages:\n"
+        '  - {name: a, impl: "stages.synthetic:SyntheticStage", params: {step: 3}}\n'
+        '  - {name: b, impl: "stages.nowhere:Stage"}\n'
+        "edges:\n"
+        "  - {from: a, to: b, capacity: 0}\n"
+    )
+    assert main(["check-config", str(bad)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"omnitrio: {bad}: pipeline.max_stream: unknown key; remove it or fix its spelling",
+        f"omnitrio: {bad}: edges[0].capacity: input should be greater than or equal to 1; "
+        "fix the value",
+        f"omnitrio: {bad}: stages[0].params.step: stages.synthetic:SyntheticStage has no "
+        "parameter 'step'; known parameters: " + err[2].rpartition("known parameters: ")[2],
+        f"omnitrio: {bad}: stages[1].impl: cannot import 'stages.nowhere' (No module named "
+        "'stages.nowhere'); install it or fix the module path",
+        f"omnitrio: 4 problems in {bad}",
+    ]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signals_stop_a_running_pipeline_cleanly(tmp_path: Path, signum: signal.Signals) -> None:
     config = tmp_path / "long.yaml"
@@ -48,7 +96,7 @@ def test_signals_stop_a_running_pipeline_cleanly(tmp_path: Path, signum: signal.
 def test_ray_address_applies_to_pipelines_with_ray_stages(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from omnitrio._cli import with_ray_address
+    from omnitrio._overrides import with_ray_address
 
     ray = omnitrio.load_config(REPO / "configs" / "synthetic-ray.yaml")
     assert with_ray_address(ray, "10.0.0.1:6379").pipeline.ray_address == "10.0.0.1:6379"
@@ -61,7 +109,7 @@ def test_ray_address_applies_to_pipelines_with_ray_stages(
 
 
 def test_model_path_names_one_stage_or_goes_to_one_checkpoint(tmp_path: Path) -> None:
-    from omnitrio._cli import with_model_path_arg
+    from omnitrio._overrides import with_model_path_arg
 
     voice = omnitrio.load_config(REPO / "configs" / "voice-chat.yaml")
     folder = tmp_path / "smollm2-360m"

@@ -156,6 +156,57 @@ def test_invalid_configs_name_file_key_and_fix(tmp_path: Path, text: str, messag
     assert str(caught.value).startswith(f"{path}: {message}")
 
 
+FOUR_PROBLEMS = """
+pipeline: {name: t, max_stream: 3}
+stages:
+  - {name: b, impl: "stages.synthetic:SyntheticStage", params: {outputs_per_input: 0}}
+  - {name: a, impl: "stages.synthetic:SyntheticStage", params: {step: 3, tones: 1}}
+  - {name: c, impl: "stages.nowhere:Stage"}
+edges:
+  - {from: a, to: b, capacity: 0}
+"""
+
+
+def test_every_problem_in_a_file_is_reported_at_once(tmp_path: Path) -> None:
+    # Four mistakes of four kinds (an unknown key, a bad capacity, unknown params, an
+    # impl that does not import): one load names them all, each on its own line.
+    path = _write(tmp_path, FOUR_PROBLEMS)
+    with pytest.raises(omnitrio.ConfigError) as caught:
+        omnitrio.load_config(path)
+    error = caught.value
+    found = [(e.key, e.problem.split(";")[0]) for e in (error, *error.also)]
+    assert found == [
+        ("pipeline.max_stream", "unknown key"),
+        ("edges[0].capacity", "input should be greater than or equal to 1"),
+        ("stages[1].params.step", "stages.synthetic:SyntheticStage has no parameter 'step'"),
+        ("stages[1].params.tones", "stages.synthetic:SyntheticStage has no parameter 'tones'"),
+        ("stages[2].impl", "cannot import 'stages.nowhere' (No module named 'stages.nowhere')"),
+    ]
+    lines = str(error).splitlines()
+    assert len(lines) == 5
+    assert all(line.startswith(f"{path}: ") for line in lines)
+    # The same problems once the structure is right: the graph's and the stages' together.
+    fixed = FOUR_PROBLEMS.replace(", max_stream: 3", "").replace("capacity: 0", "capacity: 2")
+    with pytest.raises(omnitrio.ConfigError) as caught:
+        omnitrio.load_config(_write(tmp_path, fixed))
+    keys = [e.key for e in (caught.value, *caught.value.also)]
+    assert keys == ["edges", "stages[1].params.step", "stages[1].params.tones", "stages[2].impl"]
+
+
+def test_a_config_error_with_all_its_problems_pickles() -> None:
+    import pickle
+
+    error = omnitrio.ConfigError.of_all(
+        [
+            omnitrio.ConfigError("f.yaml", "a", "one; fix"),
+            omnitrio.ConfigError("f.yaml", "b", "two"),
+        ]
+    )
+    copy = pickle.loads(pickle.dumps(error))
+    assert str(copy) == str(error) == "f.yaml: a: one; fix\nf.yaml: b: two"
+    assert [e.key for e in copy.also] == ["b"]
+
+
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(omnitrio.ConfigError, match="<file>: cannot read it"):
         omnitrio.load_config(tmp_path / "nope.yaml")

@@ -66,12 +66,16 @@ def _known_bug(error: BaseException) -> str | None:
 
 
 def _check_message(error: ConfigError, source: str) -> None:
-    assert error.source == source
-    assert isinstance(error.key, str)
-    assert error.key
-    assert isinstance(error.problem, str)
-    assert error.problem
-    assert str(error) == f"{source}: {error.key}: {error.problem}"
+    lines = []
+    for each in (error, *error.also):  # every problem found in the config
+        assert each.source == source
+        assert isinstance(each.key, str)
+        assert each.key
+        assert isinstance(each.problem, str)
+        assert each.problem
+        assert each is error or not each.also  # one level: the first holds the rest
+        lines.append(f"{source}: {each.key}: {each.problem}")
+    assert str(error) == "\n".join(lines)
 
 
 def check_outcome(

@@ -10,7 +10,7 @@ import trio
 import omnitrio
 from stages.synthetic import Gate, SyntheticFailure, live_streams
 from stages.synthetic import _live as synthetic_live
-from tests.conftest import SYNTHETIC, chain_config, collect, stage_threads, texts
+from tests.conftest import SYNTHETIC, Announced, chain_config, collect, stage_threads, texts
 
 FAULTS = "stages.faults:FaultInjector"
 
@@ -335,14 +335,15 @@ async def test_a_hung_stage_serves_again_once_its_step_returns(
         }
     )
     async with omnitrio.open_pipeline(config) as pipeline:
-        with trio.fail_after(20):
+        with trio.fail_after(20), Announced("b", "is back") as back:
             stuck = omnitrio.Request("x", options={"fault.hang_at": 1, "fault.hang_s": 1.5})
             _, error = await _outcome(pipeline, stuck)
             assert isinstance(error, omnitrio.StageError)
             assert "watchdog raised TimeoutError" in str(error)
             assert pipeline.statistics().stages["b"].hung
-            while pipeline.statistics().stages["b"].hung:  # noqa: ASYNC110 - no event to await: the stuck step returns after 1.5 s
-                await trio.sleep(0.05)
+            assert not back.is_set()
+            await back.wait()  # the stuck step returned (after its 1.5 s)
+            assert not pipeline.statistics().stages["b"].hung
             items, error = await _outcome(pipeline, omnitrio.Request("y"))
             assert error is None
             assert len(items) == 6  # 3 from each stage: served again

@@ -35,17 +35,152 @@ def test_forbidden_imports(package: str, forbidden: set[str]) -> None:
         assert not (_imports(path) & forbidden), f"{path.relative_to(REPO)} imports {forbidden}"
 
 
+# The calls that wait by the clock: time.sleep, trio.sleep, asyncio.sleep, anyio.sleep and
+# their sleep_until, by attribute or by a name imported from those modules (aliases too).
+# trio.sleep_forever waits to be cancelled, not for time to pass, so it is allowed.
+_CLOCK_WAITS = {"sleep", "sleep_until"}
+_CLOCK_MODULES = {"time", "trio", "asyncio", "anyio"}
+
+
+def _clock_waits(source: str, filename: str = "<source>") -> list[int]:
+    """The lines of ``source`` that call a sleep: parsed, so comments and strings that
+    mention one do not count and an aliased import (``from time import sleep as nap``)
+    does."""
+    tree = ast.parse(source, filename=filename)
+    aliases = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module in _CLOCK_MODULES
+        for alias in node.names
+        if alias.name in _CLOCK_WAITS
+    }
+    modules = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name in _CLOCK_MODULES
+    }
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        by_name = isinstance(func, ast.Name) and func.id in aliases
+        by_module = (
+            isinstance(func, ast.Attribute)
+            and func.attr in _CLOCK_WAITS
+            and isinstance(func.value, ast.Name)
+            and func.value.id in modules
+        )
+        if by_name or by_module:
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_the_sleep_finder_finds_sleeps_and_only_sleeps() -> None:
+    # The check below can fail for what it claims: every way of sleeping is found ...
+    assert _clock_waits("import time\ntime.sleep(0.1)\n") == [2]
+    assert _clock_waits("import trio\nasync def f():\n    await trio.sleep(1)\n") == [3]
+    assert _clock_waits("import trio as t\nasync def f():\n    await t.sleep_until(5)\n") == [3]
+    assert _clock_waits("from time import sleep as nap\nnap(1)\n") == [2]
+    assert _clock_waits("from asyncio import sleep\nasync def f():\n    await sleep(0)\n") == [3]
+    # ... and what merely mentions one, or waits to be cancelled, is not.
+    assert _clock_waits("# no time.sleep(1) here\nx = 'trio.sleep(2)'\n") == []
+    assert _clock_waits("import trio\nasync def f():\n    await trio.sleep_forever()\n") == []
+    assert _clock_waits("def sleep(x):\n    return x\nsleep(1)\n") == []
+
+
 def test_no_sleeping_in_the_runtime() -> None:
     # Waiting is always on an event or a channel: no sleep anywhere in the runtime.
     # omnitrio/bench is a load generator, not the runtime: it paces arrivals on a
     # clock, and its orchestrator-shape and vllm-omni-model baselines poll on purpose
     # (that is the design they model).
     bench = REPO / "omnitrio" / "bench"
+    checked = 0
     for path in sorted((REPO / "omnitrio").rglob("*.py")):
         if path.is_relative_to(bench):
             continue
-        source = path.read_text()
-        assert "sleep(" not in source, f"{path.relative_to(REPO)} sleeps"
+        lines = _clock_waits(path.read_text(), str(path))
+        assert not lines, f"{path.relative_to(REPO)} sleeps on lines {lines}"
+        checked += 1
+    assert checked > 40  # the runtime's modules, not an empty glob
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports, anywhere in it (a deferred
+    import inside a function makes a circle too, only a later-found one)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            # `from pkg import sub` imports the submodule; `from mod import name`, the module.
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in modules else target)
+    return {m for m in found if m in modules and m != name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle through each strongly connected group of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles_in_omnitrio() -> None:
+    # A module that needs another's function while that one imports it back is two
+    # modules that are one: the shared part goes to a third module both import.
+    # omnitrio/__init__.py re-exports the public names; a submodule importing from a
+    # sibling does not go through it, so the package itself counts as a module here.
+    paths = sorted((REPO / "omnitrio").rglob("*.py"))
+    modules = {_module_name(p) for p in paths}
+    graph = {_module_name(p): _imported_modules(p, modules) for p in paths}
+    assert graph["omnitrio._cli"]  # the parse found edges
+    assert _cycles(graph) == []
 
 
 def _relative_imports(path: Path) -> set[str]:

@@ -60,14 +60,38 @@ def test_the_composite_model_generates_text_and_audio(
     assert wave.abs().max() > 1e-3  # audible: PCM16 comparisons are not vacuous
 
 
-def test_each_stage_loads_its_own_folder(tiny_checkpoint: pathlib.Path) -> None:  # noqa: F811
-    stages = [
-        ThinkerStage("thinker", model_path=str(tiny_checkpoint)),
-        TalkerStage("talker", model_path=str(tiny_checkpoint)),
-        Token2WavStage("token2wav", model_path=str(tiny_checkpoint)),
-    ]
-    for stage in stages:
-        stage.close()
+def test_each_stage_loads_its_own_folder(
+    tiny_checkpoint: pathlib.Path,  # noqa: F811
+    tmp_path: pathlib.Path,
+) -> None:
+    # Each stage folder gets a marker no other folder has: one of its weights set to a
+    # value of its own. The composite folder at the top holds every weight too (with a
+    # prefix, which from_pretrained would strip), so a stage that loaded it, or a
+    # sibling's folder, would hold a different value there.
+    checkpoint = tmp_path / "marked"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    markers: dict[str, tuple[str, float]] = {}
+    for index, folder in enumerate(("thinker", "talker", "token2wav")):
+        weights = checkpoint / folder / "model.safetensors"
+        tensors = safetensors_torch.load_file(weights)
+        key = next(k for k, t in sorted(tensors.items()) if t.is_floating_point())
+        marker = 0.25 * (index + 1)
+        tensors[key] = torch.full_like(tensors[key], marker)
+        safetensors_torch.save_file(tensors, weights, metadata={"format": "pt"})
+        markers[folder] = (key, marker)
+    stages = {
+        "thinker": ThinkerStage("thinker", model_path=str(checkpoint)),
+        "talker": TalkerStage("talker", model_path=str(checkpoint)),
+        "token2wav": Token2WavStage("token2wav", model_path=str(checkpoint)),
+    }
+    try:
+        for folder, stage in stages.items():
+            key, marker = markers[folder]
+            loaded = stage.model.state_dict()[key]
+            assert torch.all(loaded == marker), f"{folder} did not load {folder}/: {key}"
+    finally:
+        for stage in stages.values():
+            stage.close()
 
 
 @pytest.mark.parametrize("change", ["missing", "unexpected"])

@@ -8,6 +8,7 @@ process, a clean stop, and a stage pinned to the second node.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,14 @@ import pytest
 import trio
 
 import omnitrio
-from tests.conftest import chain_config, collect, prompt_until_signal, texts
+from tests.conftest import (
+    Announced,
+    chain_config,
+    collect,
+    prompt_until_signal,
+    texts,
+    wait_until_exited,
+)
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -127,13 +135,14 @@ async def test_killing_a_stage_process_fails_the_streams_it_held_and_it_comes_ba
                     failures.append(exc)
                     hung_when_failed.append(pipeline.statistics().stages["b"].hung)
 
-        with trio.fail_after(60):
+        with trio.fail_after(60), Announced("b", "is back") as back:
             async with trio.open_nursery() as nursery:
                 for label in ("one", "two"):
                     started = trio.Event()
                     nursery.start_soon(doomed, label, started)
                     await started.wait()
                 os.kill(pid, signal.SIGKILL)
+            await back.wait()  # the fresh actor has loaded the stage
         assert len(failures) == 2
         for error in failures:
             assert isinstance(error, omnitrio.StageError)
@@ -141,9 +150,8 @@ async def test_killing_a_stage_process_fails_the_streams_it_held_and_it_comes_ba
             assert "died" in str(error)
         assert hung_when_failed == [True, True]
         # Out of service until the fresh actor has loaded the stage, then it serves.
+        assert not pipeline.statistics().stages["b"].hung
         with trio.fail_after(60):
-            while pipeline.statistics().stages["b"].hung:  # noqa: ASYNC110 (another process)
-                await trio.sleep(0.05)
             request = omnitrio.Request("after", options={"steps": 3})
             async with pipeline.open_stream(request) as stream:
                 items = await collect(stream)
@@ -175,8 +183,10 @@ async def test_leaving_removes_every_ray_actor_within_the_shutdown_timeout() -> 
     assert trio.current_time() - started < 2.0
     assert all(pid is not None for pid in pids)
     with trio.fail_after(10):  # the processes exit on their own once killed
-        while any(_alive(pid) for pid in pids if pid is not None):  # noqa: ASYNC110
-            await trio.sleep(0.05)
+        for pid in pids:
+            assert pid is not None
+            await wait_until_exited(pid)
+    assert not any(_alive(pid) for pid in pids if pid is not None)
 
 
 async def test_a_stage_pinned_by_a_custom_resource_runs_on_the_second_node(
@@ -235,6 +245,20 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def _exited_by(pid: int, deadline: float) -> bool:
+    """Whether process ``pid`` exits before ``time.monotonic()`` reaches ``deadline``:
+    waits on its pidfd, which becomes readable when it exits (Linux 5.3+)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))
+    finally:
+        os.close(pidfd)
+    return bool(readable)
+
+
 def test_sigterm_stops_the_pipeline_and_the_ray_instance_it_started(tmp_path: Path) -> None:
     config = tmp_path / "long.yaml"
     config.write_text(
@@ -253,10 +277,11 @@ def test_sigterm_stops_the_pipeline_and_the_ray_instance_it_started(tmp_path: Pa
     assert "SIGTERM; pipeline stopped" in stopped.stderr
     assert "*** SIGTERM received" not in stopped.stderr  # not Ray's crash handler: Python's
     assert stopped.exit_s < 5.0 + 10.0  # shutdown_timeout_s, plus Ray's own stop
+    # The instance's processes exit on their own: wait for each to (its pidfd says so).
     deadline = time.monotonic() + 10
-    while (stray := _processes_mentioning(str(ray_temp))) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert stray == []
+    for pid in _processes_mentioning(str(ray_temp)):
+        assert _exited_by(pid, deadline), f"process {pid} of the Ray instance is still running"
+    assert _processes_mentioning(str(ray_temp)) == []
     shutil.rmtree(ray_temp, ignore_errors=True)
 
 

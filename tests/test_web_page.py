@@ -132,8 +132,14 @@ def test_voice_chat_page(tmp_path: Path, chromium: Path, server_url: str) -> Non
             )
 
             page.goto(f"{server_url}/")
+            assert page.text_content("#hint") == "Press Connect to start."
             page.click("#connect")
             page.wait_for_function("window.omnitrio.state === 'connected'")
+            # The synthetic pipeline detects no turns: no Hands-free button, nor a hint of it.
+            hint = page.text_content("#hint") or ""
+            assert "press Talk" in hint
+            assert "Hands-free" not in hint
+            assert page.is_hidden("#hands-free")
 
             # (a) A text turn: audio and a transcript stream back.
             page.fill("#text", "Hello from the browser test")
@@ -178,9 +184,19 @@ def test_voice_chat_page(tmp_path: Path, chromium: Path, server_url: str) -> Non
             SCREENSHOT.parent.mkdir(exist_ok=True)
             page.screenshot(path=str(SCREENSHOT), full_page=True)
             seen = page.evaluate("window.omnitrio")
+            user_lines = page.eval_on_selector_all(
+                "#transcript li.user", "lines => lines.map(li => li.textContent)"
+            )
         finally:
             browser.close()
 
+    # One user line per turn: the spoken one says how long it was (this pipeline has no
+    # ASR to give its transcript), and no second line for it.
+    assert len(user_lines) == 3, user_lines
+    assert user_lines[0] == "Hello from the browser test"
+    assert re.fullmatch(r"\(spoke for \d+\.\d s\)", user_lines[1]), user_lines
+    assert user_lines[2] == "And once more"
+    assert seen["eventCounts"]["input_audio_buffer.committed"] == 1
     # (c) Nothing went wrong on the way.
     assert seen["errors"] == []
     assert page_errors == []

@@ -113,14 +113,19 @@ def test_hands_free_spoken_turn_in_the_browser(
             page.click("#connect")
             page.wait_for_function("window.omnitrio.state === 'connected'")
             page.wait_for_function("window.omnitrio.serverVad")
+            assert "Hands-free" in (page.text_content("#hint") or "")  # the page says so
             page.evaluate("window.omnitrio.keepAudio = true")
             page.click("#hands-free")
+            assert "Hands-free: just talk" in (page.text_content("#hint") or "")
             page.wait_for_function(
                 "window.omnitrio.userTranscripts.length >= 1"
                 " && (window.omnitrio.eventCounts['response.done'] || 0) >= 1"
             )
             page.click("#hands-free")  # stop listening before the file loops
             seen = page.evaluate("window.omnitrio")
+            user_lines = page.eval_on_selector_all(
+                "#transcript li.user", "lines => lines.map(li => li.textContent)"
+            )
         finally:
             browser.close()
 
@@ -134,6 +139,8 @@ def test_hands_free_spoken_turn_in_the_browser(
     (REPO / "test-artifacts").mkdir(exist_ok=True)
     write_wav(REPO / "test-artifacts" / "web_voice_sent.wav", sent, INPUT_RATE_HZ)
     heard_question = seen["userTranscripts"][0].lower()
+    # The spoken turn is one user line, which now says what was heard.
+    assert user_lines[0] == seen["userTranscripts"][0], user_lines
     assert "cat" in heard_question, heard_question
     assert "eat" in heard_question, heard_question
     assert seen["firstAudioMs"], "no first-audio time: the answer never played"

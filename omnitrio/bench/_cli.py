@@ -21,6 +21,7 @@ import yaml
 
 from .._config import PipelineConfig, load_config
 from .._items import Scalar
+from .._overrides import with_model_path
 from ._http import Endpoint
 from ._inprocess import open_pipeline_target
 from ._monolithic import SEQUENTIAL, open_monolithic
@@ -358,8 +359,6 @@ async def bench(args: argparse.Namespace) -> None:
     if args.set:
         config = with_params(args.config, args.set)
     if args.model_path is not None:
-        from .._cli import with_model_path  # the command line module imports this one
-
         config = with_model_path(config, args.model_path)
     if args.cpu_bound:
         config = with_cpu_bound(config)

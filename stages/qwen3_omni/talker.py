@@ -95,9 +95,13 @@ class Qwen3OmniTalker(AutoregressiveStage):
     # -- the stage protocol ------------------------------------------------------
 
     def open_stream(self, stream_id: str, request: Request) -> None:
-        params = SamplingParams.from_options(
-            self.defaults, request.options, self.name, inherit=False
-        )
+        # The talker keeps its own sampling keys (``talker.<key>``), but a request's
+        # ``seed`` (OpenAI's) seeds it too: the same seed, the same answer, audio included.
+        seed = request.options.get("seed")
+        defaults = self.defaults
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            defaults = replace(defaults, seed=seed)
+        params = SamplingParams.from_options(defaults, request.options, self.name, inherit=False)
         speaker = self._speaker(request.options)
         # The code predictor samples (top-k 50, top-p 0.8) exactly when the talker does.
         residual = SamplingParams(

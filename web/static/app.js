@@ -15,7 +15,7 @@ const ui = {
   status: $("status"), connectForm: $("connect-form"), apiKey: $("api-key"),
   connect: $("connect"), transcript: $("transcript"), textForm: $("text-form"),
   text: $("text"), send: $("send"), talk: $("talk"), stop: $("stop"), handsFree: $("hands-free"),
-  latency: $("latency"), errors: $("errors"),
+  latency: $("latency"), errors: $("errors"), hint: $("hint"),
 };
 
 // What the page has seen, for people and for tests (tests/test_web_page.py reads it).
@@ -61,6 +61,12 @@ let turnStartedAt = null; // performance.now() when we asked for a response
 const replyLines = new Map(); // response id -> its <li> in the transcript
 let mic = null; // the open microphone while recording
 let micStarting = false;
+// A spoken turn is one user line: made when the turn is committed (push-to-talk: when we
+// send it; hands-free: when the server commits it), then its text becomes the transcript.
+const spokenWaiting = []; // our committed turns' lines, until input_audio_buffer.committed
+const spokenLines = new Map(); // item id -> its <li>, until its transcript comes
+let speechStartMs = null; // hands-free: where the server heard the turn start (audio ms) ...
+let speechStopMs = null; // ... and end
 
 // ---------------------------------------------------------------- page state
 
@@ -74,7 +80,20 @@ function setState(state, detail = "") {
   ui.talk.disabled ||= omnitrio.handsFree;
   ui.handsFree.hidden = !omnitrio.serverVad;
   ui.handsFree.disabled = state !== "connected" || micStarting || (mic !== null && !omnitrio.handsFree);
+  ui.hint.textContent = hint(state);
   updateStop();
+}
+
+// What the user can do now, in one line under the controls.
+function hint(state) {
+  if (state !== "connected") return "Press Connect to start.";
+  if (omnitrio.handsFree) {
+    return "Hands-free: just talk. The answer comes when you pause; talk over it to stop it. " +
+      "Press Hands-free again to stop listening.";
+  }
+  const typeOrTalk = "Type a message, or press Talk, speak, and press Talk again to send.";
+  if (!omnitrio.serverVad) return typeOrTalk;
+  return `${typeOrTalk} Or press Hands-free and just talk: the answer comes when you pause.`;
 }
 
 function updateStop() {
@@ -136,6 +155,8 @@ function hangUp(state, detail) {
   reply = null;
   createQueued = false;
   omnitrio.responding = false;
+  spokenWaiting.length = 0;
+  spokenLines.clear();
   if (socket && socket.readyState <= WebSocket.OPEN) socket.close(1000, "bye");
   setState(state, detail);
 }
@@ -282,12 +303,23 @@ const handlers = {
   "response.audio_transcript.delta": onTextDelta,
   "response.output_text.delta": onTextDelta,
   "response.text.delta": onTextDelta,
+  "input_audio_buffer.committed": (e) => {
+    // Ours (push-to-talk) already has its line; a turn the server found gets one now.
+    let li = spokenWaiting.shift();
+    if (!li) li = addLine("user", spokeFor(speechSeconds()));
+    li.classList.add("spoken");
+    if (e.item_id) spokenLines.set(e.item_id, li);
+  },
   "conversation.item.input_audio_transcription.completed": (e) => {
     omnitrio.userTranscripts.push(e.transcript);
-    addLine("user", e.transcript);
+    const li = spokenLines.get(e.item_id);
+    spokenLines.delete(e.item_id);
+    if (li) li.textContent = e.transcript; // the turn's one line now says what was heard
+    else addLine("user", e.transcript);
   },
   // server_vad: the server heard us start talking and cancels its reply (barge-in) ...
-  "input_audio_buffer.speech_started": () => {
+  "input_audio_buffer.speech_started": (e) => {
+    speechStartMs = e.audio_start_ms ?? null;
     if (reply && !reply.cancelled) {
       reply.cancelled = true;
       if (reply.id) cancelledIds.add(reply.id);
@@ -295,18 +327,33 @@ const handlers = {
     stopPlaying();
   },
   // ... and stop: it commits the turn and answers; first audio is timed from here.
-  "input_audio_buffer.speech_stopped": () => (turnStartedAt = performance.now()),
+  "input_audio_buffer.speech_stopped": (e) => {
+    turnStartedAt = performance.now();
+    speechStopMs = e.audio_end_ms ?? null;
+  },
   error: (e) => {
     const { code, event_id: eventId, message } = e.error ?? {};
     // A cancel that crossed the reply's response.done on the wire: nothing went wrong.
     if (code === "response_cancel_not_active" && eventId?.startsWith("evt_page_")) return;
     showError(message ?? JSON.stringify(e));
+    // Our commit was refused: its line waits for no input_audio_buffer.committed.
+    const waiting = spokenWaiting.findIndex((li) => li.dataset.commitEventId === eventId);
+    if (waiting >= 0) spokenWaiting.splice(waiting, 1)[0].classList.add("failed");
     // Our response.create was refused: no response.done will follow.
     if (reply && reply.id === null && eventId === reply.eventId) endReply();
   },
 };
 
 // ---------------------------------------------------------------- push to talk
+
+function speechSeconds() {
+  if (speechStartMs === null || speechStopMs === null) return null;
+  return (speechStopMs - speechStartMs) / 1000;
+}
+
+function spokeFor(seconds) {
+  return seconds === null ? "(spoke)" : `(spoke for ${seconds.toFixed(1)} s)`;
+}
 
 async function startRecording({ bargeIn: interrupt = true } = {}) {
   if (interrupt) bargeIn(); // talking over the reply interrupts it
@@ -345,8 +392,11 @@ function stopRecording({ commit }) {
     showError("no microphone audio was captured");
     return;
   }
-  addLine("user", `(spoke for ${(samples / INPUT_RATE_HZ).toFixed(1)} s)`);
-  send({ type: "input_audio_buffer.commit" });
+  // The turn's line until its transcript replaces it (it stays where there is no ASR).
+  const li = addLine("user", spokeFor(samples / INPUT_RATE_HZ));
+  li.dataset.commitEventId = `evt_page_${++numSent}`;
+  spokenWaiting.push(li);
+  send({ type: "input_audio_buffer.commit", event_id: li.dataset.commitEventId });
   requestResponse();
 }
 
