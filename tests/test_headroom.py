@@ -106,12 +106,15 @@ def test_shedding_keeps_what_the_stage_can_carry_newest_and_lowest_priority_go_f
     for _ in range(200):
         model.observe(64, 2.0 * (0.008 + 0.00015 * 64))  # the stage got 2x slower
     keep = model.realtime_streams(audio_s, 1.05, 100)
-    streams = _streams(keep + 3, {0: -1.0})  # the oldest asked to go first
-    assert admission.behind(model, len(streams), audio_s)
+    # Between 1 - margin and 1 + margin nothing is shed; below, the rest go.
+    assert not admission.behind(model, model.realtime_streams(audio_s, 0.95, 100), audio_s)
+    count = model.realtime_streams(audio_s, 0.95, 100) + 1
+    streams = _streams(count, {0: -1.0})  # the oldest asked to go first
+    assert admission.behind(model, count, audio_s)
     admission.shed("thinker", model, streams, audio_s)
     shed = [s.id for s in streams if s.failure is not None]
-    assert admission.num_shed == len(shed) == 3
-    assert shed == ["s0", f"s{keep + 1}", f"s{keep + 2}"]
+    assert admission.num_shed == len(shed) == count - keep
+    assert shed == ["s0", *(f"s{i}" for i in range(keep + 1, count))]
     error = streams[0].failure
     assert isinstance(error, omnitrio.StreamShed)
     assert error.stage == "thinker"
