@@ -64,21 +64,22 @@ def test_each_stage_loads_its_own_folder(
     tiny_checkpoint: pathlib.Path,  # noqa: F811
     tmp_path: pathlib.Path,
 ) -> None:
-    # Each stage folder gets a marker no other folder has: one of its weights set to a
+    # Each stage folder gets a marker no other folder has: every weight in it set to a
     # value of its own. The composite folder at the top holds every weight too (with a
     # prefix, which from_pretrained would strip), so a stage that loaded it, or a
-    # sibling's folder, would hold a different value there.
+    # sibling's folder, would hold other values.
     checkpoint = tmp_path / "marked"
     shutil.copytree(tiny_checkpoint, checkpoint)
-    markers: dict[str, tuple[str, float]] = {}
+    markers: dict[str, tuple[set[str], float]] = {}
     for index, folder in enumerate(("thinker", "talker", "token2wav")):
         weights = checkpoint / folder / "model.safetensors"
         tensors = safetensors_torch.load_file(weights)
-        key = next(k for k, t in sorted(tensors.items()) if t.is_floating_point())
         marker = 0.25 * (index + 1)
-        tensors[key] = torch.full_like(tensors[key], marker)
+        marked = {k for k, t in tensors.items() if t.is_floating_point()}
+        for key in marked:
+            tensors[key] = torch.full_like(tensors[key], marker)
         safetensors_torch.save_file(tensors, weights, metadata={"format": "pt"})
-        markers[folder] = (key, marker)
+        markers[folder] = (marked, marker)
     stages = {
         "thinker": ThinkerStage("thinker", model_path=str(checkpoint)),
         "talker": TalkerStage("talker", model_path=str(checkpoint)),
@@ -86,9 +87,13 @@ def test_each_stage_loads_its_own_folder(
     }
     try:
         for folder, stage in stages.items():
-            key, marker = markers[folder]
-            loaded = stage.model.state_dict()[key]
-            assert torch.all(loaded == marker), f"{folder} did not load {folder}/: {key}"
+            marked, marker = markers[folder]
+            loaded = stage.model.state_dict()
+            # transformers may load a file's `x` as the model's `model.x`
+            checked = {k for k in loaded if k in marked or k.removeprefix("model.") in marked}
+            assert len(checked) > 10, f"{folder}: {len(checked)} weights to check"
+            wrong = [k for k in sorted(checked) if not torch.all(loaded[k] == marker)]
+            assert wrong == [], f"{folder} did not load {folder}/: {wrong[:3]}"
     finally:
         for stage in stages.values():
             stage.close()
