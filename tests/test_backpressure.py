@@ -96,7 +96,11 @@ async def test_first_visible_item_is_not_queued_behind_other_streams_payloads() 
                     await quick.receive()
                 waited = pipeline.statistics().stages["b"].num_steps - b_steps
         assert backlog >= 32
-        assert waited <= 3
+        # Behind the backlog, quick would wait >= 32 of b's steps. Not behind it, it waits
+        # only for the rounds already in flight (two per stage, at a and at b) and its own:
+        # how many of those b runs meanwhile depends on thread timing (3 on an idle machine,
+        # 4 seen beside other work), so the bound leaves room for them and no more.
+        assert waited <= 6
 
 
 async def test_edge_payloads_never_reach_a_client() -> None:
