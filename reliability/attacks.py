@@ -27,6 +27,12 @@ decode-flood  one client floods 1 MiB msgpack frames of 500,000 empty maps (then
               (first audio) meanwhile
 signals       4 endless streaming chats, grace period 30 s; SIGTERM twice 0.3 s apart, SIGINT
               twice: exit status, time to exit, "stopped" line
+tools-flood   (issue 27, in isolation_attacks.py, each beside a client timing normal chats)
+              a chat with 19,000 tools, then 10 with 128 fresh tools each
+ref-cycle     a tool schema that refers to itself, tool_choice required
+fields        seed 2**70, max_tokens 10**9, arguments "[" x 200000, a long /static/ path,
+              a 2 MB body
+stream-share  one client (127.0.0.2) opens 64 endless streaming chats; is another served
 """
 
 from __future__ import annotations
@@ -583,12 +589,19 @@ ATTACKS: dict[str, Callable[[Path, int], str]] = {
 }
 
 
+def _isolation_attacks() -> dict[str, Callable[[Path, int], str]]:
+    from isolation_attacks import ISOLATION_ATTACKS  # issue 27's, beside normal clients
+
+    return ISOLATION_ATTACKS
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("attacks", nargs="*", metavar="ATTACK", help=", ".join(ATTACKS))
     parser.add_argument("--checkout", type=Path, default=REPO)
     parser.add_argument("--fd-limit", type=int, default=256)
     args = parser.parse_args()
+    ATTACKS.update(_isolation_attacks())
     unknown = set(args.attacks) - set(ATTACKS)
     if unknown:
         parser.error(f"unknown attacks {sorted(unknown)}; known: {', '.join(ATTACKS)}")

@@ -7,8 +7,9 @@ which is too long to do there. A frame that may carry tools (``session.update``,
 ``response.create``) is first decoded and its tools' grammars compiled on a checking
 thread (``ClientShares.off_loop``); the verdicts are kept (``omnitrio.tools``'
 ``grammar_problem``, and ``remember_verdicts`` for a caller elsewhere), so when the
-session checks the same tools on the loop a moment later they cost a look-up. Whatever is wrong with the frame, the
-session reports; this only does the slow part early.
+session checks the same tools on the loop a moment later they cost a look-up.
+Whatever is wrong with the frame, the session reports; this only does the slow
+part early.
 """
 
 from __future__ import annotations
