@@ -110,6 +110,8 @@ async def test_realtime_refuses_bad_tools_with_an_error_event_naming_them(
             assert conn.recv().type == "session.created"
             conn.session.update(session={"type": "realtime", "tools": tools})  # type: ignore[typeddict-item]
             errors.append(conn.recv())
+            # refused field by field: the rest of the update applies, and is shown
+            assert conn.recv().type == "session.updated"
             conn.response.create(response={"tools": tools})  # type: ignore[typeddict-item]
             errors.append(conn.recv())
             # The session is still usable: a good update is answered.
