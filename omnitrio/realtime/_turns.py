@@ -39,10 +39,13 @@ later stays in the buffer. A fixed cut makes the turn's audio the same whether i
 taken at the first pause (a speculative response, see ``RealtimeSession.speculate``)
 or when the silence is long enough to end the turn."""
 EAGERNESS_SILENCE_MS: Mapping[str, int] = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
-"""semantic_vad's ``eagerness`` as the silence that ends a turn. There is no semantic
-end-of-turn model behind it yet: the VAD decides, with a longer wait for "low" (the
-speaker may take their time) and a shorter one for "high". session.updated shows the
-server_vad settings in force, which is what the client's semantic_vad became."""
+"""semantic_vad's ``eagerness`` as the silence that ends a turn, with a longer wait for
+"low" (the speaker may take their time) and a shorter one for "high". The eagerness
+also goes to the turn detector's stream: a detector with a semantic end-of-turn model
+(the voice chat's VAD with Smart Turn, ``stages/voice/vad.py``) then decides at that
+silence whether the speech sounds finished, and waits longer when it does not.
+session.updated shows the server_vad settings in force, which is what the client's
+semantic_vad became."""
 IDLE_KEEP_MS = 10_000
 """Audio kept while no one speaks, beyond the prefix padding; older audio is dropped
 (the detector reports a start only after hearing it, so this is its allowance for
@@ -62,12 +65,16 @@ class TurnDetection:
     """Set when the client asked for semantic_vad: the eagerness that chose the times."""
 
     def options(self) -> Mapping[str, Scalar]:
-        """Request options for the turn detector's stream."""
-        return {
+        """Request options for the turn detector's stream (``eagerness`` only for
+        semantic_vad)."""
+        options: dict[str, Scalar] = {
             "threshold": self.threshold,
             "prefix_padding_ms": self.prefix_padding_ms,
             "silence_duration_ms": self.silence_duration_ms,
         }
+        if self.eagerness is not None:
+            options["eagerness"] = self.eagerness
+        return options
 
     def render(self) -> dict[str, JsonValue]:
         return {

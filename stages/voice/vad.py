@@ -173,7 +173,10 @@ class SileroVad:
                 raise ValueError(
                     f"eagerness must be one of {sorted(EAGERNESS_MS)}, not {eagerness!r}"
                 )
-            silence_ms, max_silence_ms = EAGERNESS_MS[str(eagerness)]
+            first_ms, max_silence_ms = EAGERNESS_MS[str(eagerness)]
+            # The session's silence wins when it sends one (the Realtime API reports it
+            # in session.updated); the table's first decision time is the default.
+            silence_ms = options.get("silence_duration_ms", first_ms)
         silence_windows = max(1, silence_ms // self.window_ms)
         resampler = StreamResampler(self.input_sample_rate_hz, VAD_RATE_HZ)
         track = _Track(float(threshold), silence_windows, padding_ms, resampler)
