@@ -89,6 +89,7 @@ def _serve(args: argparse.Namespace) -> int:
             api_key=args.api_key,
             allowed_origins=tuple(args.allow_origin or ()),
             grace_period_s=args.grace_period_s,
+            max_streams_per_client=args.max_streams_per_client,
         )
         config = _configured(args)
         return _serve_on(config, settings, sock)
@@ -182,6 +183,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--grace-period-s", type=float, default=2.0, help="on SIGINT/SIGTERM, time to finish"
+    )
+    run.add_argument(
+        "--max-streams-per-client",
+        type=int,
+        help="streams one client (connection address) may hold; default half of max_streams",
     )
     prompt = commands.add_parser("prompt", help="run a pipeline on prompts and print its output")
     prompt.add_argument(

@@ -116,7 +116,7 @@ def test_livekit_text_turn_with_its_default_session(server_url: str) -> None:
             session = updated["session"]
             # LiveKit's defaults: semantic_vad, gpt-4o-mini-transcribe, voice marin.
             assert session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
-            assert session["audio"]["input"]["transcription"]["model"] == "WhisperAsr"
+            assert session["audio"]["input"]["transcription"]["model"] == "MoonshineAsr"
             assert session["audio"]["output"]["voice"] == "marin"
             context = llm.ChatContext.empty()
             context.add_message(role="user", content="What is the capital of France?")

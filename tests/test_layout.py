@@ -228,6 +228,7 @@ def test_the_public_surface_is_exactly_all() -> None:
         "Stream",
         "StreamOutput",
         "StreamResampler",
+        "StreamShed",
         "StreamStatistics",
         "StreamWork",
         "TextDelta",

@@ -65,6 +65,8 @@ def test_signal_with_streams_open_exits_zero_within_the_grace_period(
         "0",
         "--grace-period-s",
         "1",
+        "--max-streams-per-client",  # one client here fills the pipeline
+        "64",
         env={"TMPDIR": str(server_tmp)},
     )
     readers: list[threading.Thread] = []
@@ -269,15 +271,10 @@ def test_model_path_errors_are_one_clear_line(tmp_path: Path) -> None:
 
 
 def test_model_path_on_the_voice_chat_names_the_stages_or_the_stage(tmp_path: Path) -> None:
-    """The voice chat's ASR and LLM each take their own model_path: one folder for both
-    is refused before anything loads, naming them; STAGE=PATH names the one to set."""
+    """STAGE=PATH names the stage to set; a stage that takes no model_path, or a path
+    that does not exist, is refused before anything loads."""
     voice = [sys.executable, "-m", "omnitrio._cli", "run", "--port", "0"]  # the default config
     for args, message in [
-        (
-            ["--model-path", str(tmp_path)],
-            "--model-path: ambiguous on pipeline 'voice-chat': stages 'asr' and 'llm' each "
-            "take a model_path of their own; name the stage, e.g. --model-path llm=PATH",
-        ),
         (
             ["--model-path", f"tts={tmp_path}"],
             "--model-path tts=...: stage 'tts' takes no model_path",

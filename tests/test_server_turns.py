@@ -204,6 +204,8 @@ async def test_an_answer_started_at_a_pause_is_sent_once_the_turn_ends(
         "streams.cancelled": 0,
         "speculative_answers.taken": 1,
         "speculative_answers.dropped": 0,
+        "streams.refused_headroom": 0,
+        "streams.shed": 0,
     }
 
 

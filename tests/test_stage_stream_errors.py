@@ -37,9 +37,15 @@ def _config() -> omnitrio.PipelineConfig:
                     "impl": "stages.voice.llm:SmolLM2",
                     "max_batch_size": 8,
                     "params": {"dtype": "float32", "max_new_tokens": 12},
-                }
+                },
+                # The LLM hands its text on to a speaker; a synthetic sink takes it here.
+                {
+                    "name": "sink",
+                    "impl": "stages.synthetic:SyntheticStage",
+                    "params": {"outputs_per_input": 0},
+                },
             ],
-            "edges": [],
+            "edges": [{"from": "llm", "to": "sink"}],
         }
     )
 
