@@ -93,7 +93,12 @@ def endless_config(tmp_path: Path) -> Path:
     """The synthetic pipeline with answers that never end by themselves."""
     config = tmp_path / "long.yaml"
     config.write_text(
-        (REPO / "configs" / "synthetic.yaml").read_text().replace("steps: 24", "steps: 100000")
+        (REPO / "configs" / "synthetic.yaml")
+        .read_text()
+        .replace("steps: 24", "steps: 100000")
+        # 64 endless streams fill the pipeline by count: admission by headroom would
+        # refuse some of them once its step-time model says they no longer fit.
+        .replace("  max_streams: 64\n", "  max_streams: 64\n  admission: max_streams\n")
     )
     return config
 
