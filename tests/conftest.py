@@ -257,3 +257,14 @@ async def wait_until_exited(pid: int) -> None:
         await trio.lowlevel.wait_readable(pidfd)
     finally:
         os.close(pidfd)
+
+
+async def serve_chain(
+    nursery: trio.Nursery, stages: list[dict[str, object]], max_streams: int, **settings: object
+) -> int:
+    """A real server on loopback over ``chain_config(stages)``; its port."""
+    from omnitrio.server import ServerSettings, serve
+
+    config = chain_config(stages, max_streams=max_streams)
+    binds = await nursery.start(serve, config, ServerSettings(port=0, **settings))  # type: ignore[arg-type]
+    return int(str(binds[0]).rsplit(":", 1)[1])

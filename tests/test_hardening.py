@@ -21,8 +21,7 @@ import pytest
 import trio
 
 from omnitrio.realtime import RealtimeSession, SessionConfig
-from omnitrio.server import ServerSettings, serve
-from tests.conftest import chain_config, count_tasks
+from tests.conftest import count_tasks, serve_chain
 from tests.test_server_process import (
     _wait_for_open_streams,
     endless_config,
@@ -44,9 +43,7 @@ async def _server(
     max_streams: int = 4,
     **settings: object,
 ) -> int:
-    config = chain_config(stages, max_streams=max_streams)
-    binds = await nursery.start(serve, config, ServerSettings(port=0, **settings))  # type: ignore[arg-type]
-    return int(str(binds[0]).rsplit(":", 1)[1])
+    return await serve_chain(nursery, stages, max_streams, **settings)
 
 
 def _request(

@@ -24,8 +24,7 @@ import trio
 import trio_websocket
 import websockets.sync.client
 
-from omnitrio.server import ServerSettings, serve
-from tests.conftest import chain_config
+from tests.conftest import serve_chain
 
 SPEAKING = [  # a normal chat takes ~70 ms of (slept) model time
     {"steps": 6, "service_time_ms": 10.0},
@@ -45,9 +44,7 @@ async def _server(
     max_streams: int = 8,
     **settings: object,
 ) -> int:
-    config = chain_config(stages, max_streams=max_streams)
-    binds = await nursery.start(serve, config, ServerSettings(port=0, **settings))  # type: ignore[arg-type]
-    return int(str(binds[0]).rsplit(":", 1)[1])
+    return await serve_chain(nursery, stages, max_streams, **settings)
 
 
 def _request(
