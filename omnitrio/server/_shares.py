@@ -20,17 +20,10 @@ Two things are shared:
 
 ``/metrics`` reports the limits, the most any client holds, and the refusals by reason
 (``client_streams``, ``client_queued``).
-
-While a check runs, the interpreter's switch interval is ``CHECKING_SWITCH_INTERVAL_S``
-(0.5 ms, not 5 ms): a checking thread holds the GIL while it compiles, and the event
-loop, each time it comes back from the network, waits for the thread to hand the GIL
-over. A normal chat comes back dozens of times; at 5 ms a wait that was most of its
-extra latency beside a tools flood.
 """
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,9 +34,6 @@ import trio
 from .._errors import OmnitrioError
 
 T = TypeVar("T")
-
-CHECKING_SWITCH_INTERVAL_S = 0.0005
-"""The GIL switch interval while a checking thread runs (Python's default: 5 ms)."""
 
 
 def client_of(remote_addr: str | None) -> str:
@@ -75,8 +65,6 @@ class ClientShares:
         self._lots: dict[str, trio.lowlevel.ParkingLot] = {}  # clients waiting to queue
         self._running: dict[str, trio.CapacityLimiter] = {}  # each client's share of threads
         self._threads_per_client = max(1, max_threads // 2)
-        self._num_checking = 0
-        self._switch_interval_s = sys.getswitchinterval()
 
     def check_stream(self, client: str) -> None:
         """Raise ``ShareExceeded`` if ``client`` cannot open one more stream now."""
@@ -115,8 +103,7 @@ class ClientShares:
             own = self._running[client] = trio.CapacityLimiter(self._threads_per_client)
         try:
             async with own:  # one client runs on at most half the threads
-                with self._checking():
-                    return await trio.to_thread.run_sync(work, limiter=self.threads)
+                return await trio.to_thread.run_sync(work, limiter=self.threads)
         finally:
             self._drop(self.queued, client)
             if client not in self.queued:
@@ -124,20 +111,6 @@ class ClientShares:
             waiting = self._lots.get(client)
             if waiting is not None:
                 waiting.unpark()
-
-    @contextmanager
-    def _checking(self) -> Iterator[None]:
-        """The short switch interval while any check runs (trio thread: no race)."""
-        if self._num_checking == 0:
-            self._switch_interval_s = sys.getswitchinterval()
-            sys.setswitchinterval(CHECKING_SWITCH_INTERVAL_S)
-        self._num_checking += 1
-        try:
-            yield
-        finally:
-            self._num_checking -= 1
-            if self._num_checking == 0:
-                sys.setswitchinterval(self._switch_interval_s)
 
     @staticmethod
     def _drop(counts: Counter[str], client: str) -> None:
