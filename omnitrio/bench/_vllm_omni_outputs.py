@@ -7,8 +7,7 @@ For each request's output of each stage step, on the orchestrator's thread
   ``_to_cpu`` (``detach().to("cpu", non_blocking=True).contiguous()``) and appended
   to the request's list for its key (``MultimodalPayload.merged_with``), the lists
   ``torch.cat``-ed when the stage finishes (``_consolidate_multimodal_tensors``):
-  real torch tensors, as the seeds' orchestrator holds them (a tensor is an object
-  Python's cyclic garbage collector tracks, where a numpy array is not);
+  real torch tensors, as the seeds' orchestrator holds them;
 - the incremental detokenizer: the new token's text appended to the request's;
 - ``_new_completion_output``: a ``CompletionOutput`` with a *copy* of the
   request's cumulative token ids (``list(self.detokenizer.output_token_ids)``,
