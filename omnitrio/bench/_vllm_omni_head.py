@@ -127,7 +127,9 @@ class VllmOmniModel:
         stream_id = f"r{self._ids}"
         send, receive = trio.open_memory_channel[Delivery](math.inf)
         request = prompt.request()
-        state = RequestState(stream_id, request.text, dict(request.options), len(self._outputs))
+        state = RequestState(
+            stream_id, request.text, request.options.as_mapping(), len(self._outputs)
+        )
         self._open.add(stream_id)
         self._api.call(self._api_open, stream_id, send)
         self._orchestrator.call(self._submit, "add", stream_id, state)

@@ -27,6 +27,7 @@ from quart import Response
 
 from .._errors import OmnitrioError, Overloaded, PipelineClosed
 from .._items import AudioChunk, AudioInput, Event, Request, TextDelta
+from .._options import ResponseOptions
 from ..realtime import new_id
 from ..tools import (
     FINISH_EVENT,
@@ -35,6 +36,7 @@ from ..tools import (
     TOOL_DONE_EVENT,
     arguments_json,
     call_text,
+    with_tools,
 )
 from ._audio import checked_input_audio, resample_pcm16, wav_bytes
 from ._capabilities import pipeline_voices
@@ -44,7 +46,7 @@ from ._settings import ServerSettings
 from ._shares import ShareExceeded
 from ._speech_formats import MIMETYPES, SpeechEncoder
 from ._state import ResponseLog, ServerState
-from ._tools import ChatToolError, chat_tool_options, is_tool_event
+from ._tools import ChatToolError, chat_tools, is_tool_event
 
 
 def _unknown_voice(state: ServerState, voice: str, param: str) -> Response | None:
@@ -91,24 +93,18 @@ def _request_of(chat: ChatRequest, settings: ServerSettings) -> Request:
             content = f"{content or ''}{call_text(call.function.name, arguments)}"
         lines.append(f"{role}: {content or ''}")
     try:
-        tools = chat_tool_options(chat.tools, chat.tool_choice, settings.tool_limits)
+        tools, choice = chat_tools(chat.tools, chat.tool_choice, settings.tool_limits)
     except ChatToolError as exc:
         raise _BadContent(exc.param, str(exc).partition(": ")[2], "invalid_value") from None
-    max_tokens = chat.max_completion_tokens or chat.max_tokens
-    options: dict[str, str | int | float | bool | None] = {
-        "modalities": ",".join(chat.modalities),
-        "voice": chat.audio.voice if chat.audio else None,
-        "max_tokens": max_tokens,
-        "temperature": chat.temperature,
-        "top_p": chat.top_p,
-        "seed": chat.seed,
-        **tools,
-    }
-    return Request(
-        text="\n".join(lines),
-        audio=audio,
-        options={k: v for k, v in options.items() if v is not None},
+    options = ResponseOptions(
+        modalities=tuple(chat.modalities),
+        voice=chat.audio.voice if chat.audio else None,
+        max_tokens=chat.max_completion_tokens or chat.max_tokens,
+        temperature=chat.temperature,
+        top_p=chat.top_p,
+        seed=chat.seed,
     )
+    return Request(text="\n".join(lines), audio=audio, options=with_tools(options, tools, choice))
 
 
 def _input_audio(part: object, where: str, settings: ServerSettings) -> AudioInput:
@@ -357,7 +353,7 @@ async def speech(state: ServerState, raw: bytes, client: str) -> Response:
     if wrong_voice is not None:
         return wrong_voice
     # task "speak": say ``text`` as it is (a pipeline that answers would answer it instead).
-    options = {"voice": parsed.voice, "modalities": "audio", "task": "speak"}
+    options = ResponseOptions(modalities=("audio",), voice=parsed.voice, task="speak")
     request = Request(text=parsed.input, options=options)
     refusal = admit(state, client)
     if refusal is not None:

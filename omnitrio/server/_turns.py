@@ -23,6 +23,7 @@ import trio
 
 from .._errors import PipelineClosed, StageError
 from .._items import Event, Request, Scalar
+from .._options import ResponseOptions
 from .._pipeline import Pipeline, SideStream
 from .._statistics import StageStatistics
 
@@ -96,5 +97,5 @@ class TurnDetector:
         return stats
 
     def open(self, generation: int, options: Mapping[str, Scalar]) -> DetectorStream:
-        side = self._pipeline.open_side_stream(Request(options=options))
+        side = self._pipeline.open_side_stream(Request(options=ResponseOptions(knobs=options)))
         return DetectorStream(side, generation, self.name)
