@@ -18,22 +18,19 @@ import base64
 import binascii
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from functools import partial
 from typing import Any
 
 from quart import Response
 
+from .._answer import AnswerAssembler, CallArguments, CallStarted, Finished
 from .._errors import OmnitrioError, Overloaded, PipelineClosed
 from .._items import AudioChunk, AudioInput, Event, Request, TextDelta
 from .._options import ResponseOptions
 from ..realtime import new_id
 from ..tools import (
-    FINISH_EVENT,
-    TOOL_ARGUMENTS_EVENT,
-    TOOL_CALL_EVENT,
-    TOOL_DONE_EVENT,
     arguments_json,
     call_text,
     with_tools,
@@ -182,9 +179,7 @@ class _Completion:
         self.audio = "audio" in chat.modalities
         self.rate_hz = state.settings.output_sample_rate_hz
         self.log = ResponseLog(state, "chat.completion", self.id)
-        self.calls: dict[str, dict[str, Any]] = {}  # call id -> the call, in order
-        self.num_deltas = 0
-        self.finish: Mapping[str, object] = {}  # the LLM's llm.finish event, if any
+        self.answer = AnswerAssembler()
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": finish}
@@ -201,52 +196,37 @@ class _Completion:
         return f"data: {json.dumps(body)}\n\n".encode()
 
     def finish_reason(self) -> str:
-        reason = self.finish.get("finish_reason")
-        return reason if isinstance(reason, str) else "tool_calls" if self.calls else "stop"
+        finished = self.answer.finished
+        if finished is not None and finished.finish_reason is not None:
+            return finished.finish_reason
+        return "tool_calls" if self.answer.calls else "stop"
 
     def usage(self) -> dict[str, int]:
-        prompt = self.finish.get("prompt_tokens")
-        completion = self.finish.get("completion_tokens")
-        prompt_tokens = prompt if isinstance(prompt, int) else 0
-        completion_tokens = completion if isinstance(completion, int) else self.num_deltas
+        finished = self.answer.finished or Finished(None, None, None)
+        prompt_tokens = finished.prompt_tokens or 0
+        completion_tokens = finished.completion_tokens
+        if completion_tokens is None:
+            completion_tokens = self.answer.num_text_deltas
         return {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         }
 
-    def _call_delta(self, event: Event) -> dict[str, Any] | None:
-        """The ``tool_calls`` delta for one tool-call event (None: nothing to send)."""
-        call_id = str(event.data.get("call_id"))
-        if event.name == TOOL_CALL_EVENT:
-            name = str(event.data.get("name"))
-            self.calls[call_id] = {"id": call_id, "name": name, "arguments": ""}
-            index = len(self.calls) - 1
-            function = {"name": name, "arguments": ""}
-            return {"index": index, "id": call_id, "type": "function", "function": function}
-        call = self.calls.get(call_id)
-        if call is None:
-            return None
-        if event.name == TOOL_ARGUMENTS_EVENT:
-            delta = str(event.data.get("delta", ""))
-            call["arguments"] += delta
-            index = list(self.calls).index(call_id)
-            return {"index": index, "function": {"arguments": delta}}
-        if event.name == TOOL_DONE_EVENT:
-            call["arguments"] = str(event.data.get("arguments", call["arguments"]))
-        return None
-
-    def _take(self, item: AudioChunk | TextDelta | Event) -> bytes | None:
-        """One pipeline item into the completion; the chunk to stream, if any."""
-        if isinstance(item, Event):
-            if item.name == FINISH_EVENT:
-                self.finish = item.data
-                return None
-            delta = self._call_delta(item)
-            return None if delta is None else self._chunk({"tool_calls": [delta]})
-        if isinstance(item, TextDelta):
-            self.num_deltas += 1
-        return self._delta(item)
+    def _take(self, item: AudioChunk | TextDelta | Event) -> list[bytes]:
+        """One pipeline item into the completion; the chunks to stream."""
+        chunks = []
+        for event in self.answer.take(item):
+            if isinstance(event, CallStarted):
+                function = {"name": event.name, "arguments": ""}
+                call = {"index": event.index, "id": event.call_id, "type": "function"}
+                chunks.append(self._chunk({"tool_calls": [{**call, "function": function}]}))
+            elif isinstance(event, CallArguments):
+                delta = {"index": event.index, "function": {"arguments": event.delta}}
+                chunks.append(self._chunk({"tool_calls": [delta]}))
+            elif isinstance(event, AudioChunk | TextDelta):
+                chunks.append(self._delta(event))
+        return chunks
 
     async def sse(
         self, items: AsyncGenerator[AudioChunk | TextDelta | Event]
@@ -255,8 +235,7 @@ class _Completion:
         try:
             async with aclosing(items):  # the pipeline stream closes with the response
                 async for item in items:
-                    chunk = self._take(item)
-                    if chunk is not None:
+                    for chunk in self._take(item):
                         yield chunk
         except OmnitrioError as exc:
             self.log.done("failed")
@@ -288,14 +267,12 @@ class _Completion:
         try:
             async with aclosing(items):
                 async for item in items:
-                    if isinstance(item, Event):
-                        self._take(item)
-                    elif isinstance(item, TextDelta):
-                        self.num_deltas += 1
-                        text.append(item.text)
-                    else:
-                        self.log.audio()
-                        pcm += resample_pcm16(item.pcm16, item.sample_rate_hz, self.rate_hz)
+                    for event in self.answer.take(item):
+                        if isinstance(event, TextDelta):
+                            text.append(event.text)
+                        elif isinstance(event, AudioChunk):
+                            self.log.audio()
+                            pcm += resample_pcm16(event.pcm16, event.sample_rate_hz, self.rate_hz)
         except (Overloaded, PipelineClosed) as exc:  # admitted after admit() looked: a race
             self.log.done("failed")
             return refused(self.state, exc)
@@ -306,18 +283,19 @@ class _Completion:
             self.log.done("failed")
             return error_response(500, str(exc), "pipeline_error")
         self.log.done("completed")
+        calls = self.answer.calls
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": None if self.audio or (self.calls and not text) else "".join(text),
+            "content": None if self.audio or (calls and not text) else "".join(text),
         }
-        if self.calls:
+        if calls:
             message["tool_calls"] = [
                 {
-                    "id": call["id"],
+                    "id": call.call_id,
                     "type": "function",
-                    "function": {"name": call["name"], "arguments": call["arguments"]},
+                    "function": {"name": call.name, "arguments": call.arguments},
                 }
-                for call in self.calls.values()
+                for call in calls
             ]
         if self.audio:
             assert self.chat.audio is not None
