@@ -92,7 +92,7 @@ def _request_of(chat: ChatRequest, settings: ServerSettings) -> Request:
     try:
         tools, choice = chat_tools(chat.tools, chat.tool_choice, settings.tool_limits)
     except ChatToolError as exc:
-        raise _BadContent(exc.param, str(exc).partition(": ")[2], "invalid_value") from None
+        raise _BadContent(exc.param, exc.problem, "invalid_value") from None
     options = ResponseOptions(
         modalities=tuple(chat.modalities),
         voice=chat.audio.voice if chat.audio else None,

@@ -79,11 +79,13 @@ class ToolCall(_Lenient):
 
 
 class ChatToolError(ValueError):
-    """Tools or a tool choice that break the rules; ``param`` is the request field."""
+    """Tools or a tool choice that break the rules; ``param`` is the request field,
+    ``problem`` what is wrong with it."""
 
     def __init__(self, message: str, param: str) -> None:
         super().__init__(f"{param}: {message}")
         self.param = param
+        self.problem = message
 
 
 def chat_tools(
