@@ -41,7 +41,7 @@ from ._http_errors import admit, bad_request, error_response, over_share, refuse
 from ._requests import BadRequest, ChatRequest, SpeechRequest, check_chat, parse_json
 from ._settings import ServerSettings
 from ._shares import ShareExceeded
-from ._speech_formats import MIMETYPES, SpeechEncoder
+from ._speech_formats import ENCODED, MIMETYPES, SpeechEncoder
 from ._state import ResponseLog, ServerState
 from ._tools import ChatToolError, chat_tools, is_tool_event
 
@@ -153,10 +153,15 @@ async def chat_completions(state: ServerState, raw: bytes, client: str) -> Respo
         wrong_voice = _unknown_voice(state, parsed.audio.voice, "audio.voice")
         if wrong_voice is not None:
             return wrong_voice
+    try:
+        completion = _Completion(state, parsed)
+    except ImportError:
+        assert parsed.audio is not None  # only an encoded audio format needs PyAV
+        message = f"audio.format {parsed.audio.format!r} needs PyAV (the voice extra)"
+        return error_response(501, message, "not_implemented", "audio.format")
     refusal = admit(state, client)
     if refusal is not None:
         return refusal
-    completion = _Completion(state, parsed)
 
     async def items() -> AsyncGenerator[AudioChunk | TextDelta | Event]:
         async with state.open_stream(client, request) as stream:
@@ -178,6 +183,11 @@ class _Completion:
         self.created = int(time.time())
         self.audio = "audio" in chat.modalities
         self.rate_hz = state.settings.output_sample_rate_hz
+        # Encoded formats (mp3, opus, aac, flac) by the speech endpoint's encoder, streamed
+        # as one continuous file across the deltas; pcm16 and wav stream raw PCM16.
+        format = chat.audio.format if chat.audio is not None else "pcm16"
+        encoded = next((f for f in ENCODED if f == format), None)
+        self.encoder = None if encoded is None else SpeechEncoder(encoded, self.rate_hz)
         self.log = ResponseLog(state, "chat.completion", self.id)
         self.answer = AnswerAssembler()
 
@@ -246,6 +256,10 @@ class _Completion:
             self.log.done("disconnected")
             raise
         self.log.done("completed")
+        if self.encoder is not None:
+            tail = self.encoder.close()
+            if tail:
+                yield self._audio_chunk(tail)
         yield self._chunk({}, finish=self.finish_reason())
         options = self.chat.stream_options
         if options is not None and options.include_usage:
@@ -259,7 +273,13 @@ class _Completion:
             return self._chunk({"content": item.text})
         self.log.audio()
         pcm = resample_pcm16(item.pcm16, item.sample_rate_hz, self.rate_hz)
-        return self._chunk({"audio": {"id": self.audio_id, "data": base64.b64encode(pcm).decode()}})
+        data = pcm if self.encoder is None else self.encoder.feed(pcm)
+        return self._audio_chunk(data)
+
+    def _audio_chunk(self, data: bytes) -> bytes:
+        return self._chunk(
+            {"audio": {"id": self.audio_id, "data": base64.b64encode(data).decode()}}
+        )
 
     async def whole(self, items: AsyncGenerator[AudioChunk | TextDelta | Event]) -> Response:
         text: list[str] = []
@@ -299,11 +319,12 @@ class _Completion:
             ]
         if self.audio:
             assert self.chat.audio is not None
-            audio = (
-                wav_bytes(bytes(pcm), self.rate_hz)
-                if self.chat.audio.format == "wav"
-                else bytes(pcm)
-            )
+            if self.encoder is not None:
+                audio = self.encoder.feed(bytes(pcm)) + self.encoder.close()
+            elif self.chat.audio.format == "wav":
+                audio = wav_bytes(bytes(pcm), self.rate_hz)
+            else:
+                audio = bytes(pcm)
             message["audio"] = {
                 "id": self.audio_id,
                 "data": base64.b64encode(audio).decode(),
