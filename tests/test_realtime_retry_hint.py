@@ -42,7 +42,9 @@ async def test_a_response_the_full_pipeline_refuses_says_when_to_retry(
     nursery: trio.Nursery,
 ) -> None:
     config = chain_config(ENDLESS, max_streams=1)
-    (base_url, *_) = await nursery.start(serve, config, ServerSettings(port=0))
+    # One client holds both sessions: its share is the whole pipeline, so the pipeline refuses.
+    settings = ServerSettings(port=0, max_streams_per_client=2)
+    (base_url, *_) = await nursery.start(serve, config, settings)
     url = base_url.replace("http", "ws") + "/v1/realtime"
     async with (
         trio_websocket.open_websocket_url(url) as playing,
