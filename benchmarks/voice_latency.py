@@ -5,8 +5,9 @@ Usage (from the repository root; needs `scripts/setup dev,voice`)::
 
     python benchmarks/voice_latency.py [--levels 1,2,4] [--turns 20] [--json out.json]
         [--checkout DIR] [--voice piper|espeak] [--questions latency|paused] [--pause-s 0.4]
-        [--config FILE]
+        [--config FILE] [--server-log FILE]
 
+``--server-log FILE`` keeps the served pipeline's log (its own log is a temporary file).
 ``--checkout DIR`` serves another checkout of omnitrio (e.g. a ``git worktree`` of
 an older commit) with this client, for before/after figures from one session.
 
