@@ -5,8 +5,9 @@ Usage (from the repository root; needs `scripts/setup dev,voice`)::
 
     python benchmarks/voice_latency.py [--levels 1,2,4] [--turns 20] [--json out.json]
         [--checkout DIR] [--voice piper|espeak] [--questions latency|paused] [--pause-s 0.4]
-        [--config FILE]
+        [--config FILE] [--server-log FILE]
 
+``--server-log FILE`` keeps the served pipeline's log (its own log is a temporary file).
 ``--checkout DIR`` serves another checkout of omnitrio (e.g. a ``git worktree`` of
 an older commit) with this client, for before/after figures from one session.
 
@@ -59,6 +60,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -385,6 +387,7 @@ def main() -> None:
     parser.add_argument("--questions", choices=tuple(QUESTION_SETS), default="latency")
     parser.add_argument("--pause-s", type=float, default=0.4, help="a mid-sentence pause")
     parser.add_argument("--config", type=Path, help="serve this config, not the default")
+    parser.add_argument("--server-log", type=Path, help="keep the server's log here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         voices = {
@@ -402,6 +405,8 @@ def main() -> None:
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=30)
+            if args.server_log:
+                shutil.copyfile(log, args.server_log)
     print(report(levels))
     print("\nWhere the time goes after speech_stopped, p50 (ms):\n")
     print(breakdown(levels))
