@@ -1,4 +1,5 @@
-"""The layout shows the architecture: the runtime never imports torch, stages never import trio."""
+"""The layout shows the architecture: the runtime never imports torch, stages never import trio,
+and the tests mirror the code."""
 
 from __future__ import annotations
 
@@ -33,6 +34,53 @@ def test_forbidden_imports(package: str, forbidden: set[str]) -> None:
     assert files
     for path in files:
         assert not (_imports(path) & forbidden), f"{path.relative_to(REPO)} imports {forbidden}"
+
+
+# Tests mirror the code: each folder of tests/ holds the tests of one folder of the
+# repository, so a module's tests are found by its path (omnitrio/server/_app.py's in
+# tests/server/). tests/ itself holds only what every folder shares (conftest.py, the
+# *_support.py helpers) and this file, which is about the whole tree.
+MIRROR = {
+    "runtime": "omnitrio",
+    "server": "omnitrio/server",
+    "realtime": "omnitrio/realtime",
+    "bench": "omnitrio/bench",
+    "stages": "stages",
+    "stages/qwen2_5_omni": "stages/qwen2_5_omni",
+    "stages/qwen3_omni": "stages/qwen3_omni",
+    "stages/voice": "stages/voice",
+    "web": "web",
+    "reliability": "reliability",
+    "benchmarks": "benchmarks",
+    "docs": "docs",
+}
+
+
+def test_tests_mirror_the_code() -> None:
+    tests = REPO / "tests"
+    test_files = sorted(tests.rglob("test_*.py"))
+    assert len(test_files) > 40  # the suite, not an empty glob
+    for path in test_files:
+        folder = path.parent.relative_to(tests).as_posix()
+        if folder == ".":
+            assert path.name == "test_layout.py", (
+                f"{path.name}: move it into the folder of its code"
+            )
+            continue
+        assert folder in MIRROR, f"tests/{folder}/ mirrors no folder of the code (see MIRROR)"
+    # Every folder of tests/ is a package (unique module names) and mirrors a real folder.
+    for folder, source in MIRROR.items():
+        assert (REPO / source).is_dir(), f"tests/{folder}/ mirrors {source}/, which is gone"
+        assert (tests / folder / "__init__.py").is_file(), f"tests/{folder}/ is not a package"
+    # Every code package of the runtime and of stages/ has its tests folder.
+    for init in sorted(
+        [*(REPO / "omnitrio").rglob("__init__.py"), *(REPO / "stages").rglob("__init__.py")]
+    ):
+        source = init.parent.relative_to(REPO).as_posix()
+        assert source in MIRROR.values(), f"{source}/ has no tests folder in MIRROR"
+    # A test file is named alone (docs/design.md names tests as `file.py::test`).
+    names = [path.name for path in test_files]
+    assert len(names) == len(set(names)), "two test files share a name"
 
 
 # The calls that wait by the clock: time.sleep, trio.sleep, asyncio.sleep, anyio.sleep and

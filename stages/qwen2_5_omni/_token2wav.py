@@ -23,7 +23,8 @@ layers and the ODE repeats it at every evaluation, so a window's edges differ fr
 the whole-utterance decode; context trims that. Lookahead matters most: on the
 tiny checkpoint (signal RMS ~0.09 of full scale), windows 12/24 with 24 codes of
 left context differ by max ~0.29 / RMS ~0.018 without right context, and by max
-~0.02 / RMS ~3e-4 with 12 codes of right context (tests/test_qwen2_5_omni_parity.py).
+~0.02 / RMS ~3e-4 with 12 codes of right context
+(tests/stages/qwen2_5_omni/test_qwen2_5_omni_parity.py).
 """
 
 from __future__ import annotations
