@@ -28,7 +28,7 @@ from ._items import AudioChunk, Event, TextDelta
 from ._listen import listen_socket
 from ._overrides import MODEL_PATH_HELP, with_model_path_arg, with_ray_address
 from ._pipeline import Pipeline, open_pipeline
-from .bench import _cli as bench
+from .bench._args import add_parser as add_bench_parser
 
 if TYPE_CHECKING:
     from .server import ServerSettings
@@ -55,7 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _make_tiny_model(args)
         if args.command == "split-checkpoint":
             return _split_checkpoint(args)
-        job = bench.bench if args.command == "bench" else _prompt
+        if args.command == "bench":
+            from .bench._cli import bench as job  # the harness loads only to run
+        else:
+            job = _prompt
         signum = trio.run(_until_signal, job, args)
         if signum is not None:
             print(f"omnitrio: {signal.Signals(signum).name}; pipeline stopped", file=sys.stderr)
@@ -207,7 +210,7 @@ def _parser() -> argparse.ArgumentParser:
             help="the Ray cluster for stages with placement: ray (default: pipeline.ray_address,"
             " else a local Ray instance started with the pipeline)",
         )
-    bench.add_parser(commands)
+    add_bench_parser(commands)
     check = commands.add_parser(
         "check-config", help="validate a pipeline config and name every problem in it"
     )

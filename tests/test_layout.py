@@ -299,6 +299,29 @@ def test_the_public_surface_is_exactly_all() -> None:
     assert handle == {"aclose", "failure", "id", "receive"}
 
 
+def test_the_benchmark_harness_is_apart_from_the_runtime() -> None:
+    # omnitrio/bench is the `omnitrio bench` harness (load generator, baselines, reports),
+    # not the runtime: no runtime, server or protocol module imports it but the CLI, which
+    # imports only its arguments and loads the harness when the command runs.
+    paths = sorted((REPO / "omnitrio").rglob("*.py"))
+    modules = {_module_name(p) for p in paths}
+    importers = [
+        path.relative_to(REPO).as_posix()
+        for path in paths
+        if not _module_name(path).startswith("omnitrio.bench")
+        and any(m.startswith("omnitrio.bench") for m in _imported_modules(path, modules))
+    ]
+    assert importers == ["omnitrio/_cli.py"]
+    code = (
+        "import sys, omnitrio._cli; "
+        "harness = {'_cli', '_runner', '_server', '_inprocess', '_pipecat', '_vllm_omni_model'}; "
+        "loaded = [m for m in sys.modules if m.rpartition('.')[::2] in "
+        "{('omnitrio.bench', h) for h in harness}]; "
+        "assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
 def test_ray_is_imported_only_by_pipelines_that_place_a_stage_on_it() -> None:
     # Two modules speak to Ray (the stages' actors, the instance), and the runtime
     # imports them only for placement: ray.
