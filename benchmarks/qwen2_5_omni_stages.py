@@ -31,7 +31,8 @@ import trio
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import omnitrio
-from stages.qwen2_5_omni import build_prompt, make_tiny_checkpoint
+from stages.qwen2_5_omni.prompt import build_prompt
+from stages.qwen2_5_omni.tiny import make_tiny_checkpoint
 from tests.qwen2_5_omni_helpers import tiny_config
 
 # A prompt whose reply on the tiny weights runs the talker to TALKER_CODES (2.4 s of audio):

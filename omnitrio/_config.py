@@ -19,7 +19,7 @@ import pydantic
 import yaml
 
 from ._errors import ConfigError
-from ._stage import StepLimits
+from ._stage import StageDeclarations, StepLimits
 
 DEFAULT_EDGE_CAPACITY = 8
 """Items one stream may have in flight on one stage-to-stage edge."""
@@ -204,6 +204,10 @@ def _stage_problems(
         factory = resolve_impl(spec.impl, source, f"{key}.impl")
     except ConfigError as error:
         return [error, *problems]
+    try:
+        StageDeclarations.of(factory)
+    except TypeError as exc:
+        problems.append(ConfigError(source, f"{key}.impl", f"{exc}; fix the stage"))
     params, param_problems = _checked_params(spec, factory, source, key)
     problems = [*param_problems, *problems]
     if param_problems:

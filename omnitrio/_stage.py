@@ -76,6 +76,49 @@ class StepLimits:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class StageDeclarations:
+    """What a stage class declares about itself, read before it loads, here only.
+
+    Every declaration is an optional class attribute of the stage class, of this type:
+
+    - ``checkpoint: str``: the model family whose one checkpoint folder the stage reads
+      its part of (``checkpoint = "qwen3-omni"``), so ``--model-path DIR`` gives every
+      such stage ``DIR``; without it, a stage's ``model_path`` is its own model.
+    - ``tasks: tuple[str, ...]``: what else the server may ask of it
+      (``("transcribe",)``: /v1/audio/transcriptions and input audio transcription).
+    - ``voices: tuple[str, ...]``: the voices it speaks in (the first is its default).
+    - per-step limits: ``max_payloads_per_step`` and ``max_visible_per_step`` as ints,
+      or a classmethod ``step_limits(params) -> StepLimits | None`` (see ``Stage``).
+
+    and one optional method of the loaded stage: ``stage_statistics() -> Mapping[str,
+    float]``, its own figures beside the runtime's (cheap: it is called from trio).
+    A declaration of the wrong type is refused when the config is parsed, naming it.
+    """
+
+    checkpoint: str | None = None
+    tasks: tuple[str, ...] = ()
+    voices: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, stage_class: object) -> StageDeclarations:
+        """The declarations of ``stage_class``; ``TypeError`` naming a wrong one."""
+        name = str(getattr(stage_class, "__qualname__", stage_class))
+        checkpoint = getattr(stage_class, "checkpoint", None)
+        if checkpoint is not None and not isinstance(checkpoint, str):
+            raise TypeError(f"{name}.checkpoint must be a str, not {checkpoint!r}")
+        return cls(
+            checkpoint, _names(stage_class, "tasks", name), _names(stage_class, "voices", name)
+        )
+
+
+def _names(stage_class: object, attribute: str, name: str) -> tuple[str, ...]:
+    value = getattr(stage_class, attribute, ())
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{name}.{attribute} must be a tuple of str, not {value!r}")
+    return value
+
+
 @runtime_checkable
 class Stage(Protocol):
     """A synchronous, batched model stage. See the module docstring for the call order.
@@ -93,7 +136,8 @@ class Stage(Protocol):
     StepLimits | None`` (``params``: the config's, the constructor's defaults filled
     in; None: not known before it loads). Otherwise they are checked as the stage
     loads. Either way, the loaded stage's own attributes are what the scheduler
-    reserves by.
+    reserves by. What else a stage class may declare (its checkpoint, tasks, voices,
+    statistics), and their types: ``StageDeclarations``.
     """
 
     max_inputs_per_step: int | None

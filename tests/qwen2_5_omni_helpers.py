@@ -19,13 +19,11 @@ transformers.utils.logging.disable_progress_bar()
 os.environ["HF_DEACTIVATE_ASYNC_LOAD"] = "1"
 
 import omnitrio  # noqa: E402
-from stages.qwen2_5_omni import (  # noqa: E402
-    CODES_EVENT,
-    TEXT_IDS_EVENT,
-    build_prompt,
-    make_tiny_checkpoint,
-    to_pcm16,
-)
+from stages.qwen2_5_omni.prompt import build_prompt  # noqa: E402
+from stages.qwen2_5_omni.talker import CODES_EVENT  # noqa: E402
+from stages.qwen2_5_omni.thinker import TEXT_IDS_EVENT  # noqa: E402
+from stages.qwen2_5_omni.tiny import make_tiny_checkpoint  # noqa: E402
+from stages.qwen2_5_omni.token2wav import to_pcm16  # noqa: E402
 
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / "configs" / "qwen2.5-omni-tiny.yaml"
 

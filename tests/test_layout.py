@@ -83,6 +83,79 @@ def test_tests_mirror_the_code() -> None:
     assert len(names) == len(set(names)), "two test files share a name"
 
 
+# What a stage's module may import from the project: omnitrio's public names (the
+# package and its public tools module; nothing of the Realtime protocol, the server or
+# a private module) and the stage kit; a family's modules import each other relatively.
+STAGE_IMPORTS = {"omnitrio", "omnitrio.tools", "stages.kit"}
+
+
+def _project_imports(path: Path) -> tuple[set[str], set[int]]:
+    """The absolute imports of omnitrio or stages modules in ``path``, and the levels of
+    its relative imports."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    absolute: set[str] = set()
+    levels: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            absolute.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                levels.add(node.level)
+            elif node.module:
+                absolute.add(node.module)
+    return {m for m in absolute if m.split(".")[0] in {"omnitrio", "stages"}}, levels
+
+
+def test_a_stage_imports_only_the_kit_and_omnitrio_public_names() -> None:
+    # The kit (stages/kit.py) and its private modules are the one door to stages/_*.
+    kit = {"kit.py", *(p.name for p in (REPO / "stages").glob("_*.py"))}
+    checked = 0
+    for path in sorted((REPO / "stages").rglob("*.py")):
+        if path.parent == REPO / "stages" and path.name in kit:
+            continue
+        absolute, levels = _project_imports(path)
+        where = path.relative_to(REPO)
+        assert absolute <= STAGE_IMPORTS, f"{where} imports {absolute - STAGE_IMPORTS}"
+        assert levels <= {1}, f"{where} reaches outside its family by a relative import"
+        checked += 1
+    assert checked > 30
+
+
+def test_every_model_family_has_the_one_layout() -> None:
+    # A family (stages/<family>/): __init__.py holds its docstring and its name (FAMILY)
+    # only; its modules are public, one per stage named for the stage's role, the
+    # stage's class named <Model><Role> (thinker.py: Qwen3OmniThinker; asr.py:
+    # WhisperAsr); payloads.py holds what its stages send one another.
+    families = sorted(p.parent for p in (REPO / "stages").glob("*/__init__.py"))
+    assert [f.name for f in families] == ["qwen2_5_omni", "qwen3_omni", "voice"]
+    stages_found = 0
+    for family in families:
+        init = ast.parse((family / "__init__.py").read_text())
+        body = init.body
+        assert isinstance(body[0], ast.Expr), f"{family.name}/__init__.py has no docstring"
+        assert [ast.unparse(n).split(" =")[0] for n in body[1:]] == ["FAMILY"], (
+            f"{family.name}/__init__.py holds more than its docstring and FAMILY"
+        )
+        modules = sorted(p for p in family.glob("*.py") if p.name != "__init__.py")
+        private = [p.name for p in modules if p.name.startswith("_")]
+        assert not private, f"{family.name}: private modules {private}; make them public"
+        assert (family / "payloads.py").is_file(), f"{family.name} has no payloads.py"
+        for module in modules:
+            for node in ast.parse(module.read_text()).body:
+                if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
+                    continue
+                methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+                bases = {ast.unparse(b) for b in node.bases}
+                if "step" in methods or any(b.endswith("Stage") for b in bases):
+                    stages_found += 1
+                    role = module.stem.replace("_", "").lower()
+                    assert node.name.lower().endswith(role), (
+                        f"{family.name}/{module.name}: stage class {node.name} is not "
+                        f"<Model>{module.stem.title()}"
+                    )
+    assert stages_found >= 11  # the families' stage classes, found
+
+
 # The calls that wait by the clock: time.sleep, trio.sleep, asyncio.sleep, anyio.sleep and
 # their sleep_until, by attribute or by a name imported from those modules (aliases too).
 # trio.sleep_forever waits to be cancelled, not for time to pass, so it is allowed.

@@ -26,13 +26,14 @@ from transformers import (
     Qwen3OmniMoeForConditionalGeneration,
 )
 
-from stages.qwen3_omni.tiny import (
+from stages.kit import NUM_BYTE_TOKENS, build_byte_tokenizer, byte_symbols
+
+from .tiny import (
     ROLE_WORDS,
     SPECIAL_TOKENS,
     build_feature_extractor,
     composite_config,
 )
-from stages.tiny_tokenizer import NUM_BYTE_TOKENS, build_byte_tokenizer, byte_symbols
 
 PUBLISHED_PARAMETERS = 35_259_818_545  # thinker + talker + code2wav (Instruct)
 PUBLISHED_THINKER_PARAMETERS = 31_719_205_488  # the thinker-only Thinking checkpoint

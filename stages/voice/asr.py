@@ -22,17 +22,10 @@ from collections.abc import Mapping, Sequence
 
 from omnitrio import Event, Request, StreamOutput, StreamWork, resample_float
 
+from .files import INSTALL_HINT, cpu_only, existing_path, no_progress_monitor_thread, package_dir
 from .moonshine import Moonshine, model_files
-from .voice_common import (
-    INSTALL_HINT,
-    Floats,
-    Utterance,
-    cpu_only,
-    existing_path,
-    no_progress_monitor_thread,
-    package_dir,
-    pcm16_to_float,
-)
+from .payloads import Utterance
+from .pcm import Floats, pcm16_to_float
 
 ASR_RATE_HZ = 16000  # what both models take
 WHISPER_RATE_HZ = ASR_RATE_HZ

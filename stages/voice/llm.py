@@ -64,7 +64,6 @@ from omnitrio import (
     TextDelta,
     VisibleItem,
 )
-from omnitrio.realtime import new_id
 from omnitrio.tools import (
     FINISH_EVENT,
     TOOL_ARGUMENTS_EVENT,
@@ -75,6 +74,7 @@ from omnitrio.tools import (
     FunctionTool,
     ToolError,
     check_tool_choice,
+    new_call_id,
     parse_tool_options,
 )
 from stages.kit import (
@@ -95,7 +95,7 @@ from stages.kit import (
 
 from .llm_ct2 import Ct2Answer, Ct2Runtime, ensure_ct2
 from .llm_weights import default_cache_dir, load_llm
-from .voice_common import TextPiece, Utterance
+from .payloads import TextPiece, Utterance
 
 RUNTIMES = ("torch", "ctranslate2")
 CT2_WAIT_S = 0.25  # a step with nothing else to do waits this long for a CTranslate2 token
@@ -183,7 +183,7 @@ class _Call:
     done: bool = False  # tool_call.done was sent
 
 
-class SmolLM2(AutoregressiveStage):
+class SmolLM2Llm(AutoregressiveStage):
     """The LLM stage; see the module docstring."""
 
     max_inputs_per_step: int | None = None
@@ -480,7 +480,7 @@ class SmolLM2(AutoregressiveStage):
         """The events for a tool call's new text (see the module docstring)."""
         call = turn.call
         if call is None:
-            call = turn.call = _Call(new_id("call"))
+            call = turn.call = _Call(new_call_id())
         call.text += text
         events: list[VisibleItem] = []
         if call.done:

@@ -30,19 +30,13 @@ import onnxruntime
 
 from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
 
+from .files import INSTALL_HINT, cpu_only, existing_path, package_dir
 from .llm_weights import default_cache_dir
+from .payloads import TextPiece
+from .pcm import Floats, float_to_pcm16
 from .phonemes import Espeak, VoiceSymbols, phoneme_ids
 from .phrases import PhraseSplitter
 from .tts_stream import SplitPhrase, SplitVoice
-from .voice_common import (
-    INSTALL_HINT,
-    Floats,
-    TextPiece,
-    cpu_only,
-    existing_path,
-    float_to_pcm16,
-    package_dir,
-)
 
 PACKAGED_VOICE = "en_US-joe-medium.onnx"
 

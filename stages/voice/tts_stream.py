@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
-from .voice_common import Floats
+from .pcm import Floats
 
 
 @dataclass

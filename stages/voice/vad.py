@@ -49,8 +49,9 @@ from omnitrio import (
     VisibleItem,
 )
 
+from .files import INSTALL_HINT, cpu_only, package_dir
+from .pcm import Floats, pcm16_to_float
 from .smart_turn import SmartTurn
-from .voice_common import INSTALL_HINT, Floats, cpu_only, package_dir, pcm16_to_float
 
 VAD_RATE_HZ = 16000
 WINDOW_SAMPLES = 512  # 32 ms at 16 kHz, what the model takes

@@ -62,7 +62,7 @@ def llm_config() -> omnitrio.PipelineConfig:
         {
             "pipeline": {"name": "llm", "max_streams": 4, "shutdown_timeout_s": 10.0},
             "stages": [
-                {"name": "llm", "impl": "stages.voice.llm:SmolLM2", "step_timeout_s": 120.0},
+                {"name": "llm", "impl": "stages.voice.llm:SmolLM2Llm", "step_timeout_s": 120.0},
                 {
                     "name": "sink",
                     "impl": "stages.synthetic:SyntheticStage",

@@ -34,7 +34,7 @@ def _config() -> omnitrio.PipelineConfig:
             "stages": [
                 {
                     "name": "llm",
-                    "impl": "stages.voice.llm:SmolLM2",
+                    "impl": "stages.voice.llm:SmolLM2Llm",
                     "max_batch_size": 8,
                     "params": {"dtype": "float32", "max_new_tokens": 12},
                 },

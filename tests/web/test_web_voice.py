@@ -22,7 +22,7 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from omnitrio import resample_float
-from stages.voice.voice_common import float_to_pcm16, pcm16_to_float
+from stages.voice.pcm import float_to_pcm16, pcm16_to_float
 from tests.voice_support import (
     INPUT_RATE_HZ,
     MAX_WER,

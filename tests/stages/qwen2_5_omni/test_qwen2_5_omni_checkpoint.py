@@ -13,12 +13,10 @@ torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from stages._torch_device import DeviceError  # noqa: E402
-from stages.qwen2_5_omni import (  # noqa: E402
-    StageWeightsError,
-    TalkerStage,
-    ThinkerStage,
-    Token2WavStage,
-)
+from stages.qwen2_5_omni.loading import StageWeightsError  # noqa: E402
+from stages.qwen2_5_omni.talker import Qwen2_5OmniTalker  # noqa: E402
+from stages.qwen2_5_omni.thinker import Qwen2_5OmniThinker  # noqa: E402
+from stages.qwen2_5_omni.token2wav import Qwen2_5OmniToken2Wav  # noqa: E402
 
 
 def test_writes_the_composite_model_and_one_folder_per_stage(
@@ -81,9 +79,9 @@ def test_each_stage_loads_its_own_folder(
         safetensors_torch.save_file(tensors, weights, metadata={"format": "pt"})
         markers[folder] = (marked, marker)
     stages = {
-        "thinker": ThinkerStage("thinker", model_path=str(checkpoint)),
-        "talker": TalkerStage("talker", model_path=str(checkpoint)),
-        "token2wav": Token2WavStage("token2wav", model_path=str(checkpoint)),
+        "thinker": Qwen2_5OmniThinker("thinker", model_path=str(checkpoint)),
+        "talker": Qwen2_5OmniTalker("talker", model_path=str(checkpoint)),
+        "token2wav": Qwen2_5OmniToken2Wav("token2wav", model_path=str(checkpoint)),
     }
     try:
         for folder, stage in stages.items():
@@ -117,18 +115,18 @@ def test_a_weight_key_problem_names_the_stage_and_the_key(
         tensors[key] = torch.zeros(2)
     safetensors_torch.save_file(tensors, weights, metadata={"format": "pt"})
     with pytest.raises(StageWeightsError, match=rf"stage 'voice'.*{change} keys: {key}"):
-        TalkerStage("voice", model_path=str(broken))
+        Qwen2_5OmniTalker("voice", model_path=str(broken))
 
 
 def test_a_missing_folder_says_how_to_make_one(tmp_path: pathlib.Path) -> None:
     with pytest.raises(FileNotFoundError, match="make-tiny-model"):
-        TalkerStage("talker", model_path=str(tmp_path / "nowhere"))
+        Qwen2_5OmniTalker("talker", model_path=str(tmp_path / "nowhere"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a CUDA GPU")
 def test_cuda_without_a_gpu_is_refused_clearly(
     tiny_checkpoint: pathlib.Path,  # noqa: F811
 ) -> None:
-    for stage in (ThinkerStage, TalkerStage, Token2WavStage):
+    for stage in (Qwen2_5OmniThinker, Qwen2_5OmniTalker, Qwen2_5OmniToken2Wav):
         with pytest.raises(DeviceError, match=r"stage 'x': device 'cuda' needs a CUDA GPU"):
             stage("x", "cuda", model_path=str(tiny_checkpoint))

@@ -4,7 +4,7 @@ Greedy thinker and talker, fixed noise seed. Text ids and codec codes must be
 identical; the waveform is identical when token2wav decodes the utterance as one
 window, and within ``CHUNKED_MAX_ABS``/``CHUNKED_RMS`` of full scale when it decodes
 windows with left and right context (the DiT's attention reaches across window
-edges, so a windowed decode is not bit-exact; see stages/qwen2_5_omni/_token2wav.py).
+edges, so a windowed decode is not bit-exact; see stages/qwen2_5_omni/token2wav.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ from transformers import DynamicCache  # noqa: E402
 
 from omnitrio import StreamWork  # noqa: E402
 from stages._torch_kv import batched_decode  # noqa: E402
-from stages.qwen2_5_omni import CodecCodes, ThinkerStage, Token2WavStage  # noqa: E402
+from stages.qwen2_5_omni.payloads import CodecCodes  # noqa: E402
+from stages.qwen2_5_omni.thinker import Qwen2_5OmniThinker  # noqa: E402
+from stages.qwen2_5_omni.token2wav import Qwen2_5OmniToken2Wav  # noqa: E402
 
 BATCHED_LOGITS_ATOL = 1e-5
 
@@ -33,7 +35,7 @@ def test_batched_decode_logits_equal_single_stream_under_teacher_forcing(
     tiny_checkpoint: pathlib.Path,  # noqa: F811
 ) -> None:
     """Four streams of different lengths, fed the same forced tokens, batched and one by one."""
-    stage = ThinkerStage("thinker", model_path=str(tiny_checkpoint))
+    stage = Qwen2_5OmniThinker("thinker", model_path=str(tiny_checkpoint))
     model = stage.model
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (1, n), generator=generator) for n in (3, 9, 17, 30)]
@@ -84,7 +86,7 @@ async def test_cancelled_and_finished_streams_leave_no_state(
         assert pipeline.statistics().num_cancelled == 1
 
 
-class SlowThinker(ThinkerStage):
+class SlowThinker(Qwen2_5OmniThinker):
     """Forward and packaging each take ``delay_ms`` more, slept (GIL released, like a GPU)."""
 
     def __init__(self, *args: Any, delay_ms: float, slow_packaging: bool, **kwargs: Any) -> None:
@@ -150,7 +152,7 @@ async def test_slow_packaging_leaves_the_step_cadence_unchanged(
 def test_token2wav_sends_a_smaller_first_window_then_full_windows(
     tiny_checkpoint: pathlib.Path,  # noqa: F811
 ) -> None:
-    stage = Token2WavStage(
+    stage = Qwen2_5OmniToken2Wav(
         "token2wav",
         model_path=str(tiny_checkpoint),
         first_chunk_frames=6,

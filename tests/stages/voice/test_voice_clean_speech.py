@@ -98,7 +98,7 @@ def tts() -> Iterator[object]:
 def speak(tts: object, text: str) -> tuple[bytes, int, int]:
     """The answer's audio as the client gets it (all chunks joined), its rate, and how
     many chunks (phrases) it came in."""
-    from stages.voice.voice_common import TextPiece
+    from stages.voice.payloads import TextPiece
 
     tts.open_stream("s", Request())  # type: ignore[attr-defined]
     chunks: list[AudioChunk] = []

@@ -29,9 +29,9 @@ WEATHER_TOOL = {
 @pytest.fixture
 def llm() -> Iterator[object]:
     """One per test: its packaging thread (torch turns) ends with it."""
-    from stages.voice.llm import SmolLM2
+    from stages.voice.llm import SmolLM2Llm
 
-    stage = SmolLM2("llm", max_new_tokens=24, runtime="ctranslate2", num_workers=2)
+    stage = SmolLM2Llm("llm", max_new_tokens=24, runtime="ctranslate2", num_workers=2)
     yield stage
     stage.close()
 
@@ -41,7 +41,7 @@ def _run(
 ) -> tuple[dict[str, str], list[str], dict[str, list[Event]]]:
     """Step the streams to the end together; their texts, which stream each text
     delta came from in order, and their events."""
-    from stages.voice.voice_common import Utterance
+    from stages.voice.payloads import Utterance
 
     for sid in questions:
         stage.open_stream(sid, Request(options=options or {}))  # type: ignore[attr-defined]
@@ -90,7 +90,7 @@ def test_the_system_message_is_the_cached_static_prompt(llm: object) -> None:
     llm.open_stream("s", Request(options={"instructions": "Answer briefly."}))  # type: ignore[attr-defined]
     turn: _Turn = llm.streams["s"]  # type: ignore[attr-defined]
     system = llm._system_ids(turn)  # type: ignore[attr-defined]
-    from stages.voice.voice_common import Utterance
+    from stages.voice.payloads import Utterance
 
     turn.prompt = llm._prompt_ids(turn, [Utterance("Hello!")])  # type: ignore[attr-defined]
     assert turn.prompt[: len(system)] == system
@@ -99,7 +99,7 @@ def test_the_system_message_is_the_cached_static_prompt(llm: object) -> None:
 
 
 def test_a_cancelled_answer_stops_generating(llm: object) -> None:
-    from stages.voice.voice_common import Utterance
+    from stages.voice.payloads import Utterance
 
     llm.open_stream("x", Request(options={"max_tokens": 200}))  # type: ignore[attr-defined]
     llm.step([StreamWork("x", (Utterance("Tell me a long story."),), True)])  # type: ignore[attr-defined]
@@ -122,7 +122,7 @@ def test_a_tool_call_turn_runs_on_torch_under_its_grammar(llm: object) -> None:
 
 
 def test_an_unknown_runtime_is_refused_naming_the_choices() -> None:
-    from stages.voice.llm import SmolLM2
+    from stages.voice.llm import SmolLM2Llm
 
     with pytest.raises(ValueError, match=r"runtime must be one of .*'ctranslate2'.*'onnx'"):
-        SmolLM2("llm", runtime="onnx")
+        SmolLM2Llm("llm", runtime="onnx")

@@ -29,7 +29,7 @@ QUESTIONS = (
 
 
 def _samples(text: str, tmp_path: Path, voice: str = "piper") -> np.ndarray:
-    from stages.voice.voice_common import pcm16_to_float
+    from stages.voice.pcm import pcm16_to_float
 
     pcm16 = spoken(text, tmp_path / "q.wav", voice=voice)
     return resample_float(pcm16_to_float(pcm16), INPUT_RATE_HZ, WHISPER_RATE_HZ)
@@ -115,7 +115,7 @@ def test_the_asr_stage_hears_the_suites_questions(converted: Path, tmp_path: Pat
 
 def test_a_model_dir_without_the_files_is_refused_naming_the_param(tmp_path: Path) -> None:
     from stages.voice.asr import MoonshineAsr
-    from stages.voice.voice_common import MissingModelFile
+    from stages.voice.files import MissingModelFile
 
     with pytest.raises(MissingModelFile, match=r"param model_dir: .*encoder_model\.ort"):
         MoonshineAsr("asr", model_dir=str(tmp_path))

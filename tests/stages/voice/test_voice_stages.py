@@ -47,17 +47,17 @@ def test_the_first_phrase_ends_before_a_boundary_word_once_it_has_its_minimum() 
 @pytest.fixture
 def llm() -> Iterator[object]:
     """One per test: its packaging thread (started by the first step) ends with it."""
-    from stages.voice.llm import SmolLM2
+    from stages.voice.llm import SmolLM2Llm
 
     # float32: in bf16 the batch's shape changes rounding, and greedy answers may part.
-    stage = SmolLM2("llm", max_new_tokens=16, dtype="float32")
+    stage = SmolLM2Llm("llm", max_new_tokens=16, dtype="float32")
     yield stage
     stage.close()
 
 
 def _answer(stage: object, questions: dict[str, str]) -> dict[str, str]:
     """Run streams to the end together, the way the actor does; their texts."""
-    from stages.voice.voice_common import Utterance
+    from stages.voice.payloads import Utterance
 
     for sid in questions:
         stage.open_stream(sid, Request())  # type: ignore[attr-defined]
@@ -97,9 +97,9 @@ def test_batched_decoding_gives_each_stream_its_own_answer(llm: object) -> None:
 def test_the_int8_llm_quantizes_every_linear_layer_and_still_answers() -> None:
     import torch
 
-    from stages.voice.llm import SmolLM2
+    from stages.voice.llm import SmolLM2Llm
 
-    stage = SmolLM2("llm", max_new_tokens=12, dtype="int8")
+    stage = SmolLM2Llm("llm", max_new_tokens=12, dtype="int8")
     try:
         linear = [m for m in stage.model.modules() if type(m) is torch.nn.Linear]
         quantized = [m for m in stage.model.modules() if "quantized" in type(m).__module__]
@@ -113,10 +113,10 @@ def test_the_int8_llm_quantizes_every_linear_layer_and_still_answers() -> None:
 
 def test_an_unknown_llm_dtype_is_refused_naming_the_stage_and_the_choices() -> None:
     pytest.importorskip("torch")
-    from stages.voice.llm import SmolLM2
+    from stages.voice.llm import SmolLM2Llm
 
     with pytest.raises(ValueError, match=r"stage 'llm': dtype must be one of .*'int8'.*'int4'"):
-        SmolLM2("llm", dtype="int4")
+        SmolLM2Llm("llm", dtype="int4")
 
 
 def test_the_llm_on_cuda_without_a_gpu_is_refused_naming_the_stage() -> None:
@@ -124,10 +124,10 @@ def test_the_llm_on_cuda_without_a_gpu_is_refused_naming_the_stage() -> None:
     if torch.cuda.is_available():
         pytest.skip("checks the refusal on a machine without a CUDA GPU")
     from stages._torch_device import DeviceError
-    from stages.voice.llm import SmolLM2
+    from stages.voice.llm import SmolLM2Llm
 
     with pytest.raises(DeviceError, match=r"stage 'llm': device 'cuda' needs a CUDA GPU"):
-        SmolLM2("llm", "cuda")
+        SmolLM2Llm("llm", "cuda")
 
 
 @needs_voice
@@ -135,9 +135,9 @@ def test_the_llm_on_cuda_answers_as_on_cpu(llm: object) -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from stages.voice.llm import SmolLM2
+    from stages.voice.llm import SmolLM2Llm
 
-    on_gpu = SmolLM2("llm", "cuda", max_new_tokens=16)
+    on_gpu = SmolLM2Llm("llm", "cuda", max_new_tokens=16)
     try:
         question = {"a": "What do cats like to eat?"}
         # bf16 on two devices: the greedy answers agree at least in their first words.
@@ -148,7 +148,7 @@ def test_the_llm_on_cuda_answers_as_on_cpu(llm: object) -> None:
 
 @needs_voice
 def test_a_cancelled_stream_leaves_the_batch_at_the_next_step(llm: object) -> None:
-    from stages.voice.voice_common import Utterance
+    from stages.voice.payloads import Utterance
 
     llm.open_stream("x", Request())  # type: ignore[attr-defined]
     llm.open_stream("y", Request())  # type: ignore[attr-defined]
@@ -215,8 +215,8 @@ def test_vad_finds_the_turn_and_batches_streams(tmp_path: Path) -> None:
 
 @needs_voice
 def test_tts_speaks_the_first_phrase_before_the_text_ends() -> None:
+    from stages.voice.payloads import TextPiece
     from stages.voice.tts import PiperTts
-    from stages.voice.voice_common import TextPiece
 
     tts = PiperTts("tts")
     tts.open_stream("s", Request())
@@ -239,8 +239,8 @@ def test_tts_speaks_the_first_phrase_before_the_text_ends() -> None:
     [
         ("stages.voice.tts:PiperTts", {"voice_path": "nowhere/voice.onnx"}, "voice_path"),
         ("stages.voice.asr:WhisperAsr", {"model_path": "nowhere/whisper"}, "model_path"),
-        ("stages.voice.llm:SmolLM2", {"model_path": "nowhere/llm"}, "model_path"),
-        ("stages.voice.llm:SmolLM2", {"model_path": "nowhere/llm.gguf"}, "model_path"),
+        ("stages.voice.llm:SmolLM2Llm", {"model_path": "nowhere/llm"}, "model_path"),
+        ("stages.voice.llm:SmolLM2Llm", {"model_path": "nowhere/llm.gguf"}, "model_path"),
     ],
 )
 def test_a_missing_model_file_names_the_param_and_the_path(
@@ -248,7 +248,7 @@ def test_a_missing_model_file_names_the_param_and_the_path(
 ) -> None:
     import importlib
 
-    from stages.voice.voice_common import MissingModelFile
+    from stages.voice.files import MissingModelFile
 
     module, _, name = impl.partition(":")
     stage_class = getattr(importlib.import_module(module), name)

@@ -43,7 +43,7 @@ def test_the_parts_join_into_the_one_pass_audio(tts: object) -> None:
 
 
 def test_the_first_part_goes_out_a_step_before_the_rest(tts: object) -> None:
-    from stages.voice.voice_common import TextPiece
+    from stages.voice.payloads import TextPiece
 
     tts.open_stream("s", Request())  # type: ignore[attr-defined]
     text = (TextPiece(PHRASE), TextPiece(" Dogs like bones too."))

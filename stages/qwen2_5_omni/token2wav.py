@@ -42,8 +42,8 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4OD
 from omnitrio import AudioChunk, Request, StepLimits, StreamOutput, StreamWork
 from stages.kit import stage_device
 
-from ._loading import load_speakers, load_stage_model, speaker_of, stage_folder
-from ._payloads import CodecCodes
+from .loading import load_speakers, load_stage_model, speaker_of, stage_folder
+from .payloads import CodecCodes
 
 MAX_WINDOWS_PER_STEP = 2
 
@@ -57,7 +57,7 @@ class _Stream:
     num_emitted: int = 0  # codes whose audio was sent
 
 
-class Token2WavStage:
+class Qwen2_5OmniToken2Wav:
     """Qwen2.5-Omni token2wav (DiT + BigVGAN) as an omnitrio stage."""
 
     checkpoint = "qwen2.5-omni"  # model_path: one folder shared with the family's other stages

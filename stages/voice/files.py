@@ -1,42 +1,10 @@
-"""What the voice-chat stages share: edge payloads, PCM conversion, packaged files.
-
-The payloads travel only on the edges asr -> llm -> tts; clients never see them.
-"""
+"""The voice-chat stages' model files: packaged weights found without importing their
+packages, params that name a file, the CPU-only check."""
 
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
-import numpy.typing as npt
-
-Floats = npt.NDArray[np.float32]
-
-
-@dataclass(frozen=True, slots=True)
-class Utterance:
-    """asr -> llm: what the user said in this turn ("" when the turn had no audio)."""
-
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class TextPiece:
-    """llm -> tts: the next piece of the answer's text, in order."""
-
-    text: str
-
-
-def pcm16_to_float(pcm16: bytes) -> Floats:
-    """Little-endian PCM16 bytes as float32 samples in [-1, 1]."""
-    return np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
-
-
-def float_to_pcm16(samples: Floats) -> bytes:
-    """float32 samples (clipped to [-1, 1]) as little-endian PCM16 bytes."""
-    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
 
 
 def no_progress_monitor_thread() -> None:

@@ -45,10 +45,10 @@ from stages.kit import (
     step_output,
 )
 
-from ._loading import load_speakers, load_stage_model, speaker_of, stage_folder
-from ._payloads import ReplyEnd, ReplyStart, ReplyToken
-from ._prompt import Prompt, build_prompt
-from ._stats import DecodeBatches
+from .loading import load_speakers, load_stage_model, speaker_of, stage_folder
+from .payloads import ReplyEnd, ReplyStart, ReplyToken
+from .prompt import Prompt, build_prompt
+from .stats import DecodeBatches
 
 
 @dataclass
@@ -66,7 +66,7 @@ class _Stream:
 TEXT_IDS_EVENT = "thinker.text_ids"
 
 
-class ThinkerStage(AutoregressiveStage):
+class Qwen2_5OmniThinker(AutoregressiveStage):
     """The Qwen2.5-Omni thinker as an omnitrio stage (see the module docstring).
 
     ``emit_ids``: also send each sampled token id to the client as an

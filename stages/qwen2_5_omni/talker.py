@@ -37,9 +37,9 @@ from stages.kit import (
     step_output,
 )
 
-from ._loading import load_stage_model, stage_folder
-from ._payloads import CodecCodes, ReplyEnd, ReplyStart, ReplyToken
-from ._stats import DecodeBatches
+from .loading import load_stage_model, stage_folder
+from .payloads import CodecCodes, ReplyEnd, ReplyStart, ReplyToken
+from .stats import DecodeBatches
 
 
 @dataclass
@@ -77,7 +77,7 @@ class _Stream:
 CODES_EVENT = "talker.codes"
 
 
-class TalkerStage(AutoregressiveStage):
+class Qwen2_5OmniTalker(AutoregressiveStage):
     """The Qwen2.5-Omni talker as an omnitrio stage (see the module docstring).
 
     ``emit_codes``: also send each codec code to the client as an

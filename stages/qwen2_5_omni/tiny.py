@@ -26,7 +26,7 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from stages.tiny_tokenizer import build_byte_tokenizer
+from stages.kit import build_byte_tokenizer
 
 HIDDEN_SIZE = 64
 NUM_CODEC_CODES = 64
