@@ -80,8 +80,8 @@ async def pipelined(checkpoint: pathlib.Path, num_streams: int) -> dict[str, flo
         "talker_packaging_ms": talker["packaging_ms_mean"],
         "talker_gap_ms": talker["step_gap_ms_mean"],
         "audio_s_per_stream": token2wav["audio_s"] / num_streams,
-        "thinker_max_batch": thinker["max_decode_batch_size"],
-        "talker_max_batch": talker["max_decode_batch_size"],
+        "thinker_max_batch": thinker["largest_decode_batch_size"],
+        "talker_max_batch": talker["largest_decode_batch_size"],
     }
 
 

@@ -59,12 +59,29 @@ class StreamOutput:
 
 @dataclass(frozen=True, slots=True)
 class StepLimits:
-    """What one step may emit for one stream, as a stage class declares it for a
-    config's params (``step_limits``), so the config's capacities are checked when it
-    is parsed, before any stage loads."""
+    """What one step may take and emit for one stream: as a stage class declares it for
+    a config's params (``step_limits``), so the config's capacities are checked when it
+    is parsed, before any stage loads; and as the loaded stage has it (``of_stage``), what
+    the scheduler reserves credit by and each step's output is held to."""
 
     max_payloads_per_step: int
     max_visible_per_step: int
+    max_inputs_per_step: int | None = None  # None: everything waiting
+
+    @classmethod
+    def of_stage(cls, stage: Stage) -> StepLimits:
+        """The loaded stage's limits, checked; ``ValueError`` naming a wrong one."""
+        inputs = stage.max_inputs_per_step
+        payloads, visible = stage.max_payloads_per_step, stage.max_visible_per_step
+        if inputs is not None and (not isinstance(inputs, int) or inputs < 1):
+            raise ValueError(f"max_inputs_per_step must be None or at least 1, not {inputs!r}")
+        for label, value in (
+            ("max_payloads_per_step", payloads),
+            ("max_visible_per_step", visible),
+        ):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{label} must be an int of at least 0, not {value!r}")
+        return cls(payloads, visible, inputs)
 
     @classmethod
     def of_attributes(cls, stage_class: object) -> StepLimits | None:

@@ -54,12 +54,12 @@ def tiny_config(
 @dataclass(frozen=True, slots=True)
 class ARStageStatistics:
     """What an autoregressive stage reports (``stage_statistics()``, through the pipeline's
-    statistics), in seconds. ``max_batch_size``: most streams in one decode forward."""
+    statistics), in seconds. ``largest_batch_size``: most streams in one decode forward so far."""
 
     num_active_streams: int
     kv_bytes: int
     num_tokens: int
-    max_batch_size: int
+    largest_batch_size: int
     forward_mean_s: float
     sampling_mean_s: float
     packaging_mean_s: float  # per packaging job, on the packaging thread
@@ -73,7 +73,7 @@ def ar_statistics(pipeline: omnitrio.Pipeline, name: str) -> ARStageStatistics:
         num_active_streams=int(model["num_active_streams"]),
         kv_bytes=int(model["kv_bytes"]),
         num_tokens=int(model["num_tokens"]),
-        max_batch_size=int(model["max_decode_batch_size"]),
+        largest_batch_size=int(model["largest_decode_batch_size"]),
         forward_mean_s=model["forward_ms_mean"] / 1000,
         sampling_mean_s=model["sampling_ms_mean"] / 1000,
         packaging_mean_s=model["packaging_ms_mean"] / 1000,

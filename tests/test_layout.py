@@ -4,6 +4,7 @@ and the tests mirror the code."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import types
@@ -154,6 +155,76 @@ def test_every_model_family_has_the_one_layout() -> None:
                         f"<Model>{module.stem.title()}"
                     )
     assert stages_found >= 11  # the families' stage classes, found
+
+
+# docs/glossary.md, "One name per concept": the retired names, as identifiers (a class,
+# function, attribute, argument or variable), anywhere in the code, the tests and the
+# scripts. Prose may still say what a thing is used for ("turn detection").
+RETIRED_NAMES = {
+    "TurnDetector": "SideStage",  # the side stage
+    "DetectorStream": "SessionSideStream",
+    "Listener": "TurnDetectionState",
+    "ListenAudio": "SideStageAudio",
+    "Limits": "StepLimits",  # one limits type
+    "has_outbox": "feeds_edge",  # outbox is stages.kit.Outbox
+    "max_batch_size_seen": "largest_batch_size",  # the largest batch seen
+    "_StreamState": "_Stream",  # per-stream state in stages
+    "_Turn": "_Stream",
+    "_Track": "_Stream",
+    "_Speech": "_Stream",
+}
+# In stages/ only: a stage's per-stream state is self.streams.
+RETIRED_IN_STAGES = {"_streams", "_tracks", "_speech", "_audio"}
+
+
+def _identifiers(tree: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.arg) or (isinstance(node, ast.keyword) and node.arg):
+            names.add(node.arg)
+    return names
+
+
+def test_one_name_per_concept() -> None:
+    checked = 0
+    for folder in ("omnitrio", "stages", "tests", "benchmarks", "reliability", "examples"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            where = path.relative_to(REPO).as_posix()
+            if where == "tests/test_layout.py":
+                continue
+            found = _identifiers(ast.parse(path.read_text(), filename=where))
+            for name in sorted(found & RETIRED_NAMES.keys()):
+                raise AssertionError(
+                    f"{where} uses {name!r}: its name is {RETIRED_NAMES[name]} (docs/glossary.md)"
+                )
+            if folder == "stages" and found & RETIRED_IN_STAGES:
+                raise AssertionError(
+                    f"{where} keeps per-stream state in {found & RETIRED_IN_STAGES}: "
+                    "call it self.streams (docs/glossary.md)"
+                )
+            checked += 1
+    assert checked > 100
+    # The statistic and the config: no field of the retired names.
+    import omnitrio
+    from omnitrio._stage import StepLimits
+
+    assert "largest_batch_size" in omnitrio.StageStatistics.__dataclass_fields__
+    assert "max_batch_size" not in omnitrio.StageStatistics.__dataclass_fields__
+    assert "side_stage" in omnitrio.PipelineConfig.model_fields
+    assert "turn_detection" not in omnitrio.PipelineConfig.model_fields
+    assert "max_inputs_per_step" in StepLimits.__dataclass_fields__
+    from omnitrio.server._state import ServerState
+
+    assert "side_stage" in ServerState.__dataclass_fields__
+    assert "turns" not in ServerState.__dataclass_fields__
+    for config in sorted((REPO / "configs").glob("*.yaml")):
+        assert not re.search(r"^turn_detection:", config.read_text(), re.M), config.name
 
 
 # The calls that wait by the clock: time.sleep, trio.sleep, asyncio.sleep, anyio.sleep and

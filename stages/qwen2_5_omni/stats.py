@@ -9,11 +9,11 @@ class DecodeBatches:
 
     def __init__(self) -> None:
         self.last = 0
-        self.max = 0
+        self.largest = 0
 
     def record(self, num_streams: int) -> None:
         self.last = num_streams
-        self.max = max(self.max, num_streams)
+        self.largest = max(self.largest, num_streams)
 
     def snapshot(self) -> dict[str, float]:
-        return {"last_decode_batch_size": self.last, "max_decode_batch_size": self.max}
+        return {"last_decode_batch_size": self.last, "largest_decode_batch_size": self.largest}

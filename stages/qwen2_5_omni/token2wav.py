@@ -129,7 +129,7 @@ class Qwen2_5OmniToken2Wav:
         self.samples_per_code = self.repeats * math.prod(
             self.model.config.bigvgan_config.upsample_rates
         )
-        self._streams: dict[str, _Stream] = {}
+        self.streams: dict[str, _Stream] = {}
         self._counts = {"windows": 0, "codes": 0, "samples": 0}
         self._decode_s = 0.0
 
@@ -140,24 +140,24 @@ class Qwen2_5OmniToken2Wav:
         mel_dim = self.model.code2wav_dit_model.mel_dim
         # Drawn on the host (the reference's draw), then kept on the device.
         noise = torch.randn([1, self.max_codes * self.repeats, mel_dim], generator=generator)
-        self._streams[stream_id] = _Stream(
+        self.streams[stream_id] = _Stream(
             noise.to(self.device),
             speaker["cond"].float().to(self.device),
             speaker["ref_mel"].float().to(self.device),
         )
 
     def close_stream(self, stream_id: str) -> None:
-        del self._streams[stream_id]
+        del self.streams[stream_id]
 
     def close(self) -> None:
-        self._streams.clear()
+        self.streams.clear()
 
     @torch.no_grad()
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
         outputs: dict[str, StreamOutput] = {}
         windows: list[_Window] = []
         for work in batch:
-            problem = self._take(self._streams[work.stream_id], work.inputs)
+            problem = self._take(self.streams[work.stream_id], work.inputs)
             if problem is not None:
                 outputs[work.stream_id] = StreamOutput(error=problem)
             else:
@@ -166,7 +166,7 @@ class Qwen2_5OmniToken2Wav:
         for work in batch:
             if work.stream_id in outputs:
                 continue
-            stream = self._streams[work.stream_id]
+            stream = self.streams[work.stream_id]
             more = self._next_window_end(stream, work.input_closed) is not None
             outputs[work.stream_id] = StreamOutput(
                 visible=tuple(chunks.get(work.stream_id, ())),
@@ -201,7 +201,7 @@ class Qwen2_5OmniToken2Wav:
 
     def _plan(self, stream_id: str, input_closed: bool) -> list[_Window]:
         """The stream's windows that are ready, up to ``max_windows_per_step``, in order."""
-        stream, windows = self._streams[stream_id], list[_Window]()
+        stream, windows = self.streams[stream_id], list[_Window]()
         while len(windows) < self.max_visible_per_step:
             end = self._next_window_end(stream, input_closed)
             if end is None:
@@ -227,7 +227,7 @@ class Qwen2_5OmniToken2Wav:
         """Decode windows of equal shape together (one ODE solve, one vocoder call)."""
         groups: dict[tuple[int, tuple[int, ...]], list[_Window]] = {}
         for window in windows:
-            ref_shape = tuple(self._streams[window.stream_id].reference_mel.shape)
+            ref_shape = tuple(self.streams[window.stream_id].reference_mel.shape)
             groups.setdefault((window.right - window.left, ref_shape), []).append(window)
         pieces: dict[_Window, bytes] = {}
         for group in groups.values():
@@ -240,7 +240,7 @@ class Qwen2_5OmniToken2Wav:
 
     def _decode_group(self, group: list[_Window]) -> dict[_Window, bytes]:
         started = time.perf_counter()
-        pairs = [(self._streams[w.stream_id], w) for w in group]
+        pairs = [(self.streams[w.stream_id], w) for w in group]
         streams = [s for s, _ in pairs]
         r = self.repeats
         codes = torch.tensor(

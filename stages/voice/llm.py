@@ -147,7 +147,7 @@ CALL_END = "}" + TOOL_CALL_CLOSE
 
 
 @dataclass
-class _Turn:
+class _Stream:
     """One stream's answer. ``generated`` and the rest are the stage thread's;
     ``detok`` is the packaging thread's."""
 
@@ -239,7 +239,7 @@ class SmolLM2Llm(AutoregressiveStage):
         # Greedy unless a request sets temperature (and top_p, top_k, seed) or llm.<key>.
         self.sampling = SamplingParams(repetition_penalty=repetition_penalty)
         self.stop_ids = stop_ids(self.model, self.tokenizer)
-        self.streams: dict[str, _Turn] = {}
+        self.streams: dict[str, _Stream] = {}
         self._vocabulary: Vocabulary | None = None  # for grammars; converted on first use
         self._open_first = int(self.tokenizer.encode(TOOL_CALL_OPEN)[0])
 
@@ -248,7 +248,7 @@ class SmolLM2Llm(AutoregressiveStage):
         params = SamplingParams.from_options(self.sampling, options, self.name)
         asked = any(options.get(k) is not None for k in ("max_tokens", f"{self.name}.max_tokens"))
         limit = params.max_tokens if asked else self.max_new_tokens
-        turn = _Turn(request, limit, Sampler(params), asked, Detokenizer(self.tokenizer))
+        turn = _Stream(request, limit, Sampler(params), asked, Detokenizer(self.tokenizer))
         try:
             tools, choice = parse_tool_options(options)
             check_tool_choice(tools, choice)
@@ -306,7 +306,7 @@ class SmolLM2Llm(AutoregressiveStage):
         # A stream whose own sampling failed (its grammar, say) fails alone (stage kit).
         return {w.stream_id: self.failed(w.stream_id) or self._output(w) for w in batch}
 
-    def _system(self, turn: _Turn) -> str:
+    def _system(self, turn: _Stream) -> str:
         options = turn.request.options
         instructions = options.get("instructions")
         system = instructions if isinstance(instructions, str) else DEFAULT_INSTRUCTIONS
@@ -314,13 +314,13 @@ class SmolLM2Llm(AutoregressiveStage):
             system += "\n\n" + TOOLS_PROMPT.format(tools=options.get("tools"))
         return system
 
-    def _system_ids(self, turn: _Turn) -> list[int]:
+    def _system_ids(self, turn: _Stream) -> list[int]:
         """The chat's system message alone, as the prompt starts with it."""
         messages = [{"role": "system", "content": self._system(turn)}]
         ids = self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
         return [int(i) for i in ids]
 
-    def _prompt_ids(self, turn: _Turn, utterances: list[Utterance]) -> list[int]:
+    def _prompt_ids(self, turn: _Stream, utterances: list[Utterance]) -> list[int]:
         system = self._system(turn)
         history = parse_history(turn.request.text)[-self.max_history_messages :]
         messages = [{"role": "system", "content": system}, *history]
@@ -330,11 +330,11 @@ class SmolLM2Llm(AutoregressiveStage):
         )
         return [int(i) for i in ids][-self.max_prompt_tokens :]
 
-    def _on_ct2(self, turn: _Turn) -> bool:
+    def _on_ct2(self, turn: _Stream) -> bool:
         """Whether CTranslate2 generates this turn's answer (see the module docstring)."""
         return self.ct2 is not None and not turn.tools and turn.sampler.params.seed is None
 
-    def _start_ct2(self, turn: _Turn) -> Ct2Answer:
+    def _start_ct2(self, turn: _Stream) -> Ct2Answer:
         assert turn.prompt is not None
         assert self.ct2 is not None
         system = self._system_ids(turn)
@@ -351,7 +351,7 @@ class SmolLM2Llm(AutoregressiveStage):
             end_tokens=sorted(self.stop_ids),
         )
 
-    def _ct2_tokens(self, turn: _Turn) -> StreamOutput:
+    def _ct2_tokens(self, turn: _Stream) -> StreamOutput:
         """The text of the tokens CTranslate2 has made since the last step."""
         assert turn.ct2 is not None
         assert self.ct2 is not None
@@ -382,7 +382,7 @@ class SmolLM2Llm(AutoregressiveStage):
             self.ct2.close([t.ct2 for t in self.streams.values() if t.ct2 is not None])
         super().close()
 
-    def _prefill(self, sid: str, turn: _Turn) -> int | None:
+    def _prefill(self, sid: str, turn: _Stream) -> int | None:
         assert turn.prompt is not None
         input_ids = torch.tensor([turn.prompt], device=self.device)  # input_ids: [1, S]
         out = self.model(input_ids=input_ids, use_cache=True)
@@ -404,7 +404,7 @@ class SmolLM2Llm(AutoregressiveStage):
                 picked[sid] = token
         return picked
 
-    def _pick(self, logits: torch.Tensor, turn: _Turn) -> int:
+    def _pick(self, logits: torch.Tensor, turn: _Stream) -> int:
         """Sample the turn's next token and decide whether it is the last."""
         started = time.perf_counter()
         token = turn.sampler.pick(logits)
@@ -476,7 +476,7 @@ class SmolLM2Llm(AutoregressiveStage):
             visible.append(self._finish_event(turn))
         return StreamOutput(payloads=payloads, visible=tuple(visible), more=out.more, done=out.done)
 
-    def _call_events(self, turn: _Turn, text: str) -> list[VisibleItem]:
+    def _call_events(self, turn: _Stream, text: str) -> list[VisibleItem]:
         """The events for a tool call's new text (see the module docstring)."""
         call = turn.call
         if call is None:
@@ -516,7 +516,7 @@ class SmolLM2Llm(AutoregressiveStage):
             events.append(Event(TOOL_DONE_EVENT, fields))
         return events
 
-    def _finish_event(self, turn: _Turn) -> Event:
+    def _finish_event(self, turn: _Stream) -> Event:
         call = turn.call
         called = call is not None and call.name is not None and turn.stopped
         reason = "tool_calls" if called else "stop" if turn.stopped else "length"

@@ -12,10 +12,10 @@ from openai.types.realtime import RealtimeServerEvent
 from omnitrio.realtime import (
     CancelResponse,
     Dialect,
-    ListenAudio,
     RealtimeSession,
     ServerEvent,
     SessionConfig,
+    SideStageAudio,
     StartResponse,
 )
 from omnitrio.realtime._turns import END_PADDING_MS
@@ -44,7 +44,7 @@ def test_server_vad_is_the_default_when_the_pipeline_has_a_detector() -> None:
     detection = created.fields["session"]["audio"]["input"]["turn_detection"]  # type: ignore[index]
     assert detection["type"] == "server_vad"
     [listen] = append(session, 480)
-    assert isinstance(listen, ListenAudio)
+    assert isinstance(listen, SideStageAudio)
     assert listen.pcm16 == pcm(480)
     assert listen.options["silence_duration_ms"] == 500
 
@@ -225,7 +225,7 @@ def test_semantic_vad_is_served_by_the_detector_with_eagerness_as_silence(
     shown = updated.fields["session"]["audio"]["input"]["turn_detection"]  # type: ignore[index]
     assert (shown["type"], shown["silence_duration_ms"]) == ("server_vad", silence_ms)
     [listen] = append(session, RATE_HZ)
-    assert isinstance(listen, ListenAudio)
+    assert isinstance(listen, SideStageAudio)
     assert listen.options["silence_duration_ms"] == silence_ms
 
 

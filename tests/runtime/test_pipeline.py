@@ -51,7 +51,7 @@ async def test_per_stage_order_holds_under_concurrency() -> None:
         assert [t for t in got if t.startswith("a:")] == [f"a:{i} " for i in range(1, steps + 1)]
         assert [t for t in got if t.startswith("b:")] == [f"b:{i} " for i in range(1, steps + 1)]
     assert stats.num_completed == 12
-    assert stats.stages["a"].max_batch_size > 1  # streams really were batched
+    assert stats.stages["a"].largest_batch_size > 1  # streams really were batched
 
 
 async def test_startup_loads_stages_in_order_and_teardown_leaves_nothing() -> None:

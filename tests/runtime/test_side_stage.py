@@ -1,4 +1,4 @@
-"""The side stage (a config's turn_detection): the same actor machinery, fed by its caller."""
+"""The side stage (a config's side_stage): the same actor machinery, fed by its caller."""
 
 from __future__ import annotations
 
@@ -62,9 +62,7 @@ def _config() -> omnitrio.PipelineConfig:
     base = chain_config([{"steps": 1}, {"outputs_per_input": 0}])
     return base.model_copy(
         update={
-            "turn_detection": omnitrio.StageSpec(
-                name="echo", impl="tests.runtime.test_side_stage:Echo"
-            )
+            "side_stage": omnitrio.StageSpec(name="echo", impl="tests.runtime.test_side_stage:Echo")
         }
     )
 

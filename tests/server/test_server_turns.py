@@ -91,7 +91,7 @@ def _config(
     return omnitrio.parse_config(
         {
             "pipeline": {"name": "turns", "max_streams": 4, "shutdown_timeout_s": 2.0},
-            "turn_detection": {
+            "side_stage": {
                 "name": "vad",
                 "impl": f"tests.server.test_server_turns:{detector}",
                 "params": dict(params or {}),
@@ -308,6 +308,6 @@ def _streams(metrics_url: str) -> dict[str, float]:
 def _detector_streams(metrics_url: str) -> float:
     with urllib.request.urlopen(metrics_url, timeout=10) as response:
         text = response.read().decode()
-    match = re.search(r"^omnitrio_turn_detector_streams (\S+)$", text, re.MULTILINE)
+    match = re.search(r"^omnitrio_side_stage_streams (\S+)$", text, re.MULTILINE)
     assert match is not None
     return float(match.group(1))

@@ -25,7 +25,7 @@ def _shipped(name: str) -> dict[str, Any]:
 
 
 def _stage(data: dict[str, Any], name: str) -> dict[str, Any]:
-    found = [s for s in (*data["stages"], data.get("turn_detection")) if s and s["name"] == name]
+    found = [s for s in (*data["stages"], data.get("side_stage")) if s and s["name"] == name]
     assert len(found) == 1
     stage: dict[str, Any] = found[0]
     return stage
@@ -75,7 +75,7 @@ def test_voice_chat_vad_events_per_step_follow_its_params() -> None:
     assert "below stage 'vad' max_visible_per_step=17" in str(error)
     _stage(data, "vad")["params"]["max_events_per_step"] = 0
     error = _refusal(data)
-    assert error.key == "turn_detection.params"
+    assert error.key == "side_stage.params"
     assert "max_events_per_step must be a positive integer, got 0" in str(error)
 
 
@@ -86,7 +86,7 @@ def test_every_shipped_stage_class_declares_its_limits(name: str) -> None:
     # As ``Stage``'s docstring says: a ``step_limits`` classmethod or int class
     # attributes (what parse_config reads), for every stage of every shipped config.
     data = _shipped(name)
-    for spec in (*data["stages"], data.get("turn_detection")):
+    for spec in (*data["stages"], data.get("side_stage")):
         if spec is None:
             continue
         module, _, attr = spec["impl"].partition(":")

@@ -150,8 +150,8 @@ async def test_eight_concurrent_streams_each_equal_generate(
 ) -> None:
     cases = _requests()
     got, stats = await _run(_config(tiny_checkpoint, CHUNKED), [c[0] for c in cases])
-    assert stats["thinker"].max_batch_size > 1  # decode steps really were batched
-    assert stats["talker"].max_batch_size > 1
+    assert stats["thinker"].largest_batch_size > 1  # decode steps really were batched
+    assert stats["talker"].largest_batch_size > 1
     worst_abs = worst_rms = 0.0
     for (request, thinker_max, talker_max, seed), output in zip(cases, got, strict=True):
         want = reference.run(

@@ -85,10 +85,10 @@ def test_answers_decode_side_by_side_and_equal_the_answers_alone(llm: object) ->
 
 
 def test_the_system_message_is_the_cached_static_prompt(llm: object) -> None:
-    from stages.voice.llm import _Turn  # the turn state, to see the split
+    from stages.voice.llm import _Stream  # the stream's state, to see the split
 
     llm.open_stream("s", Request(options={"instructions": "Answer briefly."}))  # type: ignore[attr-defined]
-    turn: _Turn = llm.streams["s"]  # type: ignore[attr-defined]
+    turn: _Stream = llm.streams["s"]  # type: ignore[attr-defined]
     system = llm._system_ids(turn)  # type: ignore[attr-defined]
     from stages.voice.payloads import Utterance
 

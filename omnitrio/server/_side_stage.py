@@ -1,8 +1,8 @@
-"""The turn detector, as the server uses it: the pipeline's side stage.
+"""The pipeline's side stage as the server uses it: turn detection (server_vad).
 
 A response's stages get the turn's audio all at once, after it is committed;
 server_vad needs the opposite — a verdict on audio as it arrives, before there
-is any response. So the config's ``turn_detection`` stage runs outside the
+is any response. So the config's ``side_stage`` (a VAD) runs outside the
 chain, as the pipeline's *side stage*: on the same actor machinery as every
 stage (its own worker thread, plan/execute/apply, credit, watchdog, statistics,
 shutdown), with one side stream per listening session. Appended chunks wait on
@@ -31,10 +31,10 @@ logger = logging.getLogger(__name__)
 _WHAT = {"open_stream": "could not open the stream", "watchdog": "it is hung"}
 
 
-class DetectorStream:
+class SessionSideStream:
     """One session's detection: ``append`` audio, iterate it for events.
 
-    Made by ``TurnDetector.open``.
+    Made by ``SideStage.open``.
     """
 
     def __init__(self, side: SideStream, generation: int, stage: str) -> None:
@@ -77,7 +77,7 @@ class DetectorStream:
                 return item
 
 
-class TurnDetector:
+class SideStage:
     """The pipeline's side stage, opened per session; see the module docstring."""
 
     def __init__(self, pipeline: Pipeline, stage: str) -> None:
@@ -85,8 +85,8 @@ class TurnDetector:
         self._pipeline = pipeline
 
     @classmethod
-    def of(cls, pipeline: Pipeline) -> TurnDetector | None:
-        """The pipeline's turn detector, or None when its config has none."""
+    def of(cls, pipeline: Pipeline) -> SideStage | None:
+        """The pipeline's side stage, or None when its config has none."""
         stage = pipeline.side_stage
         return None if stage is None else cls(pipeline, stage)
 
@@ -95,6 +95,6 @@ class TurnDetector:
         assert stats is not None
         return stats
 
-    def open(self, generation: int, options: Mapping[str, Scalar]) -> DetectorStream:
+    def open(self, generation: int, options: Mapping[str, Scalar]) -> SessionSideStream:
         side = self._pipeline.open_side_stream(Request(options=options))
-        return DetectorStream(side, generation, self.name)
+        return SessionSideStream(side, generation, self.name)
