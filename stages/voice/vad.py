@@ -12,7 +12,7 @@ speech comes back after such a pause. Times count from the
 stream's first sample. A stream's request options ``threshold``,
 ``silence_duration_ms`` and ``prefix_padding_ms`` override the configured ones
 (the Realtime session's turn_detection settings). The server turns them into the Realtime API's
-server_vad events (see omnitrio/server/_turns.py).
+server_vad events (see omnitrio/server/_side_stage.py).
 
 Semantic end of turn (the Realtime API's semantic_vad): param ``smart_turn`` is
 ``off`` (the model is not loaded), ``semantic`` (streams with option ``eagerness``,
