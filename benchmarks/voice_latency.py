@@ -118,6 +118,7 @@ class Turn:
     num_splits: int = 0  # speech_stopped before the question's speech ended
     num_false_barge_ins: int = 0  # responses cancelled while the question went on
     status: str = ""
+    error: str = ""  # why the response failed (its status details)
 
 
 @dataclass
@@ -236,6 +237,9 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
                     turn.transcript_to_first_text_s = first_text - transcript
         elif kind == "response.done":
             turn.status = event["response"]["status"]
+            details = event["response"].get("status_details") or {}
+            if turn.status != "completed":
+                turn.error = str(details.get("error") or details)[:200]
             return
 
 
@@ -406,7 +410,8 @@ def main() -> None:
         args.json.write_text(json.dumps([asdict(level) for level in levels], indent=1))
     statuses = {t.status for level in levels for t in level.turns}
     if statuses != {"completed"}:
-        raise SystemExit(f"some turns did not complete: {statuses}")
+        errors = {t.error for level in levels for t in level.turns if t.status != "completed"}
+        raise SystemExit(f"some turns did not complete: {statuses}; errors: {errors}")
 
 
 if __name__ == "__main__":

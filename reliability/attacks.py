@@ -31,8 +31,14 @@ tools-flood   (issue 27, in isolation_attacks.py, each beside a client timing no
               a chat with 19,000 tools, then 10 with 128 fresh tools each
 ref-cycle     a tool schema that refers to itself, tool_choice required
 fields        seed 2**70, max_tokens 10**9, arguments "[" x 200000, a long /static/ path,
-              a 2 MB body
-stream-share  one client (127.0.0.2) opens 64 endless streaming chats; is another served
+              a 2 MB body to each /v1 POST
+stream-share  one client (127.0.0.2) opens 64 endless streaming chats and holds them 8 s
+realtime-tools  a Realtime session.update with 6,500 tools, then 8 with 128 fresh tools
+small         Realtime 48 KB of "1,2," in one string, audio_end_ms 1e308, a transcription
+              of a WAV with bits_per_sample 0, a streaming chat its client leaves
+auth          (with an API key) ``bearer KEY`` and a bare key
+max-tokens    16 streaming chats asking max_tokens 10**9 (endless pipeline) held 10 s, then
+              16 at the cap (4096): the server's RSS idle, at its peak, after
 """
 
 from __future__ import annotations
@@ -159,13 +165,17 @@ def http(
     body: bytes = b"",
     headers: dict[str, str] | None = None,
     timeout_s: float = 10.0,
+    source: str = "127.0.0.1",
 ) -> tuple[int | None, bytes]:
-    """One HTTP/1.1 request on its own connection: (status, body); (None, b"") on a timeout."""
+    """One HTTP/1.1 request on its own connection from ``source`` (a loopback
+    address): (status, body); (None, b"") on a timeout."""
     head = {"Host": "127.0.0.1", "Content-Length": str(len(body)), "Connection": "close"}
     head.update(headers or {})
     lines = [f"{method} {path} HTTP/1.1"] + [f"{k}: {v}" for k, v in head.items()]
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        with socket.create_connection(
+            ("127.0.0.1", port), timeout=timeout_s, source_address=(source, 0)
+        ) as sock:
             sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
             data = b""
             while chunk := sock.recv(65536):
@@ -591,8 +601,9 @@ ATTACKS: dict[str, Callable[[Path, int], str]] = {
 
 def _isolation_attacks() -> dict[str, Callable[[Path, int], str]]:
     from isolation_attacks import ISOLATION_ATTACKS  # issue 27's, beside normal clients
+    from max_tokens_attack import attack_max_tokens
 
-    return ISOLATION_ATTACKS
+    return {**ISOLATION_ATTACKS, "max-tokens": attack_max_tokens}
 
 
 def main() -> int:
@@ -610,7 +621,8 @@ def main() -> int:
             result = ATTACKS[name](args.checkout.resolve(), args.fd_limit)
         except Exception as exc:  # an attack that breaks is reported, the others still run
             result = f"attack failed: {type(exc).__name__}: {exc}"
-        print(f"{name}: {result}", flush=True)
+        load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+        print(f"{name}: {result} [load average {load}]", flush=True)
     return 0
 
 

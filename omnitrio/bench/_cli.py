@@ -172,6 +172,8 @@ def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarge
         elif name.startswith("vllm-omni-model"):
             if importlib.util.find_spec("zmq") is None:
                 raise ValueError(f"--baseline {name} needs pyzmq: pip install -e '.[bench]'")
+            if importlib.util.find_spec("torch") is None:  # its head holds torch tensors
+                raise ValueError(f"--baseline {name} needs torch: pip install -e '.[models]'")
             settings = variant(name, args.model_packaging_ms)
             targets.append(_model_target(config, settings, name))
         elif name == "sequential":

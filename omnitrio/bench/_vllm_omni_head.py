@@ -33,7 +33,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
-import numpy
+import torch
 import trio
 import zmq
 import zmq.asyncio
@@ -93,13 +93,24 @@ class VllmOmniModel:
         outputs: list[zmq.Socket[Any]],
         sent: list[Any],
         token: trio.lowlevel.TrioToken,
+        stage_of: list[int],
     ) -> None:
+        """``inputs``, ``outputs`` and ``sent`` are per process; ``stage_of`` names each
+        process's stage (a stage's replicas are consecutive, in polling order)."""
         self.name = name
         self._settings = settings
         self._inputs = inputs
         self._outputs = outputs
         self._sent = sent  # steps each stage process has sent (shared counters)
         self._token = token
+        self._stage_of = stage_of
+        self._num_stages = max(stage_of) + 1
+        self._replicas = [
+            [proc for proc, s in enumerate(stage_of) if s == stage]
+            for stage in range(self._num_stages)
+        ]
+        self._next_replica = [0] * self._num_stages  # StagePool's sticky round robin
+        self._bound: dict[str, list[int]] = {}  # request -> its process at each stage
         self._processed = [0] * len(outputs)
         self._batch_sizes = [0] * len(outputs)
         self._states: dict[str, RequestState] = {}  # the orchestrator thread's own
@@ -127,7 +138,7 @@ class VllmOmniModel:
         stream_id = f"r{self._ids}"
         send, receive = trio.open_memory_channel[Delivery](math.inf)
         request = prompt.request()
-        state = RequestState(stream_id, request.text, dict(request.options), len(self._outputs))
+        state = RequestState(stream_id, request.text, dict(request.options), self._num_stages)
         self._open.add(stream_id)
         self._api.call(self._api_open, stream_id, send)
         self._orchestrator.call(self._submit, "add", stream_id, state)
@@ -138,16 +149,21 @@ class VllmOmniModel:
         if not completed:  # failed or abandoned: abort it through the orchestrator
             self._orchestrator.call(self._submit, "abort", stream_id, None)
 
+    def _label(self, proc: int) -> str:
+        stage = self._stage_of[proc]
+        replicas = self._replicas[stage]
+        return f"stage{stage}" if len(replicas) == 1 else f"stage{stage}.{replicas.index(proc)}"
+
     async def sample(self) -> Sample:
-        depth = {  # outputs sent by a stage and not yet processed by the orchestrator
-            f"stage{i}.outputs": int(sent.value) - self._processed[i]
+        depth = {  # outputs sent by a stage replica and not yet processed by the orchestrator
+            f"{self._label(i)}.outputs": int(sent.value) - self._processed[i]
             for i, sent in enumerate(self._sent)
         }
         return Sample(
             at_s=0.0,
             open_streams=len(self._open),
             queue_depth=depth,
-            batch_size={f"stage{i}": float(b) for i, b in enumerate(self._batch_sizes)},
+            batch_size={self._label(i): float(b) for i, b in enumerate(self._batch_sizes)},
             rss_bytes=rss_bytes_of_self(),
         )
 
@@ -195,21 +211,26 @@ class VllmOmniModel:
                 if stream_id not in self._open:
                     continue  # gone before it was admitted
                 self._states[stream_id] = state
+                bound = []
+                for stage, replicas in enumerate(self._replicas):  # select_replica_id
+                    bound.append(replicas[self._next_replica[stage] % len(replicas)])
+                    self._next_replica[stage] += 1
+                self._bound[stream_id] = bound
                 add = msgpack.packb(("add", stream_id, state.prompt, state.options))
-                await inputs[0].send(add)  # submit_initial on stage 0
-                for sock in inputs[1:]:  # _prewarm_async_chunk_stages
-                    await sock.send(add)
+                await inputs[bound[0]].send(add)  # submit_initial on stage 0
+                for proc in bound[1:]:  # _prewarm_async_chunk_stages
+                    await inputs[proc].send(add)
             elif self._states.pop(stream_id, None) is not None:
                 abort = msgpack.packb(("abort", stream_id))
-                for sock in inputs:  # _cleanup_request_ids(abort=True)
-                    await sock.send(abort)
+                for proc in self._bound.pop(stream_id, []):  # _cleanup_request_ids(abort=True)
+                    await inputs[proc].send(abort)
 
     async def _orchestration_loop(
         self, queues: list[asyncio.Queue[tuple[int, list[StageOutput]]]]
     ) -> None:
         while True:
             idle = True
-            for pending in queues:  # at most one raw output per stage per round
+            for pending in queues:  # at most one raw output per stage replica per round
                 try:
                     index, outputs = await asyncio.wait_for(pending.get(), POLL_TIMEOUT_S)
                 except TimeoutError:
@@ -223,11 +244,12 @@ class VllmOmniModel:
             index, outputs = await dispatch.get()
             self._process(index, outputs)
 
-    def _process(self, stage: int, outputs: list[StageOutput]) -> None:
+    def _process(self, proc: int, outputs: list[StageOutput]) -> None:
         """``process_llm_raw_outputs``, then ``_route_output`` for each request's output."""
-        self._processed[stage] += 1
-        self._batch_sizes[stage] = len(outputs)
-        final = (0, len(self._outputs) - 1)  # text from the thinker, audio from the last
+        self._processed[proc] += 1
+        self._batch_sizes[proc] = len(outputs)
+        stage = self._stage_of[proc]
+        final = (0, self._num_stages - 1)  # text from the thinker, audio from the last
         for output in outputs:
             state = self._states.get(output.stream_id)
             if state is None:
@@ -235,6 +257,7 @@ class VllmOmniModel:
             message = state.process(stage, output)
             if message.done_all or message.error is not None:
                 del self._states[output.stream_id]
+                self._bound.pop(output.stream_id, None)
             if stage in final or message.done_all or message.error is not None:
                 self._output_queue.put(message)  # the janus output_queue
                 if self._settings.event_driven:
@@ -291,14 +314,17 @@ class VllmOmniModel:
 
 
 def _decode(frames: list[Any]) -> list[StageOutput]:
-    """vLLM's ``MsgpackDecoder`` on one step: the header, then a tensor per array frame."""
+    """vLLM's ``MsgpackDecoder`` on one step: the header, then a tensor per array frame
+    (``_decode_tensor``: the received bytes copied into a buffer the tensor owns,
+    ``torch.frombuffer`` as uint8, viewed as its dtype and shape)."""
     header = msgpack.unpackb(frames[0].buffer)
     outputs = []
     at = 1
     for stream_id, text, pcm, rate, done, error, shapes in header:
-        arrays: dict[str, numpy.ndarray[Any, Any]] = {}
+        arrays: dict[str, torch.Tensor] = {}
         for name, dtype, shape in shapes:  # the tensor hook
-            arrays[name] = numpy.frombuffer(frames[at].buffer, dtype=dtype).reshape(shape)
+            flat = torch.frombuffer(bytearray(frames[at].buffer), dtype=torch.uint8)
+            arrays[name] = flat.view(getattr(torch, dtype)).view(shape)
             at += 1
         outputs.append(StageOutput(stream_id, text, pcm, rate, done, error, arrays))
     return outputs

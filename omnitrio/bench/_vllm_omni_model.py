@@ -52,7 +52,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack  # type: ignore[import-untyped]
 import numpy
@@ -64,8 +64,10 @@ from .._items import AudioChunk, Request, TextDelta
 from .._stage import Stage, StreamOutput, StreamWork
 from ._stages import load_stage
 from ._target import TargetError
-from ._vllm_omni_head import VllmOmniModel
 from ._vllm_omni_settings import ModelSettings
+
+if TYPE_CHECKING:  # the head imports torch; the stage processes do not need it
+    from ._vllm_omni_head import VllmOmniModel
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,9 @@ CONNECTOR_IDLE_S = 0.1  # the save and receive threads with nothing to do
 HIDDEN_SIZE = 2048  # Qwen3-Omni thinker hidden size
 HIDDEN_LAYERS = ("0", "24")  # embedding and accept_hidden_layer, what the talker reads
 CODEC_GROUPS = 16  # codec rows [1, 16] per talker token
+# The dtype each "device" array has on the wire (torch's names, as vLLM's encoder
+# writes them): the hidden rows are bf16 (numpy has no bf16: uint16 carries its bytes).
+WIRE_DTYPES = {"uint16": "bfloat16", "int64": "int64"}
 READY_TIMEOUT_S = 120.0
 
 
@@ -400,7 +405,7 @@ def _output_thread(
             shapes = []
             for unit in arrays:
                 for name, array in unit.items():
-                    shapes.append((name, str(array.dtype), array.shape))
+                    shapes.append((name, WIRE_DTYPES[str(array.dtype)], array.shape))
                     frames.append(array)
             header.append((stream_id, text, pcm, rate, done, error, shapes))
         sock.send_multipart([msgpack.packb(header), *frames], copy=False)
@@ -503,22 +508,50 @@ def _shut_down(processes: list[BaseProcess], inputs: list[zmq.Socket[Any]]) -> N
             process.join()
 
 
+def replica_config(config: PipelineConfig, index: int) -> tuple[PipelineConfig, int]:
+    """The config one replica process of stage ``index`` loads, and how many there are.
+
+    A synthetic stage's ``replicas: N`` (N GPUs stepping in parallel behind one host
+    thread, as omnitrio runs it) is N engine processes in vllm-omni, each with
+    ``max_num_seqs`` of its own and its own output socket (``StagePool``'s replicas):
+    so the model starts N processes of one replica each, ``max_batch_size / N``.
+    """
+    spec = config.stages[index]
+    count = int(spec.params.get("replicas", 1))
+    if count <= 1:
+        return config, 1
+    one = spec.model_copy(
+        update={
+            "params": {**spec.params, "replicas": 1},
+            "max_batch_size": max(1, spec.max_batch_size // count),
+        }
+    )
+    stages = tuple(one if i == index else s for i, s in enumerate(config.stages))
+    return config.model_copy(update={"stages": stages}), count
+
+
 @asynccontextmanager
 async def open_vllm_omni_model(
     config: PipelineConfig, settings: ModelSettings, name: str
 ) -> AsyncIterator[VllmOmniModel]:
-    """Start a process per stage and the orchestrator thread; stop them all on exit."""
+    """Start a process per stage replica and the orchestrator thread; stop them all on exit."""
     run_id = uuid.uuid4().hex[:8]
     spawn = multiprocessing.get_context("spawn")
     context = zmq.Context()
     inputs: list[zmq.Socket[Any]] = []
     outputs: list[zmq.Socket[Any]] = []
     processes: list[BaseProcess] = []
-    sent = [spawn.Value("q", 0, lock=False) for _ in config.stages]
+    stage_of: list[int] = []  # each process's stage, in the orchestrator's polling order
+    configs: list[PipelineConfig] = []
+    for index in range(len(config.stages)):
+        one, count = replica_config(config, index)
+        stage_of += [index] * count
+        configs += [one] * count
+    sent = [spawn.Value("q", 0, lock=False) for _ in stage_of]
     with tempfile.TemporaryDirectory(prefix="omnitrio-vo-") as folder:
         try:
-            for index in range(len(config.stages)):
-                addresses = (f"ipc://{folder}/in{index}", f"ipc://{folder}/out{index}")
+            for proc, index in enumerate(stage_of):
+                addresses = (f"ipc://{folder}/in{proc}", f"ipc://{folder}/out{proc}")
                 inbound = context.socket(zmq.PUSH)
                 inbound.setsockopt(zmq.SNDHWM, 0)
                 inbound.bind(addresses[0])
@@ -529,15 +562,17 @@ async def open_vllm_omni_model(
                 outputs.append(outbound)
                 process = spawn.Process(
                     target=_stage_main,
-                    args=(config, index, run_id, addresses, settings, sent[index]),
-                    name=f"vllm-omni-model-{config.stages[index].name}",
+                    args=(configs[proc], index, run_id, addresses, settings, sent[proc]),
+                    name=f"vllm-omni-model-{config.stages[index].name}-{proc}",
                     daemon=True,
                 )
                 process.start()
                 processes.append(process)
             await trio.to_thread.run_sync(_wait_ready, outputs, processes)
+            from ._vllm_omni_head import VllmOmniModel  # torch: the head process only
+
             token = trio.lowlevel.current_trio_token()
-            model = VllmOmniModel(name, settings, inputs, outputs, sent, token)
+            model = VllmOmniModel(name, settings, inputs, outputs, sent, token, stage_of)
             await trio.to_thread.run_sync(model.start)
             try:
                 yield model

@@ -3,9 +3,11 @@
 For each request's output of each stage step, on the orchestrator's thread
 (``vllm_omni/engine/output_processor.py``, vLLM's ``OutputProcessor``):
 
-- ``OmniRequestState.add_multimodal_tensor``: the step's arrays merged into the
-  request's accumulated payload (lists, concatenated when the stage finishes:
-  ``_consolidate_multimodal_tensors``; numpy stands in for ``torch.cat``);
+- ``OmniRequestState.add_multimodal_tensor``: each of the step's tensors through
+  ``_to_cpu`` (``detach().to("cpu", non_blocking=True).contiguous()``) and appended
+  to the request's list for its key (``MultimodalPayload.merged_with``), the lists
+  ``torch.cat``-ed when the stage finishes (``_consolidate_multimodal_tensors``):
+  real torch tensors, as the seeds' orchestrator holds them;
 - the incremental detokenizer: the new token's text appended to the request's;
 - ``_new_completion_output``: a ``CompletionOutput`` with a *copy* of the
   request's cumulative token ids (``list(self.detokenizer.output_token_ids)``,
@@ -30,8 +32,8 @@ import wave
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy
 import pydantic
+import torch
 
 from .._items import AudioChunk, TextDelta, VisibleItem
 
@@ -46,7 +48,7 @@ class StageOutput:
     rate: int
     done: bool
     error: str | None
-    arrays: dict[str, numpy.ndarray[Any, Any]]
+    arrays: dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_token_ids: list[int]
     finish_reason: str | None
-    multimodal_output: dict[str, list[numpy.ndarray[Any, Any]]]
+    multimodal_output: dict[str, list[torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ class RequestState:
     num_stages: int
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    accumulated: dict[tuple[int, str], list[numpy.ndarray[Any, Any]]] = field(default_factory=dict)
+    accumulated: dict[tuple[int, str], list[torch.Tensor]] = field(default_factory=dict)
     stats: list[_Stats] = field(default_factory=list)
     stages_done: set[int] = field(default_factory=set)
 
@@ -106,9 +108,9 @@ class RequestState:
         if not self.stats:
             self.stats = [_Stats() for _ in range(self.num_stages)]
         now = time.perf_counter()
-        for name, array in out.arrays.items():  # add_multimodal_tensor: _merge_payload
-            incoming = {name: array}  # from_raw
-            for layer, value in incoming.items():
+        for name, tensor in out.arrays.items():  # add_multimodal_tensor
+            incoming = {name: tensor.detach().to("cpu", non_blocking=True).contiguous()}
+            for layer, value in incoming.items():  # merged_with: list accumulation
                 self.accumulated.setdefault((stage, layer), []).append(value)
         new_ids: list[int] = []
         if out.text:  # the incremental detokenizer
@@ -118,7 +120,7 @@ class RequestState:
         finished = out.done or out.error is not None
         if finished:  # _consolidate_multimodal_tensors
             for key in [k for k in self.accumulated if k[0] == stage]:
-                self.accumulated[key] = [numpy.concatenate(self.accumulated[key])]
+                self.accumulated[key] = [torch.cat(self.accumulated[key], dim=0)]
         completion = CompletionOutput(  # _new_completion_output
             index=0,
             text=out.text or "",

@@ -10,18 +10,27 @@ import base64
 import json
 import os
 import time
+from pathlib import Path
 
 import numpy
 import pytest
+import torch
 
 pytest.importorskip("zmq", reason="pyzmq is in the optional bench extra")
 
 import omnitrio
 from omnitrio import AudioChunk, TextDelta
 from omnitrio.bench._target import TargetError
-from omnitrio.bench._vllm_omni_model import _Connector, _shm_path, open_vllm_omni_model
+from omnitrio.bench._vllm_omni_model import (
+    _Connector,
+    _shm_path,
+    open_vllm_omni_model,
+    replica_config,
+)
 from omnitrio.bench._vllm_omni_outputs import RequestState, StageOutput, chat_chunk_json
 from omnitrio.bench._vllm_omni_settings import ModelSettings, variant
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def wait_for(condition: object, timeout_s: float = 10.0) -> None:
@@ -82,7 +91,7 @@ async def test_a_stage_that_cannot_load_is_a_clear_error() -> None:
 
 def test_the_output_processor_copies_the_cumulative_ids_and_concatenates_at_the_end() -> None:
     state = RequestState("r1", "hi", {}, num_stages=2)
-    row = numpy.ones((1, 4), numpy.uint16)
+    row = torch.ones((1, 4), dtype=torch.bfloat16)
     first = state.process(0, StageOutput("r1", "a ", None, 0, False, None, {"24": row}))
     second = state.process(0, StageOutput("r1", "b ", None, 0, True, None, {"24": row}))
     (one,), (two,) = first.output.outputs, second.output.outputs
@@ -91,6 +100,7 @@ def test_the_output_processor_copies_the_cumulative_ids_and_concatenates_at_the_
     # Finished at stage 0: its rows are concatenated (_consolidate_multimodal_tensors).
     (joined,) = two.multimodal_output["24"]
     assert joined.shape == (2, 4)
+    assert joined.dtype == torch.bfloat16
     assert not second.done_all
     last = state.process(1, StageOutput("r1", None, b"\0\0" * 8, 24000, True, None, {}))
     assert last.done_all
@@ -118,3 +128,13 @@ def test_the_variants_share_one_model_and_differ_in_settings() -> None:
     assert variant("vllm-omni-model-sem512").save_limit == 512
     with pytest.raises(ValueError, match="no vllm-omni model variant"):
         variant("vllm-omni-model-tomorrow")
+
+
+def test_a_stage_with_replicas_is_a_process_per_replica_of_its_share_of_the_batch() -> None:
+    config = omnitrio.load_config(REPO / "configs" / "bench-qwen3-omni-1x2.yaml")
+    talker = [s.name for s in config.stages].index("talker")
+    one, count = replica_config(config, talker)
+    assert count == 2
+    assert one.stages[talker].max_batch_size == 32  # the seeds' max_num_seqs, each
+    assert one.stages[talker].params["replicas"] == 1
+    assert replica_config(config, 0) == (config, 1)
