@@ -24,7 +24,7 @@ import trio
 import trio_websocket
 import websockets.sync.client
 
-from tests.conftest import serve_chain
+from tests.conftest import distinct_tools, serve_chain
 
 SPEAKING = [  # a normal chat takes ~70 ms of (slept) model time
     {"steps": 6, "service_time_ms": 10.0},
@@ -131,15 +131,6 @@ def _assert_unhurt(baseline: list[float], during: list[float], attack_s: list[fl
     assert ratio < 3, (ratio, baseline, during)
 
 
-def _tools(count: int, tag: str) -> list[dict[str, Any]]:
-    """``count`` distinct function tools (a fresh ``tag`` defeats the server's cache)."""
-    schema = {"type": "object", "properties": {"x": {"type": "string", "enum": ["a", "b"]}}}
-    return [
-        {"type": "function", "function": {"name": f"f{tag}_{i}", "parameters": schema}}
-        for i in range(count)
-    ]
-
-
 async def test_a_tools_flood_is_bounded_and_checked_off_the_event_loop(
     nursery: trio.Nursery,
 ) -> None:
@@ -160,7 +151,7 @@ async def test_a_tools_flood_is_bounded_and_checked_off_the_event_loop(
         attack_s.append(time.perf_counter() - started)
         for rounds in range(8):  # then the most a request may carry, never the same twice
             started = time.perf_counter()
-            status, body = _chat(port, ATTACKER, tools=_tools(128, str(rounds)))
+            status, body = _chat(port, ATTACKER, tools=distinct_tools(128, str(rounds)))
             attack_s.append(time.perf_counter() - started)
             outcomes.append(status)
 
@@ -181,7 +172,10 @@ def _realtime_tools_flood(port: int, replies: list[str], attack_s: list[float]) 
             if rounds == 0:  # as many as a frame's values allow (3 a tool)
                 tools = [{"type": "function", "name": f"f{i}"} for i in range(6_500)]
             else:
-                tools = [{"type": "function", **t["function"]} for t in _tools(128, f"rt{rounds}")]
+                tools = [
+                    {"type": "function", **t["function"]}
+                    for t in distinct_tools(128, f"rt{rounds}")
+                ]
             update = {"type": "session.update", "session": {"type": "realtime", "tools": tools}}
             started = time.perf_counter()
             ws.send(json.dumps(update))
