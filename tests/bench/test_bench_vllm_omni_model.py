@@ -30,7 +30,7 @@ from omnitrio.bench._vllm_omni_model import (
 from omnitrio.bench._vllm_omni_outputs import RequestState, StageOutput, chat_chunk_json
 from omnitrio.bench._vllm_omni_settings import ModelSettings, variant
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def wait_for(condition: object, timeout_s: float = 10.0) -> None:
