@@ -21,6 +21,7 @@ from ._items import Event as Event
 from ._items import Request as Request
 from ._items import TextDelta as TextDelta
 from ._items import VisibleItem as VisibleItem
+from ._options import ResponseOptions as ResponseOptions
 from ._pipeline import Pipeline as Pipeline
 from ._pipeline import open_pipeline as open_pipeline
 from ._resample import StreamResampler as StreamResampler
@@ -53,6 +54,7 @@ __all__ = [
     "PipelineSection",
     "PipelineStatistics",
     "Request",
+    "ResponseOptions",
     "Stage",
     "StageError",
     "StageLoadError",

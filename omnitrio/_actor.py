@@ -38,7 +38,7 @@ import trio
 
 from ._config import StageSpec
 from ._contract import ProtocolError
-from ._errors import StageError
+from ._errors import StageCall, StageError
 from ._headroom import StepModel
 from ._items import AudioChunk
 from ._link import Link, Wakeup
@@ -370,7 +370,7 @@ class StageActor:
         hang = self._hang
         assert hang is not None
         for slot in list(self.slots.values()):
-            self._fail(slot.id, "watchdog", TimeoutError(hang.problem))
+            self._fail(slot.id, "watchdog", TimeoutError(hang.problem), "watchdog")
             if slot.phase in HOLDING or slot.in_flight:
                 hang.closes.append(slot.id)  # closed on the stage once it is back
             self._release(slot, Event.ABANDON)
@@ -557,7 +557,7 @@ class StageActor:
             if self.slots.get(slot.id) is slot and slot.phase in (Phase.OPENING, Phase.ENDING):
                 slot.on(Event.OPENED if slot.id in opened else Event.OPEN_FAILED)
         for sid, exc in result.errors.items():
-            self._fail(sid, "open_stream", exc)
+            self._fail(sid, "open_stream", exc, "open_stream")
 
     def _route_outputs(
         self, round_: _Round, result: Result
@@ -665,7 +665,7 @@ class StageActor:
         state died with it). Streams it had not opened yet wait for the restart."""
         held = [s for s in self.slots.values() if s.phase in HOLDING or s.in_flight]
         for slot in held:
-            self._fail(slot.id, "the stage's process", lost)
+            self._fail(slot.id, "the stage's process", lost, "process")
         return Result(closed=[slot.id for slot in held])
 
     def _recover(self) -> None:
@@ -702,12 +702,13 @@ class StageActor:
                 extra=extra,
             )
 
-    def _fail(self, sid: str, where: str, exc: Exception) -> None:
+    def _fail(self, sid: str, where: str, exc: Exception, during: StageCall = "step") -> None:
         slot = self.slots.get(sid)
         if slot is None or slot.stream.ending:
             return
         self.counters.num_stream_failures += 1
-        error = StageError(self.name, sid, f"{where} raised {type(exc).__name__}: {exc}")
+        problem = f"{where} raised {type(exc).__name__}: {exc}"
+        error = StageError(self.name, sid, problem, during)
         error.__cause__ = exc
         logger.warning("%s", error, extra={"stage": self.name, "stream": sid})
         slot.stream.fail(error)

@@ -30,8 +30,8 @@ MAX_RETRY_AFTER_S = 60.0
 
 
 def priority_of(request: Request) -> float:
-    """The request's ``priority`` option (higher is shed later; default 0)."""
-    value = request.options.get("priority", 0)
+    """The request's ``priority`` knob (higher is shed later; default 0)."""
+    value = request.options.knobs.get("priority", 0)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"request option priority must be a number, not {value!r}")
     return float(value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 
 class OmnitrioError(Exception):
@@ -85,17 +86,26 @@ class StreamShed(OmnitrioError):
         )
 
 
+StageCall = Literal["open_stream", "step", "watchdog", "process"]
+"""Where a stage failed a stream: its ``open_stream``, its ``step``, the watchdog (the
+step hung), or its process (a Ray-placed stage's process was lost)."""
+
+
 class StageError(OmnitrioError):
     """A stage failed the work of one stream.
 
-    Raised from the stream's iterator. ``stage`` and ``stream_id`` name where it
-    happened; ``__cause__`` is the stage's own exception.
+    Raised from the stream's iterator. ``stage``, ``stream_id`` and ``during`` (a
+    ``StageCall``) name where it happened, for code to read instead of the message;
+    ``__cause__`` is the stage's own exception.
     """
 
-    def __init__(self, stage: str, stream_id: str, problem: str) -> None:
+    def __init__(
+        self, stage: str, stream_id: str, problem: str, during: StageCall = "step"
+    ) -> None:
         self.stage = stage
         self.stream_id = stream_id
         self.problem = problem
+        self.during: StageCall = during
         super().__init__(f"stage {stage!r} failed stream {stream_id!r}: {problem}")
 
 

@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-Scalar = str | int | float | bool | None
+from ._options import ResponseOptions
+from ._options import Scalar as Scalar
+
 JsonValue = Scalar | tuple["JsonValue", ...] | Mapping[str, "JsonValue"]
 
 
@@ -24,26 +26,33 @@ class AudioInput:
     sample_rate_hz: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Request:
     """One stream's input, handed to every stage's ``open_stream``.
 
-    ``options`` carries per-stream knobs (sampling parameters, speaker, ...) as
-    plain scalars; each stage reads the ones it knows.
+    ``options`` are the response's options (``ResponseOptions``: typed fields, and
+    knobs private to stages); a plain mapping is read by
+    ``ResponseOptions.from_mapping`` (``{"max_tokens": 8, "talker.max_tokens": 20}``),
+    which refuses a known option of the wrong type with a ``ValueError`` naming it.
     """
 
-    text: str = ""
-    audio: AudioInput | None = None
-    options: Mapping[str, Scalar] = field(default_factory=dict)
+    text: str
+    audio: AudioInput | None
+    options: ResponseOptions
 
-    def __post_init__(self) -> None:
-        # Freeze a caller's dict so the request cannot change under a stage.
-        if not isinstance(self.options, MappingProxyType):
-            object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
-
-    def __reduce__(self) -> tuple[type[Request], tuple[str, AudioInput | None, dict[str, Scalar]]]:
-        # A frozen mapping does not pickle; a Ray-placed stage receives it by pickle.
-        return (Request, (self.text, self.audio, dict(self.options)))
+    def __init__(
+        self,
+        text: str = "",
+        audio: AudioInput | None = None,
+        options: ResponseOptions | Mapping[str, Scalar] | None = None,
+    ) -> None:
+        if options is None:
+            options = ResponseOptions()
+        elif not isinstance(options, ResponseOptions):
+            options = ResponseOptions.from_mapping(options)
+        object.__setattr__(self, "text", text)
+        object.__setattr__(self, "audio", audio)
+        object.__setattr__(self, "options", options)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The executing half of a stage actor: everything that runs on its worker thread.
 
 ``StageRunner`` owns the stage object. It loads it, runs one round's closes,
-opens and step, checks each stream's output against the stage's ``Limits``,
+opens and step, checks each stream's output against the stage's ``StepLimits``,
 and closes what finished. It tracks which streams the stage holds, so
 ``close_stream`` runs exactly once per stream even when a round's result never
 reaches trio (a round cut off by shutdown). The deciding half, in trio, is

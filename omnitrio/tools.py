@@ -1,9 +1,9 @@
 """Function calling in one place: the tool-call text, the tools as request options,
 and the rules a list of tools must meet, for both API dialects and the LLM stage.
 
-The pipeline speaks of tools through ``Request.options``: ``tools`` (a JSON list of
-``{"name", "description", "parameters"}``), ``tool_choice`` (``auto``, ``none`` or
-``required``) and ``tool_name`` (the function a named choice forces). The LLM stage
+The pipeline speaks of tools through ``Request.options`` (``ResponseOptions``): its
+``tools`` (``FunctionTool`` values) and ``tool_choice`` (``ToolChoice``: ``auto``,
+``none``, ``required``, or the function a named choice forces). The LLM stage
 answers with events (``tool_call``, ``tool_call.arguments``, ``tool_call.done``,
 ``llm.finish``; see stages/voice/llm.py). A call is generated, and a conversation
 records it, as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``; its
@@ -21,12 +21,18 @@ import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, replace
 
 import llguidance
 
-from ._items import Scalar
+from ._options import (
+    TOOL_MODES,
+    FunctionTool,
+    ResponseOptions,
+    ToolChoice,
+    ToolMode,
+    empty_parameters,
+)
 from ._schema_bounds import depth_of, loads_bounded, ref_cycle
 
 __all__ = [
@@ -37,18 +43,19 @@ __all__ = [
     "TOOL_CALL_OPEN",
     "TOOL_DONE_EVENT",
     "TOOL_EVENTS",
+    "TOOL_MODES",
     "FunctionTool",
     "ToolChoice",
     "ToolError",
     "ToolLimits",
+    "ToolMode",
     "arguments_json",
     "call_text",
     "check_tool_choice",
     "check_tools",
     "empty_parameters",
-    "parse_tool_options",
     "tool_call_lark",
-    "tool_options",
+    "with_tools",
 ]
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -60,43 +67,12 @@ TOOL_EVENTS = (TOOL_CALL_EVENT, TOOL_ARGUMENTS_EVENT, TOOL_DONE_EVENT)
 """The LLM stage's events for one call; ``llm.finish`` ends every answer."""
 FINISH_EVENT = "llm.finish"
 
-ToolMode = Literal["auto", "none", "required"]
-TOOL_MODES: tuple[ToolMode, ...] = ("auto", "none", "required")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """A function's name: OpenAI's rule (letters, digits, ``_`` and ``-``, 64 at most)."""
 
 # Compact JSON (one space after ':' and ','): a small model spends no tokens on layout,
 # and free whitespace lured SmolLM2 into empty values.
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-def empty_parameters() -> dict[str, Any]:
-    """The parameters schema of a function that takes none (a tool that names none)."""
-    return {"type": "object", "properties": {}}
-
-
-@dataclass(frozen=True)
-class FunctionTool:
-    """A function the model may call; ``parameters`` is its arguments' JSON schema."""
-
-    name: str
-    description: str = ""
-    parameters: Mapping[str, Any] = field(default_factory=empty_parameters)
-
-    def described(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "parameters": dict(self.parameters),
-        }
-
-
-@dataclass(frozen=True)
-class ToolChoice:
-    """``auto``, ``none``, ``required``, or a named function (``required`` with ``name``)."""
-
-    mode: ToolMode = "auto"
-    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -239,48 +215,14 @@ def check_tool_choice(tools: Sequence[FunctionTool], choice: ToolChoice) -> None
         raise ToolError("tool_choice asks for a call, but there are no tools", field="tool_choice")
 
 
-def tool_options(tools: Sequence[FunctionTool], choice: ToolChoice) -> dict[str, Scalar]:
-    """The request options for ``tools`` and ``choice`` (checked with ``check_tools``
-    and ``check_tool_choice``)."""
+def with_tools(
+    options: ResponseOptions, tools: Sequence[FunctionTool], choice: ToolChoice
+) -> ResponseOptions:
+    """``options`` with ``tools`` and ``choice`` (checked with ``check_tools`` and
+    ``check_tool_choice``); without tools the choice is moot and left at ``auto``."""
     if not tools:
-        return {}
-    options: dict[str, Scalar] = {
-        "tools": json.dumps([t.described() for t in tools]),
-        "tool_choice": choice.mode,
-    }
-    if choice.name is not None:
-        options["tool_name"] = choice.name
-    return options
-
-
-def parse_tool_options(
-    options: Mapping[str, Scalar],
-) -> tuple[tuple[FunctionTool, ...], ToolChoice]:
-    """The tools and the choice a request's options carry (``tool_options`` read back,
-    for the LLM stage). Raises ``ToolError`` for options that are not well formed."""
-    raw, mode, named = options.get("tools"), options.get("tool_choice", "auto"), None
-    if mode not in TOOL_MODES:
-        raise ToolError(
-            f"option 'tool_choice' must be one of {TOOL_MODES}, not {mode!r}", field="tool_choice"
-        )
-    if options.get("tool_name") is not None:
-        named = str(options["tool_name"])
-    choice = ToolChoice(mode, named)
-    tools: tuple[FunctionTool, ...] = ()
-    if raw is not None:
-        try:
-            listed = json.loads(str(raw))
-            tools = tuple(
-                FunctionTool(
-                    str(t["name"]),
-                    str(t.get("description") or ""),
-                    dict(t.get("parameters") or empty_parameters()),
-                )
-                for t in listed
-            )
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise ToolError(f"option 'tools' must be a JSON list of functions: {exc}") from None
-    return tools, choice
+        return options
+    return replace(options, tools=tuple(tools), tool_choice=choice)
 
 
 def new_call_id() -> str:

@@ -11,7 +11,7 @@ the warpers, and hears each picked token.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,8 @@ from transformers import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+
+from omnitrio import ResponseOptions
 
 if TYPE_CHECKING:
     from stages._grammar import Constraint
@@ -34,6 +36,13 @@ _KINDS = {
     "max_tokens": int,
     "seed": int,
 }
+_SHARED: dict[str, Callable[[ResponseOptions], float | int | None]] = {
+    "temperature": lambda options: options.temperature,
+    "top_p": lambda options: options.top_p,
+    "max_tokens": lambda options: options.max_tokens,
+    "seed": lambda options: options.seed,
+}
+"""The sampling keys that are response options; the rest are knobs (``top_k``...)."""
 
 
 class OptionError(ValueError):
@@ -61,18 +70,22 @@ class SamplingParams:
     def from_options(
         cls,
         defaults: SamplingParams,
-        options: Mapping[str, object],
+        options: ResponseOptions,
         stage: str,
         *,
         inherit: bool = True,
     ) -> SamplingParams:
-        """``defaults`` overridden by ``<stage>.<key>`` (and by ``<key>`` if ``inherit``)."""
+        """``defaults`` overridden by the knob ``<stage>.<key>`` (and, if ``inherit``, by
+        the response option ``<key>``, or for ``top_k`` and ``repetition_penalty`` the
+        knob ``<key>``)."""
         values: dict[str, float | int] = {}
         for key, kind in _KINDS.items():
             name = f"{stage}.{key}"
-            if options.get(name) is None and inherit:
+            raw: object = options.knobs.get(name)
+            if raw is None and inherit:
                 name = key
-            raw = options.get(name)
+                shared = _SHARED.get(key)
+                raw = shared(options) if shared is not None else options.knobs.get(key)
             if raw is None:
                 continue
             if isinstance(raw, bool) or not isinstance(raw, int | float):

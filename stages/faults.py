@@ -94,7 +94,7 @@ class FaultInjector:
         self._num_steps: dict[str, int] = {}
 
     def open_stream(self, stream_id: str, request: Request) -> None:
-        self._plans[stream_id] = _Plan.from_options(request.options)
+        self._plans[stream_id] = _Plan.from_options(request.options.knobs)
         self._num_steps[stream_id] = 0
         self.inner.open_stream(stream_id, request)
 

@@ -18,8 +18,8 @@ sleep ending ``SLEEP_MARGIN_S`` early, then GIL-releasing polls of the clock,
 since ``time.sleep`` alone wakes late); ``late_total_s`` and ``late_max_s`` say how far
 a loaded machine still made steps overrun. In source mode a step that holds
 streams' first units also costs ``prefill_ms`` once plus ``prefill_ms_per_word``
-per word of their requests' text, like a batched prefill; request options ``max_tokens`` or
-``max_output_tokens`` (as the server passes them) cap the number of units.
+per word of their requests' text, like a batched prefill; the response option ``max_tokens``
+(as the server passes it) caps the number of units.
 
 Shapes of Qwen3-Omni's stages (input mode):
 
@@ -279,14 +279,14 @@ class SyntheticStage:
         return frozenset(self.streams)
 
     def open_stream(self, stream_id: str, request: Request) -> None:
-        if request.options.get(f"{self.name}.fail_open"):
+        knobs = request.options.knobs
+        if knobs.get(f"{self.name}.fail_open"):
             raise SyntheticFailure(f"open_stream of {stream_id} failed on purpose")
-        steps = request.options.get("steps", self.steps) if self.steps is not None else None
-        for cap in ("max_tokens", "max_output_tokens"):
-            limit = request.options.get(cap)
-            if steps is not None and isinstance(limit, int):
-                steps = min(int(steps), limit)
-        fail_after = request.options.get(f"{self.name}.fail_after_units", self.fail_after_units)
+        steps = knobs.get("steps", self.steps) if self.steps is not None else None
+        limit = request.options.max_tokens
+        if steps is not None and limit is not None:
+            steps = min(int(steps), limit)
+        fail_after = knobs.get(f"{self.name}.fail_after_units", self.fail_after_units)
         self.streams[stream_id] = _Stream(
             request,
             int(steps) if steps is not None else None,

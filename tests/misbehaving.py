@@ -61,7 +61,7 @@ class MalformedStage(_Base):
         self.modes: dict[str, object] = {}
 
     def open_stream(self, stream_id: str, request: Request) -> None:
-        self.modes[stream_id] = request.options.get("mode")
+        self.modes[stream_id] = request.options.knobs.get("mode")
 
     def close_stream(self, stream_id: str) -> None:
         del self.modes[stream_id]

@@ -423,6 +423,7 @@ def test_the_public_surface_is_exactly_all() -> None:
         "PipelineSection",
         "PipelineStatistics",
         "Request",
+        "ResponseOptions",
         "Stage",
         "StageError",
         "StageLoadError",

@@ -138,7 +138,9 @@ class VllmOmniModel:
         stream_id = f"r{self._ids}"
         send, receive = trio.open_memory_channel[Delivery](math.inf)
         request = prompt.request()
-        state = RequestState(stream_id, request.text, dict(request.options), self._num_stages)
+        state = RequestState(
+            stream_id, request.text, request.options.as_mapping(), self._num_stages
+        )
         self._open.add(stream_id)
         self._api.call(self._api_open, stream_id, send)
         self._orchestrator.call(self._submit, "add", stream_id, state)

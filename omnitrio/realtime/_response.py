@@ -1,8 +1,10 @@
 """One response: pipeline items in, server events out, and the closing events.
 
 A function call from the LLM stage (events ``tool_call``, ``tool_call.arguments``,
-``tool_call.done``; see stages/voice/llm.py) is an output item of its own, of type
-``function_call``, with response.function_call_arguments.delta / .done.
+``tool_call.done``; see stages/voice/llm.py), folded by the ``AnswerAssembler`` that
+chat completions use too, is an output item of its own, of type ``function_call``,
+with response.function_call_arguments.delta / .done (the answer's first call; a
+Realtime response carries one).
 
 A response has one output item (an assistant message) with one content part:
 an ``audio`` part (audio deltas plus transcript deltas) when the response's
@@ -19,10 +21,12 @@ Usage is counted honestly, without a tokenizer (see docs/protocol.md):
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
+from .._answer import AnswerAssembler, AnswerEvent, CallArguments, CallDone, CallStarted
 from .._items import AudioChunk, Event, JsonValue, Request, TextDelta, VisibleItem
-from ..tools import TOOL_ARGUMENTS_EVENT, TOOL_CALL_EVENT, TOOL_DONE_EVENT, TOOL_EVENTS
+from ..tools import TOOL_EVENTS
 from ._config import SessionConfig
 from ._conversation import Conversation, Item, ItemStatus, played_text
 from ._errors import LocalProtocolError
@@ -72,6 +76,7 @@ class ActiveResponse:
         self._call: Item | None = None  # a function call, once the model starts one
         self._call_index = 0  # its output_index
         self._call_previous_id: str | None = None
+        self._answer = AnswerAssembler()  # folds the tool-call events
         instructions_bytes = len(settings.instructions.encode("utf-8"))
         self._input_text_tokens = len(request.text.encode("utf-8")) + instructions_bytes
         input_samples = len(request.audio.pcm16) // 2 if request.audio else 0
@@ -175,12 +180,15 @@ class ActiveResponse:
 
     def _call_event(self, event: Event, conversation: Conversation) -> list[ServerEvent]:
         """A function call's item and argument events (see the module docstring)."""
-        call_id = event.data.get("call_id")
-        if not isinstance(call_id, str):
-            return []
+        return [e for part in self._answer.take(event) for e in self._call_part(part, conversation)]
+
+    def _call_part(self, part: AnswerEvent, conversation: Conversation) -> list[ServerEvent]:
+        if not isinstance(part, CallStarted | CallArguments | CallDone) or part.index != 0:
+            return []  # the answer's later calls: a Realtime response carries one
+        call_id = part.call_id
         dialect = self._config.dialect
-        if event.name == TOOL_CALL_EVENT and self._call is None:
-            name = str(event.data.get("name"))
+        if isinstance(part, CallStarted):
+            name = part.name
             item = Item(
                 new_id("item"),
                 "assistant",
@@ -203,16 +211,15 @@ class ActiveResponse:
                 *item_events(item, self._call_previous_id, dialect, done=False),
             ]
         call = self._call
-        if call is None or call.call_id != call_id:
-            return []
+        assert call is not None  # begun by the answer's first CallStarted
         where: dict[str, JsonValue] = {
             "response_id": self.id,
             "item_id": call.id,
             "output_index": self._call_index,
             "call_id": call_id,
         }
-        if event.name == TOOL_ARGUMENTS_EVENT:
-            delta = str(event.data.get("delta", ""))
+        if isinstance(part, CallArguments):
+            delta = part.delta
             self._call = Item(
                 call.id,
                 "assistant",
@@ -225,22 +232,20 @@ class ActiveResponse:
             return [
                 ServerEvent("response.function_call_arguments.delta", {**where, "delta": delta})
             ]
-        if event.name == TOOL_DONE_EVENT:
-            arguments = str(event.data.get("arguments", call.text or ""))
-            self._call = Item(
-                call.id,
-                "assistant",
-                "function_call",
-                arguments,
-                "in_progress",
-                call_id=call_id,
-                name=call.name,
-            )
-            done: dict[str, JsonValue] = {**where, "arguments": arguments}
-            if dialect == "ga":
-                done["name"] = call.name
-            return [ServerEvent("response.function_call_arguments.done", done)]
-        return []
+        arguments = part.arguments
+        self._call = Item(
+            call.id,
+            "assistant",
+            "function_call",
+            arguments,
+            "in_progress",
+            call_id=call_id,
+            name=call.name,
+        )
+        done: dict[str, JsonValue] = {**where, "arguments": arguments}
+        if dialect == "ga":
+            done["name"] = call.name
+        return [ServerEvent("response.function_call_arguments.done", done)]
 
     def _close_call(
         self, call: Item, status: Status, conversation: Conversation
@@ -291,7 +296,13 @@ class ActiveResponse:
         return [ServerEvent(name, {**fields, "usage": usage})]
 
     def finish(
-        self, status: Status, error: str | None, conversation: Conversation, *, cancelled: bool
+        self,
+        status: Status,
+        error: str | None,
+        conversation: Conversation,
+        *,
+        cancelled: bool,
+        retry_after_s: float | None = None,
     ) -> list[ServerEvent]:
         """Close the open part and item (with the full text), then response.done.
 
@@ -307,7 +318,7 @@ class ActiveResponse:
         if self._call is not None:
             events += self._close_call(self._call, status, conversation)
             output += (item_object(self._call, self._config.dialect),)
-        details = self._status_details(status, error, cancelled)
+        details = self._status_details(status, error, cancelled, retry_after_s)
         done = self._object(status, status_details=details, output=output, usage=self._usage())
         return [*events, ServerEvent("response.done", {"response": done})]
 
@@ -345,7 +356,7 @@ class ActiveResponse:
         return events, final
 
     def _status_details(
-        self, status: Status, error: str | None, cancelled: bool
+        self, status: Status, error: str | None, cancelled: bool, retry_after_s: float | None
     ) -> dict[str, JsonValue] | None:
         if status == "completed":
             return None
@@ -354,11 +365,14 @@ class ActiveResponse:
             details["reason"] = "client_cancelled"
         if status == "failed":
             message = safe_text(error) if error else "the pipeline failed the response"
-            details["error"] = {
+            failure: dict[str, JsonValue] = {
                 "type": "server_error",
                 "code": "response_failed",
                 "message": message,
             }
+            if retry_after_s is not None:
+                failure["retry_after_ms"] = math.ceil(max(0.0, retry_after_s) * 1000)
+            details["error"] = failure
         return details
 
     def _usage(self) -> dict[str, JsonValue]:

@@ -197,11 +197,18 @@ class RealtimeSession:
         return response.output(item, self._conversation)
 
     def finish(
-        self, response_id: str, status: Status, error: str | None = None
+        self,
+        response_id: str,
+        status: Status,
+        error: str | None = None,
+        *,
+        retry_after_s: float | None = None,
     ) -> list[ServerEvent | StartResponse]:
         """Close the response: *.done events with the full text, then response.done.
 
-        ``error`` is shown in ``status_details`` when ``status`` is "failed". After
+        ``error`` is shown in ``status_details`` when ``status`` is "failed", with
+        ``retry_after_s`` (the pipeline refused or shed the response: when a new one
+        may be admitted) as its ``retry_after_ms``. After
         a response.cancel from the client the status is "cancelled" regardless.
         A server_vad turn committed meanwhile starts its response here (StartResponse).
         """
@@ -212,7 +219,9 @@ class RealtimeSession:
         self._move("finish")
         self._response = None
         events: list[ServerEvent | StartResponse] = []
-        events += response.finish(status, error, self._conversation, cancelled=cancelled)
+        events += response.finish(
+            status, error, self._conversation, cancelled=cancelled, retry_after_s=retry_after_s
+        )
         if self._listener.response_pending:
             self._listener.response_pending = False
             events += self._auto_response()

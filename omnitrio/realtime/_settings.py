@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .._items import JsonValue, Scalar
-from ..tools import FunctionTool, ToolChoice, ToolError, check_tool_choice, tool_options
+from .._items import JsonValue
+from .._options import ResponseOptions
+from ..tools import FunctionTool, ToolChoice, ToolError, check_tool_choice, with_tools
 from ._config import SessionConfig
 from ._errors import ClientEventError
 from ._turns import TurnDetection, TurnDetectionPatch
@@ -108,19 +109,16 @@ class Settings:
                 param="tool_choice",
             ) from None
 
-    def options(self) -> dict[str, Scalar]:
-        """The per-response knobs a stage reads from ``Request.options`` (set ones only)."""
-        options: dict[str, Scalar] = {"output_modalities": ",".join(self.output_modalities)}
-        if self.instructions:
-            options["instructions"] = self.instructions
-        if self.voice is not None:
-            options["voice"] = self.voice
-        if self.temperature is not None:
-            options["temperature"] = self.temperature
-        if self.max_output_tokens is not None:
-            options["max_tokens"] = self.max_output_tokens
-        options.update(tool_options(self.tools, self.tool_choice))
-        return options
+    def options(self) -> ResponseOptions:
+        """The response's options, as stages read them from ``Request.options``."""
+        options = ResponseOptions(
+            modalities=self.output_modalities,
+            instructions=self.instructions or None,
+            voice=self.voice,
+            temperature=self.temperature,
+            max_tokens=self.max_output_tokens,
+        )
+        return with_tools(options, self.tools, self.tool_choice)
 
     def tools_shape(self) -> tuple[JsonValue, ...]:
         """The tools as session objects show them."""

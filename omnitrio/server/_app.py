@@ -147,8 +147,9 @@ def create_app(state: ServerState) -> QuartTrio:
             # makes h11 raise here; it costs that connection only.
             logger.warning("realtime handshake failed", exc_info=True)
             return None
-        if state.draining or state.pipeline.is_full:
-            state.refusals.labels("draining" if state.draining else "overloaded").inc()
+        reason = state.busy()
+        if reason is not None:
+            state.refuse(reason)
             await websocket.close(CLOSE_TRY_AGAIN_LATER, "server busy; retry later")
             return None
         state.connections.inc()

@@ -17,7 +17,7 @@ from quart import Response
 from .._errors import Overloaded, PipelineClosed
 from ._requests import BadRequest
 from ._shares import ShareExceeded
-from ._state import ServerState
+from ._state import Busy, ServerState, retry_after_s
 
 
 def error_response(status: int, message: str, code: str, param: str | None = None) -> Response:
@@ -36,8 +36,9 @@ def bad_request(exc: BadRequest) -> Response:
 def admit(state: ServerState, client: str) -> Response | None:
     """None when a stream may open now; else the 503 (pipeline full, or draining) or
     the 429 (``client`` holds its share of the streams)."""
-    if state.draining or state.pipeline.is_full:
-        return _busy(state, "draining" if state.draining else "overloaded")
+    reason = state.busy()
+    if reason is not None:
+        return _busy(state, reason)
     try:
         state.shares.check_stream(client)
     except ShareExceeded as exc:
@@ -56,11 +57,9 @@ def refused(state: ServerState, exc: Overloaded | PipelineClosed) -> Response:
     return _busy(state, "overloaded" if isinstance(exc, Overloaded) else "draining")
 
 
-def _busy(state: ServerState, reason: str) -> Response:
-    state.refusals.labels(reason).inc()
-    pipeline = state.pipeline
-    refusal = pipeline.refusal() or Overloaded(pipeline.config.pipeline.max_streams)
+def _busy(state: ServerState, reason: Busy) -> Response:
+    refusal = state.refuse(reason)
     response = error_response(503, str(refusal), "server_overloaded")
-    if refusal.retry_after_s is not None:  # the pipeline's estimate (whole seconds, >= 1)
-        response.headers["Retry-After"] = str(max(1, math.ceil(refusal.retry_after_s)))
+    # The pipeline's estimate (whole seconds, >= 1), as the Realtime API's retry_after_ms.
+    response.headers["Retry-After"] = str(max(1, math.ceil(retry_after_s(refusal))))
     return response

@@ -18,23 +18,22 @@ import base64
 import binascii
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from functools import partial
 from typing import Any
 
 from quart import Response
 
+from .._answer import AnswerAssembler, CallArguments, CallStarted, Finished
 from .._errors import OmnitrioError, Overloaded, PipelineClosed
 from .._items import AudioChunk, AudioInput, Event, Request, TextDelta
+from .._options import ResponseOptions
 from ..realtime import new_id
 from ..tools import (
-    FINISH_EVENT,
-    TOOL_ARGUMENTS_EVENT,
-    TOOL_CALL_EVENT,
-    TOOL_DONE_EVENT,
     arguments_json,
     call_text,
+    with_tools,
 )
 from ._audio import checked_input_audio, resample_pcm16, wav_bytes
 from ._capabilities import pipeline_voices
@@ -42,9 +41,9 @@ from ._http_errors import admit, bad_request, error_response, over_share, refuse
 from ._requests import BadRequest, ChatRequest, SpeechRequest, check_chat, parse_json
 from ._settings import ServerSettings
 from ._shares import ShareExceeded
-from ._speech_formats import MIMETYPES, SpeechEncoder
+from ._speech_formats import ENCODED, MIMETYPES, SpeechEncoder
 from ._state import ResponseLog, ServerState
-from ._tools import ChatToolError, chat_tool_options, is_tool_event
+from ._tools import ChatToolError, chat_tools, is_tool_event
 
 
 def _unknown_voice(state: ServerState, voice: str, param: str) -> Response | None:
@@ -91,24 +90,18 @@ def _request_of(chat: ChatRequest, settings: ServerSettings) -> Request:
             content = f"{content or ''}{call_text(call.function.name, arguments)}"
         lines.append(f"{role}: {content or ''}")
     try:
-        tools = chat_tool_options(chat.tools, chat.tool_choice, settings.tool_limits)
+        tools, choice = chat_tools(chat.tools, chat.tool_choice, settings.tool_limits)
     except ChatToolError as exc:
-        raise _BadContent(exc.param, str(exc).partition(": ")[2], "invalid_value") from None
-    max_tokens = chat.max_completion_tokens or chat.max_tokens
-    options: dict[str, str | int | float | bool | None] = {
-        "modalities": ",".join(chat.modalities),
-        "voice": chat.audio.voice if chat.audio else None,
-        "max_tokens": max_tokens,
-        "temperature": chat.temperature,
-        "top_p": chat.top_p,
-        "seed": chat.seed,
-        **tools,
-    }
-    return Request(
-        text="\n".join(lines),
-        audio=audio,
-        options={k: v for k, v in options.items() if v is not None},
+        raise _BadContent(exc.param, exc.problem, "invalid_value") from None
+    options = ResponseOptions(
+        modalities=tuple(chat.modalities),
+        voice=chat.audio.voice if chat.audio else None,
+        max_tokens=chat.max_completion_tokens or chat.max_tokens,
+        temperature=chat.temperature,
+        top_p=chat.top_p,
+        seed=chat.seed,
     )
+    return Request(text="\n".join(lines), audio=audio, options=with_tools(options, tools, choice))
 
 
 def _input_audio(part: object, where: str, settings: ServerSettings) -> AudioInput:
@@ -160,10 +153,15 @@ async def chat_completions(state: ServerState, raw: bytes, client: str) -> Respo
         wrong_voice = _unknown_voice(state, parsed.audio.voice, "audio.voice")
         if wrong_voice is not None:
             return wrong_voice
+    try:
+        completion = _Completion(state, parsed)
+    except ImportError:
+        assert parsed.audio is not None  # only an encoded audio format needs PyAV
+        message = f"audio.format {parsed.audio.format!r} needs PyAV (the voice extra)"
+        return error_response(501, message, "not_implemented", "audio.format")
     refusal = admit(state, client)
     if refusal is not None:
         return refusal
-    completion = _Completion(state, parsed)
 
     async def items() -> AsyncGenerator[AudioChunk | TextDelta | Event]:
         async with state.open_stream(client, request) as stream:
@@ -185,10 +183,13 @@ class _Completion:
         self.created = int(time.time())
         self.audio = "audio" in chat.modalities
         self.rate_hz = state.settings.output_sample_rate_hz
+        # Encoded formats (mp3, opus, aac, flac) by the speech endpoint's encoder, streamed
+        # as one continuous file across the deltas; pcm16 and wav stream raw PCM16.
+        format = chat.audio.format if chat.audio is not None else "pcm16"
+        encoded = next((f for f in ENCODED if f == format), None)
+        self.encoder = None if encoded is None else SpeechEncoder(encoded, self.rate_hz)
         self.log = ResponseLog(state, "chat.completion", self.id)
-        self.calls: dict[str, dict[str, Any]] = {}  # call id -> the call, in order
-        self.num_deltas = 0
-        self.finish: Mapping[str, object] = {}  # the LLM's llm.finish event, if any
+        self.answer = AnswerAssembler()
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": finish}
@@ -205,52 +206,37 @@ class _Completion:
         return f"data: {json.dumps(body)}\n\n".encode()
 
     def finish_reason(self) -> str:
-        reason = self.finish.get("finish_reason")
-        return reason if isinstance(reason, str) else "tool_calls" if self.calls else "stop"
+        finished = self.answer.finished
+        if finished is not None and finished.finish_reason is not None:
+            return finished.finish_reason
+        return "tool_calls" if self.answer.calls else "stop"
 
     def usage(self) -> dict[str, int]:
-        prompt = self.finish.get("prompt_tokens")
-        completion = self.finish.get("completion_tokens")
-        prompt_tokens = prompt if isinstance(prompt, int) else 0
-        completion_tokens = completion if isinstance(completion, int) else self.num_deltas
+        finished = self.answer.finished or Finished(None, None, None)
+        prompt_tokens = finished.prompt_tokens or 0
+        completion_tokens = finished.completion_tokens
+        if completion_tokens is None:
+            completion_tokens = self.answer.num_text_deltas
         return {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         }
 
-    def _call_delta(self, event: Event) -> dict[str, Any] | None:
-        """The ``tool_calls`` delta for one tool-call event (None: nothing to send)."""
-        call_id = str(event.data.get("call_id"))
-        if event.name == TOOL_CALL_EVENT:
-            name = str(event.data.get("name"))
-            self.calls[call_id] = {"id": call_id, "name": name, "arguments": ""}
-            index = len(self.calls) - 1
-            function = {"name": name, "arguments": ""}
-            return {"index": index, "id": call_id, "type": "function", "function": function}
-        call = self.calls.get(call_id)
-        if call is None:
-            return None
-        if event.name == TOOL_ARGUMENTS_EVENT:
-            delta = str(event.data.get("delta", ""))
-            call["arguments"] += delta
-            index = list(self.calls).index(call_id)
-            return {"index": index, "function": {"arguments": delta}}
-        if event.name == TOOL_DONE_EVENT:
-            call["arguments"] = str(event.data.get("arguments", call["arguments"]))
-        return None
-
-    def _take(self, item: AudioChunk | TextDelta | Event) -> bytes | None:
-        """One pipeline item into the completion; the chunk to stream, if any."""
-        if isinstance(item, Event):
-            if item.name == FINISH_EVENT:
-                self.finish = item.data
-                return None
-            delta = self._call_delta(item)
-            return None if delta is None else self._chunk({"tool_calls": [delta]})
-        if isinstance(item, TextDelta):
-            self.num_deltas += 1
-        return self._delta(item)
+    def _take(self, item: AudioChunk | TextDelta | Event) -> list[bytes]:
+        """One pipeline item into the completion; the chunks to stream."""
+        chunks = []
+        for event in self.answer.take(item):
+            if isinstance(event, CallStarted):
+                function = {"name": event.name, "arguments": ""}
+                call = {"index": event.index, "id": event.call_id, "type": "function"}
+                chunks.append(self._chunk({"tool_calls": [{**call, "function": function}]}))
+            elif isinstance(event, CallArguments):
+                delta = {"index": event.index, "function": {"arguments": event.delta}}
+                chunks.append(self._chunk({"tool_calls": [delta]}))
+            elif isinstance(event, AudioChunk | TextDelta):
+                chunks.append(self._delta(event))
+        return chunks
 
     async def sse(
         self, items: AsyncGenerator[AudioChunk | TextDelta | Event]
@@ -259,8 +245,7 @@ class _Completion:
         try:
             async with aclosing(items):  # the pipeline stream closes with the response
                 async for item in items:
-                    chunk = self._take(item)
-                    if chunk is not None:
+                    for chunk in self._take(item):
                         yield chunk
         except OmnitrioError as exc:
             self.log.done("failed")
@@ -271,6 +256,10 @@ class _Completion:
             self.log.done("disconnected")
             raise
         self.log.done("completed")
+        if self.encoder is not None:
+            tail = self.encoder.close()
+            if tail:
+                yield self._audio_chunk(tail)
         yield self._chunk({}, finish=self.finish_reason())
         options = self.chat.stream_options
         if options is not None and options.include_usage:
@@ -284,7 +273,13 @@ class _Completion:
             return self._chunk({"content": item.text})
         self.log.audio()
         pcm = resample_pcm16(item.pcm16, item.sample_rate_hz, self.rate_hz)
-        return self._chunk({"audio": {"id": self.audio_id, "data": base64.b64encode(pcm).decode()}})
+        data = pcm if self.encoder is None else self.encoder.feed(pcm)
+        return self._audio_chunk(data)
+
+    def _audio_chunk(self, data: bytes) -> bytes:
+        return self._chunk(
+            {"audio": {"id": self.audio_id, "data": base64.b64encode(data).decode()}}
+        )
 
     async def whole(self, items: AsyncGenerator[AudioChunk | TextDelta | Event]) -> Response:
         text: list[str] = []
@@ -292,14 +287,12 @@ class _Completion:
         try:
             async with aclosing(items):
                 async for item in items:
-                    if isinstance(item, Event):
-                        self._take(item)
-                    elif isinstance(item, TextDelta):
-                        self.num_deltas += 1
-                        text.append(item.text)
-                    else:
-                        self.log.audio()
-                        pcm += resample_pcm16(item.pcm16, item.sample_rate_hz, self.rate_hz)
+                    for event in self.answer.take(item):
+                        if isinstance(event, TextDelta):
+                            text.append(event.text)
+                        elif isinstance(event, AudioChunk):
+                            self.log.audio()
+                            pcm += resample_pcm16(event.pcm16, event.sample_rate_hz, self.rate_hz)
         except (Overloaded, PipelineClosed) as exc:  # admitted after admit() looked: a race
             self.log.done("failed")
             return refused(self.state, exc)
@@ -310,26 +303,28 @@ class _Completion:
             self.log.done("failed")
             return error_response(500, str(exc), "pipeline_error")
         self.log.done("completed")
+        calls = self.answer.calls
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": None if self.audio or (self.calls and not text) else "".join(text),
+            "content": None if self.audio or (calls and not text) else "".join(text),
         }
-        if self.calls:
+        if calls:
             message["tool_calls"] = [
                 {
-                    "id": call["id"],
+                    "id": call.call_id,
                     "type": "function",
-                    "function": {"name": call["name"], "arguments": call["arguments"]},
+                    "function": {"name": call.name, "arguments": call.arguments},
                 }
-                for call in self.calls.values()
+                for call in calls
             ]
         if self.audio:
             assert self.chat.audio is not None
-            audio = (
-                wav_bytes(bytes(pcm), self.rate_hz)
-                if self.chat.audio.format == "wav"
-                else bytes(pcm)
-            )
+            if self.encoder is not None:
+                audio = self.encoder.feed(bytes(pcm)) + self.encoder.close()
+            elif self.chat.audio.format == "wav":
+                audio = wav_bytes(bytes(pcm), self.rate_hz)
+            else:
+                audio = bytes(pcm)
             message["audio"] = {
                 "id": self.audio_id,
                 "data": base64.b64encode(audio).decode(),
@@ -357,7 +352,7 @@ async def speech(state: ServerState, raw: bytes, client: str) -> Response:
     if wrong_voice is not None:
         return wrong_voice
     # task "speak": say ``text`` as it is (a pipeline that answers would answer it instead).
-    options = {"voice": parsed.voice, "modalities": "audio", "task": "speak"}
+    options = ResponseOptions(modalities=("audio",), voice=parsed.voice, task="speak")
     request = Request(text=parsed.input, options=options)
     refusal = admit(state, client)
     if refusal is not None:

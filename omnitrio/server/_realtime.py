@@ -33,7 +33,7 @@ from functools import partial
 import trio
 from quart import Websocket
 
-from .._errors import OmnitrioError, Overloaded
+from .._errors import OmnitrioError, Overloaded, StreamShed
 from .._items import AudioChunk, Request, VisibleItem
 from ..realtime import (
     CancelResponse,
@@ -52,7 +52,7 @@ from ._capabilities import pipeline_voices, transcription_model
 from ._precheck import may_carry_tools, tool_verdicts
 from ._shares import ShareExceeded
 from ._side_stage import SessionSideStream
-from ._state import ResponseLog, ServerState
+from ._state import Busy, ResponseLog, ServerState, retry_after_s
 
 logger = logging.getLogger(__name__)
 
@@ -256,14 +256,17 @@ class RealtimeConnection:
         next response.create finds its admission slot free (barge-in)."""
         rid = start.response_id
         status, error = "completed", None
+        retry_s: float | None = None  # a refused or shed response: when to ask again
         log = ResponseLog(self._state, "realtime", rid)
+        busy: Busy | None = None
         reading = trio.CancelScope()
         self._responses[rid] = reading
         speculation = self._take_speculation(start.request)
         task_status.started()
         try:
-            if self._state.draining:
-                raise Overloaded(self._state.pipeline.config.pipeline.max_streams)
+            busy = self._state.busy()
+            if busy == "draining":  # (a full pipeline: open_stream refuses, with its hint)
+                raise self._state.refuse(busy)
             if speculation is not None:
                 with reading:
                     await self._forward(rid, speculation.items, log)
@@ -276,8 +279,14 @@ class RealtimeConnection:
                     with reading:
                         await self._forward(rid, stream, log)
         except Overloaded as exc:
-            self._state.refusals.labels("overloaded").inc()
+            if busy != "draining":  # counted by refuse
+                self._state.refusals.labels("overloaded").inc()
+            status, error, retry_s = "failed", str(exc), retry_after_s(exc)
+        except StreamShed as exc:
+            # The pipeline's estimate of when a new stream would be admitted (0: now).
+            refusal = self._state.pipeline.refusal()
             status, error = "failed", str(exc)
+            retry_s = 0.0 if refusal is None else retry_after_s(refusal)
         except ShareExceeded as exc:
             self._state.refusals.labels("streams").inc()
             status, error = "failed", str(exc)
@@ -291,7 +300,8 @@ class RealtimeConnection:
         if reading.cancelled_caught:
             status = "cancelled"
         log.done(status)
-        await self._dispatch(nursery, self._session.finish(rid, status, error))  # type: ignore[arg-type]
+        finished = self._session.finish(rid, status, error, retry_after_s=retry_s)  # type: ignore[arg-type]
+        await self._dispatch(nursery, finished)
 
     async def _forward(
         self, rid: str, stream: AsyncIterable[VisibleItem], log: ResponseLog

@@ -103,9 +103,13 @@ class StreamOptions(_Strict):
     }
 
 
+ChatAudioFormat = Literal["pcm16", "wav", "mp3", "opus", "aac", "flac"]
+"""Chat audio formats: the speech endpoint's, encoded alike (``pcm16`` is its ``pcm``)."""
+
+
 class AudioParams(_Strict):
     voice: str = "default"
-    format: Literal["pcm16", "wav"] = "pcm16"
+    format: ChatAudioFormat = "pcm16"
 
 
 class ChatRequest(_Strict):

@@ -21,14 +21,18 @@ from typing import Self
 
 import trio
 
-from .._errors import PipelineClosed, StageError
+from .._errors import PipelineClosed, StageCall, StageError
 from .._items import Event, Request, Scalar
+from .._options import ResponseOptions
 from .._pipeline import Pipeline, SideStream
 from .._statistics import StageStatistics
 
 logger = logging.getLogger(__name__)
 
-_WHAT = {"open_stream": "could not open the stream", "watchdog": "it is hung"}
+_WHAT: Mapping[StageCall, str] = {
+    "open_stream": "could not open the stream",
+    "watchdog": "it is hung",
+}
 
 
 class SessionSideStream:
@@ -66,9 +70,8 @@ class SessionSideStream:
             try:
                 item = await self._side.stream.receive()
             except StageError as exc:
-                where = exc.problem.split(" ", 1)[0]
                 self.failure = (
-                    f"the turn detector {self._stage!r}: {_WHAT.get(where, 'its step failed')}"
+                    f"the turn detector {self._stage!r}: {_WHAT.get(exc.during, 'its step failed')}"
                 )
                 raise StopAsyncIteration from None
             except (trio.ClosedResourceError, PipelineClosed):
@@ -96,5 +99,5 @@ class SideStage:
         return stats
 
     def open(self, generation: int, options: Mapping[str, Scalar]) -> SessionSideStream:
-        side = self._pipeline.open_side_stream(Request(options=options))
+        side = self._pipeline.open_side_stream(Request(options=ResponseOptions(knobs=options)))
         return SessionSideStream(side, generation, self.name)

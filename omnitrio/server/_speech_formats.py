@@ -16,6 +16,8 @@ from typing import Literal
 from ._audio import wav_header
 
 SpeechFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+ENCODED: tuple[SpeechFormat, ...] = ("mp3", "opus", "aac", "flac")
+"""The formats PyAV encodes (``wav`` and ``pcm`` are PCM16 as it is)."""
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,14 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Literal
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .._errors import Overloaded
 from .._items import Request
 from .._pipeline import Pipeline
 from .._stream import Stream
@@ -20,6 +22,17 @@ from ._shares import ClientShares
 from ._side_stage import SideStage
 
 logger = logging.getLogger("omnitrio.server")
+
+Busy = Literal["draining", "overloaded"]
+DEFAULT_RETRY_AFTER_S = 1.0
+"""The retry hint when the pipeline gives no estimate of its own."""
+
+
+def retry_after_s(refusal: Overloaded | None) -> float:
+    """When a refused client may retry: the pipeline's estimate, else 1 s."""
+    if refusal is None or refusal.retry_after_s is None:
+        return DEFAULT_RETRY_AFTER_S
+    return refusal.retry_after_s
 
 
 @dataclass
@@ -72,6 +85,19 @@ class ServerState:
     @property
     def model_name(self) -> str:
         return self.pipeline.config.pipeline.name
+
+    def busy(self) -> Busy | None:
+        """The one look before a stream or a session opens: why none may now
+        (draining first, then a full pipeline), or None."""
+        if self.draining:
+            return "draining"
+        return "overloaded" if self.pipeline.is_full else None
+
+    def refuse(self, reason: Busy) -> Overloaded:
+        """Count a refusal for ``reason``; the ``Overloaded`` to answer it with (the
+        pipeline's own, with its retry estimate, where it has one)."""
+        self.refusals.labels(reason).inc()
+        return self.pipeline.refusal() or Overloaded(self.pipeline.config.pipeline.max_streams)
 
     @asynccontextmanager
     async def open_stream(self, client: str, request: Request) -> AsyncIterator[Stream]:

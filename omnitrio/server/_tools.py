@@ -10,7 +10,7 @@ from typing import Any, Literal
 import pydantic
 import pydantic_core
 
-from .._items import Event, Scalar
+from .._items import Event
 from ..tools import (
     FINISH_EVENT,
     TOOL_EVENTS,
@@ -22,7 +22,6 @@ from ..tools import (
     check_tool_choice,
     check_tools,
     empty_parameters,
-    tool_options,
 )
 
 
@@ -80,17 +79,19 @@ class ToolCall(_Lenient):
 
 
 class ChatToolError(ValueError):
-    """Tools or a tool choice that break the rules; ``param`` is the request field."""
+    """Tools or a tool choice that break the rules; ``param`` is the request field,
+    ``problem`` what is wrong with it."""
 
     def __init__(self, message: str, param: str) -> None:
         super().__init__(f"{param}: {message}")
         self.param = param
+        self.problem = message
 
 
-def chat_tool_options(
+def chat_tools(
     tools: list[ChatTool] | None, choice: ChatToolChoice | None, limits: ToolLimits | None = None
-) -> dict[str, Scalar]:
-    """The request options for a chat request's tools, checked by omnitrio's rules.
+) -> tuple[list[FunctionTool], ToolChoice]:
+    """A chat request's tools and tool choice, checked by omnitrio's rules.
     Raises ``ChatToolError`` naming the field (``tools.1.function.parameters``)."""
     functions = [
         FunctionTool(t.function.name, t.function.description, t.function.parameters)
@@ -106,7 +107,7 @@ def chat_tool_options(
     except ToolError as exc:
         param = exc.field if exc.index is None else f"tools.{exc.index}.function.{exc.field}"
         raise ChatToolError(str(exc), param) from None
-    return tool_options(functions, wanted)
+    return functions, wanted
 
 
 def is_tool_event(item: object) -> bool:

@@ -28,6 +28,7 @@ from quart import Response
 
 from .._errors import OmnitrioError, Overloaded, PipelineClosed
 from .._items import AudioInput, Event, Request
+from .._options import ResponseOptions
 from ..realtime import new_id
 from ._audio import InputAudioError, check_input_audio, resample_pcm16
 from ._capabilities import TRANSCRIBE_TASK as TASK
@@ -127,7 +128,7 @@ async def transcriptions(state: ServerState, form: Any, files: Any, client: str)
     refusal = admit(state, client)
     if refusal is not None:
         return refusal
-    request = Request(audio=AudioInput(pcm16, DECODE_RATE_HZ), options={"task": TASK})
+    request = Request(audio=AudioInput(pcm16, DECODE_RATE_HZ), options=ResponseOptions(task=TASK))
     log = ResponseLog(state, "transcription", new_id("trans"))
     texts: list[str] = []
     try:

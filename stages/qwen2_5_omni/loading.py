@@ -49,9 +49,10 @@ def load_speakers(folder: pathlib.Path, stage: str) -> dict[str, dict[str, Any]]
     return speakers
 
 
-def speaker_of(options: Any, speakers: dict[str, Any], default: str) -> str:
-    """The request's ``speaker`` option, checked against the known speakers."""
-    speaker = str(options.get("speaker", default))
+def speaker_of(asked: object, speakers: dict[str, Any], default: str) -> str:
+    """The speaker ``asked`` (a request's ``speaker`` knob; None: ``default``), checked
+    against the known speakers."""
+    speaker = str(default if asked is None else asked)
     if speaker not in speakers:
         raise ValueError(f"unknown speaker {speaker!r}; known: {', '.join(sorted(speakers))}")
     return speaker

@@ -116,7 +116,7 @@ class Qwen2_5OmniThinker(AutoregressiveStage):
             temperature, top_p, top_k, repetition_penalty, max_tokens, seed
         )
         self.defaults.check()
-        self.default_speaker = speaker_of({"speaker": speaker}, self.speakers, speaker)
+        self.default_speaker = speaker_of(speaker, self.speakers, speaker)
         self.system_prompt = system_prompt
         self.emit_ids = emit_ids
         self.max_visible_per_step = self.step_limits({"emit_ids": emit_ids}).max_visible_per_step
@@ -141,7 +141,9 @@ class Qwen2_5OmniThinker(AutoregressiveStage):
             build_prompt(request, self.tokenizer, self.features, self.system_prompt), self.device
         )
         params = SamplingParams.from_options(self.defaults, request.options, self.name)
-        speaker = speaker_of(request.options, self.speakers, self.default_speaker)
+        speaker = speaker_of(
+            request.options.knobs.get("speaker"), self.speakers, self.default_speaker
+        )
         sampler = Sampler(params, prompt.input_ids[0].tolist())
         self.streams[stream_id] = _Stream(prompt, sampler, speaker, Detokenizer(self.tokenizer))
         self.outboxes[stream_id] = Outbox()

@@ -109,7 +109,7 @@ class Qwen2_5OmniToken2Wav:
         model = load_stage_model(Qwen2_5OmniToken2WavModel, folder, name).float()
         self.model = model.to(self.device)
         self.speakers = load_speakers(folder, name)
-        self.default_speaker = speaker_of({"speaker": speaker}, self.speakers, speaker)
+        self.default_speaker = speaker_of(speaker, self.speakers, speaker)
         self.chunk_frames = chunk_frames
         self.first_chunk_frames = first_chunk_frames
         self.left_context_frames = left_context_frames
@@ -134,8 +134,10 @@ class Qwen2_5OmniToken2Wav:
         self._decode_s = 0.0
 
     def open_stream(self, stream_id: str, request: Request) -> None:
-        speaker = self.speakers[speaker_of(request.options, self.speakers, self.default_speaker)]
-        seed = request.options.get(f"{self.name}.seed", request.options.get("seed", self.seed))
+        asked = request.options.knobs.get("speaker")
+        speaker = self.speakers[speaker_of(asked, self.speakers, self.default_speaker)]
+        seed = request.options.knobs.get(f"{self.name}.seed", request.options.seed)
+        seed = self.seed if seed is None else seed
         generator = torch.Generator().manual_seed(int(seed or 0))
         mel_dim = self.model.code2wav_dit_model.mel_dim
         # Drawn on the host (the reference's draw), then kept on the device.

@@ -50,12 +50,16 @@ class ReferenceGenerate:
             warnings.filterwarnings("ignore", "Passing `repetition_penalty` with `inputs_embeds`")
             sequences, wav = self.model.generate(
                 input_ids,
-                thinker_max_new_tokens=int(request.options.get("max_tokens", DEFAULT_MAX_TOKENS)),
+                thinker_max_new_tokens=(
+                    DEFAULT_MAX_TOKENS
+                    if request.options.max_tokens is None
+                    else request.options.max_tokens
+                ),
                 thinker_do_sample=False,
                 thinker_eos_token_id=self.tokenizer.eos_token_id,
                 talker_do_sample=False,
                 talker_max_new_tokens=int(
-                    request.options.get("talker.max_tokens", DEFAULT_MAX_FRAMES)
+                    request.options.knobs.get("talker.max_tokens") or DEFAULT_MAX_FRAMES
                 ),
             )
         answer = sequences[0, input_ids.shape[1] :].tolist()

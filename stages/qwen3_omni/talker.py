@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from transformers import DynamicCache, Qwen3OmniMoeTalkerForConditionalGeneration
 
-from omnitrio import Request, StreamOutput, StreamWork
+from omnitrio import Request, ResponseOptions, StreamOutput, StreamWork
 from stages.kit import (
     AutoregressiveStage,
     OptionError,
@@ -98,9 +98,9 @@ class Qwen3OmniTalker(AutoregressiveStage):
     def open_stream(self, stream_id: str, request: Request) -> None:
         # The talker keeps its own sampling keys (``talker.<key>``), but a request's
         # ``seed`` (OpenAI's) seeds it too: the same seed, the same answer, audio included.
-        seed = request.options.get("seed")
+        seed = request.options.seed
         defaults = self.defaults
-        if isinstance(seed, int) and not isinstance(seed, bool):
+        if seed is not None:
             defaults = replace(defaults, seed=seed)
         params = SamplingParams.from_options(defaults, request.options, self.name, inherit=False)
         speaker = self._speaker(request.options)
@@ -116,24 +116,22 @@ class Qwen3OmniTalker(AutoregressiveStage):
             Sampler(residual),
             self.config.speaker_id[speaker],
         )
-        # "output_modalities" from the Realtime API, "modalities" from chat completions.
-        modalities = request.options.get("output_modalities", request.options.get("modalities"))
-        if isinstance(modalities, str) and "audio" not in modalities.split(","):
+        if not request.options.wants("audio"):
             self.streams[stream_id].finished = True  # a text-only answer: no talker work
         self.outboxes[stream_id] = Outbox()
 
-    def _speaker(self, options: Mapping[str, object]) -> str:
-        """``speaker`` must name one of the model's speakers; an OpenAI ``voice`` (alloy,
-        ...) that is not one of them gets the default speaker."""
+    def _speaker(self, options: ResponseOptions) -> str:
+        """The knob ``speaker`` must name one of the model's speakers; an OpenAI ``voice``
+        (alloy, ...) that is not one of them gets the default speaker."""
         known = self.config.speaker_id
-        if options.get("speaker") is not None:
-            speaker = str(options["speaker"]).lower()
+        if options.knobs.get("speaker") is not None:
+            speaker = str(options.knobs["speaker"]).lower()
             if speaker not in known:
                 raise OptionError(
                     f"unknown speaker {speaker!r}; this model has: {', '.join(sorted(known))}"
                 )
             return speaker
-        voice = str(options.get("voice") or "").lower()
+        voice = (options.voice or "").lower()
         return voice if voice in known else self.default_speaker
 
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:

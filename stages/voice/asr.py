@@ -47,7 +47,7 @@ class _AsrStage:
         self.busy_s = 0.0
 
     def open_stream(self, stream_id: str, request: Request) -> None:
-        if request.options.get("task") == "transcribe":
+        if request.options.task == "transcribe":
             self._transcribe_only.add(stream_id)
         audio = request.audio
         self.streams[stream_id] = (

@@ -34,7 +34,7 @@ calling: ``tools`` (a JSON list of ``{"name", "description", "parameters"}``),
 grammar built from the tools' JSON schemas (``_grammar.py``): from the first
 token when a call is required or named, from the model's own ``<`` under
 ``auto``. The tools, the markers and their rules are omnitrio's (``omnitrio.tools.FunctionTool``,
-``omnitrio.tools.parse_tool_options``; the server checks them before a stream opens). A
+``omnitrio.ResponseOptions.tools``; the server checks them before a stream opens). A
 call goes to the client as events, never to the TTS stage:
 ``tool_call`` (``call_id``, ``name``), ``tool_call.arguments`` (``call_id``,
 ``delta``) and ``tool_call.done`` (``call_id``, ``name``, ``arguments``). Every
@@ -75,7 +75,6 @@ from omnitrio.tools import (
     ToolError,
     check_tool_choice,
     new_call_id,
-    parse_tool_options,
 )
 from stages.kit import (
     AutoregressiveStage,
@@ -246,11 +245,14 @@ class SmolLM2Llm(AutoregressiveStage):
     def open_stream(self, stream_id: str, request: Request) -> None:
         options = request.options
         params = SamplingParams.from_options(self.sampling, options, self.name)
-        asked = any(options.get(k) is not None for k in ("max_tokens", f"{self.name}.max_tokens"))
+        asked = (
+            options.max_tokens is not None
+            or options.knobs.get(f"{self.name}.max_tokens") is not None
+        )
         limit = params.max_tokens if asked else self.max_new_tokens
         turn = _Stream(request, limit, Sampler(params), asked, Detokenizer(self.tokenizer))
+        tools, choice = options.tools, options.tool_choice
         try:
-            tools, choice = parse_tool_options(options)
             check_tool_choice(tools, choice)
         except ToolError as exc:
             raise OptionError(str(exc)) from None
@@ -279,7 +281,7 @@ class SmolLM2Llm(AutoregressiveStage):
         generating: list[Ct2Answer] = []  # CTranslate2's answers, decoded on its threads
         for work in batch:
             turn = self.streams[work.stream_id]
-            if turn.request.options.get("task") in ("speak", "transcribe"):
+            if turn.request.options.task in ("speak", "transcribe"):
                 continue  # passed through (or nothing to do) in _output
             if turn.prompt is None:
                 utterances = [p for p in work.inputs if isinstance(p, Utterance)]
@@ -307,11 +309,11 @@ class SmolLM2Llm(AutoregressiveStage):
         return {w.stream_id: self.failed(w.stream_id) or self._output(w) for w in batch}
 
     def _system(self, turn: _Stream) -> str:
-        options = turn.request.options
-        instructions = options.get("instructions")
-        system = instructions if isinstance(instructions, str) else DEFAULT_INSTRUCTIONS
+        instructions = turn.request.options.instructions
+        system = DEFAULT_INSTRUCTIONS if instructions is None else instructions
         if turn.tools:
-            system += "\n\n" + TOOLS_PROMPT.format(tools=options.get("tools"))
+            described = json.dumps([t.described() for t in turn.tools])
+            system += "\n\n" + TOOLS_PROMPT.format(tools=described)
         return system
 
     def _system_ids(self, turn: _Stream) -> list[int]:
@@ -444,7 +446,7 @@ class SmolLM2Llm(AutoregressiveStage):
 
     def _output(self, work: StreamWork) -> StreamOutput:
         turn = self.streams[work.stream_id]
-        task = turn.request.options.get("task")
+        task = turn.request.options.task
         if task == "transcribe":
             return StreamOutput(done=work.input_closed)  # the ASR stage's event is the answer
         if task == "speak":

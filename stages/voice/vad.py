@@ -159,7 +159,7 @@ class SileroVad:
         self.turn_ends: dict[str, int] = {"finished": 0, "unfinished": 0}  # Smart Turn's verdicts
 
     def open_stream(self, stream_id: str, request: Request) -> None:
-        options = request.options
+        options = request.options.knobs  # the turn detector's own knobs
         threshold = options.get("threshold", self.threshold)
         silence_ms = options.get("silence_duration_ms", self.silence_duration_ms)
         padding_ms = options.get("prefix_padding_ms", self.prefix_padding_ms)

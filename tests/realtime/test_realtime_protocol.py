@@ -18,7 +18,7 @@ from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import BaseModel
 
-from omnitrio import AudioChunk, Event, TextDelta
+from omnitrio import AudioChunk, Event, ResponseOptions, TextDelta
 from omnitrio.realtime import (
     JSON_SUBPROTOCOL,
     MSGPACK_SUBPROTOCOL,
@@ -150,7 +150,7 @@ def test_text_turn() -> None:
     start = start_response(session)
     assert start.request.text == "user: hello"
     assert start.request.audio is None
-    assert dict(start.request.options) == {"output_modalities": "text", "instructions": "be brief"}
+    assert start.request.options == ResponseOptions(modalities=("text",), instructions="be brief")
 
     rid = start.response_id
     first = session.output(rid, TextDelta("Hi"))
@@ -214,11 +214,9 @@ def test_audio_turn() -> None:
     assert start.request.audio.pcm16 == pcm(12000, 1) + pcm(12000, 2)
     assert start.request.audio.sample_rate_hz == RATE_HZ
     assert start.request.text == ""  # no transcript of the audio yet
-    assert dict(start.request.options) == {
-        "output_modalities": "audio",
-        "voice": "marin",
-        "max_tokens": 200,
-    }
+    assert start.request.options == ResponseOptions(
+        modalities=("audio",), voice="marin", max_tokens=200
+    )
     assert session.statistics().input_audio_committed_s == 0.0  # handed to the response
 
     rid = start.response_id
@@ -328,11 +326,11 @@ def test_response_create_overrides_apply_to_that_response_only() -> None:
     start = start_response(
         session, output_modalities=["text"], instructions="shout", metadata={"turn": "1"}
     )
-    assert start.request.options["output_modalities"] == "text"
-    assert start.request.options["instructions"] == "shout"
+    assert start.request.options.modalities == ("text",)
+    assert start.request.options.instructions == "shout"
     events = session.finish(start.response_id, "completed")
     assert wire(session, events[-1])["response"]["metadata"] == {"turn": "1"}
-    assert start_response(session).request.options["output_modalities"] == "audio"
+    assert start_response(session).request.options.modalities == ("audio",)
 
 
 def test_conversation_items_in_place() -> None:
@@ -597,7 +595,7 @@ def test_session_update_refuses_field_by_field() -> None:
     assert "audio/pcm" in errors[0]["message"]
     assert errors[1]["code"] == "unknown_parameter"
     options = start_response(session).request.options
-    assert (options["instructions"], options["voice"]) == ("new", "marin")  # the rest applied
+    assert (options.instructions, options.voice) == ("new", "marin")  # the rest applied
 
 
 def test_tool_choice_required_before_the_tools_is_kept_until_a_response() -> None:
@@ -611,7 +609,7 @@ def test_tool_choice_required_before_the_tools_is_kept_until_a_response() -> Non
     assert "send tools" in error["message"]
     tool = {"type": "function", "name": "get_time", "parameters": {"type": "object"}}
     send(session, {"type": "session.update", "session": {"tools": [tool]}})
-    assert start_response(session).request.options["tool_choice"] == "required"
+    assert start_response(session).request.options.tool_choice.mode == "required"
 
 
 def test_input_transcription_on_off_and_the_stage_model() -> None:
@@ -650,8 +648,10 @@ def test_session_update_accepts_what_asks_for_nothing() -> None:
     assert names(send(session, {"type": "session.update", "session": accepted})) == [
         "session.updated"
     ]
-    options = dict(start_response(session).request.options)
-    assert options == {"output_modalities": "text,audio", "voice": "voice_1", "temperature": 0.7}
+    options = start_response(session).request.options
+    assert options == ResponseOptions(
+        modalities=("text", "audio"), voice="voice_1", temperature=0.7
+    )
 
 
 def test_misuse_by_the_server_raises() -> None:
@@ -731,12 +731,9 @@ def test_beta_dialect_names_and_session_shape() -> None:
     out = send(session, user_text("hi"))
     assert names(out) == ["conversation.item.created"]
     start = start_response(session)
-    assert dict(start.request.options) == {
-        "output_modalities": "text",
-        "voice": "alloy",
-        "temperature": 0.8,
-        "max_tokens": 50,
-    }
+    assert start.request.options == ResponseOptions(
+        modalities=("text",), voice="alloy", temperature=0.8, max_tokens=50
+    )
     events = session.output(start.response_id, TextDelta("yo"))
     events += session.finish(start.response_id, "completed")
     assert names(events) == [
@@ -896,7 +893,7 @@ def function_call_turn(session: RealtimeSession) -> list[ServerEvent]:
         'assistant: <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
         'tool: {"sky": "sunny"}',
     ]
-    assert start.request.options["tools"]
+    assert start.request.options.tools
     events += session.finish(start.response_id, "completed")
     return [e for e in events if isinstance(e, ServerEvent)]
 

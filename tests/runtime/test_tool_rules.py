@@ -198,7 +198,9 @@ async def test_both_dialects_refuse_call_arguments_that_are_not_a_json_object(
 async def test_the_python_api_gets_the_stage_error_naming_the_tool() -> None:
     """Without the server's check, the LLM stage still refuses the schema, naming it."""
     tools = [omnitrio.tools.FunctionTool("g", "", UNCOMPILABLE)]
-    options = omnitrio.tools.tool_options(tools, omnitrio.tools.ToolChoice("required"))
+    options = omnitrio.ResponseOptions(
+        tools=tuple(tools), tool_choice=omnitrio.tools.ToolChoice("required")
+    )
     async with omnitrio.open_pipeline(llm_config()) as pipeline:
         with pytest.raises(omnitrio.StageError, match="'g'"):
             async with pipeline.open_stream(omnitrio.Request("hi", options=options)) as stream:
@@ -220,6 +222,7 @@ def test_the_rules_are_one_function() -> None:
     with pytest.raises(omnitrio.tools.ToolError) as caught:
         omnitrio.tools.check_tool_choice([ok], omnitrio.tools.ToolChoice("required", "nope"))
     assert caught.value.field == "tool_choice"
-    assert json.loads(str(omnitrio.tools.tool_options([ok], omnitrio.tools.ToolChoice())["tools"]))[
-        0
-    ]["name"] == ("get_weather")
+    options = omnitrio.tools.with_tools(
+        omnitrio.ResponseOptions(), [ok], omnitrio.tools.ToolChoice()
+    )
+    assert json.loads(str(options.as_mapping()["tools"]))[0]["name"] == "get_weather"

@@ -338,8 +338,8 @@ def test_slow_packaging_does_not_hold_back_the_steps(checkpoint: Path) -> None:
 async def test_a_bad_option_fails_only_that_stream_naming_the_option(checkpoint: Path) -> None:
     config = with_model_path(omnitrio.load_config(CONFIG), checkpoint)
     async with omnitrio.open_pipeline(config) as pipeline:
-        bad = omnitrio.Request("hi", options={"temperature": "hot"})
-        with pytest.raises(omnitrio.StageError, match=r"'thinker'.*option 'temperature'"):
+        bad = omnitrio.Request("hi", options={"thinker.temperature": "hot"})
+        with pytest.raises(omnitrio.StageError, match=r"'thinker'.*option 'thinker.temperature'"):
             async with pipeline.open_stream(bad) as stream:
                 [item async for item in stream]
         unknown_speaker = omnitrio.Request("hi", options={"speaker": "nobody"})
