@@ -31,7 +31,8 @@ import trio
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import omnitrio
-from stages.qwen2_5_omni import build_prompt, make_tiny_checkpoint
+from stages.qwen2_5_omni.prompt import build_prompt
+from stages.qwen2_5_omni.tiny import make_tiny_checkpoint
 from tests.qwen2_5_omni_helpers import tiny_config
 
 # A prompt whose reply on the tiny weights runs the talker to TALKER_CODES (2.4 s of audio):
@@ -79,8 +80,8 @@ async def pipelined(checkpoint: pathlib.Path, num_streams: int) -> dict[str, flo
         "talker_packaging_ms": talker["packaging_ms_mean"],
         "talker_gap_ms": talker["step_gap_ms_mean"],
         "audio_s_per_stream": token2wav["audio_s"] / num_streams,
-        "thinker_max_batch": thinker["max_decode_batch_size"],
-        "talker_max_batch": talker["max_decode_batch_size"],
+        "thinker_max_batch": thinker["largest_decode_batch_size"],
+        "talker_max_batch": talker["largest_decode_batch_size"],
     }
 
 

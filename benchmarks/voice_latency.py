@@ -254,7 +254,7 @@ def busy_seconds(base_url: str) -> dict[str, float]:
             r'^omnitrio_stage_busy_seconds_total\{stage="(\w+)"\} (\S+)$', text, re.M
         )
     }
-    vad = re.search(r"^omnitrio_turn_detector_busy_seconds_total (\S+)$", text, re.M)
+    vad = re.search(r"^omnitrio_side_stage_busy_seconds_total (\S+)$", text, re.M)
     busy["vad"] = float(vad.group(1)) if vad else math.nan
     for outcome in ("taken", "dropped"):  # counts, not seconds; absent on older servers
         found = re.search(

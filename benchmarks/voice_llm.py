@@ -11,7 +11,7 @@ that one, each in a fresh process, so load on the machine falls on both alike.
 
 What runs
 ---------
-The stage of configs/voice-chat.yaml (``stages.voice.llm:SmolLM2`` with that
+The stage of configs/voice-chat.yaml (``stages.voice.llm:SmolLM2Llm`` with that
 config's params: bf16, one thread, ``max_new_tokens`` 48), called the way the
 runtime's actor calls it: ``open_stream``, then ``step`` with the ASR stage's
 ``Utterance`` and again with no input until the stream is done. After one warm-up
@@ -54,7 +54,7 @@ QUESTIONS = (
 
 def _round(stage: Any, num_streams: int, tag: str) -> dict[str, Any]:
     from omnitrio import Event, Request, StreamWork, TextDelta
-    from stages.voice.voice_common import Utterance
+    from stages.voice.payloads import Utterance
 
     sids = [f"{tag}-{i}" for i in range(num_streams)]
     for sid in sids:
@@ -97,9 +97,9 @@ def worker(levels: list[int], rounds: int) -> None:
     """Load the stage of this process's checkout, measure, print one JSON line."""
     config = yaml.safe_load((REPO / "configs" / "voice-chat.yaml").read_text())
     spec = next(s for s in config["stages"] if s["name"] == "llm")
-    from stages.voice.llm import SmolLM2
+    from stages.voice.llm import SmolLM2Llm
 
-    stage = SmolLM2("llm", spec.get("device", "cpu"), **spec["params"])
+    stage = SmolLM2Llm("llm", spec.get("device", "cpu"), **spec["params"])
     try:
         _round(stage, 1, "warm-up")
         results = {

@@ -37,7 +37,7 @@ import outcome
 import trio
 
 from ._config import StageSpec
-from ._contract import Limits, ProtocolError
+from ._contract import ProtocolError
 from ._errors import StageCall, StageError
 from ._headroom import StepModel
 from ._items import AudioChunk
@@ -46,7 +46,7 @@ from ._placement import StageLost, place
 from ._runner import Plan, Result
 from ._scheduler import Candidate, Scheduling, pick_batch
 from ._slot import HOLDING, Event, Phase, Slot
-from ._stage import StreamOutput, StreamWork
+from ._stage import StepLimits, StreamOutput, StreamWork
 from ._statistics import StageStatistics
 from ._stream import StreamState
 
@@ -79,7 +79,7 @@ _LIVE = frozenset({Phase.NEW, Phase.OPENING, Phase.OPEN})
 class _Counters:
     num_steps: int = 0
     num_batched: int = 0
-    max_batch_size_seen: int = 0
+    largest_batch_size: int = 0
     last_batch_size: int = 0
     num_skipped_no_credit: int = 0
     num_payloads_sent: int = 0
@@ -105,7 +105,7 @@ class _Hang:
 class StageActor:
     """Runs one configured stage. Made by the supervisor in ``open_pipeline``.
 
-    ``outbox`` is False for the last stage of the chain and for a side stage;
+    ``feeds_edge`` is False for the last stage of the chain and for a side stage;
     ``payloads_by_reference``: this stage and the next are both on Ray.
     ``on_round``: called after each applied round that stepped (the supervisor's
     overload check).
@@ -116,7 +116,7 @@ class StageActor:
         spec: StageSpec,
         source: str,
         *,
-        has_outbox: bool,
+        feeds_edge: bool,
         payloads_by_reference: bool = False,
         scheduling: Scheduling = "deadline",
     ) -> None:
@@ -130,7 +130,7 @@ class StageActor:
         self.downstream: StageActor | None = None
         self.on_round: Callable[[StageActor], None] | None = None
         self._placement = place(
-            spec, source, has_outbox=has_outbox, payloads_by_reference=payloads_by_reference
+            spec, source, feeds_edge=feeds_edge, payloads_by_reference=payloads_by_reference
         )
         self._loading = False  # load() was called: shutdown closes what it made
         self._rounds: deque[_Round] = deque()
@@ -142,7 +142,7 @@ class StageActor:
         self._skipped = False  # the last plan left a stream out for want of credit
         self.num_behind_now = 0
         """Ready streams the latest plan saw past their playback deadline."""
-        self.limits = Limits(None, 0, 0, has_outbox=has_outbox)  # the runner's, once loaded
+        self.limits = StepLimits(0, 0)  # the runner's, once loaded
 
     @property
     def hung(self) -> bool:
@@ -160,11 +160,11 @@ class StageActor:
             name=self.name,
             num_open_streams=len(self.slots),
             queue_depth=MappingProxyType(
-                {sid: s.inbox.buffered if s.inbox else 0 for sid, s in self.slots.items()}
+                {sid: s.in_link.buffered if s.in_link else 0 for sid, s in self.slots.items()}
             ),
             num_steps=c.num_steps,
             last_batch_size=c.last_batch_size,
-            max_batch_size=c.max_batch_size_seen,
+            largest_batch_size=c.largest_batch_size,
             mean_batch_size=c.num_batched / c.num_steps if c.num_steps else 0.0,
             num_skipped_no_credit=c.num_skipped_no_credit,
             num_payloads_sent=c.num_payloads_sent,
@@ -183,8 +183,8 @@ class StageActor:
             num_behind_deadline=c.num_behind_deadline,
         )
 
-    async def load(self) -> Limits:
-        """Start the stage's thread (or Ray actor) and load the stage; returns its ``Limits``."""
+    async def load(self) -> StepLimits:
+        """Start the stage's thread (or Ray actor) and load the stage; returns its limits."""
         self._loading = True
         started = time.perf_counter()
         logger.info(
@@ -232,9 +232,9 @@ class StageActor:
 
     # ----- streams coming and going -------------------------------------------------
 
-    def add(self, stream: StreamState, inbox: Link | None, outbox: Link | None) -> None:
+    def add(self, stream: StreamState, in_link: Link | None, out_link: Link | None) -> None:
         """A new stream: its state is opened on the stage in the next round."""
-        slot = Slot(stream, inbox, outbox)
+        slot = Slot(stream, in_link, out_link)
         self.slots[stream.id] = slot
         self._lifecycle[stream.id] = slot
         self.wakeup.set()
@@ -462,45 +462,45 @@ class StageActor:
     @staticmethod
     def _has_work(slot: Slot) -> bool:
         """New input, input that just closed, or the stage asked for more."""
-        inbox = slot.inbox
-        if slot.more or (inbox is not None and inbox.buffered > 0):
+        in_link = slot.in_link
+        if slot.more or (in_link is not None and in_link.buffered > 0):
             return True
-        return (inbox is None or inbox.producers_done) and not slot.told_closed
+        return (in_link is None or in_link.producers_done) and not slot.told_closed
 
     def _fits(self, slot: Slot) -> bool:
         """Room for a whole step's output on every channel the stream writes to."""
         limits = self.limits
         if slot.stream.client.free < limits.max_visible_per_step:
             return False
-        outbox = slot.outbox
-        return outbox is None or outbox.free >= limits.max_payloads_per_step
+        out_link = slot.out_link
+        return out_link is None or out_link.free >= limits.max_payloads_per_step
 
     def _wait_for_credit(self, slot: Slot) -> None:
         """Leave the actor's wake-up on the channel a skipped stream is short of (only
         credit coming back there wakes it)."""
         limits = self.limits
-        client, outbox = slot.stream.client, slot.outbox
+        client, out_link = slot.stream.client, slot.out_link
         if client.free < limits.max_visible_per_step:
             client.wait_for_credit(self.wakeup, limits.max_visible_per_step)
-        elif outbox is not None:
-            outbox.wait_for_credit(self.wakeup, limits.max_payloads_per_step)
+        elif out_link is not None:
+            out_link.wait_for_credit(self.wakeup, limits.max_payloads_per_step)
         slot.waiting = True
 
     def _take_work(self, slot: Slot) -> StreamWork:
         limits = self.limits
         slot.in_flight += 1
-        client, outbox = slot.stream.client, slot.outbox
+        client, out_link = slot.stream.client, slot.out_link
         client.reserve(limits.max_visible_per_step)
         if slot.waiting:  # it fits now: a wake-up for its credit would find nothing to do
             slot.waiting = False
             client.stop_waiting(self.wakeup)
-            if outbox is not None:
-                outbox.stop_waiting(self.wakeup)
-        if outbox is not None:
-            outbox.reserve(limits.max_payloads_per_step)
-        if slot.inbox is None:
+            if out_link is not None:
+                out_link.stop_waiting(self.wakeup)
+        if out_link is not None:
+            out_link.reserve(limits.max_payloads_per_step)
+        if slot.in_link is None:
             return StreamWork(slot.id, (), True)
-        inputs, closed = slot.inbox.take(limits.max_inputs_per_step)
+        inputs, closed = slot.in_link.take(limits.max_inputs_per_step)
         return StreamWork(slot.id, tuple(inputs), closed)
 
     # ----- apply (back in trio) -----------------------------------------------------
@@ -545,7 +545,7 @@ class StageActor:
             counters.num_steps += 1
             counters.num_batched += size
             counters.last_batch_size = size
-            counters.max_batch_size_seen = max(counters.max_batch_size_seen, size)
+            counters.largest_batch_size = max(counters.largest_batch_size, size)
             if result.step_error is None:
                 self.step_model.observe(size, result.step_s)
 
@@ -577,7 +577,7 @@ class StageActor:
         for slot, work in zip(round_.batch, plan.batch, strict=True):
             slot.in_flight -= 1
             sid = work.stream_id
-            outbox = slot.outbox
+            out_link = slot.out_link
             if (
                 (in_step is None or sid in in_step)
                 and slots.get(sid) is slot
@@ -592,15 +592,15 @@ class StageActor:
                     else:
                         slot.num_steps += 1
                         delivered.append((slot, work, output))
-                        routed |= outbox is not None
+                        routed |= out_link is not None
                         self._route(slot, work, output)
-                        if outbox is not None:
-                            outbox.settle(max_payloads, None)
+                        if out_link is not None:
+                            out_link.settle(max_payloads, None)
                         continue
             # Not delivered: nothing will use this stream's reservations.
             slot.stream.client.settle(max_visible, 0)
-            if outbox is not None:
-                outbox.settle(max_payloads, None)
+            if out_link is not None:
+                out_link.settle(max_payloads, None)
         # Downstream work is queued before any client hears of this step.
         if routed and self.downstream is not None:
             self.downstream.offer()
@@ -609,13 +609,13 @@ class StageActor:
     def _route(self, slot: Slot, work: StreamWork, output: StreamOutput) -> None:
         """An output's payloads onto the outgoing edge, and what the stage said about the
         stream (the forecast of the runner's record)."""
-        outbox = slot.outbox
-        if outbox is not None:
+        out_link = slot.out_link
+        if out_link is not None:
             if output.payloads:
-                outbox.put(output.payloads, wake=False)
+                out_link.put(output.payloads, wake=False)
                 self.counters.num_payloads_sent += len(output.payloads)
             if output.done:
-                outbox.producer_done(wake=False)
+                out_link.producer_done(wake=False)
         slot.more = output.more
         slot.told_closed |= work.input_closed
 
@@ -718,8 +718,8 @@ class StageActor:
         del self.slots[slot.id]
         slot.stream.num_steps_at[self.name] = slot.num_steps
         self._lifecycle.pop(slot.id, None)
-        if slot.inbox is not None:
-            slot.inbox.discard()  # finished early or ended: upstream must not wait on it
+        if slot.in_link is not None:
+            slot.in_link.discard()  # finished early or ended: upstream must not wait on it
         slot.stream.released_by(self.name)
 
 

@@ -18,17 +18,18 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
 from ._config import PipelineConfig, load_config
 from ._errors import ConfigError, OmnitrioError
+from ._families import tiny_model_builder, tiny_model_builders
 from ._items import AudioChunk, Event, TextDelta
 from ._listen import listen_socket
 from ._overrides import MODEL_PATH_HELP, with_model_path_arg, with_ray_address
 from ._pipeline import Pipeline, open_pipeline
-from .bench import _cli as bench
+from .bench._args import add_parser as add_bench_parser
 
 if TYPE_CHECKING:
     from .server import ServerSettings
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 # synthetic pipeline, which needs no model packages.
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIGS / "voice-chat.yaml"
+DEFAULT_FAMILY = "qwen3-omni"  # make-tiny-model and split-checkpoint without --family
 DEFAULT_PROMPT_CONFIG = CONFIGS / "synthetic.yaml"
 
 
@@ -55,7 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _make_tiny_model(args)
         if args.command == "split-checkpoint":
             return _split_checkpoint(args)
-        job = bench.bench if args.command == "bench" else _prompt
+        if args.command == "bench":
+            from .bench._cli import bench as job  # the harness loads only to run
+        else:
+            job = _prompt
         signum = trio.run(_until_signal, job, args)
         if signum is not None:
             print(f"omnitrio: {signal.Signals(signum).name}; pipeline stopped", file=sys.stderr)
@@ -207,23 +212,24 @@ def _parser() -> argparse.ArgumentParser:
             help="the Ray cluster for stages with placement: ray (default: pipeline.ray_address,"
             " else a local Ray instance started with the pipeline)",
         )
-    bench.add_parser(commands)
+    add_bench_parser(commands)
     check = commands.add_parser(
         "check-config", help="validate a pipeline config and name every problem in it"
     )
     check.add_argument("config", type=Path)
+    families = sorted(tiny_model_builders())  # each model family registers its builder
     tiny = commands.add_parser(
         "make-tiny-model", help="write a tiny random-init checkpoint (for tests and demos)"
     )
     tiny.add_argument("directory", type=Path)
-    tiny.add_argument("--family", choices=sorted(TINY_MODEL_BUILDERS), default="qwen3-omni")
+    tiny.add_argument("--family", choices=families, default=DEFAULT_FAMILY)
     tiny.add_argument("--seed", type=int, default=0, help="random-init seed (default 0)")
     split = commands.add_parser(
         "split-checkpoint", help="split a published checkpoint into one folder per stage"
     )
     split.add_argument("source", type=Path, help="the composite checkpoint folder")
     split.add_argument("destination", type=Path, help="where thinker/, talker/, ... go")
-    split.add_argument("--family", choices=sorted(TINY_MODEL_BUILDERS), default="qwen3-omni")
+    split.add_argument("--family", choices=families, default=DEFAULT_FAMILY)
     for command in commands.choices.values():  # after the subcommand too; it wins there
         command.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
@@ -236,15 +242,8 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-# Model families whose stage packages can build a tiny checkpoint: module with make_tiny_checkpoint.
-TINY_MODEL_BUILDERS = {
-    "qwen3-omni": "stages.qwen3_omni.tiny",
-    "qwen2.5-omni": "stages.qwen2_5_omni",
-}
-
-
 def _make_tiny_model(args: argparse.Namespace) -> int:
-    _family_module(args.family).make_tiny_checkpoint(args.directory, seed=args.seed)
+    tiny_model_builder(args.family).make_tiny_checkpoint(args.directory, seed=args.seed)
     print(f"omnitrio: wrote a tiny {args.family} checkpoint to {args.directory}")
     return 0
 
@@ -252,17 +251,12 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 def _split_checkpoint(args: argparse.Namespace) -> int:
     if not (args.source / "config.json").is_file():
         raise ConfigError(str(args.source), "source", "no config.json: not a checkpoint folder")
-    split = getattr(_family_module(args.family), "split_checkpoint", None)
+    split = getattr(tiny_model_builder(args.family), "split_checkpoint", None)
     if split is None:
         raise ConfigError(args.family, "--family", "this family has no split step; serve as is")
     split(args.source, args.destination)
     print(f"omnitrio: wrote the stages of {args.source} to {args.destination}")
     return 0
-
-
-def _family_module(family: str) -> Any:
-    # the model stack (torch) loads only for these commands
-    return importlib.import_module(TINY_MODEL_BUILDERS[family])
 
 
 async def _until_signal(

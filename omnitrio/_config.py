@@ -19,7 +19,7 @@ import pydantic
 import yaml
 
 from ._errors import ConfigError
-from ._stage import StepLimits
+from ._stage import StageDeclarations, StepLimits
 
 DEFAULT_EDGE_CAPACITY = 8
 """Items one stream may have in flight on one stage-to-stage edge."""
@@ -104,9 +104,10 @@ class PipelineConfig(_Strict):
     pipeline: PipelineSection
     stages: tuple[StageSpec, ...] = pydantic.Field(min_length=1)
     edges: tuple[EdgeSpec, ...] = ()
-    turn_detection: StageSpec | None = None
-    """A stage the server runs on each session's live input audio (a VAD) for the
-    Realtime API's server_vad turn detection; not part of the chain."""
+    side_stage: StageSpec | None = None
+    """A stage off the chain, fed by its caller (``Pipeline.open_side_stream``): the
+    server runs it on each session's live input audio (a VAD) for the Realtime API's
+    turn detection (server_vad)."""
     source: str = "<in-code config>"
 
     def edge_from(self, stage: str) -> EdgeSpec | None:
@@ -169,9 +170,9 @@ def parse_config(data: object, *, source: str = "<in-code config>") -> PipelineC
     problems += _graph_problems(config)
     for index, spec in enumerate(config.stages):
         problems += _stage_problems(spec, source, f"stages[{index}]", config=config)
-    if config.turn_detection is not None:
+    if config.side_stage is not None:
         problems += _stage_problems(
-            config.turn_detection, source, "turn_detection", config=config, on_chain=False
+            config.side_stage, source, "side_stage", config=config, on_chain=False
         )
     if problems:
         raise ConfigError.of_all(problems)
@@ -184,8 +185,8 @@ def _stage_entries(data: Mapping[Any, Any]) -> list[tuple[str, object]]:
     entries: list[tuple[str, object]] = []
     if isinstance(stages, list | tuple):
         entries += [(f"stages[{index}]", entry) for index, entry in enumerate(stages)]
-    if data.get("turn_detection") is not None:
-        entries.append(("turn_detection", data["turn_detection"]))
+    if data.get("side_stage") is not None:
+        entries.append(("side_stage", data["side_stage"]))
     return entries
 
 
@@ -204,6 +205,10 @@ def _stage_problems(
         factory = resolve_impl(spec.impl, source, f"{key}.impl")
     except ConfigError as error:
         return [error, *problems]
+    try:
+        StageDeclarations.of(factory)
+    except TypeError as exc:
+        problems.append(ConfigError(source, f"{key}.impl", f"{exc}; fix the stage"))
     params, param_problems = _checked_params(spec, factory, source, key)
     problems = [*param_problems, *problems]
     if param_problems:
@@ -396,7 +401,7 @@ def _placement_problems(spec: StageSpec, source: str, key: str) -> list[ConfigEr
 
 def uses_ray(config: PipelineConfig) -> bool:
     """True if any stage (the side stage included) has ``placement: ray``."""
-    side = (config.turn_detection,) if config.turn_detection is not None else ()
+    side = (config.side_stage,) if config.side_stage is not None else ()
     return any(spec.placement == "ray" for spec in (*config.stages, *side))
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ._config import PipelineConfig, resolve_impl, uses_ray
 from ._errors import ConfigError
+from ._stage import StageDeclarations
 
 MODEL_PATH_HELP = (
     "a local model for the stages that load one: DIR gives every such stage the same "
@@ -34,7 +35,7 @@ def _takes_model_path(config: PipelineConfig) -> dict[str, str | None]:
     for spec in config.stages:
         factory = resolve_impl(spec.impl, config.source, "impl")
         if "model_path" in inspect.signature(factory).parameters:
-            takes[spec.name] = getattr(factory, "checkpoint", None)
+            takes[spec.name] = StageDeclarations.of(factory).checkpoint
     return takes
 
 

@@ -47,11 +47,11 @@ class SideStream:
     ``Pipeline.open_side_stream``; ``close()`` frees it on the stage at its next turn.
     """
 
-    def __init__(self, state: StreamState, inbox: Link) -> None:
+    def __init__(self, state: StreamState, in_link: Link) -> None:
         self.id = state.id
         self.stream = Stream(state)
         self._state = state
-        self._inbox = inbox
+        self._inbox = in_link
         self.num_dropped = 0
 
     def append(self, item: object) -> bool:
@@ -149,7 +149,7 @@ class Pipeline:
 
     @property
     def side_stage(self) -> str | None:
-        """The side stage's name (the config's ``turn_detection``), or None."""
+        """The side stage's name (the config's ``side_stage``), or None."""
         return None if self._side is None else self._side.name
 
     @trio.lowlevel.enable_ki_protection
@@ -179,9 +179,9 @@ class Pipeline:
         self._num_admitted += 1
         links = list(edges.values())
         for index, actor in enumerate(actors):
-            inbox = links[index - 1] if index > 0 else None
-            outbox = links[index] if index < len(links) else None
-            actor.add(stream, inbox, outbox)
+            in_link = links[index - 1] if index > 0 else None
+            out_link = links[index] if index < len(links) else None
+            actor.add(stream, in_link, out_link)
         return stream
 
     @trio.lowlevel.enable_ki_protection
@@ -192,19 +192,19 @@ class Pipeline:
         ``LookupError`` if the config has no side stage."""
         side = self._side
         if side is None:
-            raise LookupError("the pipeline has no side stage (turn_detection)")
+            raise LookupError("the pipeline has no side stage (the config's side_stage)")
         if self._closed:
             raise PipelineClosed("<new>")
         stream_id = f"{side.name}{next(self._side_ids)}"
-        inbox = Link(f"->{side.name}", SIDE_INPUT_CAPACITY)
-        inbox.consumer_wakeup = side.wakeup
+        in_link = Link(f"->{side.name}", SIDE_INPUT_CAPACITY)
+        in_link.consumer_wakeup = side.wakeup
         client = Link("client", self.config.pipeline.client_capacity)
         stream = StreamState(
-            stream_id, request, client, {inbox.name: inbox}, frozenset({side.name}), self._hooks
+            stream_id, request, client, {in_link.name: in_link}, frozenset({side.name}), self._hooks
         )
         self._side_streams[stream_id] = stream
-        side.add(stream, inbox, None)
-        return SideStream(stream, inbox)
+        side.add(stream, in_link, None)
+        return SideStream(stream, in_link)
 
     def _on_end(self, stream: StreamState) -> None:
         if stream.id in self._side_streams:
@@ -370,7 +370,7 @@ async def open_pipeline(config: PipelineConfig | str | os.PathLike[str]) -> Asyn
             spec,
             source,
             scheduling=config.pipeline.scheduling,
-            has_outbox=config.edge_from(spec.name) is not None,
+            feeds_edge=config.edge_from(spec.name) is not None,
             payloads_by_reference=spec.placement == "ray"
             and index + 1 < len(specs)
             and specs[index + 1].placement == "ray",
@@ -379,8 +379,8 @@ async def open_pipeline(config: PipelineConfig | str | os.PathLike[str]) -> Asyn
     ]
     for upstream, downstream in itertools.pairwise(actors):
         upstream.downstream = downstream
-    side_spec: StageSpec | None = config.turn_detection
-    side = None if side_spec is None else StageActor(side_spec, source, has_outbox=False)
+    side_spec: StageSpec | None = config.side_stage
+    side = None if side_spec is None else StageActor(side_spec, source, feeds_edge=False)
     timeout_s = config.pipeline.shutdown_timeout_s
     error: BaseException | None = None
     async with _ray_if_placed(config), trio.open_nursery() as nursery:

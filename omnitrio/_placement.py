@@ -17,10 +17,10 @@ from functools import partial
 import trio
 
 from ._config import StageSpec
-from ._contract import Limits
 from ._placement_protocol import OnDone, Placement
 from ._placement_protocol import StageLost as StageLost  # re-exported: the actor catches it
 from ._runner import Plan, StageRunner
+from ._stage import StepLimits
 from ._worker import WorkerThread
 
 
@@ -31,11 +31,11 @@ class ThreadPlacement:
     pid = None
     num_payload_bytes_relayed = 0
 
-    def __init__(self, spec: StageSpec, source: str, *, has_outbox: bool) -> None:
-        self._runner = StageRunner(spec, source, has_outbox=has_outbox)
+    def __init__(self, spec: StageSpec, source: str, *, feeds_edge: bool) -> None:
+        self._runner = StageRunner(spec, source, feeds_edge=feeds_edge)
         self._worker: WorkerThread | None = None
 
-    async def load(self) -> Limits:
+    async def load(self) -> StepLimits:
         self._worker = WorkerThread(f"omnitrio-stage-{self._runner.name}")
         await self._worker.run(self._runner.load)
         return self._runner.limits
@@ -59,7 +59,7 @@ class ThreadPlacement:
 
 
 def place(
-    spec: StageSpec, source: str, *, has_outbox: bool, payloads_by_reference: bool
+    spec: StageSpec, source: str, *, feeds_edge: bool, payloads_by_reference: bool
 ) -> Placement:
     """The placement ``spec`` asks for. ``payloads_by_reference``: the next stage is on
     Ray too, so a Ray stage's payloads stay in Ray's object store."""
@@ -67,6 +67,6 @@ def place(
         from ._ray import RayPlacement  # Ray is imported only by pipelines that use it
 
         return RayPlacement(
-            spec, source, has_outbox=has_outbox, payloads_by_reference=payloads_by_reference
+            spec, source, feeds_edge=feeds_edge, payloads_by_reference=payloads_by_reference
         )
-    return ThreadPlacement(spec, source, has_outbox=has_outbox)
+    return ThreadPlacement(spec, source, feeds_edge=feeds_edge)

@@ -10,8 +10,8 @@ from typing import Protocol
 
 import outcome
 
-from ._contract import Limits
 from ._runner import Plan, Result
+from ._stage import StepLimits
 
 OnDone = Callable[[outcome.Outcome[Result]], None]
 
@@ -40,7 +40,7 @@ class Placement(Protocol):
         (0 for a thread: payloads never leave the process)."""
         ...
 
-    async def load(self) -> Limits:
+    async def load(self) -> StepLimits:
         """Load the stage; raises ``StageLoadError`` (or ``ConfigError``)."""
         ...
 

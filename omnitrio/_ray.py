@@ -35,10 +35,9 @@ import ray.exceptions
 import trio
 
 from ._config import StageSpec
-from ._contract import Limits
 from ._placement_protocol import OnDone, StageLost
 from ._runner import Plan, Result, StageRunner
-from ._stage import StreamOutput, StreamWork
+from ._stage import StepLimits, StreamOutput, StreamWork
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +66,12 @@ class _StageProcess:
     references on its edges."""
 
     def __init__(
-        self, spec: StageSpec, source: str, has_outbox: bool, payloads_by_reference: bool
+        self, spec: StageSpec, source: str, feeds_edge: bool, payloads_by_reference: bool
     ) -> None:
-        self._runner = StageRunner(spec, source, has_outbox=has_outbox)
+        self._runner = StageRunner(spec, source, feeds_edge=feeds_edge)
         self._by_reference = payloads_by_reference
 
-    def load(self) -> tuple[Limits, int]:
+    def load(self) -> tuple[StepLimits, int]:
         self._runner.load()
         return self._runner.limits, os.getpid()
 
@@ -163,10 +162,10 @@ class RayPlacement:
     """A stage in a Ray actor, as seen from the supervisor (see the module docstring)."""
 
     def __init__(
-        self, spec: StageSpec, source: str, *, has_outbox: bool, payloads_by_reference: bool
+        self, spec: StageSpec, source: str, *, feeds_edge: bool, payloads_by_reference: bool
     ) -> None:
         self._spec = spec
-        self._args = (spec, source, has_outbox, payloads_by_reference)
+        self._args = (spec, source, feeds_edge, payloads_by_reference)
         self._actor: Any = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._model: Mapping[str, float] = {}
@@ -175,13 +174,13 @@ class RayPlacement:
         self.pid: int | None = None
         """The process id of the stage's current actor (for operators and tests)."""
 
-    async def load(self) -> Limits:
+    async def load(self) -> StepLimits:
         self._token = trio.lowlevel.current_trio_token()
         self._actor = self._create()
         done = trio.Event()
-        loaded: list[outcome.Outcome[tuple[Limits, int]]] = []
+        loaded: list[outcome.Outcome[tuple[StepLimits, int]]] = []
 
-        def finish(value: outcome.Outcome[tuple[Limits, int]]) -> None:
+        def finish(value: outcome.Outcome[tuple[StepLimits, int]]) -> None:
             loaded.append(value)
             done.set()
 
@@ -246,7 +245,7 @@ class RayPlacement:
         self._actor = actor = self._create()
         self._when_ready(actor.load.remote(), partial(self._restarted, actor))
 
-    def _restarted(self, actor: Any, value: outcome.Outcome[tuple[Limits, int]]) -> None:
+    def _restarted(self, actor: Any, value: outcome.Outcome[tuple[StepLimits, int]]) -> None:
         if actor is not self._actor:
             return
         if isinstance(value, outcome.Error):

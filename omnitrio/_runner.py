@@ -1,7 +1,7 @@
 """The executing half of a stage actor: everything that runs on its worker thread.
 
 ``StageRunner`` owns the stage object. It loads it, runs one round's closes,
-opens and step, checks each stream's output against the stage's ``Limits``,
+opens and step, checks each stream's output against the stage's ``StepLimits``,
 and closes what finished. It tracks which streams the stage holds, so
 ``close_stream`` runs exactly once per stream even when a round's result never
 reaches trio (a round cut off by shutdown). The deciding half, in trio, is
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._config import StageSpec, resolve_impl
-from ._contract import Limits, ProtocolError, check_output
+from ._contract import ProtocolError, check_output
 from ._errors import StageLoadError
 from ._items import Request
-from ._stage import Stage, StreamOutput, StreamWork
+from ._stage import Stage, StepLimits, StreamOutput, StreamWork
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +68,12 @@ class Result:
 class StageRunner:
     """Calls one stage; every method runs on that stage's worker thread."""
 
-    def __init__(self, spec: StageSpec, source: str, *, has_outbox: bool) -> None:
+    def __init__(self, spec: StageSpec, source: str, *, feeds_edge: bool) -> None:
         self.spec = spec
         self.name = spec.name
-        self.limits = Limits(None, 0, 0, has_outbox=has_outbox)  # replaced by load()
+        self.limits = StepLimits(0, 0)  # replaced by load()
         self._source = source
-        self._has_outbox = has_outbox
+        self._feeds_edge = feeds_edge
         self._stage: Stage | None = None
         self._held: set[str] = set()
         self._more: set[str] = set()  # streams whose latest answer was more=True
@@ -103,7 +103,7 @@ class StageRunner:
                 self.name, f"{self.spec.impl} does not implement the Stage protocol"
             )
         try:
-            self.limits = Limits.of(stage, has_outbox=self._has_outbox)
+            self.limits = StepLimits.of_stage(stage)
         except ValueError as exc:
             raise StageLoadError(self.name, str(exc)) from None
         self._stage = stage
@@ -149,7 +149,9 @@ class StageRunner:
             result.step_error = exc
         else:
             result.outputs = {
-                w.stream_id: check_output(outputs.get(w.stream_id, _NO_PROGRESS), self.limits)
+                w.stream_id: check_output(
+                    outputs.get(w.stream_id, _NO_PROGRESS), self.limits, feeds_edge=self._feeds_edge
+                )
                 for w in batch
             }
             result.stray = sorted(str(k) for k in outputs if k not in result.outputs)

@@ -107,8 +107,8 @@ class Slot:
     """One stream as one stage sees it."""
 
     stream: StreamState
-    inbox: Link | None  # None for the first stage
-    outbox: Link | None  # None for the last stage (or a side stage)
+    in_link: Link | None  # None for the first stage
+    out_link: Link | None  # None for the last stage (or a side stage)
     phase: Phase = Phase.NEW
     in_flight: int = 0
     """Rounds out (planned, not applied) that open or step it."""

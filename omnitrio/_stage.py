@@ -59,12 +59,29 @@ class StreamOutput:
 
 @dataclass(frozen=True, slots=True)
 class StepLimits:
-    """What one step may emit for one stream, as a stage class declares it for a
-    config's params (``step_limits``), so the config's capacities are checked when it
-    is parsed, before any stage loads."""
+    """What one step may take and emit for one stream: as a stage class declares it for
+    a config's params (``step_limits``), so the config's capacities are checked when it
+    is parsed, before any stage loads; and as the loaded stage has it (``of_stage``), what
+    the scheduler reserves credit by and each step's output is held to."""
 
     max_payloads_per_step: int
     max_visible_per_step: int
+    max_inputs_per_step: int | None = None  # None: everything waiting
+
+    @classmethod
+    def of_stage(cls, stage: Stage) -> StepLimits:
+        """The loaded stage's limits, checked; ``ValueError`` naming a wrong one."""
+        inputs = stage.max_inputs_per_step
+        payloads, visible = stage.max_payloads_per_step, stage.max_visible_per_step
+        if inputs is not None and (not isinstance(inputs, int) or inputs < 1):
+            raise ValueError(f"max_inputs_per_step must be None or at least 1, not {inputs!r}")
+        for label, value in (
+            ("max_payloads_per_step", payloads),
+            ("max_visible_per_step", visible),
+        ):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{label} must be an int of at least 0, not {value!r}")
+        return cls(payloads, visible, inputs)
 
     @classmethod
     def of_attributes(cls, stage_class: object) -> StepLimits | None:
@@ -74,6 +91,49 @@ class StepLimits:
         if type(payloads) is int and type(visible) is int:
             return cls(payloads, visible)
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class StageDeclarations:
+    """What a stage class declares about itself, read before it loads, here only.
+
+    Every declaration is an optional class attribute of the stage class, of this type:
+
+    - ``checkpoint: str``: the model family whose one checkpoint folder the stage reads
+      its part of (``checkpoint = "qwen3-omni"``), so ``--model-path DIR`` gives every
+      such stage ``DIR``; without it, a stage's ``model_path`` is its own model.
+    - ``tasks: tuple[str, ...]``: what else the server may ask of it
+      (``("transcribe",)``: /v1/audio/transcriptions and input audio transcription).
+    - ``voices: tuple[str, ...]``: the voices it speaks in (the first is its default).
+    - per-step limits: ``max_payloads_per_step`` and ``max_visible_per_step`` as ints,
+      or a classmethod ``step_limits(params) -> StepLimits | None`` (see ``Stage``).
+
+    and one optional method of the loaded stage: ``stage_statistics() -> Mapping[str,
+    float]``, its own figures beside the runtime's (cheap: it is called from trio).
+    A declaration of the wrong type is refused when the config is parsed, naming it.
+    """
+
+    checkpoint: str | None = None
+    tasks: tuple[str, ...] = ()
+    voices: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, stage_class: object) -> StageDeclarations:
+        """The declarations of ``stage_class``; ``TypeError`` naming a wrong one."""
+        name = str(getattr(stage_class, "__qualname__", stage_class))
+        checkpoint = getattr(stage_class, "checkpoint", None)
+        if checkpoint is not None and not isinstance(checkpoint, str):
+            raise TypeError(f"{name}.checkpoint must be a str, not {checkpoint!r}")
+        return cls(
+            checkpoint, _names(stage_class, "tasks", name), _names(stage_class, "voices", name)
+        )
+
+
+def _names(stage_class: object, attribute: str, name: str) -> tuple[str, ...]:
+    value = getattr(stage_class, attribute, ())
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{name}.{attribute} must be a tuple of str, not {value!r}")
+    return value
 
 
 @runtime_checkable
@@ -93,7 +153,8 @@ class Stage(Protocol):
     StepLimits | None`` (``params``: the config's, the constructor's defaults filled
     in; None: not known before it loads). Otherwise they are checked as the stage
     loads. Either way, the loaded stage's own attributes are what the scheduler
-    reserves by.
+    reserves by. What else a stage class may declare (its checkpoint, tasks, voices,
+    statistics), and their types: ``StageDeclarations``.
     """
 
     max_inputs_per_step: int | None

@@ -21,7 +21,7 @@ class StageStatistics:
     """Per stream: payloads waiting on the stage's incoming edge."""
     num_steps: int
     last_batch_size: int
-    max_batch_size: int
+    largest_batch_size: int
     mean_batch_size: float
     num_skipped_no_credit: int
     """Times a stream with work was left out of a batch because a channel was full."""
@@ -85,7 +85,7 @@ class PipelineStatistics:
     num_payloads_to_client: int
     """Non-visible objects that reached a client's channel. The data-plane rule keeps it 0."""
     side_stage: StageStatistics | None = None
-    """The side stage (the config's ``turn_detection``), if there is one."""
+    """The side stage (the config's ``side_stage``), if there is one."""
     num_payload_bytes_relayed: int = 0
     """Sum of the stages' ``num_payload_bytes_relayed``."""
     num_refused_headroom: int = 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -222,6 +223,12 @@ def with_tools(
     if not tools:
         return options
     return replace(options, tools=tuple(tools), tool_choice=choice)
+
+
+def new_call_id() -> str:
+    """A fresh function call id, ``call_3f2a...`` (96 random bits, as the Realtime API's
+    ids: unique without coordination)."""
+    return f"call_{secrets.token_hex(12)}"
 
 
 def call_text(name: str, arguments: str) -> str:

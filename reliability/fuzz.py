@@ -3,7 +3,7 @@
     python reliability/fuzz.py --examples 100000 [--target protocol|config|all] [--seed N]
 
 The suite runs the same properties with a few thousand examples and a fixed seed
-(tests/test_config_fuzz.py, tests/test_realtime_protocol.py); this runs many more,
+(tests/runtime/test_config_fuzz.py, tests/realtime/test_realtime_protocol.py); this runs many more,
 with random seeds, in batches of fresh hypothesis runs (so memory stays flat).
 
 protocol
@@ -20,7 +20,7 @@ config
     ``load_config`` on arbitrary YAML text and arbitrary file bytes: a
     PipelineConfig or a ``ConfigError`` reading ``SOURCE: KEY: problem``.
 
-Open bugs (``PROTOCOL_KNOWN_BUGS`` here, ``KNOWN_BUGS`` in tests/test_config_fuzz.py;
+Open bugs (``PROTOCOL_KNOWN_BUGS`` here, ``KNOWN_BUGS`` in tests/runtime/test_config_fuzz.py;
 both empty now) are counted and
 shown with their smallest reproducer, not stopped at, unless ``--strict``. Any
 other failure is shrunk by hypothesis and printed with its falsifying example

@@ -2,7 +2,7 @@
 
     python reliability/hostile_frames.py [--stock] [--limit-kib 64] [--runs 5] [--linger-s 2]
 
-Starts the server in-process on a synthetic pipeline (as tests/test_frame_limits.py
+Starts the server in-process on a synthetic pipeline (as tests/server/test_frame_limits.py
 does, ``max_message_bytes`` = ``--limit-kib``) and sends, one connection each:
 
 oversized   one 32 MiB text frame, then the close reply to the 1009
@@ -45,7 +45,7 @@ import websockets.sync.client  # noqa: E402
 
 from omnitrio.server import ServerSettings, serve  # noqa: E402
 from tests.conftest import chain_config  # noqa: E402
-from tests.test_frame_limits import (  # noqa: E402
+from tests.server.test_frame_limits import (  # noqa: E402
     CLOSE,
     SPEAKING,
     TEXT,

@@ -13,6 +13,7 @@ import json
 import socket
 import statistics
 import struct
+import sys
 import threading
 import time
 from collections import Counter
@@ -22,6 +23,9 @@ from typing import Any
 
 import websockets.sync.client
 from attacks import API_KEY, Server, http  # type: ignore[import-not-found]
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the helper shared with tests/
+from tests.conftest import distinct_tools
 
 ATTACKER = "127.0.0.2"
 
@@ -92,14 +96,6 @@ def _post(
         return status, {"raw": data[:200].decode(errors="replace")}
 
 
-def _tools(count: int, tag: str) -> list[dict[str, Any]]:
-    schema = {"type": "object", "properties": {"x": {"type": "string", "enum": ["a", "b"]}}}
-    return [
-        {"type": "function", "function": {"name": f"f{tag}_{i}", "parameters": schema}}
-        for i in range(count)
-    ]
-
-
 def attack_tools_flood(checkout: Path, fd_limit: int) -> str:
     server = Server(checkout)
     messages = [{"role": "user", "content": "hi"}]
@@ -113,7 +109,7 @@ def attack_tools_flood(checkout: Path, fd_limit: int) -> str:
         first = f"19,000 tools: {status} in {time.perf_counter() - started:.2f} s"
         statuses: Counter[int | None] = Counter()
         for rounds in range(10):
-            body = {"model": "m", "messages": messages, "tools": _tools(128, str(rounds))}
+            body = {"model": "m", "messages": messages, "tools": distinct_tools(128, str(rounds))}
             statuses[_post(server.port, body, ATTACKER)[0]] += 1
         return f"{first}; 10 x 128 fresh tools: {dict(statuses)}"
 
@@ -220,7 +216,8 @@ def attack_realtime_tools(checkout: Path, fd_limit: int) -> str:
                     tools = [{"type": "function", "name": f"f{i}"} for i in range(6_500)]
                 else:
                     tools = [
-                        {"type": "function", **t["function"]} for t in _tools(128, f"{rounds}")
+                        {"type": "function", **t["function"]}
+                        for t in distinct_tools(128, f"{rounds}")
                     ]
                 update = {"type": "session.update", "session": {"type": "realtime", "tools": tools}}
                 started = time.perf_counter()

@@ -31,8 +31,12 @@ What this module gives it:
 - ``tool_call_grammar``, ``Grammar``, ``Vocabulary``: JSON-schema-constrained tool
   calls, a ``Sampler`` constraint (the tools, their markers and their rules are
   omnitrio's: ``omnitrio.tools.FunctionTool``, ``TOOL_CALL_OPEN``, ``check_tools`` ...).
+- ``build_byte_tokenizer``, ``byte_symbols``, ``NUM_BYTE_TOKENS``: the byte-level
+  tokenizer of a family's tiny random-init checkpoint (``tiny.py``).
 
 The implementations live in the private ``stages._*`` modules; import them from here.
+A family's modules import only this kit, ``omnitrio``'s public names and each other
+(``tests/test_layout.py`` holds it).
 """
 
 from stages._grammar import Grammar as Grammar
@@ -45,6 +49,9 @@ from stages._packaging import Packager as Packager
 from stages._packaging import PackagingError as PackagingError
 from stages._packaging import Piece as Piece
 from stages._packaging import step_output as step_output
+from stages._tiny_tokenizer import NUM_BYTE_TOKENS as NUM_BYTE_TOKENS
+from stages._tiny_tokenizer import build_byte_tokenizer as build_byte_tokenizer
+from stages._tiny_tokenizer import byte_symbols as byte_symbols
 from stages._torch_device import DeviceError as DeviceError
 from stages._torch_device import on as on
 from stages._torch_device import stage_device as stage_device
@@ -62,6 +69,7 @@ from stages._torch_stage import AutoregressiveStage as AutoregressiveStage
 from stages._torch_timing import StepClock as StepClock
 
 __all__ = [
+    "NUM_BYTE_TOKENS",
     "STREAM_ERRORS",
     "AutoregressiveStage",
     "Detokenizer",
@@ -80,6 +88,8 @@ __all__ = [
     "Vocabulary",
     "WeightsError",
     "batched_decode",
+    "build_byte_tokenizer",
+    "byte_symbols",
     "cache_length",
     "cache_nbytes",
     "load_pretrained",

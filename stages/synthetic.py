@@ -135,7 +135,7 @@ class SyntheticPayload:
 
 
 @dataclass
-class _StreamState:
+class _Stream:
     request: Request
     steps_left: int | None
     fail_after_units: int | None
@@ -257,7 +257,7 @@ class SyntheticStage:
         self.num_steps = 0
         self.late_total_s = 0.0  # how far steps ran past their profile's deadline
         self.late_max_s = 0.0
-        self._streams: dict[str, _StreamState] = {}
+        self.streams: dict[str, _Stream] = {}
         _live.add(self)
 
     @classmethod
@@ -276,7 +276,7 @@ class SyntheticStage:
 
     @property
     def open_stream_ids(self) -> frozenset[str]:
-        return frozenset(self._streams)
+        return frozenset(self.streams)
 
     def open_stream(self, stream_id: str, request: Request) -> None:
         knobs = request.options.knobs
@@ -287,22 +287,22 @@ class SyntheticStage:
         if steps is not None and limit is not None:
             steps = min(int(steps), limit)
         fail_after = knobs.get(f"{self.name}.fail_after_units", self.fail_after_units)
-        self._streams[stream_id] = _StreamState(
+        self.streams[stream_id] = _Stream(
             request,
             int(steps) if steps is not None else None,
             int(fail_after) if fail_after is not None else None,
         )
 
     def close_stream(self, stream_id: str) -> None:
-        del self._streams[stream_id]
+        del self.streams[stream_id]
 
     def stage_statistics(self) -> Mapping[str, float]:
         """The streams it holds state for: readable from the supervisor wherever the
         stage runs (``live_streams`` sees this process only)."""
-        return {"num_open_streams": float(len(self._streams))}
+        return {"num_open_streams": float(len(self.streams))}
 
     def close(self) -> None:
-        self._streams.clear()
+        self.streams.clear()
         _live.discard(self)
 
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
@@ -337,16 +337,16 @@ class SyntheticStage:
         """Prefill time of the streams in the batch that have no unit yet (source mode)."""
         if self.steps is None or not (self.prefill_s or self.prefill_per_word_s):
             return 0.0
-        fresh = [self._streams[w.stream_id] for w in batch if self._streams[w.stream_id].units == 0]
+        fresh = [self.streams[w.stream_id] for w in batch if self.streams[w.stream_id].units == 0]
         words = sum(len(state.request.text.split()) for state in fresh)
         return (self.prefill_s if fresh else 0.0) + self.prefill_per_word_s * words
 
     def _makes_window(self, work: StreamWork) -> bool:
         assert self.window is not None
-        held = len(self._streams[work.stream_id].held) + len(work.inputs)
+        held = len(self.streams[work.stream_id].held) + len(work.inputs)
         return held >= self.window or (work.input_closed and held > 0)
 
-    def _units_of(self, state: _StreamState, work: StreamWork) -> tuple[Sequence[object], bool]:
+    def _units_of(self, state: _Stream, work: StreamWork) -> tuple[Sequence[object], bool]:
         """The inputs this step makes units of (one unit each), and whether the stream
         needs another step without new input."""
         if state.steps_left is not None:  # source mode
@@ -370,7 +370,7 @@ class SyntheticStage:
         return work.inputs, False
 
     def _step_one(self, work: StreamWork, deadline_s: float) -> StreamOutput:
-        state = self._streams[work.stream_id]
+        state = self.streams[work.stream_id]
         inputs, more = self._units_of(state, work)
         payloads: list[SyntheticPayload] = []
         visible: list[VisibleItem] = []

@@ -1,4 +1,4 @@
-"""Shared by the client conformance tests (tests/test_clients.py): the voice chat as a
+"""Shared by the client conformance tests (tests/server/test_clients.py): the voice chat as a
 process, spoken audio in the frameworks' frame types, and the skip for a missing extra."""
 
 from __future__ import annotations

@@ -268,3 +268,14 @@ async def serve_chain(
     config = chain_config(stages, max_streams=max_streams)
     binds = await nursery.start(serve, config, ServerSettings(port=0, **settings))  # type: ignore[arg-type]
     return int(str(binds[0]).rsplit(":", 1)[1])
+
+
+def distinct_tools(count: int, tag: str) -> list[dict[str, Any]]:
+    """``count`` distinct function tools of a chat request (a fresh ``tag`` defeats the
+    server's cache of checked tools); shared by tests/server/test_isolation.py and
+    reliability/isolation_attacks.py."""
+    schema = {"type": "object", "properties": {"x": {"type": "string", "enum": ["a", "b"]}}}
+    return [
+        {"type": "function", "function": {"name": f"f{tag}_{i}", "parameters": schema}}
+        for i in range(count)
+    ]

@@ -19,13 +19,11 @@ transformers.utils.logging.disable_progress_bar()
 os.environ["HF_DEACTIVATE_ASYNC_LOAD"] = "1"
 
 import omnitrio  # noqa: E402
-from stages.qwen2_5_omni import (  # noqa: E402
-    CODES_EVENT,
-    TEXT_IDS_EVENT,
-    build_prompt,
-    make_tiny_checkpoint,
-    to_pcm16,
-)
+from stages.qwen2_5_omni.prompt import build_prompt  # noqa: E402
+from stages.qwen2_5_omni.talker import CODES_EVENT  # noqa: E402
+from stages.qwen2_5_omni.thinker import TEXT_IDS_EVENT  # noqa: E402
+from stages.qwen2_5_omni.tiny import make_tiny_checkpoint  # noqa: E402
+from stages.qwen2_5_omni.token2wav import to_pcm16  # noqa: E402
 
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / "configs" / "qwen2.5-omni-tiny.yaml"
 
@@ -56,12 +54,12 @@ def tiny_config(
 @dataclass(frozen=True, slots=True)
 class ARStageStatistics:
     """What an autoregressive stage reports (``stage_statistics()``, through the pipeline's
-    statistics), in seconds. ``max_batch_size``: most streams in one decode forward."""
+    statistics), in seconds. ``largest_batch_size``: most streams in one decode forward so far."""
 
     num_active_streams: int
     kv_bytes: int
     num_tokens: int
-    max_batch_size: int
+    largest_batch_size: int
     forward_mean_s: float
     sampling_mean_s: float
     packaging_mean_s: float  # per packaging job, on the packaging thread
@@ -75,7 +73,7 @@ def ar_statistics(pipeline: omnitrio.Pipeline, name: str) -> ARStageStatistics:
         num_active_streams=int(model["num_active_streams"]),
         kv_bytes=int(model["kv_bytes"]),
         num_tokens=int(model["num_tokens"]),
-        max_batch_size=int(model["max_decode_batch_size"]),
+        largest_batch_size=int(model["largest_decode_batch_size"]),
         forward_mean_s=model["forward_ms_mean"] / 1000,
         sampling_mean_s=model["sampling_ms_mean"] / 1000,
         packaging_mean_s=model["packaging_ms_mean"] / 1000,

@@ -1,8 +1,10 @@
-"""The layout shows the architecture: the runtime never imports torch, stages never import trio."""
+"""The layout shows the architecture: the runtime never imports torch, stages never import trio,
+and the tests mirror the code."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import types
@@ -29,12 +31,212 @@ def _imports(path: Path) -> set[str]:
     [("omnitrio", {"torch", "transformers"}), ("stages", {"trio", "trio_websocket", "quart_trio"})],
 )
 def test_forbidden_imports(package: str, forbidden: set[str]) -> None:
-    # The runtime imports no model library; the benchmark harness beside it may (its
-    # model of vllm-omni's orchestrator holds torch tensors, as vllm-omni's does).
-    files = sorted(p for p in (REPO / package).rglob("*.py") if "bench" not in p.parts)
+    # omnitrio/bench is the benchmark harness, apart from the runtime (see
+    # test_the_benchmark_harness_is_apart_from_the_runtime): its vllm-omni model holds
+    # real torch tensors, as the system it models does.
+    bench = REPO / "omnitrio" / "bench"
+    files = [p for p in sorted((REPO / package).rglob("*.py")) if not p.is_relative_to(bench)]
     assert files
     for path in files:
         assert not (_imports(path) & forbidden), f"{path.relative_to(REPO)} imports {forbidden}"
+
+
+def test_the_runtime_and_its_command_line_load_no_torch() -> None:
+    code = (
+        "import sys, omnitrio, omnitrio._cli, omnitrio.server, omnitrio.realtime; "
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# Tests mirror the code: each folder of tests/ holds the tests of one folder of the
+# repository, so a module's tests are found by its path (omnitrio/server/_app.py's in
+# tests/server/). tests/ itself holds only what every folder shares (conftest.py, the
+# *_support.py helpers) and this file, which is about the whole tree.
+MIRROR = {
+    "runtime": "omnitrio",
+    "server": "omnitrio/server",
+    "realtime": "omnitrio/realtime",
+    "bench": "omnitrio/bench",
+    "stages": "stages",
+    "stages/qwen2_5_omni": "stages/qwen2_5_omni",
+    "stages/qwen3_omni": "stages/qwen3_omni",
+    "stages/voice": "stages/voice",
+    "web": "web",
+    "reliability": "reliability",
+    "benchmarks": "benchmarks",
+    "docs": "docs",
+}
+
+
+def test_tests_mirror_the_code() -> None:
+    tests = REPO / "tests"
+    test_files = sorted(tests.rglob("test_*.py"))
+    assert len(test_files) > 40  # the suite, not an empty glob
+    for path in test_files:
+        folder = path.parent.relative_to(tests).as_posix()
+        if folder == ".":
+            assert path.name == "test_layout.py", (
+                f"{path.name}: move it into the folder of its code"
+            )
+            continue
+        assert folder in MIRROR, f"tests/{folder}/ mirrors no folder of the code (see MIRROR)"
+    # Every folder of tests/ is a package (unique module names) and mirrors a real folder.
+    for folder, source in MIRROR.items():
+        assert (REPO / source).is_dir(), f"tests/{folder}/ mirrors {source}/, which is gone"
+        assert (tests / folder / "__init__.py").is_file(), f"tests/{folder}/ is not a package"
+    # Every code package of the runtime and of stages/ has its tests folder.
+    for init in sorted(
+        [*(REPO / "omnitrio").rglob("__init__.py"), *(REPO / "stages").rglob("__init__.py")]
+    ):
+        source = init.parent.relative_to(REPO).as_posix()
+        assert source in MIRROR.values(), f"{source}/ has no tests folder in MIRROR"
+    # A test file is named alone (docs/design.md names tests as `file.py::test`).
+    names = [path.name for path in test_files]
+    assert len(names) == len(set(names)), "two test files share a name"
+
+
+# What a stage's module may import from the project: omnitrio's public names (the
+# package and its public tools module; nothing of the Realtime protocol, the server or
+# a private module) and the stage kit; a family's modules import each other relatively.
+STAGE_IMPORTS = {"omnitrio", "omnitrio.tools", "stages.kit"}
+
+
+def _project_imports(path: Path) -> tuple[set[str], set[int]]:
+    """The absolute imports of omnitrio or stages modules in ``path``, and the levels of
+    its relative imports."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    absolute: set[str] = set()
+    levels: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            absolute.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                levels.add(node.level)
+            elif node.module:
+                absolute.add(node.module)
+    return {m for m in absolute if m.split(".")[0] in {"omnitrio", "stages"}}, levels
+
+
+def test_a_stage_imports_only_the_kit_and_omnitrio_public_names() -> None:
+    # The kit (stages/kit.py) and its private modules are the one door to stages/_*.
+    kit = {"kit.py", *(p.name for p in (REPO / "stages").glob("_*.py"))}
+    checked = 0
+    for path in sorted((REPO / "stages").rglob("*.py")):
+        if path.parent == REPO / "stages" and path.name in kit:
+            continue
+        absolute, levels = _project_imports(path)
+        where = path.relative_to(REPO)
+        assert absolute <= STAGE_IMPORTS, f"{where} imports {absolute - STAGE_IMPORTS}"
+        assert levels <= {1}, f"{where} reaches outside its family by a relative import"
+        checked += 1
+    assert checked > 30
+
+
+def test_every_model_family_has_the_one_layout() -> None:
+    # A family (stages/<family>/): __init__.py holds its docstring and its name (FAMILY)
+    # only; its modules are public, one per stage named for the stage's role, the
+    # stage's class named <Model><Role> (thinker.py: Qwen3OmniThinker; asr.py:
+    # WhisperAsr); payloads.py holds what its stages send one another.
+    families = sorted(p.parent for p in (REPO / "stages").glob("*/__init__.py"))
+    assert [f.name for f in families] == ["qwen2_5_omni", "qwen3_omni", "voice"]
+    stages_found = 0
+    for family in families:
+        init = ast.parse((family / "__init__.py").read_text())
+        body = init.body
+        assert isinstance(body[0], ast.Expr), f"{family.name}/__init__.py has no docstring"
+        assert [ast.unparse(n).split(" =")[0] for n in body[1:]] == ["FAMILY"], (
+            f"{family.name}/__init__.py holds more than its docstring and FAMILY"
+        )
+        modules = sorted(p for p in family.glob("*.py") if p.name != "__init__.py")
+        private = [p.name for p in modules if p.name.startswith("_")]
+        assert not private, f"{family.name}: private modules {private}; make them public"
+        assert (family / "payloads.py").is_file(), f"{family.name} has no payloads.py"
+        for module in modules:
+            for node in ast.parse(module.read_text()).body:
+                if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
+                    continue
+                methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+                bases = {ast.unparse(b) for b in node.bases}
+                if "step" in methods or any(b.endswith("Stage") for b in bases):
+                    stages_found += 1
+                    role = module.stem.replace("_", "").lower()
+                    assert node.name.lower().endswith(role), (
+                        f"{family.name}/{module.name}: stage class {node.name} is not "
+                        f"<Model>{module.stem.title()}"
+                    )
+    assert stages_found >= 11  # the families' stage classes, found
+
+
+# docs/glossary.md, "One name per concept": the retired names, as identifiers (a class,
+# function, attribute, argument or variable), anywhere in the code, the tests and the
+# scripts. Prose may still say what a thing is used for ("turn detection").
+RETIRED_NAMES = {
+    "TurnDetector": "SideStage",  # the side stage
+    "DetectorStream": "SessionSideStream",
+    "Listener": "TurnDetectionState",
+    "ListenAudio": "SideStageAudio",
+    "Limits": "StepLimits",  # one limits type
+    "has_outbox": "feeds_edge",  # outbox is stages.kit.Outbox
+    "max_batch_size_seen": "largest_batch_size",  # the largest batch seen
+    "_StreamState": "_Stream",  # per-stream state in stages
+    "_Turn": "_Stream",
+    "_Track": "_Stream",
+    "_Speech": "_Stream",
+}
+# In stages/ only: a stage's per-stream state is self.streams.
+RETIRED_IN_STAGES = {"_streams", "_tracks", "_speech", "_audio"}
+
+
+def _identifiers(tree: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.arg) or (isinstance(node, ast.keyword) and node.arg):
+            names.add(node.arg)
+    return names
+
+
+def test_one_name_per_concept() -> None:
+    checked = 0
+    for folder in ("omnitrio", "stages", "tests", "benchmarks", "reliability", "examples"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            where = path.relative_to(REPO).as_posix()
+            if where == "tests/test_layout.py":
+                continue
+            found = _identifiers(ast.parse(path.read_text(), filename=where))
+            for name in sorted(found & RETIRED_NAMES.keys()):
+                raise AssertionError(
+                    f"{where} uses {name!r}: its name is {RETIRED_NAMES[name]} (docs/glossary.md)"
+                )
+            if folder == "stages" and found & RETIRED_IN_STAGES:
+                raise AssertionError(
+                    f"{where} keeps per-stream state in {found & RETIRED_IN_STAGES}: "
+                    "call it self.streams (docs/glossary.md)"
+                )
+            checked += 1
+    assert checked > 100
+    # The statistic and the config: no field of the retired names.
+    import omnitrio
+    from omnitrio._stage import StepLimits
+
+    assert "largest_batch_size" in omnitrio.StageStatistics.__dataclass_fields__
+    assert "max_batch_size" not in omnitrio.StageStatistics.__dataclass_fields__
+    assert "side_stage" in omnitrio.PipelineConfig.model_fields
+    assert "turn_detection" not in omnitrio.PipelineConfig.model_fields
+    assert "max_inputs_per_step" in StepLimits.__dataclass_fields__
+    from omnitrio.server._state import ServerState
+
+    assert "side_stage" in ServerState.__dataclass_fields__
+    assert "turns" not in ServerState.__dataclass_fields__
+    for config in sorted((REPO / "configs").glob("*.yaml")):
+        assert not re.search(r"^turn_detection:", config.read_text(), re.M), config.name
 
 
 # The calls that wait by the clock: time.sleep, trio.sleep, asyncio.sleep, anyio.sleep and
@@ -252,6 +454,29 @@ def test_the_public_surface_is_exactly_all() -> None:
     # The handle carries no runtime internals.
     handle = {n for n in dir(omnitrio.Stream) if not n.startswith("_")}
     assert handle == {"aclose", "failure", "id", "receive"}
+
+
+def test_the_benchmark_harness_is_apart_from_the_runtime() -> None:
+    # omnitrio/bench is the `omnitrio bench` harness (load generator, baselines, reports),
+    # not the runtime: no runtime, server or protocol module imports it but the CLI, which
+    # imports only its arguments and loads the harness when the command runs.
+    paths = sorted((REPO / "omnitrio").rglob("*.py"))
+    modules = {_module_name(p) for p in paths}
+    importers = [
+        path.relative_to(REPO).as_posix()
+        for path in paths
+        if not _module_name(path).startswith("omnitrio.bench")
+        and any(m.startswith("omnitrio.bench") for m in _imported_modules(path, modules))
+    ]
+    assert importers == ["omnitrio/_cli.py"]
+    code = (
+        "import sys, omnitrio._cli; "
+        "harness = {'_cli', '_runner', '_server', '_inprocess', '_pipecat', '_vllm_omni_model'}; "
+        "loaded = [m for m in sys.modules if m.rpartition('.')[::2] in "
+        "{('omnitrio.bench', h) for h in harness}]; "
+        "assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
 def test_ray_is_imported_only_by_pipelines_that_place_a_stage_on_it() -> None:

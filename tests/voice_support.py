@@ -17,7 +17,7 @@ import numpy.typing as npt
 import pytest
 
 from omnitrio import resample_float
-from stages.voice.voice_common import float_to_pcm16, pcm16_to_float
+from stages.voice.pcm import float_to_pcm16, pcm16_to_float
 
 if TYPE_CHECKING:
     from stages.voice.asr import WhisperAsr

@@ -19,7 +19,7 @@ from ._session import Output as Output
 from ._session import RealtimeSession as RealtimeSession
 from ._session import SessionStatistics as SessionStatistics
 from ._session import StartResponse as StartResponse
-from ._turns import ListenAudio as ListenAudio
+from ._turns import SideStageAudio as SideStageAudio
 from ._turns import TurnDetection as TurnDetection
 
 __all__ = [
@@ -28,13 +28,13 @@ __all__ = [
     "CancelResponse",
     "Dialect",
     "Framing",
-    "ListenAudio",
     "LocalProtocolError",
     "Output",
     "RealtimeSession",
     "ServerEvent",
     "SessionConfig",
     "SessionStatistics",
+    "SideStageAudio",
     "StartResponse",
     "TurnDetection",
     "new_id",

@@ -70,7 +70,7 @@ from ._response import STATUSES, ActiveResponse, Status
 from ._server_events import ServerEvent, error_event, new_id, safe_text
 from ._settings import Settings, SettingsPatch, default_settings
 from ._shapes import item_events, session_object
-from ._turns import END_PADDING_MS, IDLE_KEEP_MS, ListenAudio, Listener
+from ._turns import END_PADDING_MS, IDLE_KEEP_MS, SideStageAudio, TurnDetectionState
 
 ResponseState = Literal["IDLE", "ACTIVE", "CANCELLING"]
 # (state, trigger) -> next state. A trigger missing for a state is refused there.
@@ -100,7 +100,7 @@ class CancelResponse:
     response_id: str
 
 
-Output = ServerEvent | StartResponse | CancelResponse | ListenAudio
+Output = ServerEvent | StartResponse | CancelResponse | SideStageAudio
 """What ``receive`` returns: events to send, and what the server must do."""
 
 
@@ -134,7 +134,7 @@ class RealtimeSession:
         self._state: ResponseState = "IDLE"  # changed only by _move
         self._num_responses = 0
         self._num_errors = 0
-        self._listener = Listener()
+        self._listener = TurnDetectionState()
 
     @property
     def active_response_id(self) -> str | None:
@@ -143,7 +143,7 @@ class RealtimeSession:
 
     @property
     def listening_generation(self) -> int | None:
-        """The turn detector generation ListenAudio goes to (None: turn detection is off)."""
+        """The turn detector generation SideStageAudio goes to (None: turn detection is off)."""
         return None if self._settings.turn_detection is None else self._listener.generation
 
     def _move(self, trigger: str) -> ResponseState:
@@ -490,7 +490,7 @@ class RealtimeSession:
             keep_ms = detection.prefix_padding_ms + IDLE_KEEP_MS
             keep_bytes = 2 * (keep_ms * self.config.input_sample_rate_hz // 1000)
             del self._buffer[:-keep_bytes]
-        return [ListenAudio(pcm16, listener.generation, detection.options())]
+        return [SideStageAudio(pcm16, listener.generation, detection.options())]
 
     def _turn_bytes(self, audio_end_ms: int) -> int:
         """How many bytes of the buffer a turn whose speech ends at ``audio_end_ms`` commits:

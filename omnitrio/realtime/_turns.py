@@ -2,7 +2,7 @@
 
 With ``turn_detection: {"type": "server_vad"}`` (or ``semantic_vad``, served by the
 same detector with its ``eagerness`` as the silence time) the session hands every appended
-chunk to the server as ``ListenAudio``; the server runs it through the
+chunk to the server as ``SideStageAudio``; the server runs it through the
 pipeline's turn detector (a VAD stage) and reports back with
 ``RealtimeSession.speech_started`` / ``speech_stopped``. The session then sends
 input_audio_buffer.speech_started / speech_stopped, commits the buffer at the
@@ -93,7 +93,7 @@ TurnDetectionPatch = TurnDetection | Literal["off"] | None
 
 
 @dataclass(frozen=True)
-class ListenAudio:
+class SideStageAudio:
     """The server must hand ``pcm16`` to its turn detector, in a detector stream for
     ``generation`` (opened with ``options``; a new generation replaces the old stream)."""
 
@@ -176,7 +176,7 @@ def _flag(fields: Fields, key: str) -> bool:
     return value
 
 
-class Listener:
+class TurnDetectionState:
     """Where server VAD stands in one session: the detector generation, the samples it
     has heard, and the turn in progress."""
 

@@ -1,4 +1,5 @@
-"""What a pipeline offers the API, read from its config: the stages' class attributes.
+"""What a pipeline offers the API, read from its config: what its stage classes
+declare (``StageDeclarations``, typed and checked when the config is parsed).
 
 - ``tasks = ("transcribe",)``: the stage transcribes (stages/voice/asr.py): the
   server serves /v1/audio/transcriptions and Realtime input audio transcription.
@@ -16,6 +17,7 @@ import inspect
 from dataclasses import dataclass
 
 from .._config import PipelineConfig, resolve_impl
+from .._stage import StageDeclarations
 
 TRANSCRIBE_TASK = "transcribe"
 """The request option ``task`` of a transcription; a stage's ``tasks`` must name it."""
@@ -77,14 +79,14 @@ def transcribing_stages(config: PipelineConfig) -> list[str]:
     return [
         name
         for name, impl in _stage_classes(config)
-        if TRANSCRIBE_TASK in getattr(impl, "tasks", ())
+        if TRANSCRIBE_TASK in StageDeclarations.of(impl).tasks
     ]
 
 
 def transcription_model(config: PipelineConfig) -> str | None:
     """The speech-recognition stage as sessions name it: its class (None: none)."""
     for _, impl in _stage_classes(config):
-        if TRANSCRIBE_TASK in getattr(impl, "tasks", ()):
+        if TRANSCRIBE_TASK in StageDeclarations.of(impl).tasks:
             return str(getattr(impl, "__name__", "asr"))
     return None
 
@@ -94,7 +96,7 @@ def transcription_language(config: PipelineConfig) -> str:
     else the default of its constructor's ``language`` (``"en"`` when it has none)."""
     for spec in config.stages:
         impl = resolve_impl(spec.impl, config.source, "impl")
-        if TRANSCRIBE_TASK in getattr(impl, "tasks", ()):
+        if TRANSCRIBE_TASK in StageDeclarations.of(impl).tasks:
             if "language" in spec.params:
                 return str(spec.params["language"])
             parameter = inspect.signature(impl).parameters.get("language")
@@ -107,7 +109,7 @@ def pipeline_voices(config: PipelineConfig) -> Voices:
     """The voices the pipeline's stages declare, and OpenAI's names for the default."""
     own: list[str] = []
     for _, impl in _stage_classes(config):
-        for voice in getattr(impl, "voices", ()):
+        for voice in StageDeclarations.of(impl).voices:
             if str(voice) not in own:
                 own.append(str(voice))
     if not own:

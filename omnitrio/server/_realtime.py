@@ -38,11 +38,11 @@ from .._items import AudioChunk, Request, VisibleItem
 from ..realtime import (
     CancelResponse,
     Framing,
-    ListenAudio,
     Output,
     RealtimeSession,
     ServerEvent,
     SessionConfig,
+    SideStageAudio,
     StartResponse,
     new_id,
 )
@@ -51,8 +51,8 @@ from ._audio import resample_pcm16
 from ._capabilities import pipeline_voices, transcription_model
 from ._precheck import may_carry_tools, tool_verdicts
 from ._shares import ShareExceeded
+from ._side_stage import SessionSideStream
 from ._state import Busy, ResponseLog, ServerState, retry_after_s
-from ._turns import DetectorStream
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class RealtimeConnection:
             state.settings.outbound_capacity
         )
         self._responses: dict[str, trio.CancelScope] = {}
-        self._detector: DetectorStream | None = None
+        self._detector: SessionSideStream | None = None
         self._speculation: _Speculation | None = None
 
     async def run(self) -> None:
@@ -141,25 +141,25 @@ class RealtimeConnection:
                 await nursery.start(self._respond, nursery, out)
             elif isinstance(out, CancelResponse) and out.response_id in self._responses:
                 self._responses[out.response_id].cancel()
-            elif isinstance(out, ListenAudio):
+            elif isinstance(out, SideStageAudio):
                 self._listen(nursery, out)
         detector = self._detector
         if detector is not None and detector.generation != self._session.listening_generation:
             detector.close()  # turn detection was switched off or restarted: free it now
             self._detector = None
 
-    def _listen(self, nursery: trio.Nursery, out: ListenAudio) -> None:
-        turns = self._state.turns
-        if turns is None:
+    def _listen(self, nursery: trio.Nursery, out: SideStageAudio) -> None:
+        side_stage = self._state.side_stage
+        if side_stage is None:
             raise RuntimeError("the session asked for turn detection, but there is no detector")
         if self._detector is None or self._detector.generation != out.generation:
             if self._detector is not None:
                 self._detector.close()
-            self._detector = turns.open(out.generation, out.options)
+            self._detector = side_stage.open(out.generation, out.options)
             nursery.start_soon(self._turns, nursery, self._detector)
         self._detector.append(out.pcm16)
 
-    async def _turns(self, nursery: trio.Nursery, detector: DetectorStream) -> None:
+    async def _turns(self, nursery: trio.Nursery, detector: SessionSideStream) -> None:
         """Feed the detector's findings to the session (barge-in, commit, response)."""
         async for event in detector:
             if event.name == "speech_started":
@@ -334,7 +334,7 @@ def session_config(state: ServerState, framing: Framing, beta: bool) -> SessionC
         max_frame_values=settings.max_frame_values,
         tool_limits=settings.tool_limits,
         max_output_tokens=settings.max_output_tokens,
-        server_vad=state.turns is not None,
+        server_vad=state.side_stage is not None,
         transcription_model=transcription_model(state.pipeline.config),
         voices=pipeline_voices(state.pipeline.config).names,
     )

@@ -31,8 +31,8 @@ from ._connections import ConnectionSlots, refuse
 from ._h2c import ATTRIBUTE as H2C_ATTRIBUTE
 from ._h2c import H11WithoutH2c
 from ._settings import ServerSettings, effective_max_connections
+from ._side_stage import SideStage
 from ._state import ServerState
-from ._turns import TurnDetector
 from ._ws_stream import LINGER_ATTRIBUTE, LimitedWSStream
 
 logger = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ async def serve(
 
             outer.start_soon(on_signal)
             async with open_pipeline(config) as pipeline:
-                state = ServerState(pipeline, settings, turns=TurnDetector.of(pipeline))
+                state = ServerState(pipeline, settings, side_stage=SideStage.of(pipeline))
                 states.append(state)
                 app = wrap_app(create_app(state), hyper.wsgi_max_body_size, "asgi")
                 listening_sockets = Sockets([], list(listening), [])

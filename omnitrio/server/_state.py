@@ -19,7 +19,7 @@ from .._pipeline import Pipeline
 from .._stream import Stream
 from ._settings import ServerSettings
 from ._shares import ClientShares
-from ._turns import TurnDetector
+from ._side_stage import SideStage
 
 logger = logging.getLogger("omnitrio.server")
 
@@ -40,7 +40,7 @@ class ServerState:
     pipeline: Pipeline
     settings: ServerSettings
     draining: bool = False
-    turns: TurnDetector | None = None
+    side_stage: SideStage | None = None
     """Runs server_vad turn detection when the pipeline config names a detector."""
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
@@ -79,8 +79,8 @@ class ServerState:
         self.registry.register(_SharesCollector(self.shares))
         self.registry.register(_PipelineCollector(self.pipeline))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and the like
-        if self.turns is not None:
-            self.registry.register(_TurnsCollector(self.turns))
+        if self.side_stage is not None:
+            self.registry.register(_SideStageCollector(self.side_stage))
 
     @property
     def model_name(self) -> str:
@@ -156,22 +156,22 @@ class _SharesCollector(Collector):
         yield clients
 
 
-class _TurnsCollector(Collector):
-    """The turn detector's work, read at scrape time."""
+class _SideStageCollector(Collector):
+    """The side stage's work (the turn detector), read at scrape time."""
 
-    def __init__(self, turns: TurnDetector) -> None:
-        self._turns = turns
+    def __init__(self, side_stage: SideStage) -> None:
+        self._side_stage = side_stage
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._turns.statistics()
+        stats = self._side_stage.statistics()
         busy = CounterMetricFamily(
-            "omnitrio_turn_detector_busy_seconds", "Time the turn detector spent in steps."
+            "omnitrio_side_stage_busy_seconds", "Time the side stage spent in steps."
         )
         busy.add_metric([], stats.busy_s)
-        steps = CounterMetricFamily("omnitrio_turn_detector_steps", "Turn detector steps.")
+        steps = CounterMetricFamily("omnitrio_side_stage_steps", "Side stage steps.")
         steps.add_metric([], stats.num_steps)
         streams = GaugeMetricFamily(
-            "omnitrio_turn_detector_streams", "Sessions the turn detector listens to."
+            "omnitrio_side_stage_streams", "Sessions the side stage listens to."
         )
         streams.add_metric([], stats.num_open_streams)
         yield from (busy, steps, streams)

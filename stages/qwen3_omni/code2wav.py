@@ -19,8 +19,9 @@ from transformers import Qwen3OmniMoeCode2Wav
 
 from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
 from stages.kit import on, stage_device
-from stages.qwen3_omni.payloads import CodecFrame
-from stages.qwen3_omni.weights import ModelSource
+
+from .payloads import CodecFrame
+from .weights import ModelSource
 
 SAMPLE_RATE_HZ = 24_000
 

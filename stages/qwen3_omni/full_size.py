@@ -7,7 +7,7 @@
 predictor for 16 code groups, and the code2wav vocoder. Built on the ``meta``
 device it has the published parameter count (``PUBLISHED_PARAMETERS``: the bf16
 ``total_size`` of the checkpoint's safetensors index, 70,519,637,090 bytes, over
-2 bytes per parameter; ``tests/test_qwen3_omni_full_size.py`` checks it).
+2 bytes per parameter; ``tests/stages/qwen3_omni/test_qwen3_omni_full_size.py`` checks it).
 
 ``random_model(device)`` builds it with random weights straight on a device (the
 GPU benchmark: ``benchmarks/qwen3_omni_gpu.py``); ``build_tokenizer()`` is a
@@ -26,13 +26,14 @@ from transformers import (
     Qwen3OmniMoeForConditionalGeneration,
 )
 
-from stages.qwen3_omni.tiny import (
+from stages.kit import NUM_BYTE_TOKENS, build_byte_tokenizer, byte_symbols
+
+from .tiny import (
     ROLE_WORDS,
     SPECIAL_TOKENS,
     build_feature_extractor,
     composite_config,
 )
-from stages.tiny_tokenizer import NUM_BYTE_TOKENS, build_byte_tokenizer, byte_symbols
 
 PUBLISHED_PARAMETERS = 35_259_818_545  # thinker + talker + code2wav (Instruct)
 PUBLISHED_THINKER_PARAMETERS = 31_719_205_488  # the thinker-only Thinking checkpoint

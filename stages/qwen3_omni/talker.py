@@ -33,9 +33,10 @@ from stages.kit import (
     on,
     step_output,
 )
-from stages.qwen3_omni.fast_paths import fast_decode_forward
-from stages.qwen3_omni.payloads import CodecFrame, TalkerPrompt, TextToken
-from stages.qwen3_omni.weights import ModelSource
+
+from .fast_paths import fast_decode_forward
+from .payloads import CodecFrame, TalkerPrompt, TextToken
+from .weights import ModelSource
 
 # generate(return_audio=True)'s talker defaults.
 TALKER_DEFAULTS = SamplingParams(

@@ -30,9 +30,10 @@ from stages.kit import (
     cache_length,
     step_output,
 )
-from stages.qwen3_omni.fast_paths import fast_decode_forward
-from stages.qwen3_omni.payloads import TalkerPrompt, TextToken
-from stages.qwen3_omni.weights import ModelSource
+
+from .fast_paths import fast_decode_forward
+from .payloads import TalkerPrompt, TextToken
+from .weights import ModelSource
 
 AUDIO_INPUT_SAMPLE_RATE_HZ = 16_000
 

@@ -32,7 +32,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeTalkerTextExperts,
 )
 
-from stages.tiny_tokenizer import NUM_BYTE_TOKENS, build_byte_tokenizer
+from stages.kit import NUM_BYTE_TOKENS, build_byte_tokenizer
 
 SPECIAL_TOKENS = (
     "<|im_start|>",

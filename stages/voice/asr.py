@@ -22,17 +22,10 @@ from collections.abc import Mapping, Sequence
 
 from omnitrio import Event, Request, StreamOutput, StreamWork, resample_float
 
+from .files import INSTALL_HINT, cpu_only, existing_path, no_progress_monitor_thread, package_dir
 from .moonshine import Moonshine, model_files
-from .voice_common import (
-    INSTALL_HINT,
-    Floats,
-    Utterance,
-    cpu_only,
-    existing_path,
-    no_progress_monitor_thread,
-    package_dir,
-    pcm16_to_float,
-)
+from .payloads import Utterance
+from .pcm import Floats, pcm16_to_float
 
 ASR_RATE_HZ = 16000  # what both models take
 WHISPER_RATE_HZ = ASR_RATE_HZ
@@ -48,7 +41,7 @@ class _AsrStage:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._audio: dict[str, Floats | None] = {}
+        self.streams: dict[str, Floats | None] = {}
         self._transcribe_only: set[str] = set()
         self.audio_s = 0.0  # audio transcribed, for the real-time factor
         self.busy_s = 0.0
@@ -57,18 +50,18 @@ class _AsrStage:
         if request.options.task == "transcribe":
             self._transcribe_only.add(stream_id)
         audio = request.audio
-        self._audio[stream_id] = (
+        self.streams[stream_id] = (
             None
             if audio is None or not audio.pcm16
             else resample_float(pcm16_to_float(audio.pcm16), audio.sample_rate_hz, ASR_RATE_HZ)
         )
 
     def close_stream(self, stream_id: str) -> None:
-        del self._audio[stream_id]
+        del self.streams[stream_id]
         self._transcribe_only.discard(stream_id)
 
     def close(self) -> None:
-        self._audio.clear()
+        self.streams.clear()
 
     def transcribe(self, samples: Floats) -> str:
         """Text of 16 kHz float samples (also used by the tests as an independent check)."""
@@ -84,7 +77,7 @@ class _AsrStage:
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
         outputs: dict[str, StreamOutput] = {}
         for work in batch:
-            samples = self._audio[work.stream_id]
+            samples = self.streams[work.stream_id]
             if samples is None:
                 outputs[work.stream_id] = StreamOutput(payloads=(Utterance(""),), done=True)
                 continue

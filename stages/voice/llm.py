@@ -64,7 +64,6 @@ from omnitrio import (
     TextDelta,
     VisibleItem,
 )
-from omnitrio.realtime import new_id
 from omnitrio.tools import (
     FINISH_EVENT,
     TOOL_ARGUMENTS_EVENT,
@@ -75,6 +74,7 @@ from omnitrio.tools import (
     FunctionTool,
     ToolError,
     check_tool_choice,
+    new_call_id,
 )
 from stages.kit import (
     AutoregressiveStage,
@@ -94,7 +94,7 @@ from stages.kit import (
 
 from .llm_ct2 import Ct2Answer, Ct2Runtime, ensure_ct2
 from .llm_weights import default_cache_dir, load_llm
-from .voice_common import TextPiece, Utterance
+from .payloads import TextPiece, Utterance
 
 RUNTIMES = ("torch", "ctranslate2")
 CT2_WAIT_S = 0.25  # a step with nothing else to do waits this long for a CTranslate2 token
@@ -146,7 +146,7 @@ CALL_END = "}" + TOOL_CALL_CLOSE
 
 
 @dataclass
-class _Turn:
+class _Stream:
     """One stream's answer. ``generated`` and the rest are the stage thread's;
     ``detok`` is the packaging thread's."""
 
@@ -182,7 +182,7 @@ class _Call:
     done: bool = False  # tool_call.done was sent
 
 
-class SmolLM2(AutoregressiveStage):
+class SmolLM2Llm(AutoregressiveStage):
     """The LLM stage; see the module docstring."""
 
     max_inputs_per_step: int | None = None
@@ -238,7 +238,7 @@ class SmolLM2(AutoregressiveStage):
         # Greedy unless a request sets temperature (and top_p, top_k, seed) or llm.<key>.
         self.sampling = SamplingParams(repetition_penalty=repetition_penalty)
         self.stop_ids = stop_ids(self.model, self.tokenizer)
-        self.streams: dict[str, _Turn] = {}
+        self.streams: dict[str, _Stream] = {}
         self._vocabulary: Vocabulary | None = None  # for grammars; converted on first use
         self._open_first = int(self.tokenizer.encode(TOOL_CALL_OPEN)[0])
 
@@ -250,7 +250,7 @@ class SmolLM2(AutoregressiveStage):
             or options.knobs.get(f"{self.name}.max_tokens") is not None
         )
         limit = params.max_tokens if asked else self.max_new_tokens
-        turn = _Turn(request, limit, Sampler(params), asked, Detokenizer(self.tokenizer))
+        turn = _Stream(request, limit, Sampler(params), asked, Detokenizer(self.tokenizer))
         tools, choice = options.tools, options.tool_choice
         try:
             check_tool_choice(tools, choice)
@@ -308,7 +308,7 @@ class SmolLM2(AutoregressiveStage):
         # A stream whose own sampling failed (its grammar, say) fails alone (stage kit).
         return {w.stream_id: self.failed(w.stream_id) or self._output(w) for w in batch}
 
-    def _system(self, turn: _Turn) -> str:
+    def _system(self, turn: _Stream) -> str:
         instructions = turn.request.options.instructions
         system = DEFAULT_INSTRUCTIONS if instructions is None else instructions
         if turn.tools:
@@ -316,13 +316,13 @@ class SmolLM2(AutoregressiveStage):
             system += "\n\n" + TOOLS_PROMPT.format(tools=described)
         return system
 
-    def _system_ids(self, turn: _Turn) -> list[int]:
+    def _system_ids(self, turn: _Stream) -> list[int]:
         """The chat's system message alone, as the prompt starts with it."""
         messages = [{"role": "system", "content": self._system(turn)}]
         ids = self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
         return [int(i) for i in ids]
 
-    def _prompt_ids(self, turn: _Turn, utterances: list[Utterance]) -> list[int]:
+    def _prompt_ids(self, turn: _Stream, utterances: list[Utterance]) -> list[int]:
         system = self._system(turn)
         history = parse_history(turn.request.text)[-self.max_history_messages :]
         messages = [{"role": "system", "content": system}, *history]
@@ -332,11 +332,11 @@ class SmolLM2(AutoregressiveStage):
         )
         return [int(i) for i in ids][-self.max_prompt_tokens :]
 
-    def _on_ct2(self, turn: _Turn) -> bool:
+    def _on_ct2(self, turn: _Stream) -> bool:
         """Whether CTranslate2 generates this turn's answer (see the module docstring)."""
         return self.ct2 is not None and not turn.tools and turn.sampler.params.seed is None
 
-    def _start_ct2(self, turn: _Turn) -> Ct2Answer:
+    def _start_ct2(self, turn: _Stream) -> Ct2Answer:
         assert turn.prompt is not None
         assert self.ct2 is not None
         system = self._system_ids(turn)
@@ -353,7 +353,7 @@ class SmolLM2(AutoregressiveStage):
             end_tokens=sorted(self.stop_ids),
         )
 
-    def _ct2_tokens(self, turn: _Turn) -> StreamOutput:
+    def _ct2_tokens(self, turn: _Stream) -> StreamOutput:
         """The text of the tokens CTranslate2 has made since the last step."""
         assert turn.ct2 is not None
         assert self.ct2 is not None
@@ -384,7 +384,7 @@ class SmolLM2(AutoregressiveStage):
             self.ct2.close([t.ct2 for t in self.streams.values() if t.ct2 is not None])
         super().close()
 
-    def _prefill(self, sid: str, turn: _Turn) -> int | None:
+    def _prefill(self, sid: str, turn: _Stream) -> int | None:
         assert turn.prompt is not None
         input_ids = torch.tensor([turn.prompt], device=self.device)  # input_ids: [1, S]
         out = self.model(input_ids=input_ids, use_cache=True)
@@ -406,7 +406,7 @@ class SmolLM2(AutoregressiveStage):
                 picked[sid] = token
         return picked
 
-    def _pick(self, logits: torch.Tensor, turn: _Turn) -> int:
+    def _pick(self, logits: torch.Tensor, turn: _Stream) -> int:
         """Sample the turn's next token and decide whether it is the last."""
         started = time.perf_counter()
         token = turn.sampler.pick(logits)
@@ -478,11 +478,11 @@ class SmolLM2(AutoregressiveStage):
             visible.append(self._finish_event(turn))
         return StreamOutput(payloads=payloads, visible=tuple(visible), more=out.more, done=out.done)
 
-    def _call_events(self, turn: _Turn, text: str) -> list[VisibleItem]:
+    def _call_events(self, turn: _Stream, text: str) -> list[VisibleItem]:
         """The events for a tool call's new text (see the module docstring)."""
         call = turn.call
         if call is None:
-            call = turn.call = _Call(new_id("call"))
+            call = turn.call = _Call(new_call_id())
         call.text += text
         events: list[VisibleItem] = []
         if call.done:
@@ -518,7 +518,7 @@ class SmolLM2(AutoregressiveStage):
             events.append(Event(TOOL_DONE_EVENT, fields))
         return events
 
-    def _finish_event(self, turn: _Turn) -> Event:
+    def _finish_event(self, turn: _Stream) -> Event:
         call = turn.call
         called = call is not None and call.name is not None and turn.stopped
         reason = "tool_calls" if called else "stop" if turn.stopped else "length"

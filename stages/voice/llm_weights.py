@@ -20,7 +20,7 @@ from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
-from .voice_common import INSTALL_HINT, existing_path, no_progress_monitor_thread, package_dir
+from .files import INSTALL_HINT, existing_path, no_progress_monitor_thread, package_dir
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,9 @@ import numpy as np
 import onnxruntime
 from tqdm import tqdm
 
+from .files import INSTALL_HINT, existing_path, package_dir
 from .llm_weights import default_cache_dir
-from .voice_common import INSTALL_HINT, Floats, existing_path, package_dir
+from .pcm import Floats
 
 RATE_HZ = 16000
 START_ID = 1

@@ -10,7 +10,7 @@ The flatbuffer is read with the reader onnxruntime ships
 (``onnxruntime.tools.ort_format_model``); every node, attribute (sub-graphs too),
 initializer and value type is copied one to one into an ``onnx.ModelProto``.
 Nothing is changed, so the converted model computes exactly what the shipped one
-does (tests/test_voice_moonshine.py checks it).
+does (tests/stages/voice/test_voice_moonshine.py checks it).
 """
 
 from __future__ import annotations

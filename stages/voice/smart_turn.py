@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
-from .voice_common import INSTALL_HINT, Floats, existing_path, package_dir
+from .files import INSTALL_HINT, existing_path, package_dir
+from .pcm import Floats
 
 RATE_HZ = 16000
 WINDOW_S = 8

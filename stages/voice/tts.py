@@ -30,19 +30,13 @@ import onnxruntime
 
 from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
 
+from .files import INSTALL_HINT, cpu_only, existing_path, package_dir
 from .llm_weights import default_cache_dir
+from .payloads import TextPiece
+from .pcm import Floats, float_to_pcm16
 from .phonemes import Espeak, VoiceSymbols, phoneme_ids
 from .phrases import PhraseSplitter
 from .tts_stream import SplitPhrase, SplitVoice
-from .voice_common import (
-    INSTALL_HINT,
-    Floats,
-    TextPiece,
-    cpu_only,
-    existing_path,
-    float_to_pcm16,
-    package_dir,
-)
 
 PACKAGED_VOICE = "en_US-joe-medium.onnx"
 
@@ -59,7 +53,7 @@ def voice_files(voice_path: str | None, voice_config_path: str | None) -> tuple[
 
 
 @dataclass
-class _Speech:
+class _Stream:
     splitter: PhraseSplitter
     phrases: deque[str] = field(default_factory=deque)
     text_done: bool = False
@@ -108,7 +102,7 @@ class PiperTts:
         self.max_phrase_words = max_phrase_words
         self.first_phrase_max_words = first_phrase_max_words
         self.first_phrase_min_words = first_phrase_min_words
-        self._speech: dict[str, _Speech] = {}
+        self.streams: dict[str, _Stream] = {}
         if first_chunk_frames is not None and first_chunk_frames < 1:
             raise ValueError(
                 f"first_chunk_frames must be positive or null, got {first_chunk_frames}"
@@ -134,20 +128,20 @@ class PiperTts:
             self.first_phrase_max_words,
             self.first_phrase_min_words,
         )
-        self._speech[stream_id] = _Speech(splitter)
+        self.streams[stream_id] = _Stream(splitter)
 
     def close_stream(self, stream_id: str) -> None:
-        del self._speech[stream_id]
+        del self.streams[stream_id]
 
     def close(self) -> None:
-        self._speech.clear()
+        self.streams.clear()
         self._espeak.close()
 
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
         return {work.stream_id: self._step_one(work) for work in batch}
 
     def _step_one(self, work: StreamWork) -> StreamOutput:
-        speech = self._speech[work.stream_id]
+        speech = self.streams[work.stream_id]
         for piece in work.inputs:
             if isinstance(piece, TextPiece):
                 speech.phrases.extend(speech.splitter.feed(piece.text))
@@ -170,7 +164,7 @@ class PiperTts:
         more = bool(speech.phrases) or speech.rest is not None
         return StreamOutput(visible=(chunk,), more=more, done=finished)
 
-    def _first_part(self, speech: _Speech) -> Floats:
+    def _first_part(self, speech: _Stream) -> Floats:
         assert self._split is not None
         assert self.first_chunk_frames is not None
         phrase = self._split.front(*self._inputs(speech.phrases.popleft()))
@@ -179,14 +173,14 @@ class PiperTts:
         speech.rest = phrase if phrase.next_frame < phrase.num_frames else None
         return samples
 
-    def _rest(self, speech: _Speech) -> Floats:
+    def _rest(self, speech: _Stream) -> Floats:
         assert self._split is not None
         assert speech.rest is not None
         samples = self._split.speak(speech.rest, speech.rest.num_frames)
         speech.rest = None
         return samples
 
-    def _timed(self, part: Callable[[_Speech], Floats], speech: _Speech) -> Floats:
+    def _timed(self, part: Callable[[_Stream], Floats], speech: _Stream) -> Floats:
         started = time.perf_counter()
         samples = part(speech)
         self.busy_s += time.perf_counter() - started

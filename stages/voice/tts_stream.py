@@ -8,7 +8,7 @@ convolution stack over the frame axis with a finite receptive field. The
 (once, into the omnitrio cache). Here the front runs on the whole phrase, then the
 back on frames ``[0, n)`` with ``right_frames`` of look-ahead, and later on the rest
 with ``left_frames`` of context: the parts join into what one pass gives (the
-margins cover the receptive field; tests/test_voice_stages.py compares them).
+margins cover the receptive field; tests/stages/voice/test_voice_stages.py compares them).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
-from .voice_common import Floats
+from .pcm import Floats
 
 
 @dataclass

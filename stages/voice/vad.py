@@ -12,7 +12,7 @@ speech comes back after such a pause. Times count from the
 stream's first sample. A stream's request options ``threshold``,
 ``silence_duration_ms`` and ``prefix_padding_ms`` override the configured ones
 (the Realtime session's turn_detection settings). The server turns them into the Realtime API's
-server_vad events (see omnitrio/server/_turns.py).
+server_vad events (see omnitrio/server/_side_stage.py).
 
 Semantic end of turn (the Realtime API's semantic_vad): param ``smart_turn`` is
 ``off`` (the model is not loaded), ``semantic`` (streams with option ``eagerness``,
@@ -49,8 +49,9 @@ from omnitrio import (
     VisibleItem,
 )
 
+from .files import INSTALL_HINT, cpu_only, package_dir
+from .pcm import Floats, pcm16_to_float
 from .smart_turn import SmartTurn
-from .voice_common import INSTALL_HINT, Floats, cpu_only, package_dir, pcm16_to_float
 
 VAD_RATE_HZ = 16000
 WINDOW_SAMPLES = 512  # 32 ms at 16 kHz, what the model takes
@@ -68,7 +69,7 @@ EAGERNESS_MS: dict[str, tuple[int, int]] = {
 
 
 @dataclass
-class _Track:
+class _Stream:
     threshold: float
     silence_windows_to_stop: int
     prefix_padding_ms: int
@@ -141,7 +142,7 @@ class SileroVad:
         self._session = onnxruntime.InferenceSession(
             str(model), sess_options=options, providers=["CPUExecutionProvider"]
         )
-        self._tracks: dict[str, _Track] = {}
+        self.streams: dict[str, _Stream] = {}
         self.num_windows_scored = 0
         self.num_model_calls = 0
         if not 0.0 < smart_turn_threshold < 1.0:
@@ -179,37 +180,37 @@ class SileroVad:
             silence_ms = options.get("silence_duration_ms", first_ms)
         silence_windows = max(1, silence_ms // self.window_ms)
         resampler = StreamResampler(self.input_sample_rate_hz, VAD_RATE_HZ)
-        track = _Track(float(threshold), silence_windows, padding_ms, resampler)
+        track = _Stream(float(threshold), silence_windows, padding_ms, resampler)
         if self.smart_turn is not None and (eagerness is not None or self.smart_turn_mode == "all"):
             track.max_silence_windows = max(silence_windows, max_silence_ms // self.window_ms)
         if self.pause_ms is not None:
             pause_windows = -(-self.pause_ms // self.window_ms)  # at least pause_ms
             if pause_windows < silence_windows:
                 track.pause_windows = pause_windows
-        self._tracks[stream_id] = track
+        self.streams[stream_id] = track
 
     def close_stream(self, stream_id: str) -> None:
-        del self._tracks[stream_id]
+        del self.streams[stream_id]
 
     def close(self) -> None:
-        self._tracks.clear()
+        self.streams.clear()
 
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
         events: dict[str, list[VisibleItem]] = {work.stream_id: [] for work in batch}
         for work in batch:
-            track = self._tracks[work.stream_id]
+            track = self.streams[work.stream_id]
             for chunk in work.inputs:
                 if not isinstance(chunk, bytes):
                     raise TypeError(f"vad takes PCM16 bytes, not {type(chunk).__name__}")
                 audio = track.resampler.push(pcm16_to_float(chunk))
                 track.pending = np.concatenate([track.pending, audio])
         while True:
-            ready = [w.stream_id for w in batch if self._tracks[w.stream_id].pending.size >= 512]
+            ready = [w.stream_id for w in batch if self.streams[w.stream_id].pending.size >= 512]
             if not ready:
                 break
-            probabilities = self._score([self._tracks[sid] for sid in ready])
+            probabilities = self._score([self.streams[sid] for sid in ready])
             for sid, probability in zip(ready, probabilities, strict=True):
-                event = self._update(self._tracks[sid], float(probability))
+                event = self._update(self.streams[sid], float(probability))
                 if event is not None:
                     events[sid].append(event)
         return {
@@ -217,7 +218,7 @@ class SileroVad:
             for w in batch
         }
 
-    def _score(self, tracks: list[_Track]) -> Floats:
+    def _score(self, tracks: list[_Stream]) -> Floats:
         """One ONNX call for one window of every track: the speech probability of each."""
         windows = [np.concatenate([t.context, t.pending[:WINDOW_SAMPLES]]) for t in tracks]
         audio = np.stack(windows)  # audio: [B, 64 + 512]
@@ -236,7 +237,7 @@ class SileroVad:
         self.num_model_calls += 1
         return np.asarray(out, dtype=np.float32).reshape(-1)  # out: [B, 1]
 
-    def _update(self, track: _Track, probability: float) -> Event | None:
+    def _update(self, track: _Stream, probability: float) -> Event | None:
         end_ms = track.num_windows * self.window_ms
         speech = probability >= track.threshold
         if not track.in_speech:
@@ -262,7 +263,7 @@ class SileroVad:
         track.in_speech, track.speech_windows = False, 0
         return Event("speech_stopped", {"audio_end_ms": track.last_speech_end_ms})
 
-    def _turn_ends(self, track: _Track) -> bool:
+    def _turn_ends(self, track: _Stream) -> bool:
         """Past the decision time: whether this much silence ends the turn (see the
         module docstring)."""
         if self.smart_turn is None or not track.max_silence_windows:

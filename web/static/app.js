@@ -18,7 +18,7 @@ const ui = {
   latency: $("latency"), errors: $("errors"), hint: $("hint"),
 };
 
-// What the page has seen, for people and for tests (tests/test_web_page.py reads it).
+// What the page has seen, for people and for tests (tests/web/test_web_page.py reads it).
 const omnitrio = (window.omnitrio = {
   state: "idle", // idle | connecting | connected | closed
   recording: false, responding: false,

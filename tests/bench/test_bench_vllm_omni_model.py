@@ -1,0 +1,140 @@
+"""The vllm-omni model's moving parts: its shared-memory connector and its stage processes.
+
+End to end (every request completes with every token and chunk) it runs in
+``test_bench_smoke.py``; timing is the benchmark's business, not asserted here.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy
+import pytest
+import torch
+
+pytest.importorskip("zmq", reason="pyzmq is in the optional bench extra")
+
+import omnitrio
+from omnitrio import AudioChunk, TextDelta
+from omnitrio.bench._target import TargetError
+from omnitrio.bench._vllm_omni_model import (
+    _Connector,
+    _shm_path,
+    open_vllm_omni_model,
+    replica_config,
+)
+from omnitrio.bench._vllm_omni_outputs import RequestState, StageOutput, chat_chunk_json
+from omnitrio.bench._vllm_omni_settings import ModelSettings, variant
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def wait_for(condition: object, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("save_limit", [None, 512])
+def test_chunks_travel_in_order_through_shared_memory_and_are_unlinked(
+    save_limit: int | None,
+) -> None:
+    settings = ModelSettings(save_limit=save_limit)
+    sender = _Connector("t1", 0, settings, sends=True)
+    receiver = _Connector("t1", 1, settings, sends=False)
+    try:
+        receiver.load_async("s")
+        keys = [sender.key("s", k, 0) for k in range(3)]
+        for k, key in enumerate(keys):
+            sender.save_async(key, {"payloads": [f"p{k}a", f"p{k}b"], "done": k == 2})
+        wait_for(lambda: "s" in receiver.upstream_done)
+        assert list(receiver.inbox["s"]) == ["p0a", "p0b", "p1a", "p1b", "p2a", "p2b"]
+        assert not any(os.path.exists(_shm_path(key)) for key in keys)  # the reader unlinks
+    finally:
+        sender.stop()
+        receiver.stop()
+
+
+def test_a_chunk_nobody_took_is_unlinked_when_the_sender_stops() -> None:
+    sender = _Connector("t2", 0, ModelSettings(), sends=True)
+    key = sender.key("gone", 0, 0)
+    try:
+        sender.save_async(key, {"payloads": ["x"], "done": True})
+        wait_for(lambda: os.path.exists(_shm_path(key)))
+    finally:
+        sender.stop()
+    assert not os.path.exists(_shm_path(key))
+
+
+async def test_a_stage_that_cannot_load_is_a_clear_error() -> None:
+    config = omnitrio.parse_config(
+        {
+            "pipeline": {"name": "broken"},
+            "stages": [
+                {
+                    "name": "thinker",
+                    "impl": "stages.synthetic:SyntheticStage",
+                    "params": {"steps": 2, "inputs_per_step": 0},
+                }
+            ],
+        }
+    )
+    with pytest.raises(TargetError, match="stage process 0 could not load its stage: ValueError"):
+        async with open_vllm_omni_model(config, ModelSettings(), "vllm-omni-model"):
+            pass
+
+
+def test_the_output_processor_copies_the_cumulative_ids_and_concatenates_at_the_end() -> None:
+    state = RequestState("r1", "hi", {}, num_stages=2)
+    row = torch.ones((1, 4), dtype=torch.bfloat16)
+    first = state.process(0, StageOutput("r1", "a ", None, 0, False, None, {"24": row}))
+    second = state.process(0, StageOutput("r1", "b ", None, 0, True, None, {"24": row}))
+    (one,), (two,) = first.output.outputs, second.output.outputs
+    assert (one.cumulative_token_ids, two.cumulative_token_ids) == ([0], [0, 1])
+    assert one.cumulative_token_ids is not state.token_ids  # a copy per step
+    # Finished at stage 0: its rows are concatenated (_consolidate_multimodal_tensors).
+    (joined,) = two.multimodal_output["24"]
+    assert joined.shape == (2, 4)
+    assert joined.dtype == torch.bfloat16
+    assert not second.done_all
+    last = state.process(1, StageOutput("r1", None, b"\0\0" * 8, 24000, True, None, {}))
+    assert last.done_all
+    assert [type(item).__name__ for item in last.items] == ["AudioChunk"]
+
+
+def test_the_api_server_writes_a_chat_chunk_per_token_and_a_base64_wav_per_audio_chunk() -> None:
+    text = json.loads(chat_chunk_json("r1", TextDelta("hello"))[len("data: ") :])
+    assert text["choices"][0]["delta"] == {"content": "hello"}
+    pcm = numpy.arange(480, dtype="<i2").tobytes()
+    audio = json.loads(chat_chunk_json("r1", AudioChunk(pcm, 24000))[len("data: ") :])
+    wav = base64.b64decode(audio["choices"][0]["delta"]["audio"]["data"])
+    assert wav[:4] == b"RIFF"
+    assert wav.endswith(pcm)
+
+
+def test_the_variants_share_one_model_and_differ_in_settings() -> None:
+    seeds, today = variant("vllm-omni-model"), variant("vllm-omni-model-today")
+    assert seeds.hidden_states_to_orchestrator
+    assert not seeds.async_output
+    assert not seeds.event_driven
+    assert not today.hidden_states_to_orchestrator
+    assert today.async_output
+    assert today.event_driven
+    assert variant("vllm-omni-model-sem512").save_limit == 512
+    with pytest.raises(ValueError, match="no vllm-omni model variant"):
+        variant("vllm-omni-model-tomorrow")
+
+
+def test_a_stage_with_replicas_is_a_process_per_replica_of_its_share_of_the_batch() -> None:
+    config = omnitrio.load_config(REPO / "configs" / "bench-qwen3-omni-1x2.yaml")
+    talker = [s.name for s in config.stages].index("talker")
+    one, count = replica_config(config, talker)
+    assert count == 2
+    assert one.stages[talker].max_batch_size == 32  # the seeds' max_num_seqs, each
+    assert one.stages[talker].params["replicas"] == 1
+    assert replica_config(config, 0) == (config, 1)

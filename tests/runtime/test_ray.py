@@ -1,0 +1,304 @@
+"""Stages placed on Ray actors (``placement: ray``), on the session's two-node cluster.
+
+The runtime's invariant tests also run with Ray placement (their ``placement``
+fixture); these are the Ray-only ones: payloads by reference, a killed stage
+process, a clean stop, and a stage pinned to the second node.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import omnitrio
+from tests.conftest import (
+    Announced,
+    chain_config,
+    collect,
+    prompt_until_signal,
+    texts,
+    wait_until_exited,
+)
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+MB = 1024 * 1024
+REPO = Path(__file__).resolve().parents[2]
+CLI = (sys.executable, "-m", "omnitrio._cli")
+
+
+def _rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def _peak_growth_bytes(placements: tuple[str, str]) -> tuple[int, int]:
+    """Stream 24 payloads of 8 MB from a to b; (the supervisor's peak memory growth
+    meanwhile, the payload bytes it relayed)."""
+    config = chain_config(
+        [{"steps": 24, "payload_bytes": 8 * MB}, {"outputs_per_input": 0}], edge_capacity=2
+    )
+    stages = [
+        s.model_copy(update={"placement": p})
+        for s, p in zip(config.stages, placements, strict=True)
+    ]
+    config = config.model_copy(update={"stages": tuple(stages)})
+    peak = 0
+    async with omnitrio.open_pipeline(config) as pipeline:
+        baseline = _rss_bytes()
+
+        async def sample() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, _rss_bytes())
+                await trio.sleep(0.005)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sample)
+            async with pipeline.open_stream("big") as stream:
+                items = await collect(stream)
+            nursery.cancel_scope.cancel()
+        stats = pipeline.statistics()
+    assert [t for t in texts(items) if t.startswith("b:")] == [f"b:{i} " for i in range(1, 25)]
+    assert stats.num_payloads_routed == 24
+    return peak - baseline, stats.num_payload_bytes_relayed
+
+
+async def test_payloads_between_ray_stages_stay_out_of_the_supervisor() -> None:
+    growth, relayed = await _peak_growth_bytes(("ray", "ray"))
+    assert relayed == 0
+    assert growth < 8 * MB, growth / MB  # it never held one of them
+    # Against a thread consumer, the same payloads come through the supervisor.
+    growth, relayed = await _peak_growth_bytes(("ray", "thread"))
+    assert relayed > 24 * 8 * MB
+    assert growth > 8 * MB
+
+
+async def test_payloads_between_a_thread_and_a_ray_stage_are_counted() -> None:
+    config = omnitrio.parse_config(
+        {
+            "pipeline": {"name": "mixed"},
+            "stages": [
+                {
+                    "name": "a",
+                    "impl": "stages.synthetic:SyntheticStage",
+                    "params": {"steps": 3, "payload_bytes": 1000},
+                },
+                {
+                    "name": "b",
+                    "impl": "stages.synthetic:SyntheticStage",
+                    "params": {"outputs_per_input": 0},
+                    "placement": "ray",
+                },
+            ],
+            "edges": [{"from": "a", "to": "b"}],
+        }
+    )
+    async with omnitrio.open_pipeline(config) as pipeline:
+        async with pipeline.open_stream("x") as stream:
+            await collect(stream)
+        stats = pipeline.statistics()
+    assert stats.stages["a"].num_payload_bytes_relayed == 0  # a thread: nothing copied
+    assert stats.stages["b"].pid is not None
+    assert stats.stages["a"].pid is None
+    assert 3 * 1000 < stats.stages["b"].num_payload_bytes_relayed < 3 * 2000
+
+
+async def test_killing_a_stage_process_fails_the_streams_it_held_and_it_comes_back() -> None:
+    # b takes 0.5 s to load: long enough to see it out of service while it loads again.
+    config = chain_config(
+        [{"steps": 100_000}, {"load_time_ms": 500}, {"outputs_per_input": 0}], placement="ray"
+    )
+    async with omnitrio.open_pipeline(config) as pipeline:
+        pid = pipeline.statistics().stages["b"].pid
+        assert pid is not None
+        failures: list[BaseException] = []
+        hung_when_failed: list[bool] = []  # /health: degraded
+
+        async def doomed(label: str, started: trio.Event) -> None:
+            async with pipeline.open_stream(label) as stream:
+                try:
+                    async for item in stream:
+                        if isinstance(item, omnitrio.TextDelta) and item.text.startswith("b:"):
+                            started.set()  # b holds it
+                except omnitrio.StageError as exc:
+                    failures.append(exc)
+                    hung_when_failed.append(pipeline.statistics().stages["b"].hung)
+
+        with trio.fail_after(60), Announced("b", "is back") as back:
+            async with trio.open_nursery() as nursery:
+                for label in ("one", "two"):
+                    started = trio.Event()
+                    nursery.start_soon(doomed, label, started)
+                    await started.wait()
+                os.kill(pid, signal.SIGKILL)
+            await back.wait()  # the fresh actor has loaded the stage
+        assert len(failures) == 2
+        for error in failures:
+            assert isinstance(error, omnitrio.StageError)
+            assert error.stage == "b"
+            assert "died" in str(error)
+        assert hung_when_failed == [True, True]
+        # Out of service until the fresh actor has loaded the stage, then it serves.
+        assert not pipeline.statistics().stages["b"].hung
+        with trio.fail_after(60):
+            request = omnitrio.Request("after", options={"steps": 3})
+            async with pipeline.open_stream(request) as stream:
+                items = await collect(stream)
+        stats = pipeline.statistics().stages["b"]
+    assert [t for t in texts(items) if t.startswith("b:")] == ["b:1 ", "b:2 ", "b:3 "]
+    assert stats.pid not in (None, pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_leaving_removes_every_ray_actor_within_the_shutdown_timeout() -> None:
+    config = chain_config(
+        [{"steps": 100_000}, {"service_time_ms": 1}, {"outputs_per_input": 0}],
+        placement="ray",
+        shutdown_timeout_s=2.0,
+    )
+    async with omnitrio.open_pipeline(config) as pipeline:
+        pids = [s.pid for s in pipeline.statistics().stages.values()]
+        async with pipeline.open_stream("left running") as stream:
+            await stream.receive()
+        started = trio.current_time()
+    assert trio.current_time() - started < 2.0
+    assert all(pid is not None for pid in pids)
+    with trio.fail_after(10):  # the processes exit on their own once killed
+        for pid in pids:
+            assert pid is not None
+            await wait_until_exited(pid)
+    assert not any(_alive(pid) for pid in pids if pid is not None)
+
+
+async def test_a_stage_pinned_by_a_custom_resource_runs_on_the_second_node(
+    ray_cluster: Any,
+) -> None:
+    config = omnitrio.parse_config(
+        {
+            "pipeline": {"name": "two-nodes"},
+            "stages": [
+                {
+                    "name": "a",
+                    "impl": "stages.synthetic:SyntheticStage",
+                    "params": {"steps": 5},
+                    "placement": "ray",
+                    "resources": {"custom": {"node_a": 1}},
+                },
+                {
+                    "name": "b",
+                    "impl": "stages.synthetic:SyntheticStage",
+                    "placement": "ray",
+                    "params": {"outputs_per_input": 0},
+                    "resources": {"custom": {"node_b": 1}},
+                },
+            ],
+            "edges": [{"from": "a", "to": "b"}],
+        }
+    )
+    head, second = ray_cluster.list_all_nodes()
+    async with omnitrio.open_pipeline(config) as pipeline:
+        async with pipeline.open_stream("x") as stream:
+            items = await collect(stream)
+        stages = pipeline.statistics().stages
+    assert [t for t in texts(items) if t.startswith("b:")] == [f"b:{i} " for i in range(1, 6)]
+    # A worker is a child of its node's raylet.
+    raylets = {node: node.all_processes["raylet"][0].process.pid for node in (head, second)}
+    assert _parent(stages["b"].pid) == raylets[second]
+    assert _parent(stages["a"].pid) == raylets[head]
+
+
+def _parent(pid: int | None) -> int:
+    assert pid is not None
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        if text.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _exited_by(pid: int, deadline: float) -> bool:
+    """Whether process ``pid`` exits before ``time.monotonic()`` reaches ``deadline``:
+    waits on its pidfd, which becomes readable when it exits (Linux 5.3+)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))
+    finally:
+        os.close(pidfd)
+    return bool(readable)
+
+
+def test_sigterm_stops_the_pipeline_and_the_ray_instance_it_started(tmp_path: Path) -> None:
+    config = tmp_path / "long.yaml"
+    config.write_text(
+        (REPO / "configs" / "synthetic-ray.yaml").read_text().replace("steps: 24", "steps: 100000")
+    )
+    # Its own Ray instance (not the session's cluster), found by its temp folder: every
+    # Ray process of the instance names it on its command line.
+    ray_temp = Path(tempfile.mkdtemp(prefix="omnitrio-ray-", dir="/tmp"))
+    env = {"RAY_TMPDIR": str(ray_temp)}
+
+    def running() -> None:
+        assert _processes_mentioning(str(ray_temp))  # the instance runs
+
+    stopped = prompt_until_signal(config, signal.SIGTERM, env=env, when_ready=running)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    assert "SIGTERM; pipeline stopped" in stopped.stderr
+    assert "*** SIGTERM received" not in stopped.stderr  # not Ray's crash handler: Python's
+    assert stopped.exit_s < 5.0 + 10.0  # shutdown_timeout_s, plus Ray's own stop
+    # The instance's processes exit on their own: wait for each to (its pidfd says so).
+    deadline = time.monotonic() + 10
+    for pid in _processes_mentioning(str(ray_temp)):
+        assert _exited_by(pid, deadline), f"process {pid} of the Ray instance is still running"
+    assert _processes_mentioning(str(ray_temp)) == []
+    shutil.rmtree(ray_temp, ignore_errors=True)
+
+
+def test_a_ray_address_that_does_not_answer_is_a_config_error_at_once() -> None:
+    config = REPO / "configs" / "synthetic-ray.yaml"
+    started = time.monotonic()
+    done = subprocess.run(
+        [*CLI, "prompt", "--config", str(config), "--ray-address", "127.0.0.1:1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert (
+        f"omnitrio: {config}: pipeline.ray_address: no Ray cluster answers at 127.0.0.1:1"
+        in done.stderr
+    )
+    assert "start one (ray start --head) or fix the address" in done.stderr
+    assert time.monotonic() - started < 30

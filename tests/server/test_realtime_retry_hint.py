@@ -1,0 +1,66 @@
+"""A refused Realtime response says when to ask again: ``retry_after_ms`` in the failed
+response's error, from the pipeline's own estimate (the HTTP API's Retry-After)."""
+
+from __future__ import annotations
+
+import json
+
+import trio
+import trio_websocket
+
+from omnitrio.server import ServerSettings, serve
+from tests.conftest import chain_config
+from tests.realtime.test_realtime_protocol import open_session, start_response, wire
+
+ENDLESS = [
+    {"steps": 100_000, "service_time_ms": 2.0},
+    {"outputs_per_input": 0, "visible": "audio", "audio_samples": 320},
+]
+
+
+def test_a_failed_response_carries_the_retry_hint_it_is_given() -> None:
+    session = open_session()
+    start = start_response(session)
+    *_, done = session.finish(start.response_id, "failed", "overloaded", retry_after_s=1.2341)
+    error = wire(session, done)["response"]["status_details"]["error"]  # type: ignore[arg-type]
+    assert error["retry_after_ms"] == 1235
+    assert error["message"] == "overloaded"
+    start = start_response(session)
+    *_, done = session.finish(start.response_id, "failed", "a stage failed")
+    error = wire(session, done)["response"]["status_details"]["error"]  # type: ignore[arg-type]
+    assert "retry_after_ms" not in error  # not refused: no hint
+
+
+async def _until(ws: trio_websocket.WebSocketConnection, kind: str) -> dict[str, object]:
+    while True:
+        event: dict[str, object] = json.loads(await ws.get_message())
+        if event["type"] == kind:
+            return event
+
+
+async def test_a_response_the_full_pipeline_refuses_says_when_to_retry(
+    nursery: trio.Nursery,
+) -> None:
+    config = chain_config(ENDLESS, max_streams=1)
+    # One client holds both sessions: its share is the whole pipeline, so the pipeline refuses.
+    settings = ServerSettings(port=0, max_streams_per_client=2)
+    (base_url, *_) = await nursery.start(serve, config, settings)
+    url = base_url.replace("http", "ws") + "/v1/realtime"
+    async with (
+        trio_websocket.open_websocket_url(url) as playing,
+        trio_websocket.open_websocket_url(url) as refused,
+    ):
+        await playing.get_message()
+        await refused.get_message()
+        with trio.fail_after(10):
+            await playing.send_message(json.dumps({"type": "response.create"}))
+            await _until(playing, "response.output_audio.delta")  # the one stream is taken
+            await refused.send_message(json.dumps({"type": "response.create"}))
+            done = await _until(refused, "response.done")
+    response = done["response"]
+    assert isinstance(response, dict)
+    assert response["status"] == "failed"
+    error = response["status_details"]["error"]
+    assert isinstance(error["retry_after_ms"], int)
+    assert error["retry_after_ms"] >= 1
+    assert "retry" in error["message"]

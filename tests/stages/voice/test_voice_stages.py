@@ -1,0 +1,266 @@
+"""The voice stages on their own, called the way the runtime calls them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from omnitrio import Event, Request, StreamWork, TextDelta
+from stages.voice.phrases import PhraseSplitter
+from tests.voice_support import INPUT_RATE_HZ, needs_voice, spoken
+
+
+def test_phrases_end_at_sentence_ends_long_commas_and_the_word_limit() -> None:
+    splitter = PhraseSplitter(min_comma_words=3, max_words=6)
+    tokens = ["Hi", ",", " there", ".", " Cats", " eat", " meat", ",", " fish", " and", " more"]
+    phrases = [p for token in tokens for p in splitter.feed(token)]
+    # "Hi," is too short to stand alone; "there." waits for the space after it.
+    assert phrases == ["Hi, there.", "Cats eat meat,"]
+    assert splitter.feed("!") == []
+    assert splitter.flush() == "fish and more!"
+    assert splitter.flush() is None
+    splitter = PhraseSplitter(max_words=3, first_max_words=2)
+    assert splitter.feed("one two three four five six seven ") == ["one two", "three four five"]
+
+
+def test_a_cut_for_length_falls_before_a_boundary_word_and_not_after_an_abbreviation() -> None:
+    splitter = PhraseSplitter(first_max_words=6)
+    text = "Dr. Smith lives in the old house by the river "
+    assert splitter.feed(text) == ["Dr. Smith lives"]  # not "Dr." alone, not "... in the"
+    assert splitter.flush() == "in the old house by the river"
+    splitter = PhraseSplitter(first_max_words=4)
+    assert splitter.feed("Cats like to eat fish ") == ["Cats like"]
+    assert splitter.feed("and meat. ") == ["to eat fish and meat."]
+
+
+def test_the_first_phrase_ends_before_a_boundary_word_once_it_has_its_minimum() -> None:
+    splitter = PhraseSplitter(first_max_words=8, first_min_words=4)
+    assert splitter.feed("Cats like to eat ") == []  # "to" comes after two words only
+    assert splitter.feed("fish and") == []  # "and" is not known whole yet
+    assert splitter.feed(" meat of all kinds ") == ["Cats like to eat fish"]
+    assert splitter.flush() == "and meat of all kinds"  # later phrases wait for their limit
+
+
+@pytest.fixture
+def llm() -> Iterator[object]:
+    """One per test: its packaging thread (started by the first step) ends with it."""
+    from stages.voice.llm import SmolLM2Llm
+
+    # float32: in bf16 the batch's shape changes rounding, and greedy answers may part.
+    stage = SmolLM2Llm("llm", max_new_tokens=16, dtype="float32")
+    yield stage
+    stage.close()
+
+
+def _answer(stage: object, questions: dict[str, str]) -> dict[str, str]:
+    """Run streams to the end together, the way the actor does; their texts."""
+    from stages.voice.payloads import Utterance
+
+    for sid in questions:
+        stage.open_stream(sid, Request())  # type: ignore[attr-defined]
+    texts = dict.fromkeys(questions, "")
+    first, active = True, set(questions)
+    while active:
+        batch = [
+            StreamWork(sid, (Utterance(questions[sid]),) if first else (), True)
+            for sid in sorted(active)
+        ]
+        first = False
+        for sid, output in stage.step(batch).items():  # type: ignore[attr-defined]
+            texts[sid] += "".join(v.text for v in output.visible if isinstance(v, TextDelta))
+            if output.done:
+                active.discard(sid)
+                stage.close_stream(sid)  # type: ignore[attr-defined]
+    return texts
+
+
+@needs_voice
+def test_batched_decoding_gives_each_stream_its_own_answer(llm: object) -> None:
+    questions = {"a": "What do cats like to eat?", "b": "Why is the sky blue? Explain."}
+    alone = {sid: _answer(llm, {sid: q})[sid] for sid, q in questions.items()}
+    together = _answer(llm, questions)
+    assert together == alone  # greedy: the batch changes nothing, padding included
+    assert alone["a"] != alone["b"]
+    assert llm.streams == {}  # type: ignore[attr-defined]  # every KV cache freed
+    # The stage kit's statistics (AutoregressiveStage): tokens, forward time, KV bytes.
+    figures = llm.stage_statistics()  # type: ignore[attr-defined]
+    assert figures["num_tokens"] > 0
+    assert figures["forward_ms_mean"] > 0
+    assert figures["kv_bytes"] == 0
+    assert figures["num_active_streams"] == 0
+
+
+@needs_voice
+def test_the_int8_llm_quantizes_every_linear_layer_and_still_answers() -> None:
+    import torch
+
+    from stages.voice.llm import SmolLM2Llm
+
+    stage = SmolLM2Llm("llm", max_new_tokens=12, dtype="int8")
+    try:
+        linear = [m for m in stage.model.modules() if type(m) is torch.nn.Linear]
+        quantized = [m for m in stage.model.modules() if "quantized" in type(m).__module__]
+        assert linear == []
+        assert len(quantized) > 100  # 30 layers x 7, and the head
+        answer = _answer(stage, {"q": "What is the capital of France?"})["q"]
+        assert "Paris" in answer
+    finally:
+        stage.close()
+
+
+def test_an_unknown_llm_dtype_is_refused_naming_the_stage_and_the_choices() -> None:
+    pytest.importorskip("torch")
+    from stages.voice.llm import SmolLM2Llm
+
+    with pytest.raises(ValueError, match=r"stage 'llm': dtype must be one of .*'int8'.*'int4'"):
+        SmolLM2Llm("llm", dtype="int4")
+
+
+def test_the_llm_on_cuda_without_a_gpu_is_refused_naming_the_stage() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("checks the refusal on a machine without a CUDA GPU")
+    from stages._torch_device import DeviceError
+    from stages.voice.llm import SmolLM2Llm
+
+    with pytest.raises(DeviceError, match=r"stage 'llm': device 'cuda' needs a CUDA GPU"):
+        SmolLM2Llm("llm", "cuda")
+
+
+@needs_voice
+def test_the_llm_on_cuda_answers_as_on_cpu(llm: object) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    from stages.voice.llm import SmolLM2Llm
+
+    on_gpu = SmolLM2Llm("llm", "cuda", max_new_tokens=16)
+    try:
+        question = {"a": "What do cats like to eat?"}
+        # bf16 on two devices: the greedy answers agree at least in their first words.
+        assert _answer(on_gpu, question)["a"].split()[:3] == _answer(llm, question)["a"].split()[:3]
+    finally:
+        on_gpu.close()
+
+
+@needs_voice
+def test_a_cancelled_stream_leaves_the_batch_at_the_next_step(llm: object) -> None:
+    from stages.voice.payloads import Utterance
+
+    llm.open_stream("x", Request())  # type: ignore[attr-defined]
+    llm.open_stream("y", Request())  # type: ignore[attr-defined]
+    batch = [StreamWork(s, (Utterance("Tell me a story."),), True) for s in ("x", "y")]
+    llm.step(batch)  # type: ignore[attr-defined]
+    llm.close_stream("x")  # type: ignore[attr-defined]  # what cancelling does
+    outputs = llm.step([StreamWork("y", (), True)])  # type: ignore[attr-defined]
+    assert set(outputs) == {"y"}
+    assert set(llm.streams) == {"y"}  # type: ignore[attr-defined]
+    llm.close_stream("y")  # type: ignore[attr-defined]
+
+
+@needs_voice
+def test_vad_reports_a_pause_and_speech_resuming(tmp_path: Path) -> None:
+    from stages.voice.vad import SileroVad
+
+    def trimmed(pcm16: bytes) -> bytes:  # without espeak-ng's own silence around it
+        loud = np.nonzero(np.abs(np.frombuffer(pcm16, "<i2")) > 300)[0]
+        return pcm16[2 * int(loud[0]) : 2 * (int(loud[-1]) + 1)]
+
+    first = trimmed(spoken("Why is the sky blue,", tmp_path / "a.wav"))
+    second = trimmed(spoken("and why are sunsets red?", tmp_path / "b.wav"))
+    speech = bytes(2 * INPUT_RATE_HZ // 2) + first + bytes(2 * INPUT_RATE_HZ * 3 // 10) + second
+    speech += bytes(2 * INPUT_RATE_HZ)
+    chunks = tuple(speech[i : i + 4800] for i in range(0, len(speech), 4800))
+    vad = SileroVad("vad", input_sample_rate_hz=INPUT_RATE_HZ, pause_ms=200)
+    vad.open_stream("s", Request())
+    events = [e for e in vad.step([StreamWork("s", chunks, False)])["s"].visible]
+    names = [e.name for e in events if isinstance(e, Event)]
+    # At least the 300 ms gap is a pause (short gaps between words may be too), speech
+    # resumes after it, and the turn ends once, after the last pause.
+    assert names[0] == "speech_started"
+    assert names[-2:] == ["speech_paused", "speech_stopped"]
+    assert names.count("speech_stopped") == 1
+    assert names.count("speech_resumed") == names.count("speech_paused") - 1 >= 1
+    last_pause, stopped = events[-2], events[-1]
+    assert isinstance(last_pause, Event)
+    assert isinstance(stopped, Event)
+    assert last_pause.data["audio_end_ms"] == stopped.data["audio_end_ms"]  # the same turn end
+
+
+@needs_voice
+def test_vad_finds_the_turn_and_batches_streams(tmp_path: Path) -> None:
+    from stages.voice.vad import SileroVad
+
+    speech = bytes(2 * INPUT_RATE_HZ // 2) + spoken("What do cats like to eat?", tmp_path / "q.wav")
+    speech += bytes(2 * INPUT_RATE_HZ)  # 1 s of silence ends the turn
+    chunks = tuple(speech[i : i + 4800] for i in range(0, len(speech), 4800))
+    vad = SileroVad("vad", input_sample_rate_hz=INPUT_RATE_HZ)
+    vad.open_stream("alone", Request())
+    alone = vad.step([StreamWork("alone", chunks, False)])["alone"].visible
+    calls_alone = vad.num_model_calls
+    assert [e.name for e in alone if isinstance(e, Event)] == ["speech_started", "speech_stopped"]
+    start_ms, end_ms = alone[0].data["audio_start_ms"], alone[1].data["audio_end_ms"]  # type: ignore[union-attr]
+    assert 0 <= start_ms <= 500 < end_ms  # type: ignore[operator]
+    # Two streams in one step: the same verdicts, from one ONNX call per window.
+    for sid in ("a", "b"):
+        vad.open_stream(sid, Request(options={"silence_duration_ms": 500}))
+    both = vad.step([StreamWork("a", chunks, False), StreamWork("b", chunks, False)])
+    assert both["a"].visible == both["b"].visible == alone
+    assert vad.num_model_calls == 2 * calls_alone  # both streams' windows in each call
+    vad.close()
+
+
+@needs_voice
+def test_tts_speaks_the_first_phrase_before_the_text_ends() -> None:
+    from stages.voice.payloads import TextPiece
+    from stages.voice.tts import PiperTts
+
+    tts = PiperTts("tts")
+    tts.open_stream("s", Request())
+    first = tts.step([StreamWork("s", (TextPiece("Cats eat meat. They also"),), False)])["s"]
+    assert first.visible
+    assert not first.done
+    audio = first.visible[0]
+    assert audio.sample_rate_hz == 22050
+    assert len(audio.pcm16) > 22050
+    last = tts.step([StreamWork("s", (TextPiece(" like fish"),), True)])["s"]
+    assert last.visible
+    assert last.done
+    tts.close_stream("s")
+    tts.close()
+
+
+@needs_voice
+@pytest.mark.parametrize(
+    ("impl", "params", "named"),
+    [
+        ("stages.voice.tts:PiperTts", {"voice_path": "nowhere/voice.onnx"}, "voice_path"),
+        ("stages.voice.asr:WhisperAsr", {"model_path": "nowhere/whisper"}, "model_path"),
+        ("stages.voice.llm:SmolLM2Llm", {"model_path": "nowhere/llm"}, "model_path"),
+        ("stages.voice.llm:SmolLM2Llm", {"model_path": "nowhere/llm.gguf"}, "model_path"),
+    ],
+)
+def test_a_missing_model_file_names_the_param_and_the_path(
+    impl: str, params: dict[str, str], named: str
+) -> None:
+    import importlib
+
+    from stages.voice.files import MissingModelFile
+
+    module, _, name = impl.partition(":")
+    stage_class = getattr(importlib.import_module(module), name)
+    with pytest.raises(MissingModelFile, match=f"param {named}: .*{params[named]}"):
+        stage_class("stage", **params)
+
+
+@needs_voice
+def test_the_cpu_only_voice_stages_refuse_another_device_naming_the_stage() -> None:
+    from stages.voice.tts import PiperTts
+    from stages.voice.vad import SileroVad
+
+    for stage in (PiperTts, SileroVad):
+        with pytest.raises(ValueError, match=r"stage 'x' runs on the CPU only.*'cuda'"):
+            stage("x", "cuda")
