@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from quart import Response
 
@@ -163,15 +163,28 @@ async def chat_completions(state: ServerState, raw: bytes, client: str) -> Respo
     if refusal is not None:
         return refusal
 
-    async def items() -> AsyncGenerator[AudioChunk | TextDelta | Event]:
+    async def opened() -> AsyncGenerator[AudioChunk | TextDelta | Event | None]:
         async with state.open_stream(client, request) as stream:
+            yield None  # admitted: see below
             async for item in stream:
                 if isinstance(item, AudioChunk | TextDelta) or is_tool_event(item):
                     yield item
 
+    # The stream is admitted here, before the status is sent: ``admit`` is only a first
+    # look, and many requests (one client's too) can pass it before any body starts.
+    chunks = opened()
+    try:
+        await anext(chunks)
+    except (Overloaded, PipelineClosed) as exc:
+        await chunks.aclose()
+        return refused(state, exc)
+    except ShareExceeded as exc:
+        await chunks.aclose()
+        return over_share(state, exc)
+    items = cast(AsyncGenerator[AudioChunk | TextDelta | Event], chunks)  # past the None
     if parsed.stream:
-        return Response(completion.sse(items()), mimetype="text/event-stream")
-    return await completion.whole(items())
+        return Response(completion.sse(items), mimetype="text/event-stream")
+    return await completion.whole(items)
 
 
 class _Completion:

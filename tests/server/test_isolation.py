@@ -414,3 +414,34 @@ async def test_a_realtime_frame_with_commas_inside_a_string_is_accepted(
         error = reply["error"]
         assert error["param"] == "audio_end_ms"
         assert len(error["message"]) < 120  # not a 300-digit echo
+
+
+async def test_a_burst_of_streaming_chats_gets_only_the_clients_share(
+    nursery: trio.Nursery,
+) -> None:
+    # Found by the attack kit: 36 of one client's 64 streaming chats sent at once got a
+    # 200 with a share of 32, because the stream opened only when the body started.
+    port = await _server(nursery, ENDLESS, max_streams=4)  # a client's share: 2
+    body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    ).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+
+    def burst() -> list[bytes]:
+        socks = [
+            socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(ATTACKER, 0))
+            for _ in range(8)
+        ]
+        try:
+            for sock in socks:  # every request is in before any answer is read
+                sock.sendall(head + body)
+            return [sock.recv(12) for sock in socks]
+        finally:
+            for sock in socks:
+                sock.close()
+
+    statuses = await trio.to_thread.run_sync(burst)
+    assert sorted(statuses) == [b"HTTP/1.1 200"] * 2 + [b"HTTP/1.1 429"] * 6

@@ -9,7 +9,7 @@ import omnitrio
 from omnitrio._admission import Admission
 from omnitrio._headroom import StepModel
 
-VOICE_CHAT = Path(__file__).resolve().parents[1] / "configs" / "voice-chat.yaml"
+VOICE_CHAT = Path(__file__).resolve().parents[3] / "configs" / "voice-chat.yaml"
 
 
 def _tts_at_four_conversations() -> tuple[StepModel, float]:
