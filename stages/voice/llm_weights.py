@@ -84,8 +84,11 @@ def convert(gguf: Path, folder: Path) -> None:
         config = AutoConfig.from_pretrained(gguf_dir, gguf_file=gguf_name)
         bar.update()
         bar.set_postfix_str(steps[1])
+        # Read in float32 (transformers' GGUF kernels compute in it; asked for bfloat16 it
+        # warns at every first start), then copied into the bfloat16 model below: the
+        # saved weights are the same either way.
         loaded = AutoModelForCausalLM.from_pretrained(
-            gguf_dir, gguf_file=gguf_name, dtype=torch.bfloat16
+            gguf_dir, gguf_file=gguf_name, dtype=torch.float32
         )
         if hasattr(config, "quantization_config"):
             del config.quantization_config
