@@ -25,7 +25,7 @@ import websockets.sync.client
 from attacks import API_KEY, Server, http  # type: ignore[import-not-found]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the helper shared with tests/
-from tests.conftest import distinct_tools
+from tests.conftest import distinct_tools, realtime_tool_rounds
 
 ATTACKER = "127.0.0.2"
 
@@ -211,14 +211,7 @@ def attack_realtime_tools(checkout: Path, fd_limit: int) -> str:
             f"ws://127.0.0.1:{server.port}/v1/realtime", max_size=None, open_timeout=30
         ) as ws:
             ws.recv(timeout=30)  # session.created
-            for rounds in range(9):
-                if rounds == 0:  # as many as a frame's values allow (3 a tool)
-                    tools = [{"type": "function", "name": f"f{i}"} for i in range(6_500)]
-                else:
-                    tools = [
-                        {"type": "function", **t["function"]}
-                        for t in distinct_tools(128, f"{rounds}")
-                    ]
+            for tools in realtime_tool_rounds(""):
                 update = {"type": "session.update", "session": {"type": "realtime", "tools": tools}}
                 started = time.perf_counter()
                 ws.send(json.dumps(update))

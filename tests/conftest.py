@@ -6,6 +6,7 @@ import itertools
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -279,3 +280,44 @@ def distinct_tools(count: int, tag: str) -> list[dict[str, Any]]:
         {"type": "function", "function": {"name": f"f{tag}_{i}", "parameters": schema}}
         for i in range(count)
     ]
+
+
+def realtime_tool_rounds(tag: str) -> list[list[dict[str, Any]]]:
+    """The Realtime tools flood's nine ``session.update`` tool lists: 6,500 tools (as
+    many as a frame's values allow, 3 a tool), then 8 x 128 fresh ones; shared by
+    tests/server/test_isolation.py and reliability/isolation_attacks.py."""
+    rounds = [[{"type": "function", "name": f"f{i}"} for i in range(6_500)]]
+    for n in range(1, 9):
+        rounds.append(
+            [{"type": "function", **t["function"]} for t in distinct_tools(128, f"{tag}{n}")]
+        )
+    return rounds
+
+
+def http_request(
+    port: int,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+    source: str = "127.0.0.1",
+) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 request from ``source`` on its own connection, read to its end
+    (a raw socket: what a client library would not send; shared by the server tests)."""
+    head = {"Host": "127.0.0.1", "Content-Length": str(len(body))} | (headers or {})
+    lines = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in head.items())]
+    with socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source, 0)) as s:
+        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        with s.makefile("rb") as reader:
+            status = int(reader.readline().split()[1])
+            fields: dict[str, str] = {}
+            while (line := reader.readline().strip()) != b"":
+                name, _, value = line.decode().partition(":")
+                fields[name.lower()] = value.strip()
+            if "content-length" in fields:
+                return status, fields, reader.read(int(fields["content-length"]))
+            data = b""  # chunked
+            while (size := int(reader.readline().split(b";")[0], 16)) != 0:
+                data += reader.read(size)
+                reader.readline()
+            return status, fields, data

@@ -173,6 +173,18 @@ async def chat_completions(state: ServerState, raw: bytes, client: str) -> Respo
     # The stream is admitted here, before the status is sent: ``admit`` is only a first
     # look, and many requests (one client's too) can pass it before any body starts.
     chunks = opened()
+    refusal = await _open_first(state, chunks)
+    if refusal is not None:
+        return refusal
+    items = cast(AsyncGenerator[AudioChunk | TextDelta | Event], chunks)  # past the None
+    if parsed.stream:
+        return Response(completion.sse(items), mimetype="text/event-stream")
+    return await completion.whole(items)
+
+
+async def _open_first(state: ServerState, chunks: AsyncGenerator[Any]) -> Response | None:
+    """Run ``chunks`` to its first yield, where its pipeline stream has opened: the
+    response refusing it (the stream was not admitted), or None to send it."""
     try:
         await anext(chunks)
     except (Overloaded, PipelineClosed) as exc:
@@ -181,10 +193,7 @@ async def chat_completions(state: ServerState, raw: bytes, client: str) -> Respo
     except ShareExceeded as exc:
         await chunks.aclose()
         return over_share(state, exc)
-    items = cast(AsyncGenerator[AudioChunk | TextDelta | Event], chunks)  # past the None
-    if parsed.stream:
-        return Response(completion.sse(items), mimetype="text/event-stream")
-    return await completion.whole(items)
+    return None
 
 
 class _Completion:
@@ -391,14 +400,9 @@ async def speech(state: ServerState, raw: bytes, client: str) -> Response:
     # The stream is admitted here, before the status is sent: ``admit`` is only a
     # first look, and many requests can pass it before any of their bodies starts.
     chunks = body()
-    try:
-        await anext(chunks)
-    except (Overloaded, PipelineClosed) as exc:
-        await chunks.aclose()
-        return refused(state, exc)
-    except ShareExceeded as exc:
-        await chunks.aclose()
-        return over_share(state, exc)
+    refusal = await _open_first(state, chunks)
+    if refusal is not None:
+        return refusal
     response = Response(chunks, mimetype=MIMETYPES[parsed.response_format])
     response.headers["X-Sample-Rate"] = str(rate_hz)
     return response

@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from omnitrio.realtime import RealtimeSession, SessionConfig
-from tests.conftest import count_tasks, serve_chain
+from tests.conftest import count_tasks, http_request, serve_chain
 from tests.server.test_server_process import (
     _wait_for_open_streams,
     endless_config,
@@ -46,36 +46,9 @@ async def _server(
     return await serve_chain(nursery, stages, max_streams, **settings)
 
 
-def _request(
-    port: int,
-    method: str,
-    path: str,
-    body: bytes = b"",
-    headers: dict[str, str] | None = None,
-) -> tuple[int, dict[str, str], bytes]:
-    """One HTTP/1.1 request on its own connection, read to the end of its body."""
-    head = {"Host": "127.0.0.1", "Content-Length": str(len(body))} | (headers or {})
-    lines = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in head.items())]
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
-        reader = sock.makefile("rb")
-        status = int(reader.readline().split()[1])
-        fields: dict[str, str] = {}
-        while (line := reader.readline().strip()) != b"":
-            name, _, value = line.decode().partition(":")
-            fields[name.lower()] = value.strip()
-        if "content-length" in fields:
-            return status, fields, reader.read(int(fields["content-length"]))
-        data = b""  # chunked
-        while (size := int(reader.readline().split(b";")[0], 16)) != 0:
-            data += reader.read(size)
-            reader.readline()
-        return status, fields, data
-
-
 def _chat(port: int, content: object) -> tuple[int, bytes]:
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]})
-    status, _, data = _request(port, "POST", "/v1/chat/completions", body.encode())
+    status, _, data = http_request(port, "POST", "/v1/chat/completions", body.encode())
     return status, data
 
 
@@ -127,7 +100,7 @@ async def test_hosts_and_origins_that_do_not_parse_are_refused_not_500(
     # Attack (issue 16 #7): urlsplit raised in the guard: a 500 and a traceback each.
     port = await _server(nursery)
     status, _, body = await trio.to_thread.run_sync(
-        lambda: _request(port, "GET", "/v1/models", headers=headers)
+        lambda: http_request(port, "GET", "/v1/models", headers=headers)
     )
     assert status == (403 if "Origin" in headers else 421)
     assert "Traceback" not in body.decode()
@@ -145,7 +118,7 @@ async def test_concurrent_speech_past_max_streams_is_200_whole_or_503(
     results: list[tuple[int, int]] = []
 
     def one() -> None:
-        status, _, data = _request(port, "POST", "/v1/audio/speech", body)
+        status, _, data = http_request(port, "POST", "/v1/audio/speech", body)
         results.append((status, len(data)))
 
     threads = [threading.Thread(target=one) for _ in range(24)]
@@ -175,7 +148,7 @@ async def test_connections_past_the_limit_get_a_503_and_the_server_serves_on(
             for sock in idle:
                 sock.close()
         time.sleep(0.3)
-        return refusal, _request(port, "GET", "/health")[0]
+        return refusal, http_request(port, "GET", "/health")[0]
 
     refusal, health = await trio.to_thread.run_sync(fill_then_release)
     assert refusal.startswith(b"HTTP/1.1 503")
@@ -244,7 +217,7 @@ async def test_h2c_is_off_by_default(nursery: trio.Nursery) -> None:
     assert refusal.startswith(b"HTTP/1.1 505")
     assert b"h2c" in refusal
     status, _, _ = await trio.to_thread.run_sync(
-        lambda: _request(
+        lambda: http_request(
             port, "GET", "/health", headers={"Connection": "Upgrade", "Upgrade": "h2c"}
         )
     )

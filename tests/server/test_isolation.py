@@ -24,7 +24,7 @@ import trio
 import trio_websocket
 import websockets.sync.client
 
-from tests.conftest import distinct_tools, serve_chain
+from tests.conftest import distinct_tools, http_request, realtime_tool_rounds, serve_chain
 
 SPEAKING = [  # a normal chat takes ~70 ms of (slept) model time
     {"steps": 6, "service_time_ms": 10.0},
@@ -47,37 +47,9 @@ async def _server(
     return await serve_chain(nursery, stages, max_streams, **settings)
 
 
-def _request(
-    port: int,
-    method: str,
-    path: str,
-    body: bytes = b"",
-    headers: dict[str, str] | None = None,
-    source: str = NORMAL,
-) -> tuple[int, dict[str, str], bytes]:
-    """One HTTP/1.1 request from ``source`` on its own connection, read to its end."""
-    head = {"Host": "127.0.0.1", "Content-Length": str(len(body))} | (headers or {})
-    lines = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in head.items())]
-    with socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source, 0)) as s:
-        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
-        with s.makefile("rb") as reader:
-            status = int(reader.readline().split()[1])
-            fields: dict[str, str] = {}
-            while (line := reader.readline().strip()) != b"":
-                name, _, value = line.decode().partition(":")
-                fields[name.lower()] = value.strip()
-            if "content-length" in fields:
-                return status, fields, reader.read(int(fields["content-length"]))
-            data = b""  # chunked
-            while (size := int(reader.readline().split(b";")[0], 16)) != 0:
-                data += reader.read(size)
-                reader.readline()
-            return status, fields, data
-
-
 def _chat(port: int, source: str = NORMAL, **fields: Any) -> tuple[int, dict[str, Any]]:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]} | fields
-    status, _, data = _request(
+    status, _, data = http_request(
         port, "POST", "/v1/chat/completions", json.dumps(body).encode(), source=source
     )
     return status, json.loads(data) if data.startswith(b"{") else {}
@@ -168,14 +140,7 @@ def _realtime_tools_flood(port: int, replies: list[str], attack_s: list[float]) 
         f"ws://127.0.0.1:{port}/v1/realtime", max_size=None, open_timeout=30
     ) as ws:
         ws.recv(timeout=30)  # session.created
-        for rounds in range(9):
-            if rounds == 0:  # as many as a frame's values allow (3 a tool)
-                tools = [{"type": "function", "name": f"f{i}"} for i in range(6_500)]
-            else:
-                tools = [
-                    {"type": "function", **t["function"]}
-                    for t in distinct_tools(128, f"rt{rounds}")
-                ]
+        for tools in realtime_tool_rounds("rt"):
             update = {"type": "session.update", "session": {"type": "realtime", "tools": tools}}
             started = time.perf_counter()
             ws.send(json.dumps(update))
@@ -273,7 +238,7 @@ async def test_fields_out_of_range_are_400s_naming_them_beside_normal_chats(
 
 
 def _metric(port: int, name: str) -> float:
-    _, _, text = _request(port, "GET", "/metrics")
+    _, _, text = http_request(port, "GET", "/metrics")
     for line in text.decode().splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
@@ -363,7 +328,7 @@ async def test_small_hostile_requests_get_clear_answers_beside_normal_chats(
 
     def attack(stop: threading.Event) -> None:
         for _ in range(3):
-            status, _, body = _request(port, "GET", "/static/" + "a/" * 3000, source=ATTACKER)
+            status, _, body = http_request(port, "GET", "/static/" + "a/" * 3000, source=ATTACKER)
             assert status == 404, body[:200]
 
     during = await trio.to_thread.run_sync(_beside, port, attack, 4)
@@ -376,7 +341,7 @@ async def test_the_bearer_scheme_is_case_insensitive_and_required(nursery: trio.
 
     def status_with(authorization: str) -> int:
         headers = {"Authorization": authorization}
-        return _request(port, "POST", "/v1/chat/completions", body, headers)[0]
+        return http_request(port, "POST", "/v1/chat/completions", body, headers)[0]
 
     statuses = await trio.to_thread.run_sync(
         lambda: [status_with(a) for a in ("Bearer sekrit", "bearer sekrit", "sekrit", "Basic x")]
