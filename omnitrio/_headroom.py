@@ -19,7 +19,8 @@ keeps ``n`` streams in real time when
 ``realtime_factor(n) = audio_s_per_stream_step / round_s(n)`` is at least 1.
 The pipeline admits a stream only while, with it, every stage's factor is at
 least ``1 + realtime_margin`` (``Pipeline._admit``), and sheds streams once a
-stage's factor falls below 1 (``Pipeline._shed``).
+stage's factor falls below ``1 - realtime_margin`` while streams there are past their
+playback deadlines (``Pipeline._after_round``, ``Admission.behind``).
 """
 
 from __future__ import annotations
