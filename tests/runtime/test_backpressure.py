@@ -76,10 +76,12 @@ async def test_first_visible_item_is_not_queued_behind_other_streams_payloads() 
     # Seed 001: stream ``flood`` keeps a deep backlog of non-visible payloads in
     # front of stage b; stream ``quick`` must get its first item within a couple of
     # b steps, not after the backlog.
+    # b is slow enough (5 ms a step) that the backlog fills before flood's first item is
+    # through, however busy the machine: at 1 ms a fresh-clone suite run once saw 21 queued.
     config = chain_config(
         [
             {"steps": 100_000, "outputs_per_input": 8, "visible_every": 0},
-            {"service_time_ms": 1.0},
+            {"service_time_ms": 5.0},
             {"outputs_per_input": 0},
         ],
         edge_capacity=64,
