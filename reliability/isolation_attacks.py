@@ -25,7 +25,7 @@ import websockets.sync.client
 from attacks import API_KEY, Server, http  # type: ignore[import-not-found]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the helper shared with tests/
-from tests.conftest import distinct_tools, realtime_tool_rounds
+from tests.conftest import COMMAS_ITEM, HUGE_TRUNCATE, distinct_tools, realtime_tool_rounds
 
 ATTACKER = "127.0.0.2"
 
@@ -232,20 +232,7 @@ def attack_small(checkout: Path, fd_limit: int) -> str:
     audio_end_ms 1e308; a transcription of a WAV with bits_per_sample 0; a streaming
     chat whose client leaves (is it logged?) -- beside normal chats."""
     server = Server(checkout)
-    item = {
-        "type": "conversation.item.create",
-        "item": {
-            "type": "message",
-            "role": "user",
-            "content": [{"type": "input_text", "text": "1,2," * 12_000}],
-        },
-    }
-    truncate = {
-        "type": "conversation.item.truncate",
-        "item_id": "x",
-        "content_index": 0,
-        "audio_end_ms": 1e308,
-    }
+    item, truncate = COMMAS_ITEM, HUGE_TRUNCATE
 
     def attack() -> str:
         results = []

@@ -321,3 +321,22 @@ def http_request(
                 data += reader.read(size)
                 reader.readline()
             return status, fields, data
+
+
+# Issue 27 #8's Realtime events, for tests/server/test_isolation.py and the attack kit:
+# 48 KB of "1,2," inside one string (a pre-check once counted its commas as values),
+# and a truncate whose audio_end_ms is far past any audio.
+COMMAS_ITEM = {
+    "type": "conversation.item.create",
+    "item": {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "1,2," * 12_000}],
+    },
+}
+HUGE_TRUNCATE = {
+    "type": "conversation.item.truncate",
+    "item_id": "x",
+    "content_index": 0,
+    "audio_end_ms": 1e308,
+}

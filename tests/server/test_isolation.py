@@ -24,7 +24,14 @@ import trio
 import trio_websocket
 import websockets.sync.client
 
-from tests.conftest import distinct_tools, http_request, realtime_tool_rounds, serve_chain
+from tests.conftest import (
+    COMMAS_ITEM,
+    HUGE_TRUNCATE,
+    distinct_tools,
+    http_request,
+    realtime_tool_rounds,
+    serve_chain,
+)
 
 SPEAKING = [  # a normal chat takes ~70 ms of (slept) model time
     {"steps": 6, "service_time_ms": 10.0},
@@ -355,20 +362,7 @@ async def test_a_realtime_frame_with_commas_inside_a_string_is_accepted(
     # Issue 27 #8: 48 KB of "1,2," inside one string was refused message_too_large:
     # the pre-check counted commas inside strings.
     port = await _server(nursery)
-    item = {
-        "type": "conversation.item.create",
-        "item": {
-            "type": "message",
-            "role": "user",
-            "content": [{"type": "input_text", "text": "1,2," * 12_000}],
-        },
-    }
-    truncate = {
-        "type": "conversation.item.truncate",
-        "item_id": "x",
-        "content_index": 0,
-        "audio_end_ms": 1e308,
-    }
+    item, truncate = COMMAS_ITEM, HUGE_TRUNCATE
     async with trio_websocket.open_websocket_url(f"ws://127.0.0.1:{port}/v1/realtime") as ws:
         await ws.get_message()  # session.created
         await ws.send_message(json.dumps(item))
