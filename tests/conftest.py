@@ -112,7 +112,10 @@ def prompt_until_signal(
     )
     assert process.stdout is not None
     try:
-        assert "ready" in process.stdout.readline()  # blocks until the pipeline is up
+        first = process.stdout.readline()  # blocks until the pipeline is up
+        if "ready" not in first:
+            _, err = process.communicate(timeout=60)
+            raise AssertionError(f"no 'ready' line (got {first!r}); stderr:\n{err}")
         when_ready()
         process.send_signal(signum)
         started = time.monotonic()
