@@ -19,6 +19,8 @@ from ._session import Output as Output
 from ._session import RealtimeSession as RealtimeSession
 from ._session import SessionStatistics as SessionStatistics
 from ._session import StartResponse as StartResponse
+from ._speculation import DropSpeculation as DropSpeculation
+from ._speculation import Speculate as Speculate
 from ._turns import SideStageAudio as SideStageAudio
 from ._turns import TurnDetection as TurnDetection
 
@@ -27,6 +29,7 @@ __all__ = [
     "MSGPACK_SUBPROTOCOL",
     "CancelResponse",
     "Dialect",
+    "DropSpeculation",
     "Framing",
     "LocalProtocolError",
     "Output",
@@ -35,6 +38,7 @@ __all__ = [
     "SessionConfig",
     "SessionStatistics",
     "SideStageAudio",
+    "Speculate",
     "StartResponse",
     "TurnDetection",
     "new_id",

@@ -26,7 +26,10 @@ input_audio_buffer.append / commit / clear, conversation.item.create.
 With server_vad turn detection (see _turns.py) the server also reports the
 detector's findings through ``speech_started`` / ``speech_stopped``; a turn
 that ends while a response is still ACTIVE or CANCELLING starts its response
-from ``finish()``.
+from ``finish()``. At a pause the detector reports (``speech_paused``) the session
+holds a speculation: the request the turn's response would get, which the server
+may run ahead, unseen; it is dropped when speech goes on, and a response whose
+request is equal takes it over (_speculation.py).
 
 Refused (an error event; the state does not change): response.create unless
 IDLE (``conversation_already_has_active_response``), response.cancel when IDLE
@@ -70,6 +73,7 @@ from ._response import STATUSES, ActiveResponse, Status
 from ._server_events import ServerEvent, error_event, new_id, safe_text
 from ._settings import Settings, SettingsPatch, default_settings
 from ._shapes import item_events, session_object
+from ._speculation import DropSpeculation, Speculate, SpeculationState
 from ._turns import END_PADDING_MS, IDLE_KEEP_MS, SideStageAudio, TurnDetectionState
 
 ResponseState = Literal["IDLE", "ACTIVE", "CANCELLING"]
@@ -91,6 +95,9 @@ class StartResponse:
 
     response_id: str
     request: Request
+    speculation_id: str | None = None
+    """The speculation (``Speculate``) whose items are this response's: its request is
+    equal, so the server sends what it kept and reads on from its stream."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +107,8 @@ class CancelResponse:
     response_id: str
 
 
-Output = ServerEvent | StartResponse | CancelResponse | SideStageAudio
-"""What ``receive`` returns: events to send, and what the server must do."""
+Output = ServerEvent | StartResponse | CancelResponse | SideStageAudio | Speculate | DropSpeculation
+"""What the session returns: events to send, and what the server must do."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,7 @@ class RealtimeSession:
         self._num_responses = 0
         self._num_errors = 0
         self._listener = TurnDetectionState()
+        self._speculation = SpeculationState()
 
     @property
     def active_response_id(self) -> str | None:
@@ -203,7 +211,7 @@ class RealtimeSession:
         error: str | None = None,
         *,
         retry_after_s: float | None = None,
-    ) -> list[ServerEvent | StartResponse]:
+    ) -> list[ServerEvent | StartResponse | DropSpeculation]:
         """Close the response: *.done events with the full text, then response.done.
 
         ``error`` is shown in ``status_details`` when ``status`` is "failed", with
@@ -218,7 +226,7 @@ class RealtimeSession:
         cancelled = self._state == "CANCELLING"
         self._move("finish")
         self._response = None
-        events: list[ServerEvent | StartResponse] = []
+        events: list[ServerEvent | StartResponse | DropSpeculation] = []
         events += response.finish(
             status, error, self._conversation, cancelled=cancelled, retry_after_s=retry_after_s
         )
@@ -229,12 +237,14 @@ class RealtimeSession:
 
     def speech_started(
         self, generation: int, audio_start_ms: int
-    ) -> list[ServerEvent | CancelResponse]:
-        """The turn detector heard speech start: speech_started, and barge-in on an answer."""
+    ) -> list[ServerEvent | CancelResponse | DropSpeculation]:
+        """The turn detector heard speech start: speech_started, and barge-in on an answer
+        (and a speculation held is dropped: the speech goes on)."""
         detection = self._settings.turn_detection
         listener = self._listener
+        drops = self._speculation.drop()
         if detection is None or generation != listener.generation or listener.in_speech:
-            return []  # about audio from before turn_detection changed
+            return [*drops]  # about audio from before turn_detection changed
         listener.in_speech, listener.response_pending = True, False
         listener.item_id = new_id("item")
         rate = self.config.input_sample_rate_hz
@@ -246,8 +256,9 @@ class RealtimeSession:
             "audio_start_ms": audio_start_ms,
             "item_id": listener.item_id,
         }
-        events: list[ServerEvent | CancelResponse] = [
-            ServerEvent("input_audio_buffer.speech_started", fields)
+        events: list[ServerEvent | CancelResponse | DropSpeculation] = [
+            *drops,
+            ServerEvent("input_audio_buffer.speech_started", fields),
         ]
         response = self._response
         if detection.interrupt_response and response and self._state == "ACTIVE":
@@ -257,7 +268,7 @@ class RealtimeSession:
 
     def speech_stopped(
         self, generation: int, audio_end_ms: int
-    ) -> list[ServerEvent | StartResponse]:
+    ) -> list[ServerEvent | StartResponse | DropSpeculation]:
         """The turn detector heard speech end: speech_stopped, commit, and the response."""
         detection = self._settings.turn_detection
         listener = self._listener
@@ -266,7 +277,7 @@ class RealtimeSession:
         listener.in_speech = False
         item_id = listener.item_id or new_id("item")
         fields: dict[str, JsonValue] = {"audio_end_ms": audio_end_ms, "item_id": item_id}
-        events: list[ServerEvent | StartResponse] = [
+        events: list[ServerEvent | StartResponse | DropSpeculation] = [
             ServerEvent("input_audio_buffer.speech_stopped", fields)
         ]
         turn_bytes = self._turn_bytes(audio_end_ms)
@@ -287,9 +298,7 @@ class RealtimeSession:
     def speculate(self, generation: int, audio_end_ms: int) -> Request | None:
         """The request the turn's response would get if the turn ended at ``audio_end_ms``
         (the detector heard a pause there), or None when a turn ending now would not
-        start a response at once. Changes nothing: the server may run the request ahead
-        and use its output only if ``speech_stopped`` starts a response with an equal
-        request (see omnitrio/server/_realtime.py); nothing of it is sent before that.
+        start a response at once. Changes nothing (``speech_paused`` holds it).
         """
         detection = self._settings.turn_detection
         listener = self._listener
@@ -307,7 +316,26 @@ class RealtimeSession:
         committed = b"".join(pcm16 for _, pcm16 in self._committed)
         return self._request(self._settings, committed + bytes(self._buffer[:turn_bytes]))
 
-    def turn_detection_failed(self, generation: int, why: str) -> list[ServerEvent]:
+    def speech_paused(
+        self, generation: int, audio_end_ms: int
+    ) -> list[Speculate | DropSpeculation]:
+        """The turn detector heard a pause after speech ending at ``audio_end_ms``: the
+        speculation held before is dropped, and the request a turn ending there would
+        get is held as the new one (``Speculate``), when it would start a response at
+        once. The server may run it now; a response takes it over only if its request
+        is equal (see _speculation.py), and nothing of it is sent before that."""
+        request = self.speculate(generation, audio_end_ms)
+        if request is None:
+            return list(self._speculation.drop())
+        return self._speculation.hold(request)
+
+    def speech_resumed(self) -> list[DropSpeculation]:
+        """The turn detector heard speech come back after a pause: drop the speculation."""
+        return self._speculation.drop()
+
+    def turn_detection_failed(
+        self, generation: int, why: str
+    ) -> list[ServerEvent | DropSpeculation]:
         """The turn detector failed: turn detection goes off (the client commits by hand
         from now on) and the client gets a ``server_error`` saying so."""
         if self._settings.turn_detection is None or generation != self._listener.generation:
@@ -325,14 +353,18 @@ class RealtimeSession:
             "param": None,
             "event_id": None,
         }
-        return [ServerEvent("error", {"error": error}), self._session_event("session.updated")]
+        return [
+            *self._speculation.drop(),
+            ServerEvent("error", {"error": error}),
+            self._session_event("session.updated"),
+        ]
 
-    def _auto_response(self) -> list[ServerEvent | StartResponse]:
+    def _auto_response(self) -> list[ServerEvent | StartResponse | DropSpeculation]:
         try:
             return [
                 out
                 for out in self._create_response(ResponseCreate(SettingsPatch(), ()))
-                if isinstance(out, ServerEvent | StartResponse)
+                if isinstance(out, ServerEvent | StartResponse | DropSpeculation)
             ]
         except ClientEventError as error:
             self._num_errors += 1
@@ -372,9 +404,10 @@ class RealtimeSession:
             case SessionUpdate(patch, _):
                 before = self._settings.turn_detection
                 self._settings = self._settings.apply(patch)
-                if self._settings.turn_detection != before:
-                    self._listener.restart()
-                return [self._session_event("session.updated")]
+                if self._settings.turn_detection == before:
+                    return [self._session_event("session.updated")]
+                self._listener.restart()  # a new detector: what the old one heard is gone
+                return [*self._speculation.drop(), self._session_event("session.updated")]
             case AudioAppend(pcm16):
                 return self._append(pcm16)
             case AudioCommit():
@@ -556,7 +589,8 @@ class RealtimeSession:
         self._move("response.create")
         self._response = response
         self._num_responses += 1
-        return [response.created_event(), StartResponse(response.id, request)]
+        taken, drops = self._speculation.take(request)
+        return [*drops, response.created_event(), StartResponse(response.id, request, taken)]
 
     def _request(self, settings: Settings, audio: bytes) -> Request:
         """A response's pipeline request: the conversation, the audio not yet answered."""

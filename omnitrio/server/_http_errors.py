@@ -1,36 +1,38 @@
-"""The HTTP API's errors, in OpenAI's shape, and its one admission check.
+"""The HTTP API's errors as responses, and its one admission check.
 
+The errors themselves are data (``ApiError``, _api_errors.py); this module puts them
+on the wire as quart responses and counts the refusals in the server's metrics.
 Every endpoint that opens a pipeline stream looks with ``admit`` first (an immediate
 503 with Retry-After when the pipeline is full or the server is draining, a 429 when
 the client holds its share of the streams, ``_shares.py``: a streamed body cannot
-change its status later) and answers a refusal that comes in
-the narrow race after that look with ``refused``.
+change its status later) and answers a refusal that comes in the narrow race after
+that look with ``failure``.
 """
 
 from __future__ import annotations
 
-import json
-import math
-
 from quart import Response
 
-from .._errors import Overloaded, PipelineClosed
+from .._errors import OmnitrioError, Overloaded, PipelineClosed
+from ._api_errors import ApiError, bad_request_error, busy_error, pipeline_error, share_error
 from ._requests import BadRequest
 from ._shares import ShareExceeded
-from ._state import Busy, ServerState, retry_after_s
+from ._state import Busy, ServerState
 
 
-def error_response(status: int, message: str, code: str, param: str | None = None) -> Response:
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    response = Response(json.dumps(body), status=status, mimetype="application/json")
-    if status in (429, 503):
-        response.headers["Retry-After"] = "1"
+def respond(error: ApiError) -> Response:
+    """``error`` as a JSON response in OpenAI's error shape."""
+    response = Response(error.body(), status=error.status, mimetype="application/json")
+    response.headers.update(error.headers())
     return response
 
 
+def error_response(status: int, message: str, code: str, param: str | None = None) -> Response:
+    return respond(ApiError(status, message, code, param))
+
+
 def bad_request(exc: BadRequest) -> Response:
-    return error_response(exc.status, str(exc), exc.code, exc.param)
+    return respond(bad_request_error(exc))
 
 
 def admit(state: ServerState, client: str) -> Response | None:
@@ -49,17 +51,18 @@ def admit(state: ServerState, client: str) -> Response | None:
 def over_share(state: ServerState, exc: ShareExceeded) -> Response:
     """429 naming the per-client limit the client reached."""
     state.refusals.labels(exc.setting.removeprefix("max_").removesuffix("_per_client")).inc()
-    return error_response(429, str(exc), "rate_limit_exceeded", exc.setting)
+    return respond(share_error(exc))
 
 
-def refused(state: ServerState, exc: Overloaded | PipelineClosed) -> Response:
-    """The 503 for a stream the pipeline refused after ``admit`` let it through."""
-    return _busy(state, "overloaded" if isinstance(exc, Overloaded) else "draining")
+def failure(state: ServerState, exc: OmnitrioError) -> Response:
+    """The answer to a stream that failed before its status was sent: the 503 or 429
+    for one refused after ``admit`` let it through (a race), else a 500."""
+    if isinstance(exc, Overloaded | PipelineClosed):
+        return _busy(state, "overloaded" if isinstance(exc, Overloaded) else "draining")
+    if isinstance(exc, ShareExceeded):
+        return over_share(state, exc)
+    return respond(pipeline_error(exc))
 
 
 def _busy(state: ServerState, reason: Busy) -> Response:
-    refusal = state.refuse(reason)
-    response = error_response(503, str(refusal), "server_overloaded")
-    # The pipeline's estimate (whole seconds, >= 1), as the Realtime API's retry_after_ms.
-    response.headers["Retry-After"] = str(max(1, math.ceil(retry_after_s(refusal))))
-    return response
+    return respond(busy_error(state.refuse(reason)))

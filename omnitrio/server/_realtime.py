@@ -10,17 +10,15 @@ frame, and the HTTP server drops its TCP connection after the same timeout (see
 ``_serve._ContainedTCPServer``). Either way the response's stream is freed and no
 other connection notices.
 
-Speculative answers: with server VAD, the detector reports a short pause
-(``speech_paused``) before the silence is long enough to end the turn. The
-connection then asks the session for the request the turn's response would get
-(``RealtimeSession.speculate``) and runs it at once, keeping its items to itself.
-If speech resumes (``speech_resumed`` / ``speech_started``) the speculative stream
-is closed and its items dropped. When the turn ends, the response the session
-starts takes over the speculation if its request is equal (same conversation,
-audio and options) and sends the kept items first; otherwise the speculation is
-dropped and the response runs as always. So nothing is sent for a turn that is
-not confirmed, and the answer to a confirmed one starts up to
-``silence_duration_ms - pause_ms`` earlier.
+Speculative answers: the session decides them (omnitrio/realtime/_speculation.py);
+this shell only runs them. On ``Speculate`` it opens the request's stream at once
+and keeps its items in a bounded channel; on ``DropSpeculation`` it closes that
+stream (it frees itself in the background); a ``StartResponse`` naming the
+speculation reads the kept items first and then the rest of its stream. A
+speculation that failed, or one named while the server drains, is dropped and the
+response opens its own stream. So nothing is sent for a turn that is not confirmed,
+and the answer to a confirmed one starts up to ``silence_duration_ms - pause_ms``
+earlier.
 """
 
 from __future__ import annotations
@@ -37,12 +35,14 @@ from .._errors import OmnitrioError, Overloaded, StreamShed
 from .._items import AudioChunk, Request, VisibleItem
 from ..realtime import (
     CancelResponse,
+    DropSpeculation,
     Framing,
     Output,
     RealtimeSession,
     ServerEvent,
     SessionConfig,
     SideStageAudio,
+    Speculate,
     StartResponse,
     new_id,
 )
@@ -73,6 +73,7 @@ class _Speculation:
     """A response run ahead of its turn's end: its stream's items, kept until it is taken
     over by a response or dropped (see the module docstring)."""
 
+    speculation_id: str
     request: Request
     items: trio.MemoryReceiveChannel[VisibleItem]
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
@@ -143,6 +144,10 @@ class RealtimeConnection:
                 self._responses[out.response_id].cancel()
             elif isinstance(out, SideStageAudio):
                 self._listen(nursery, out)
+            elif isinstance(out, Speculate):
+                self._speculate(nursery, out)
+            elif isinstance(out, DropSpeculation):
+                self._drop_speculation(out.speculation_id)
         detector = self._detector
         if detector is not None and detector.generation != self._session.listening_generation:
             detector.close()  # turn detection was switched off or restarted: free it now
@@ -162,39 +167,32 @@ class RealtimeConnection:
     async def _turns(self, nursery: trio.Nursery, detector: SessionSideStream) -> None:
         """Feed the detector's findings to the session (barge-in, commit, response)."""
         async for event in detector:
-            if event.name == "speech_started":
-                start_ms = event.data.get("audio_start_ms")
-                self._drop_speculation()
-                if isinstance(start_ms, int):
-                    outs: Sequence[Output] = self._session.speech_started(
-                        detector.generation, start_ms
-                    )
-                    await self._dispatch(nursery, outs)
-            elif event.name == "speech_stopped":
-                end_ms = event.data.get("audio_end_ms")
-                if isinstance(end_ms, int):
-                    outs = self._session.speech_stopped(detector.generation, end_ms)
-                    await self._dispatch(nursery, outs)
-            elif event.name == "speech_paused":
-                end_ms = event.data.get("audio_end_ms")
-                if isinstance(end_ms, int):
-                    self._speculate(nursery, detector.generation, end_ms)
+            session, generation = self._session, detector.generation
+            start_ms = event.data.get("audio_start_ms")
+            end_ms = event.data.get("audio_end_ms")
+            outs: Sequence[Output] = ()
+            if event.name == "speech_started" and isinstance(start_ms, int):
+                outs = session.speech_started(generation, start_ms)
+            elif event.name == "speech_stopped" and isinstance(end_ms, int):
+                outs = session.speech_stopped(generation, end_ms)
+            elif event.name == "speech_paused" and isinstance(end_ms, int):
+                outs = session.speech_paused(generation, end_ms)
             elif event.name == "speech_resumed":
-                self._drop_speculation()
+                outs = session.speech_resumed()
+            await self._dispatch(nursery, outs)
         if detector.failure is not None:
             failed = self._session.turn_detection_failed(detector.generation, detector.failure)
             await self._dispatch(nursery, failed)
 
-    def _speculate(self, nursery: trio.Nursery, generation: int, audio_end_ms: int) -> None:
-        """Run the response a turn ending at ``audio_end_ms`` would get, unseen."""
-        self._drop_speculation()
-        request = self._session.speculate(generation, audio_end_ms)
-        if request is None or self._state.draining:
+    def _speculate(self, nursery: trio.Nursery, out: Speculate) -> None:
+        """Run the speculation's request, unseen (none while draining)."""
+        self._drop_speculation(None)  # the session drops the one before first; this is a guard
+        if self._state.draining:
             return
         # Bounded, as every edge is: a speculation nobody takes yet holds its stream at
         # this many items, and the pipeline's own backpressure holds the stages.
         send, receive = trio.open_memory_channel[VisibleItem](SPECULATION_BUFFER_ITEMS)
-        speculation = _Speculation(request, receive)
+        speculation = _Speculation(out.speculation_id, out.request, receive)
         self._speculation = speculation
         nursery.start_soon(self._run_speculation, speculation, send)
 
@@ -214,20 +212,27 @@ class RealtimeConnection:
         finally:
             speculation.closed.set()
 
-    def _drop_speculation(self) -> None:
-        """Close the speculative stream, if any (it frees itself in the background)."""
-        if self._speculation is not None:
-            self._speculation.scope.cancel()
+    def _drop_speculation(self, speculation_id: str | None) -> None:
+        """Close the speculative stream (``speculation_id``'s; None: whichever runs), if
+        one runs (it frees itself in the background)."""
+        speculation = self._speculation
+        if speculation is not None and speculation_id in (None, speculation.speculation_id):
+            speculation.scope.cancel()
             self._speculation = None
             self._state.speculations.labels("dropped").inc()
 
-    def _take_speculation(self, request: Request) -> _Speculation | None:
-        """The speculation, if it ran ``request`` and has not failed; otherwise drop it."""
+    def _take_speculation(self, start: StartResponse) -> _Speculation | None:
+        """The speculation ``start`` takes over, if it runs and has not failed (else it
+        is dropped, and the response opens its own stream)."""
         speculation = self._speculation
         if speculation is None:
             return None
-        if speculation.request != request or speculation.error is not None or self._state.draining:
-            self._drop_speculation()
+        if (
+            speculation.speculation_id != start.speculation_id
+            or speculation.error is not None
+            or self._state.draining
+        ):
+            self._drop_speculation(None)
             return None
         self._speculation = None
         self._state.speculations.labels("taken").inc()
@@ -261,7 +266,7 @@ class RealtimeConnection:
         busy: Busy | None = None
         reading = trio.CancelScope()
         self._responses[rid] = reading
-        speculation = self._take_speculation(start.request)
+        speculation = self._take_speculation(start)
         task_status.started()
         try:
             busy = self._state.busy()
@@ -289,7 +294,7 @@ class RealtimeConnection:
             retry_s = 0.0 if refusal is None else retry_after_s(refusal)
         except ShareExceeded as exc:
             self._state.refusals.labels("streams").inc()
-            status, error = "failed", str(exc)
+            status, error, retry_s = "failed", str(exc), exc.retry_after_s
         except OmnitrioError as exc:
             status, error = "failed", str(exc)
         except trio.Cancelled:

@@ -42,7 +42,14 @@ def client_of(remote_addr: str | None) -> str:
 
 
 class ShareExceeded(OmnitrioError):
-    """A client asked for more than its share; ``setting`` names the limit."""
+    """A client asked for more than its share; ``setting`` names the limit.
+
+    ``retry_after_s`` is the hint it is answered with (HTTP ``Retry-After``, Realtime
+    ``retry_after_ms``): one of the client's own streams or checks must end first,
+    which the server cannot foresee, so it is the same default as a full pipeline
+    without an estimate of its own."""
+
+    retry_after_s = 1.0
 
     def __init__(self, setting: str, limit: int, what: str) -> None:
         self.setting = setting

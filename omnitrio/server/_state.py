@@ -17,6 +17,7 @@ from .._errors import Overloaded
 from .._items import Request
 from .._pipeline import Pipeline
 from .._stream import Stream
+from ._api_errors import retry_after_s as retry_after_s
 from ._settings import ServerSettings
 from ._shares import ClientShares
 from ._side_stage import SideStage
@@ -24,15 +25,6 @@ from ._side_stage import SideStage
 logger = logging.getLogger("omnitrio.server")
 
 Busy = Literal["draining", "overloaded"]
-DEFAULT_RETRY_AFTER_S = 1.0
-"""The retry hint when the pipeline gives no estimate of its own."""
-
-
-def retry_after_s(refusal: Overloaded | None) -> float:
-    """When a refused client may retry: the pipeline's estimate, else 1 s."""
-    if refusal is None or refusal.retry_after_s is None:
-        return DEFAULT_RETRY_AFTER_S
-    return refusal.retry_after_s
 
 
 @dataclass

@@ -18,72 +18,31 @@ empty text, which a client cannot tell from silence.
 
 from __future__ import annotations
 
-import io
-import itertools
-import json
 from functools import partial
 from typing import Any
 
 from quart import Response
 
-from .._errors import OmnitrioError, Overloaded, PipelineClosed
+from .._errors import OmnitrioError
 from .._items import AudioInput, Event, Request
 from .._options import ResponseOptions
 from ..realtime import new_id
-from ._audio import InputAudioError, check_input_audio, resample_pcm16
+from ._audio import InputAudioError
 from ._capabilities import TRANSCRIBE_TASK as TASK
 from ._capabilities import transcribing_stages, transcription_language
-from ._http_errors import admit, bad_request, error_response, over_share, refused
-from ._requests import BadRequest, TranscriptionForm, parse_form
-from ._settings import ServerSettings
+from ._http_errors import admit, bad_request, error_response, failure, over_share
+from ._requests import BadRequest
 from ._shares import ShareExceeded
 from ._state import ResponseLog, ServerState
-
-DECODE_RATE_HZ = 16000
-
-
-class UndecodableAudio(ValueError):
-    """The upload is not audio FFmpeg can read."""
-
-
-class NoDecoder(RuntimeError):
-    """This install has no audio decoder (PyAV comes with the voice extra)."""
-
-
-def decode_audio(data: bytes, settings: ServerSettings) -> bytes:
-    """Any audio file FFmpeg reads, as mono PCM16 at ``DECODE_RATE_HZ``, within the
-    server's input-audio limits (``check_input_audio``: the rate, and the duration,
-    checked as it decodes so a long file is refused before it is all decoded). The
-    rate change is omnitrio's one resampler (soxr), as for every other upload."""
-    try:
-        import av  # installed with faster-whisper (the voice extra)
-    except ImportError:
-        raise NoDecoder("decoding uploads needs PyAV: install omnitrio's voice extra") from None
-
-    pcm = bytearray()
-    try:
-        with av.open(io.BytesIO(data), mode="r") as container:
-            if not container.streams.audio:
-                raise UndecodableAudio("the file has no audio stream")
-            audio = container.streams.audio[0]
-            # A stream FFmpeg found no codec for (a WAV of 0 bits per sample) has no rate.
-            rate_hz = int(getattr(audio, "rate", 0) or 0)
-            if rate_hz <= 0:
-                raise UndecodableAudio("the file's audio stream has no codec FFmpeg can decode")
-            check_input_audio(0, rate_hz, settings)
-            to_mono_s16 = av.AudioResampler(format="s16", layout="mono", rate=rate_hz)
-            frames = itertools.chain(container.decode(audio), [None])
-            for frame in frames:
-                for out in to_mono_s16.resample(frame):
-                    pcm += out.to_ndarray().tobytes()
-                check_input_audio(len(pcm) // 2, rate_hz, settings)
-    except (av.FFmpegError, ValueError) as exc:  # FFmpegError: not audio at all
-        if isinstance(exc, InputAudioError):
-            raise
-        raise UndecodableAudio(f"cannot decode the file as audio ({exc})") from None
-    if not pcm:
-        raise UndecodableAudio("the file holds no audio samples")
-    return resample_pcm16(bytes(pcm), rate_hz, DECODE_RATE_HZ)
+from ._transcribe import (
+    DECODE_RATE_HZ,
+    NoDecoder,
+    UndecodableAudio,
+    decode_audio,
+    form_fields,
+    prepare_transcription,
+    transcription_body,
+)
 
 
 async def transcriptions(state: ServerState, form: Any, files: Any, client: str) -> Response:
@@ -100,21 +59,11 @@ async def transcriptions(state: ServerState, form: Any, files: Any, client: str)
         return error_response(
             400, "file: required (the audio to transcribe)", "invalid_request", "file"
         )
+    language = transcription_language(config)
     try:
-        fields = parse_form(TranscriptionForm, _form_fields(form))
+        fields = prepare_transcription(form_fields(form), language)
     except BadRequest as exc:
         return bad_request(exc)
-    language = transcription_language(config)
-    if fields.language not in (None, language):
-        message = (
-            f"language: {fields.language[:16]!r} is not supported: this pipeline's "
-            f"speech-recognition stage transcribes {language!r}"
-        )
-        return error_response(400, message, "unsupported_parameter", "language")
-    if fields.timestamp_granularities and fields.response_format != "verbose_json":
-        message = 'timestamp_granularities: needs response_format "verbose_json"'
-        return error_response(400, message, "invalid_value", "timestamp_granularities")
-    response_format = fields.response_format
     try:  # off the event loop: decoding a whole file takes a while
         pcm16 = await state.shares.off_loop(
             client, partial(decode_audio, upload.read(), state.settings)
@@ -136,46 +85,9 @@ async def transcriptions(state: ServerState, form: Any, files: Any, client: str)
             async for item in stream:
                 if isinstance(item, Event) and item.name == "transcript":
                     texts.append(str(item.data.get("text", "")))
-    except (Overloaded, PipelineClosed) as exc:  # admitted after admit() looked: a race
+    except OmnitrioError as exc:  # a refusal after admit() looked (a race), or a failure
         log.done("failed")
-        return refused(state, exc)
-    except ShareExceeded as exc:
-        log.done("failed")
-        return over_share(state, exc)
-    except OmnitrioError as exc:
-        log.done("failed")
-        return error_response(500, str(exc), "pipeline_error")
+        return failure(state, exc)
     log.done("completed")
-    text = " ".join(texts).strip()
-    if response_format == "text":
-        return Response(text + "\n", mimetype="text/plain")
-    body: dict[str, Any] = {"text": text}
-    if response_format == "verbose_json":
-        duration_s = len(pcm16) / 2 / DECODE_RATE_HZ
-        # One segment: the stage reports the utterance's text, not Whisper's segments.
-        segment = {"id": 0, "seek": 0, "start": 0.0, "end": duration_s, "text": text}
-        body = {
-            "task": "transcribe",
-            "language": language,
-            "duration": duration_s,
-            "text": text,
-            "segments": [segment] if text else [],
-        }
-    return Response(json.dumps(body), mimetype="application/json")
-
-
-def _form_fields(form: Any) -> dict[str, object]:
-    """A multipart form as model fields: ``name[]`` (repeated) as the list ``name``, and
-    ``name[key]`` as the object ``name`` (the SDK's encoding of lists and objects)."""
-    fields: dict[str, object] = {}
-    for key in form:
-        name, _, rest = key.partition("[")
-        if rest == "]":
-            fields[name] = form.getlist(key)
-        elif rest:
-            inner = fields.setdefault(name, {})
-            if isinstance(inner, dict):
-                inner[rest.rstrip("]")] = form.get(key)
-        else:
-            fields[key] = form.get(key)
-    return fields
+    body, mimetype = transcription_body(fields, language, texts, len(pcm16) // 2)
+    return Response(body, mimetype=mimetype)
