@@ -106,9 +106,10 @@ def test_shedding_keeps_what_the_stage_can_carry_newest_and_lowest_priority_go_f
     for _ in range(200):
         model.observe(64, 2.0 * (0.008 + 0.00015 * 64))  # the stage got 2x slower
     keep = model.realtime_streams(audio_s, 1.05, 100)
-    # Between 1 - margin and 1 + margin nothing is shed; below, the rest go.
-    assert not admission.behind(model, model.realtime_streams(audio_s, 0.95, 100), audio_s)
-    count = model.realtime_streams(audio_s, 0.95, 100) + 1
+    # Above the shedding threshold (1 - 2 x margin) nothing is shed; below, the rest go.
+    assert admission.shed_below == pytest.approx(0.9)
+    assert not admission.behind(model, model.realtime_streams(audio_s, 0.9, 100), audio_s)
+    count = model.realtime_streams(audio_s, 0.9, 100) + 1
     streams = _streams(count, {0: -1.0})  # the oldest asked to go first
     assert admission.behind(model, count, audio_s)
     admission.shed("thinker", model, streams, audio_s)
