@@ -34,7 +34,7 @@ completed streams over the number live.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ._errors import Overloaded, StreamShed
@@ -101,18 +101,23 @@ class Admission:
         num_open: int,
         models: Iterable[tuple[str, StepModel]],
         audio_s: float,
-        num_active: Mapping[str, int] | None = None,
+        num_active: Mapping[str, int] | Callable[[str], int] | None = None,
     ) -> Overloaded | None:
         """Why one more stream must be refused now, or None to admit it. ``num_active``:
-        each stage's active streams (default: all ``num_live`` at every stage)."""
+        each stage's active streams, by name (default: all ``num_live`` at every stage);
+        asked only of a stage that would refuse with all of them charged."""
         if num_open >= self.max_streams:
             return Overloaded(self.max_streams, self.retry_after_s(num_live))
         if not self.headroom or num_live == 0:
             return None
         needed = 1.0 + self.realtime_margin
         for name, model in models:
-            count = 1 + (num_live if num_active is None else num_active.get(name, num_live))
+            count = num_live + 1
             factor = model.realtime_factor(count, audio_s)
+            if factor < needed and num_active is not None:  # fewer may be active there
+                active = num_active(name) if callable(num_active) else num_active.get(name)
+                count = 1 + min(num_live, num_live if active is None else active)
+                factor = model.realtime_factor(count, audio_s)
             if factor < needed:
                 problem = (
                     f"with {count} active streams stage {name!r} would make {factor:.2f} s of "

@@ -80,6 +80,7 @@ class Pipeline:
     ) -> None:
         self.config = config
         self._actors = actors
+        self._by_name = {a.name: a for a in actors}
         self._side = side
         self._streams: dict[str, StreamState] = {}
         self._side_streams: dict[str, StreamState] = {}
@@ -131,21 +132,18 @@ class Pipeline:
         """The ``Overloaded`` that ``open_stream`` would raise now (with its retry hint),
         or None if a stream would be admitted. Counts nothing. Each stage is charged
         its active streams (``StageActor.active_streams``) plus the new one."""
-        admission = self._admission
         num_open = len(self._streams)
-        num_active = None
-        if admission.headroom and num_open < admission.max_streams:
-            now_s = time.perf_counter()
-            num_active = {
-                a.name: len(a.active_streams(now_s, ACTIVE_WINDOW_S)) for a in self._actors
-            }
-        return admission.refusal(
+        return self._admission.refusal(
             num_open - self._num_ended,
             num_open,
             ((a.name, a.step_model) for a in self._actors),
             self._delivery.audio_s_put,
-            num_active,
+            self._num_active,
         )
+
+    def _num_active(self, stage: str) -> int:
+        actor = self._by_name[stage]
+        return len(actor.active_streams(time.perf_counter(), ACTIVE_WINDOW_S))
 
     def _after_round(self, actor: StageActor) -> None:
         """A stage applied a round: if its factor for its active streams has stayed below
@@ -156,18 +154,23 @@ class Pipeline:
         if not admission.headroom:
             return
         now_s = time.perf_counter()
-        active = actor.active_streams(now_s, ACTIVE_WINDOW_S)
         audio_s = self._delivery.audio_s_put
         model = actor.step_model
+        num_active = len(actor.slots)  # at most: not behind with all, not with fewer
+        active: list[StreamState] | None = None
+        if admission.behind(model, num_active, audio_s):
+            active = actor.active_streams(now_s, ACTIVE_WINDOW_S)
+            num_active = len(active)
         if admission.should_shed(
             actor.name,
             model,
-            len(active),
+            num_active,
             audio_s,
             now_s=now_s,
             busy_s=actor.counters.busy_s,
             num_late=actor.num_behind_now,
         ):
+            assert active is not None  # should_shed is only true when behind
             admission.shed(actor.name, model, active, audio_s, now_s)
 
     @property
