@@ -36,6 +36,7 @@ from types import MappingProxyType
 import outcome
 import trio
 
+from ._admission import ACTIVE_WINDOW_S
 from ._config import StageSpec
 from ._contract import ProtocolError
 from ._errors import StageCall, StageError
@@ -181,6 +182,7 @@ class StageActor:
             pid=self._placement.pid,
             step_model=self.step_model.statistics(audio_s_delivered, cap),
             num_behind_deadline=c.num_behind_deadline,
+            num_active_streams=len(self.active_streams(time.perf_counter(), ACTIVE_WINDOW_S)),
         )
 
     async def load(self) -> StepLimits:
@@ -234,7 +236,7 @@ class StageActor:
 
     def add(self, stream: StreamState, in_link: Link | None, out_link: Link | None) -> None:
         """A new stream: its state is opened on the stage in the next round."""
-        slot = Slot(stream, in_link, out_link)
+        slot = Slot(stream, in_link, out_link, worked_at_s=time.perf_counter())
         self.slots[stream.id] = slot
         self._lifecycle[stream.id] = slot
         self.wakeup.set()
@@ -248,12 +250,17 @@ class StageActor:
             self._lifecycle[stream_id] = slot
         self.wakeup.set()
 
-    def live_streams(self) -> list[StreamState]:
-        """The streams this stage serves that have not ended (for shedding)."""
+    def active_streams(self, now_s: float, window_s: float) -> list[StreamState]:
+        """The live streams in a round out, or with work here within ``window_s`` of
+        ``now_s`` (or added that recently): those a round steps (admission's and
+        shedding's count; a stream the stage holds idle is not among them)."""
+        since_s = now_s - window_s
         return [
             slot.stream
             for slot in self.slots.values()
-            if slot.phase in _LIVE and not slot.stream.ending
+            if slot.phase in _LIVE
+            and not slot.stream.ending
+            and (slot.in_flight or slot.worked_at_s >= since_s)
         ]
 
     def offer(self) -> None:
@@ -451,6 +458,7 @@ class StageActor:
         for slot in self.slots.values():
             if not slot.steppable or not self._has_work(slot):
                 continue
+            slot.worked_at_s = now_s
             fits = self._fits(slot)
             if fits or not slot.in_flight:
                 deadline_s = slot.stream.deadline_s

@@ -17,10 +17,14 @@ an underestimate (a stage's steps run ahead of the audio they become), so early
 admission errs on the side of refusing, and nothing is shed on it. The stage
 keeps ``n`` streams in real time when
 ``realtime_factor(n) = audio_s_per_stream_step / round_s(n)`` is at least 1.
-The pipeline admits a stream only while, with it, every stage's factor is at
-least ``1 + realtime_margin`` (``Pipeline._admit``), and sheds streams once a
-stage's factor falls below ``1 - realtime_margin`` while streams there are past their
-playback deadlines (``Pipeline._after_round``, ``Admission.behind``).
+Here ``n`` counts a stage's *active* streams (with work there lately), not
+those it holds idle. The pipeline admits a stream only while, with it, every
+stage's factor is at least ``1 + realtime_margin`` (``Pipeline._admit``), and
+sheds streams only once a busy stage's factor has stayed below
+``1 - 2 x realtime_margin`` for a quarter of a second while streams there are
+past their playback deadlines (``Pipeline._after_round``, ``Admission.should_shed``):
+``scale`` moves fast so admission sees a slowdown at once, and shedding asks for
+it to be deep and to last, so the fast scale's noise sheds nothing.
 """
 
 from __future__ import annotations

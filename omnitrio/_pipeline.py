@@ -24,7 +24,7 @@ from types import MappingProxyType
 import trio
 
 from ._actor import StageActor, stage_statistics
-from ._admission import Admission, priority_of
+from ._admission import ACTIVE_WINDOW_S, Admission, priority_of
 from ._config import PipelineConfig, StageSpec, check_stage_limits, load_config, uses_ray
 from ._errors import Overloaded, PipelineClosed
 from ._items import Request
@@ -80,6 +80,7 @@ class Pipeline:
     ) -> None:
         self.config = config
         self._actors = actors
+        self._by_name = {a.name: a for a in actors}
         self._side = side
         self._streams: dict[str, StreamState] = {}
         self._side_streams: dict[str, StreamState] = {}
@@ -129,23 +130,48 @@ class Pipeline:
 
     def refusal(self) -> Overloaded | None:
         """The ``Overloaded`` that ``open_stream`` would raise now (with its retry hint),
-        or None if a stream would be admitted. Counts nothing."""
+        or None if a stream would be admitted. Counts nothing. Each stage is charged
+        its active streams (``StageActor.active_streams``) plus the new one."""
+        num_open = len(self._streams)
         return self._admission.refusal(
-            len(self._streams) - self._num_ended,
-            len(self._streams),
+            num_open - self._num_ended,
+            num_open,
             ((a.name, a.step_model) for a in self._actors),
             self._delivery.audio_s_put,
+            self._num_active,
         )
 
+    def _num_active(self, stage: str) -> int:
+        actor = self._by_name[stage]
+        return len(actor.active_streams(time.perf_counter(), ACTIVE_WINDOW_S))
+
     def _after_round(self, actor: StageActor) -> None:
-        """A stage applied a round: if streams there are past their playback deadlines
-        and its model says it keeps fewer than it holds in real time, shed the rest
-        (of the streams it holds: shedding one it has finished would not help it)."""
-        if not actor.num_behind_now:
-            return  # nobody is late here: a dip in the model alone sheds nothing
+        """A stage applied a round: if its factor for its active streams has stayed below
+        the shedding threshold, it is busy and streams there are past their playback
+        deadlines, shed the active streams beyond what it keeps (``Admission.should_shed``;
+        shedding a stream idle or finished here would not help it)."""
+        admission = self._admission
+        if not admission.headroom:
+            return
+        now_s = time.perf_counter()
         audio_s = self._delivery.audio_s_put
-        if self._admission.behind(actor.step_model, len(actor.slots), audio_s):
-            self._admission.shed(actor.name, actor.step_model, actor.live_streams(), audio_s)
+        model = actor.step_model
+        num_active = len(actor.slots)  # at most: not behind with all, not with fewer
+        active: list[StreamState] | None = None
+        if admission.behind(model, num_active, audio_s):
+            active = actor.active_streams(now_s, ACTIVE_WINDOW_S)
+            num_active = len(active)
+        if admission.should_shed(
+            actor.name,
+            model,
+            num_active,
+            audio_s,
+            now_s=now_s,
+            busy_s=actor.counters.busy_s,
+            num_late=actor.num_behind_now,
+        ):
+            assert active is not None  # should_shed is only true when behind
+            admission.shed(actor.name, model, active, audio_s, now_s)
 
     @property
     def side_stage(self) -> str | None:

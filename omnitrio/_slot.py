@@ -120,6 +120,9 @@ class Slot:
     """The actor's wake-up is on one of its links, for credit."""
     num_steps: int = 0
     """Steps whose output it got (what the step-time model's audio per step learns)."""
+    worked_at_s: float = 0.0
+    """When a plan last saw it with work (perf_counter s; at first, when it was added):
+    a stream idle here longer than ``_admission.ACTIVE_WINDOW_S`` is not charged a step."""
 
     @property
     def id(self) -> str:

@@ -55,6 +55,9 @@ class StageStatistics:
     what admission by headroom and shedding decide by."""
     num_behind_deadline: int = 0
     """Ready streams seen by a plan after their playback deadline (summed over plans)."""
+    num_active_streams: int = 0
+    """Live streams with work here lately (``_admission.ACTIVE_WINDOW_S``), or in a round
+    out: those admission by headroom charges this stage a step per round for."""
 
 
 @dataclass(frozen=True)

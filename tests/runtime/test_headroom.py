@@ -106,9 +106,10 @@ def test_shedding_keeps_what_the_stage_can_carry_newest_and_lowest_priority_go_f
     for _ in range(200):
         model.observe(64, 2.0 * (0.008 + 0.00015 * 64))  # the stage got 2x slower
     keep = model.realtime_streams(audio_s, 1.05, 100)
-    # Between 1 - margin and 1 + margin nothing is shed; below, the rest go.
-    assert not admission.behind(model, model.realtime_streams(audio_s, 0.95, 100), audio_s)
-    count = model.realtime_streams(audio_s, 0.95, 100) + 1
+    # Above the shedding threshold (1 - 2 x margin) nothing is shed; below, the rest go.
+    assert admission.shed_below == pytest.approx(0.9)
+    assert not admission.behind(model, model.realtime_streams(audio_s, 0.9, 100), audio_s)
+    count = model.realtime_streams(audio_s, 0.9, 100) + 1
     streams = _streams(count, {0: -1.0})  # the oldest asked to go first
     assert admission.behind(model, count, audio_s)
     admission.shed("thinker", model, streams, audio_s)
@@ -124,3 +125,123 @@ def test_priority_must_be_a_number() -> None:
     assert priority_of(omnitrio.Request("x", options={"priority": 2})) == 2.0
     with pytest.raises(ValueError, match="priority must be a number"):
         priority_of(omnitrio.Request("x", options={"priority": "high"}))
+
+
+# Shedding reacts to a real, sustained slowdown and never to the model's noise: the
+# tests below drive a stage's model and its shedding watch on virtual time (a step of
+# ``STEP_S`` per round, the clock passed in), not on the machine's timing.
+STEP_S = 0.02
+
+
+def _at_the_admission_edge() -> tuple[StepModel, float, int]:
+    """A settled model (streams completed at 20 ms of audio per stream-step) and the
+    most streams admission lets in: the stage runs at the edge of its margin."""
+    model = learned(0.008, 0.00015, max_batch_size=128, num_steps=4000)
+    model.completed(256, 256 * 0.02)
+    audio_s = model.num_stream_steps * 0.02
+    return model, audio_s, model.realtime_streams(audio_s, 1.05, 256)
+
+
+def _run(
+    admission: Admission,
+    model: StepModel,
+    audio_s: float,
+    num_streams: int,
+    slowdowns: list[float],
+    start_s: float = 100.0,
+) -> tuple[float | None, float]:
+    """One round per slowdown factor (the step's measured over learned time), the
+    stage busy throughout and a stream late at every round; the virtual time of the
+    first round after which the stage would shed (None: never) and the lowest factor
+    the fast model showed."""
+    now_s, busy_s, lowest = start_s, 0.0, math.inf
+    batch = min(num_streams, model.max_batch_size)
+    for slowdown in slowdowns:
+        step_s = slowdown * (0.008 + 0.00015 * batch)
+        model.observe(batch, step_s)
+        now_s += STEP_S * slowdown
+        busy_s += STEP_S * slowdown
+        lowest = min(lowest, model.realtime_factor(num_streams, audio_s))
+        if admission.should_shed(
+            "thinker", model, num_streams, audio_s, now_s=now_s, busy_s=busy_s, num_late=1
+        ):
+            return now_s, lowest
+    return None, lowest
+
+
+def test_noise_in_the_model_around_the_margin_sheds_nothing() -> None:
+    model, audio_s, admitted = _at_the_admission_edge()
+    admission = Admission(256, 0.05, headroom=True)
+    # Bursts of slow steps (prefills as a wave of streams completes and new ones are
+    # admitted): 8 steps at 1.5x in every 48, for 20 s; once, 10 steps at 1.6x.
+    bursts = [1.5] * 8 + [1.0] * 40
+    noise = bursts * 10 + [1.6] * 10 + [1.0] * 40 + bursts * 10
+    shed_at_s, lowest = _run(admission, model, audio_s, admitted, noise)
+    # The fast model dipped below 1 - margin (the rule before: it shed here) ...
+    assert lowest < 1 - admission.realtime_margin
+    # ... and below the shedding threshold, but not for long enough: nothing is shed.
+    assert lowest < admission.shed_below
+    assert shed_at_s is None
+    assert admission.num_shed == 0
+
+
+def test_a_sustained_slowdown_sheds_the_newest_streams_with_stream_shed() -> None:
+    model, audio_s, admitted = _at_the_admission_edge()
+    admission = Admission(256, 0.05, headroom=True)
+    start_s = 100.0
+    # The thinker's steps 1.3x slower for 10 s (the benchmark's fault).
+    shed_at_s, _ = _run(admission, model, audio_s, admitted, [1.3] * 400, start_s)
+    assert shed_at_s is not None, "a 1.3x slowdown for 10 s was never shed"
+    assert shed_at_s - start_s < 1.5  # within a second and a half of the slowdown
+    assert model.realtime_factor(admitted, audio_s) < admission.shed_below
+    streams = _streams(admitted, {})
+    for stream in streams:
+        stream.deadline_s = shed_at_s + 0.1  # all about to run out of audio ...
+    streams[-1].deadline_s = shed_at_s + 10.0  # ... but the newest, 10 s ahead
+    admission.shed("thinker", model, streams, audio_s, now_s=shed_at_s)
+    shed = [s for s in streams if s.failure is not None]
+    keep = model.realtime_streams(audio_s, 1.05, admitted)
+    assert 0 < len(shed) == admitted - keep == admission.num_shed
+    # Newest first, but the stream far ahead of its deadline will not miss it: kept.
+    assert [s.id for s in shed] == [f"s{i}" for i in range(keep - 1, admitted - 1)]
+    for stream in shed:
+        assert isinstance(stream.failure, omnitrio.StreamShed)
+        assert stream.failure.stage == "thinker"
+    # What is kept plays in real time again, with admission's margin.
+    assert model.realtime_factor(keep, audio_s) >= 1.05
+
+
+def test_shedding_waits_for_a_busy_stage_and_a_late_stream() -> None:
+    model, audio_s, admitted = _at_the_admission_edge()
+    for _ in range(200):
+        model.observe(64, 1.3 * (0.008 + 0.00015 * 64))
+    assert model.realtime_factor(admitted, audio_s) < 0.9
+    admission = Admission(256, 0.05, headroom=True)
+    idle = [
+        admission.should_shed(
+            "tts", model, admitted, audio_s, now_s=t * 0.1, busy_s=t * 0.02, num_late=1
+        )
+        for t in range(1, 50)
+    ]
+    assert not any(idle)  # busy 20 % of the time: the stage is not what makes them late
+    on_time = [
+        admission.should_shed(
+            "thinker", model, admitted, audio_s, now_s=t * 0.1, busy_s=t * 0.1, num_late=0
+        )
+        for t in range(1, 50)
+    ]
+    assert not any(on_time)  # no stream is late: nothing to protect yet
+
+
+def test_idle_held_streams_are_not_charged_against_headroom() -> None:
+    model, audio_s, admitted = _at_the_admission_edge()
+    admission = Admission(256, 0.05, headroom=True)
+    models = [("tts", model)]
+    # Charged every live stream, the stage has no room for one more ...
+    assert admission.refusal(admitted, admitted, models, audio_s) is not None
+    # ... but if most of them are held idle there, it does.
+    assert admission.refusal(admitted, admitted, models, audio_s, {"tts": 3}) is None
+    refusal = admission.refusal(admitted, admitted, models, audio_s, {"tts": admitted})
+    assert refusal is not None
+    assert refusal.problem is not None
+    assert f"with {admitted + 1} active streams" in refusal.problem

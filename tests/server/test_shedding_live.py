@@ -35,11 +35,16 @@ STAGES: list[dict[str, object]] = [
 NUM_STREAMS = 4
 
 
-def _open(port: int) -> socket.socket:
+def _open(port: int, max_tokens: int | None = None) -> socket.socket:
     """A streaming chat, its 200 read; the rest is read by ``_outcome``."""
-    body = json.dumps(
-        {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
-    ).encode()
+    chat: dict[str, object] = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "stream": True,
+    }
+    if max_tokens is not None:
+        chat["max_tokens"] = max_tokens  # the synthetic stages' step count
+    body = json.dumps(chat).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=60)
     head = (
         "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -82,6 +87,10 @@ async def test_a_stage_that_slows_down_sheds_the_newest_streams_with_a_typed_err
     port = await serve_chain(nursery, STAGES, 8, max_streams_per_client=8)
     outcomes: list[dict[str, object]] = [{} for _ in range(NUM_STREAMS)]
     with trio.fail_after(120):  # none hangs (each socket read is bounded too)
+        # One short stream completes first: b learns its audio per step from it (the
+        # runtime sheds only on a yield learned from completed streams).
+        short = await trio.to_thread.run_sync(_open, port, 20)
+        assert await trio.to_thread.run_sync(_outcome, short) == {"done": True}
         socks = [await trio.to_thread.run_sync(_open, port) for _ in range(NUM_STREAMS)]
 
         async def read(index: int) -> None:
@@ -107,4 +116,4 @@ async def test_a_stage_that_slows_down_sheds_the_newest_streams_with_a_typed_err
     completed = await trio.to_thread.run_sync(
         _metric, port, 'omnitrio_streams_total{outcome="completed"}'
     )
-    assert completed == NUM_STREAMS - len(shed)
+    assert completed == 1 + NUM_STREAMS - len(shed)
