@@ -5,8 +5,13 @@ Usage (from the repository root; needs `scripts/setup dev,voice`)::
 
     python benchmarks/voice_latency.py [--levels 1,2,4] [--turns 20] [--json out.json]
         [--checkout DIR] [--voice piper|espeak] [--questions latency|paused] [--pause-s 0.4]
-        [--config FILE] [--server-log FILE]
+        [--config FILE] [--server-log FILE] [--turn-detection server_vad|semantic_vad]
+        [--eagerness low|medium|auto|high]
 
+``--turn-detection semantic_vad`` makes every conversation ask for semantic_vad
+(with ``--eagerness``, default ``auto``) in a session.update before it speaks: the
+voice chat's Smart Turn then decides whether a pause ends the turn, at the
+eagerness's silence time (high: 250 ms) instead of server_vad's 500 ms.
 ``--server-log FILE`` keeps the served pipeline's log (its own log is a temporary file).
 ``--checkout DIR`` serves another checkout of omnitrio (e.g. a ``git worktree`` of
 an older commit) with this client, for before/after figures from one session.
@@ -15,9 +20,9 @@ What runs
 ---------
 ``omnitrio run`` (the default pipeline, configs/voice-chat.yaml) in a subprocess;
 this process is the client. Each conversation is one Realtime WebSocket with
-server_vad turn detection, fed like a microphone: 20 ms PCM16 chunks, each sent
-when its last sample would have been recorded (real time), silence between
-questions. A turn is a question (rotating through a few; ``--questions latency``:
+server_vad turn detection (or ``--turn-detection``), fed like a microphone: 20 ms
+PCM16 chunks, each sent when its last sample would have been recorded (real time),
+silence between questions. A turn is a question (rotating through a few; ``--questions latency``:
 half of them have a mid-sentence pause; ``paused``: eight questions, each with one)
 then silence until the answer's response.done; the next turn follows at once. The
 questions are said by ``--voice``: the Piper voice without its sampled noise (the
@@ -142,14 +147,41 @@ def speech(question: str, folder: Path, voice: str, pause_s: float) -> tuple[byt
     return pcm16, (int(loud[-1]) + 1) / INPUT_RATE_HZ
 
 
+@dataclass(frozen=True)
+class Detection:
+    """The turn detection the conversations ask for."""
+
+    kind: str = "server_vad"
+    eagerness: str = "auto"  # semantic_vad's
+
+    def update(self) -> str | None:
+        """The session.update that asks for it (None: the server's default, server_vad)."""
+        if self.kind == "server_vad":
+            return None
+        asked = {"type": self.kind, "eagerness": self.eagerness}
+        session = {"type": "realtime", "audio": {"input": {"turn_detection": asked}}}
+        return json.dumps({"type": "session.update", "session": session})
+
+
 async def converse(
-    url: str, index: int, num_turns: int, voices: dict[str, tuple[bytes, float]], level: Level
+    url: str,
+    index: int,
+    num_turns: int,
+    voices: dict[str, tuple[bytes, float]],
+    level: Level,
+    detection: Detection,
 ) -> None:
     chunk_bytes = int(CHUNK_S * INPUT_RATE_HZ) * 2
     silence = bytes(chunk_bytes)
     async with trio_websocket.open_websocket_url(url, max_message_size=16 << 20) as ws:
         created = json.loads(await ws.get_message())
         assert created["type"] == "session.created", created
+        update = detection.update()
+        if update is not None:
+            await ws.send_message(update)
+            while (reply := json.loads(await ws.get_message()))["type"] != "session.updated":
+                if reply["type"] == "error":
+                    raise RuntimeError(f"session.update refused: {reply['error']}")
 
         async def send(pcm16: bytes) -> None:
             await ws.send_message(
@@ -265,7 +297,11 @@ def busy_seconds(base_url: str) -> dict[str, float]:
 
 
 async def run_level(
-    base_url: str, conversations: int, turns: int, voices: dict[str, tuple[bytes, float]]
+    base_url: str,
+    conversations: int,
+    turns: int,
+    voices: dict[str, tuple[bytes, float]],
+    detection: Detection,
 ) -> Level:
     level = Level(conversations)
     load_before = os.getloadavg()[0]
@@ -275,7 +311,7 @@ async def run_level(
     started = time.perf_counter()
     async with trio.open_nursery() as nursery:
         for index, num_turns in enumerate(per):
-            nursery.start_soon(converse, url, index, max(1, num_turns), voices, level)
+            nursery.start_soon(converse, url, index, max(1, num_turns), voices, level, detection)
     level.wall_s = time.perf_counter() - started
     after = await trio.to_thread.run_sync(busy_seconds, base_url)
     level.busy_s = {name: after[name] - before.get(name, 0.0) for name in after}
@@ -388,6 +424,10 @@ def main() -> None:
     parser.add_argument("--pause-s", type=float, default=0.4, help="a mid-sentence pause")
     parser.add_argument("--config", type=Path, help="serve this config, not the default")
     parser.add_argument("--server-log", type=Path, help="keep the server's log here")
+    parser.add_argument(
+        "--turn-detection", choices=("server_vad", "semantic_vad"), default="server_vad"
+    )
+    parser.add_argument("--eagerness", choices=("low", "medium", "auto", "high"), default="auto")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         voices = {
@@ -395,11 +435,12 @@ def main() -> None:
             for q in QUESTION_SETS[args.questions]
         }
         extra = ["--config", str(args.config.resolve())] if args.config else []
+        detection = Detection(args.turn_detection, args.eagerness)
         log = Path(scratch) / "server.log"
         server, base_url = start_server(log, args.checkout.resolve(), extra)
         try:
             levels = [
-                trio.run(run_level, base_url, int(n), args.turns, voices)
+                trio.run(run_level, base_url, int(n), args.turns, voices, detection)
                 for n in args.levels.split(",")
             ]
         finally:
