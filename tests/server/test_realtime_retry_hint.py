@@ -38,12 +38,13 @@ async def _until(ws: trio_websocket.WebSocketConnection, kind: str) -> dict[str,
             return event
 
 
-async def test_a_response_the_full_pipeline_refuses_says_when_to_retry(
-    nursery: trio.Nursery,
-) -> None:
-    config = chain_config(ENDLESS, max_streams=1)
-    # One client holds both sessions: its share is the whole pipeline, so the pipeline refuses.
-    settings = ServerSettings(port=0, max_streams_per_client=2)
+async def _refused_error(
+    nursery: trio.Nursery, *, max_streams: int, max_streams_per_client: int
+) -> dict[str, object]:
+    """One client plays a stream on one session, then asks on a second: the failed
+    ``response.done``'s error."""
+    config = chain_config(ENDLESS, max_streams=max_streams)
+    settings = ServerSettings(port=0, max_streams_per_client=max_streams_per_client)
     (base_url, *_) = await nursery.start(serve, config, settings)
     url = base_url.replace("http", "ws") + "/v1/realtime"
     async with (
@@ -54,16 +55,25 @@ async def test_a_response_the_full_pipeline_refuses_says_when_to_retry(
         await refused.get_message()
         with trio.fail_after(10):
             await playing.send_message(json.dumps({"type": "response.create"}))
-            await _until(playing, "response.output_audio.delta")  # the one stream is taken
+            await _until(playing, "response.output_audio.delta")  # the stream is taken
             await refused.send_message(json.dumps({"type": "response.create"}))
             done = await _until(refused, "response.done")
     response = done["response"]
     assert isinstance(response, dict)
     assert response["status"] == "failed"
     error = response["status_details"]["error"]
+    assert isinstance(error, dict)
+    return error
+
+
+async def test_a_response_the_full_pipeline_refuses_says_when_to_retry(
+    nursery: trio.Nursery,
+) -> None:
+    # One client holds both sessions: its share is the whole pipeline, so the pipeline refuses.
+    error = await _refused_error(nursery, max_streams=1, max_streams_per_client=2)
     assert isinstance(error["retry_after_ms"], int)
     assert error["retry_after_ms"] >= 1
-    assert "retry" in error["message"]
+    assert "retry" in str(error["message"])
 
 
 async def test_a_response_over_the_clients_share_says_when_to_retry(
@@ -71,24 +81,6 @@ async def test_a_response_over_the_clients_share_says_when_to_retry(
 ) -> None:
     # Room in the pipeline, but the client's share is one stream: its second is refused
     # for the share (not the pipeline), and says when to ask again all the same.
-    config = chain_config(ENDLESS, max_streams=4)
-    settings = ServerSettings(port=0, max_streams_per_client=1)
-    (base_url, *_) = await nursery.start(serve, config, settings)
-    url = base_url.replace("http", "ws") + "/v1/realtime"
-    async with (
-        trio_websocket.open_websocket_url(url) as playing,
-        trio_websocket.open_websocket_url(url) as refused,
-    ):
-        await playing.get_message()
-        await refused.get_message()
-        with trio.fail_after(10):
-            await playing.send_message(json.dumps({"type": "response.create"}))
-            await _until(playing, "response.output_audio.delta")  # the client's one stream
-            await refused.send_message(json.dumps({"type": "response.create"}))
-            done = await _until(refused, "response.done")
-    response = done["response"]
-    assert isinstance(response, dict)
-    assert response["status"] == "failed"
-    error = response["status_details"]["error"]
-    assert "max_streams_per_client" in error["message"]
+    error = await _refused_error(nursery, max_streams=4, max_streams_per_client=1)
+    assert "max_streams_per_client" in str(error["message"])
     assert error["retry_after_ms"] == 1000  # as the HTTP 429's Retry-After: 1
