@@ -8,9 +8,11 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import TypeVar
 
 import ray
 import trio
@@ -20,16 +22,43 @@ from ._errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 RAY_CONNECT_TIMEOUT_S = 10.0
 """How long ``pipeline.ray_address`` may take to accept a connection (Ray's own
 client would retry for minutes)."""
 
 
 class _Instance:
-    """The Ray connection omnitrio made, shared by the pipelines of this process."""
+    """The Ray connection omnitrio made, shared by the pipelines of this process.
+
+    ``ray.init`` and ``ray.shutdown`` run on one thread of omnitrio's own that lives
+    as long as the connection (``thread``), never on one of trio's cached worker
+    threads: a local instance's processes (GCS, raylet) are started with
+    ``PR_SET_PDEATHSIG``, so the kernel kills them when the *thread* that started
+    them exits, and trio ends a cached thread after 10 s without work. Beside a
+    busy CPU the stages took longer than that to be placed, and the whole instance
+    died under the pipeline ("Failed to connect to GCS").
+    """
 
     lock = trio.Lock()
     num_users = 0
+    thread: ThreadPoolExecutor | None = None
+
+
+async def _on_ray_thread(call: Callable[[], T]) -> T:
+    """Run ``call`` on the connection's own thread (started if need be), and wait."""
+    if _Instance.thread is None:
+        _Instance.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnitrio-ray")
+    future = _Instance.thread.submit(call)
+    return await trio.to_thread.run_sync(future.result)
+
+
+def _close_ray_thread() -> None:
+    """Let the connection's thread end once it is idle (Ray is shut down or never up)."""
+    thread, _Instance.thread = _Instance.thread, None
+    if thread is not None:
+        thread.shutdown(wait=False)
 
 
 @asynccontextmanager
@@ -54,7 +83,8 @@ async def open_ray(config: PipelineConfig) -> AsyncIterator[None]:
                 async with _Instance.lock:
                     _Instance.num_users -= 1
                     if _Instance.num_users == 0:
-                        await trio.to_thread.run_sync(ray.shutdown)
+                        await _on_ray_thread(ray.shutdown)
+                        _close_ray_thread()
 
 
 async def _connect(config: PipelineConfig) -> None:
@@ -69,7 +99,11 @@ async def _connect(config: PipelineConfig) -> None:
         logging_level=logging.WARNING,
         log_to_driver=True,
     )
-    await trio.to_thread.run_sync(init)
+    try:
+        await _on_ray_thread(init)
+    except BaseException:
+        _close_ray_thread()
+        raise
     _take_back_stop_signals()
 
 

@@ -285,6 +285,48 @@ def test_sigterm_stops_the_pipeline_and_the_ray_instance_it_started(tmp_path: Pa
     shutil.rmtree(ray_temp, ignore_errors=True)
 
 
+# Run in a child process of its own (a local Ray instance, not the session's cluster):
+# trio's cached worker threads end after IDLE_TIMEOUT without work, cut to 50 ms here.
+# The local instance's processes die with the thread that started them
+# (PR_SET_PDEATHSIG), so this once killed the instance under its pipeline.
+_OUTLIVES_IDLE_THREADS = """
+import sys, threading, trio, trio._core._thread_cache as thread_cache
+import omnitrio
+thread_cache.IDLE_TIMEOUT = 0.05
+
+def trio_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("Trio thread")]
+
+async def main():
+    async with omnitrio.open_pipeline(omnitrio.load_config(sys.argv[1])) as pipeline:
+        while trio_threads():  # every cached thread, ray.init's included, has ended
+            await trio.sleep(0.05)
+        with trio.fail_after(60):
+            async with pipeline.open_stream(omnitrio.Request("still there?")) as stream:
+                items = [item async for item in stream]
+        print("answered", len(items))
+
+trio.run(main)
+"""
+
+
+def test_a_local_ray_instance_outlives_the_thread_that_started_it(tmp_path: Path) -> None:
+    ray_temp = Path(tempfile.mkdtemp(prefix="omnitrio-ray-", dir="/tmp"))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _OUTLIVES_IDLE_THREADS, "configs/synthetic-ray.yaml"],
+            cwd=REPO,
+            env={**os.environ, "RAY_TMPDIR": str(ray_temp)},
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        shutil.rmtree(ray_temp, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    assert "answered" in done.stdout
+
+
 def test_a_ray_address_that_does_not_answer_is_a_config_error_at_once() -> None:
     config = REPO / "configs" / "synthetic-ray.yaml"
     started = time.monotonic()
