@@ -45,6 +45,7 @@ from ._vllm_omni_settings import ModelSettings
 
 POLL_TIMEOUT_S = 0.001  # the orchestrator's wait on each empty stage
 IDLE_SLEEP_S = 0.001  # after an idle round; the final-output dispatcher's poll too
+STOP_RETRY_S = 0.1  # how often stopping a loop cancels its task again
 
 
 class _Loop:
@@ -66,10 +67,14 @@ class _Loop:
         self.loop.call_soon_threadsafe(function, *args)
 
     def stop(self) -> None:
-        if self.loop is not None and self._task is not None:
-            with contextlib.suppress(RuntimeError):  # already closed
-                self.loop.call_soon_threadsafe(self._task.cancel)
-        self._thread.join()
+        # Cancel until the thread ends: on Python 3.11, ``asyncio.wait_for`` can swallow
+        # a cancellation that arrives as its inner wait completes, and the orchestrator
+        # runs one such 1 ms wait per stage per round (a benchmark run hung in stop).
+        while self._thread.is_alive():
+            if self.loop is not None and self._task is not None:
+                with contextlib.suppress(RuntimeError):  # already closed
+                    self.loop.call_soon_threadsafe(self._task.cancel)
+            self._thread.join(STOP_RETRY_S)
 
     def _run(self) -> None:
         async def wrapper() -> None:
