@@ -2,16 +2,19 @@
 that admits a stream only while every admitted stream still plays in real time.
 
 A stage's step costs about ``intercept_s + per_stream_s * batch_size`` (a batched
-forward pass). ``StepModel`` fits that line to the stage's own steps by
-exponentially weighted least squares (slow: thousands of steps), so it averages
-in the prefills of the streams that arrive (a step that takes a stream's first
-step here costs more: a prefill), and multiplies it by ``scale``, the recent
-steps' measured over expected time (fast: tens of steps), so a stage that slows
-down (a noisy neighbour) shows within a fraction of a second while the line's
-shape stays well conditioned. Each step's expected time is a line fitted to steps
-of its own kind: those that take some stream's first step here against those
-that take none. So a burst of arrivals, whose prefills the slow line already
-averages in, does not move ``scale`` as well; a slowdown of every step does.
+forward pass), more when it takes some stream's first step there (a prefill).
+``StepModel`` fits that line to the stage's *plain* steps (those that take no
+stream's first step) by exponentially weighted least squares (slow: thousands of
+steps), and keeps apart ``first_step_share``, the share of the stage's time its
+first steps took beyond a plain step's: the cost of the streams that arrive,
+which depends on how fast they arrive, not on how many are in a batch (one line
+over every step reads prefills, denser as arrivals speed up, as a cost per
+stream). A round then takes ``scale x line / (1 - first_step_share)``, ``scale``
+being the recent steps' measured over expected time (fast: tens of steps), each
+step against a line fitted to steps of its own kind (with a first step or
+without): a stage that slows down (a noisy neighbour) shows within a fraction of
+a second, while a burst of arrivals, which the share already counts, does not
+move ``scale`` as well.
 
 With ``n`` streams a stage runs ``ceil(n / max_batch_size)`` steps per *round*
 (each stream stepped once); each stream-step yields, on average,

@@ -8,7 +8,7 @@ import pytest
 
 import omnitrio
 from omnitrio._admission import Admission, priority_of
-from omnitrio._headroom import MIN_STEPS, StepModel, StreamFlow
+from omnitrio._headroom import MIN_STEPS, StepModel, StreamFlow, _Line
 from omnitrio._link import Link
 from omnitrio._stream import DeliveryCounters, StreamHooks, StreamState
 
@@ -340,3 +340,27 @@ def test_a_burst_of_prefills_does_not_move_scale_a_slowdown_does() -> None:
         b, first = 36 + i % 9, int(i % 5 == 0)
         slow.observe(b, 1.3 * (0.008 + 0.00015 * b + 0.0216 * first), first)
     assert 1.2 < slow.scale < 1.31
+
+
+def test_prefills_are_a_share_of_the_stage_time_not_a_cost_per_stream() -> None:
+    """Streams arriving faster and faster (the run's first half second): each arrival
+    adds a stream to the batch and its first step costs a 21.6 ms prefill once."""
+    model, old = StepModel(64), _Line()
+    total_s = prefill_s = 0.0
+    for b, steps_at_b in enumerate((20, 10, 6, 4, 3), start=1):
+        for i in range(steps_at_b):
+            first = int(i == 0)
+            step_s = 0.008 + 0.00015 * b + 0.0216 * first
+            model.observe(b, step_s, first)
+            old.add(b, step_s)
+            total_s, prefill_s = total_s + step_s, prefill_s + 0.0216 * first
+    # One line over every step reads the prefills, denser as streams arrive faster,
+    # as a cost per stream (the old model: over 1 ms, against 0.15) ...
+    assert old.per_stream_s > 0.001
+    # ... the model keeps them apart: a plain step's line, and the share of the
+    # stage's time its first steps took beyond that.
+    stats = model.statistics(audio_s_delivered=10.0, cap=64)
+    assert stats.per_stream_s == pytest.approx(0.00015, rel=1e-3)
+    assert stats.first_step_share == pytest.approx(prefill_s / total_s, rel=0.02)
+    assert model.round_s(6) == pytest.approx((0.008 + 0.0009) / (1 - prefill_s / total_s), rel=0.02)
+    assert model.round_s(6) < 0.8 * old(6)
