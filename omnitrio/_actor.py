@@ -555,7 +555,11 @@ class StageActor:
             counters.last_batch_size = size
             counters.largest_batch_size = max(counters.largest_batch_size, size)
             if result.step_error is None:
-                self.step_model.observe(size, result.step_s)
+                slots = self.slots
+                first = sum(
+                    1 for sid in result.stepped if sid in slots and not slots[sid].num_steps
+                )
+                self.step_model.observe(size, result.step_s, first)
 
     def _settle_opens(self, round_: _Round, result: Result) -> None:
         for slot in round_.opens:
@@ -599,6 +603,7 @@ class StageActor:
                         self._fail(sid, "step", output.error)
                     else:
                         slot.num_steps += 1
+                        self.step_model.stepped(slot.flow, slot.num_steps, slot.stream.audio_s)
                         delivered.append((slot, work, output))
                         routed |= out_link is not None
                         self._route(slot, work, output)

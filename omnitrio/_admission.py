@@ -10,8 +10,8 @@ idle (a voice chat's TTS between answers) costs it no step per round, so it is
 not charged one.
 
 Once streams are admitted the runtime protects them, but only from a real,
-sustained slowdown, never from the model's noise (a burst of prefills as a wave
-of streams completes dips the fast ``scale`` for a fraction of a second). A stage
+sustained slowdown, never from the model's noise (a few slow steps dip the fast
+``scale`` for a fraction of a second). A stage
 sheds after a round it applies only when all of these hold (``should_shed``):
 
 - **hysteresis**: its factor for its active streams is below

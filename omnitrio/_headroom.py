@@ -2,20 +2,34 @@
 that admits a stream only while every admitted stream still plays in real time.
 
 A stage's step costs about ``intercept_s + per_stream_s * batch_size`` (a batched
-forward pass). ``StepModel`` fits that line to the stage's own steps by
-exponentially weighted least squares (slow: thousands of steps) and multiplies it
-by ``scale``, the recent steps' measured over fitted time (fast: tens of steps),
-so a stage that slows down (a noisy neighbour, a longer prompt mix) shows within
-a fraction of a second while the line's shape stays well conditioned.
+forward pass), more when it takes some stream's first step there (a prefill).
+``StepModel`` fits that line to the stage's *plain* steps (those that take no
+stream's first step) by exponentially weighted least squares (slow: thousands of
+steps), and keeps apart ``first_step_share``, the share of the stage's time its
+first steps took beyond a plain step's: the cost of the streams that arrive,
+which depends on how fast they arrive, not on how many are in a batch (one line
+over every step reads prefills, denser as arrivals speed up, as a cost per
+stream). A round then takes ``scale x line / (1 - first_step_share)``, ``scale``
+being the recent steps' measured over expected time (fast: tens of steps), each
+step against a line fitted to steps of its own kind (with a first step or
+without): a stage that slows down (a noisy neighbour) shows within a fraction of
+a second, while a burst of arrivals, which the share already counts, does not
+move ``scale`` as well.
 
 With ``n`` streams a stage runs ``ceil(n / max_batch_size)`` steps per *round*
 (each stream stepped once); each stream-step yields, on average,
 ``audio_s_per_stream_step`` seconds of audio, learned too: over the streams that
-completed, their audio over the steps they took here (``completed``). Before
-the first completion it is audio delivered so far over all stream-steps taken,
-an underestimate (a stage's steps run ahead of the audio they become), so early
-admission errs on the side of refusing, and nothing is shed on it. The stage
-keeps ``n`` streams in real time when
+completed, their audio over the steps they took here (``completed``). Before the
+first completion, from the streams that play (``StreamFlow``): for each, this
+stage's steps since its first audio against the audio delivered since then, up
+to its latest step here. A stage's steps run ahead of the audio they become (the
+steps before a stream's first audio yield nothing yet), but once audio flows
+both move at the stream's pace, so this is the steady-state yield; audio comes in
+chunks, so it lags the steps by half a chunk on average: it errs low, on the side
+of refusing. It is never taken below audio delivered over all stream-steps so
+far (a lower bound: every second of audio came from a step already taken), which
+is the estimate until the streams have played ``MIN_FLOW_AUDIO_S`` here. Nothing
+is shed before a stream completed. The stage keeps ``n`` streams in real time when
 ``realtime_factor(n) = audio_s_per_stream_step / round_s(n)`` is at least 1.
 Here ``n`` counts a stage's *active* streams (with work there lately), not
 those it holds idle. The pipeline admits a stream only while, with it, every
@@ -33,13 +47,18 @@ import math
 from dataclasses import dataclass
 
 SHAPE_HALF_LIFE_STEPS = 2000.0
-"""Half-life of a step in the fitted line."""
+"""Half-life of a step in the fitted lines."""
 SCALE_HALF_LIFE_STEPS = 24.0
 """Half-life of a step in ``scale`` (at 20 ms a step: about half a second)."""
 MIN_STEPS = 32
 """Steps a stage takes before its model has an opinion."""
 MIN_AUDIO_S = 0.5
 """Audio delivered (seconds, pipeline-wide) before any model has an opinion."""
+MIN_FLOW_AUDIO_S = 0.5
+"""Audio the playing streams delivered past their first chunks before a stage's yield
+comes from them (``StreamFlow``) rather than from all its steps."""
+MAX_FIRST_STEP_SHARE = 0.9
+"""The most of a stage's time ``round_s`` leaves to first steps (prefills)."""
 YIELD_KEEP = 0.98
 """Weight of the past in the audio per stream-step, per completed stream."""
 
@@ -52,42 +71,16 @@ _SHAPE_KEEP = _keep(SHAPE_HALF_LIFE_STEPS)
 _SCALE_KEEP = _keep(SCALE_HALF_LIFE_STEPS)
 
 
-@dataclass(frozen=True)
-class StepModelStatistics:
-    """A stage's learned step-time model (``StageStatistics.step_model``)."""
+class _Line:
+    """``intercept_s + per_stream_s * batch_size``, fitted to steps by exponentially
+    weighted least squares."""
 
-    num_steps: int
-    intercept_s: float
-    per_stream_s: float
-    scale: float
-    """Recent steps' time over the fitted line's (1.3: 30 % slower than learned)."""
-    audio_s_per_stream_step: float
-    """Seconds of audio one stream-step at this stage yields (0 before any audio)."""
-    realtime_streams: int
-    """The most streams this stage keeps in real time now (0: no opinion yet)."""
-
-
-class StepModel:
-    """One stage's online step-time model. Fed on the trio thread by its actor."""
-
-    def __init__(self, max_batch_size: int) -> None:
-        self.max_batch_size = max_batch_size
-        self.num_steps = 0
-        self.num_stream_steps = 0
+    def __init__(self) -> None:
         self._w = self._wb = self._wbb = self._wt = self._wbt = 0.0
-        self._intercept_s = 0.0
-        self._per_stream_s = 0.0
-        self.scale = 1.0
-        self.num_completed = 0
-        self._yield_audio_s = 0.0
-        self._yield_steps = 0.0
+        self.intercept_s = 0.0
+        self.per_stream_s = 0.0
 
-    def observe(self, batch_size: int, step_s: float) -> None:
-        """One step of ``batch_size`` streams took ``step_s``."""
-        if batch_size <= 0:
-            return
-        self.num_steps += 1
-        self.num_stream_steps += batch_size
+    def add(self, batch_size: int, step_s: float) -> None:
         b, k = float(batch_size), _SHAPE_KEEP
         self._w = self._w * k + 1.0
         self._wb = self._wb * k + b
@@ -97,22 +90,114 @@ class StepModel:
         mean_b, mean_t = self._wb / self._w, self._wt / self._w
         var_b = self._wbb / self._w - mean_b * mean_b
         slope = (self._wbt / self._w - mean_b * mean_t) / var_b if var_b > 0.25 else 0.0
-        self._per_stream_s = max(0.0, slope)
-        self._intercept_s = max(0.0, mean_t - self._per_stream_s * mean_b)
-        fitted = self._line_s(batch_size)
-        if fitted > 0:
-            self.scale = self.scale * _SCALE_KEEP + (step_s / fitted) * (1 - _SCALE_KEEP)
+        self.per_stream_s = max(0.0, slope)
+        self.intercept_s = max(0.0, mean_t - self.per_stream_s * mean_b)
 
-    def _line_s(self, batch_size: int) -> float:
-        return self._intercept_s + self._per_stream_s * batch_size
+    def __call__(self, batch_size: int) -> float:
+        return self.intercept_s + self.per_stream_s * batch_size
+
+    @property
+    def fitted(self) -> bool:
+        return self._w > 0
+
+
+@dataclass(slots=True)
+class StreamFlow:
+    """One stream at one stage, for the yield before any stream completed: the stage's
+    steps and the stream's audio since the stage's first step after its first audio,
+    as of its latest step here (``StepModel.stepped``)."""
+
+    mark_steps: int | None = None
+    mark_audio_s: float = 0.0
+    steps: int = 0
+    audio_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class StepModelStatistics:
+    """A stage's learned step-time model (``StageStatistics.step_model``)."""
+
+    num_steps: int
+    intercept_s: float
+    per_stream_s: float
+    scale: float
+    """Recent steps' time over what steps of their kind took (1.3: 30 % slower than learned)."""
+    audio_s_per_stream_step: float
+    """Seconds of audio one stream-step at this stage yields (0 before any audio)."""
+    realtime_streams: int
+    """The most streams this stage keeps in real time now (0: no opinion yet)."""
+    first_step_share: float = 0.0
+    """Share of its time spent on streams' first steps beyond a plain step (prefills)."""
+
+
+class StepModel:
+    """One stage's online step-time model. Fed on the trio thread by its actor."""
+
+    def __init__(self, max_batch_size: int) -> None:
+        self.max_batch_size = max_batch_size
+        self.num_steps = 0
+        self.num_stream_steps = 0
+        self._plain = _Line()  # steps that take no stream's first step here
+        self._first = _Line()  # steps that take some stream's first step (a prefill)
+        self._busy_s = 0.0  # these four: weighted sums over every step, as the lines'
+        self._first_n = self._first_b = self._first_t = 0.0  # over the first steps
+        self.scale = 1.0
+        self.num_completed = 0
+        self._yield_audio_s = 0.0
+        self._yield_steps = 0.0
+        self._flow_steps = 0
+        self._flow_audio_s = 0.0
+
+    def observe(self, batch_size: int, step_s: float, num_first: int = 0) -> None:
+        """One step of ``batch_size`` streams took ``step_s``; ``num_first`` of them
+        took their first step here (a prefill)."""
+        if batch_size <= 0:
+            return
+        self.num_steps += 1
+        self.num_stream_steps += batch_size
+        first, k = num_first > 0, _SHAPE_KEEP
+        kind = self._first if first else self._plain
+        kind.add(batch_size, step_s)
+        expected = kind(batch_size)
+        if expected > 0:
+            self.scale = self.scale * _SCALE_KEEP + (step_s / expected) * (1 - _SCALE_KEEP)
+        self._busy_s = self._busy_s * k + step_s
+        self._first_n = self._first_n * k + first
+        self._first_b = self._first_b * k + batch_size * first
+        self._first_t = self._first_t * k + step_s * first
+
+    @property
+    def first_step_share(self) -> float:
+        """Share of the stage's time its steps spent beyond a plain step's on streams'
+        first steps (prefills), lately."""
+        line = self._plain
+        if not line.fitted or self._busy_s <= 0:
+            return 0.0
+        plain_s = self._first_n * line.intercept_s + self._first_b * line.per_stream_s
+        return min(MAX_FIRST_STEP_SHARE, max(0.0, self._first_t - plain_s) / self._busy_s)
 
     def round_s(self, num_streams: int) -> float:
-        """Time to step each of ``num_streams`` streams once, at the recent pace."""
+        """Time to step each of ``num_streams`` streams once, at the recent pace, with
+        the time the stage spends on arriving streams' first steps as it has lately."""
         if num_streams <= 0:
             return 0.0
         batch = self.max_batch_size
         steps = math.ceil(num_streams / batch)
-        return steps * self.scale * self._line_s(min(num_streams, batch))
+        line = self._plain if self._plain.fitted else self._first
+        plain_s = steps * self.scale * line(min(num_streams, batch))
+        return plain_s / (1.0 - self.first_step_share)
+
+    def stepped(self, flow: StreamFlow, num_steps: int, audio_s: float) -> None:
+        """A stream took its ``num_steps``-th step here; ``audio_s`` of its audio has been
+        delivered so far. Its steps and audio since its first audio join the yield."""
+        if flow.mark_steps is None:
+            if audio_s > 0:
+                flow.mark_steps, flow.mark_audio_s = num_steps, audio_s
+            return
+        steps, audio = num_steps - flow.mark_steps, audio_s - flow.mark_audio_s
+        self._flow_steps += steps - flow.steps
+        self._flow_audio_s += audio - flow.audio_s
+        flow.steps, flow.audio_s = steps, audio
 
     def completed(self, num_steps: int, audio_s: float) -> None:
         """A stream completed after ``num_steps`` steps here and ``audio_s`` of audio."""
@@ -127,7 +212,10 @@ class StepModel:
             return self._yield_audio_s / self._yield_steps
         if not self.num_stream_steps:
             return 0.0
-        return audio_s_delivered / self.num_stream_steps
+        lower = audio_s_delivered / self.num_stream_steps
+        if self._flow_audio_s >= MIN_FLOW_AUDIO_S and self._flow_steps > 0:
+            return max(lower, self._flow_audio_s / self._flow_steps)
+        return lower
 
     def ready(self, audio_s_delivered: float) -> bool:
         return self.num_steps >= MIN_STEPS and (
@@ -162,9 +250,10 @@ class StepModel:
         ready = self.ready(audio_s_delivered)
         return StepModelStatistics(
             num_steps=self.num_steps,
-            intercept_s=self._intercept_s,
-            per_stream_s=self._per_stream_s,
+            intercept_s=self._plain.intercept_s,
+            per_stream_s=self._plain.per_stream_s,
             scale=self.scale,
+            first_step_share=self.first_step_share,
             audio_s_per_stream_step=self.audio_s_per_stream_step(audio_s_delivered),
             realtime_streams=self.realtime_streams(audio_s_delivered, 1.0, cap) if ready else 0,
         )

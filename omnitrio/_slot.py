@@ -33,8 +33,9 @@ stream out, and the forecast is brought up to date when the round comes back.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ._headroom import StreamFlow
 from ._link import Link
 from ._stream import StreamState
 
@@ -120,6 +121,8 @@ class Slot:
     """The actor's wake-up is on one of its links, for credit."""
     num_steps: int = 0
     """Steps whose output it got (what the step-time model's audio per step learns)."""
+    flow: StreamFlow = field(default_factory=StreamFlow)
+    """Its steps and audio since its first audio (the yield before any completion)."""
     worked_at_s: float = 0.0
     """When a plan last saw it with work (perf_counter s; at first, when it was added):
     a stream idle here longer than ``_admission.ACTIVE_WINDOW_S`` is not charged a step."""

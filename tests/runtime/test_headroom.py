@@ -8,7 +8,7 @@ import pytest
 
 import omnitrio
 from omnitrio._admission import Admission, priority_of
-from omnitrio._headroom import MIN_STEPS, StepModel
+from omnitrio._headroom import MIN_STEPS, StepModel, StreamFlow, _Line
 from omnitrio._link import Link
 from omnitrio._stream import DeliveryCounters, StreamHooks, StreamState
 
@@ -245,3 +245,122 @@ def test_idle_held_streams_are_not_charged_against_headroom() -> None:
     assert refusal is not None
     assert refusal.problem is not None
     assert f"with {admitted + 1} active streams" in refusal.problem
+
+
+# Before any stream completed, a stage's yield comes from the streams that play: the
+# tests below drive a stage's model with streams whose audio lags their steps here,
+# as a pipeline's stages do (virtual rounds: every live stream stepped once each).
+YIELD_S = 0.02  # audio one step here becomes: the true yield
+LAG_STEPS = 12  # steps between one here and its audio reaching the client
+CHUNK_STEPS = 4  # audio is delivered in chunks of this many steps' worth
+
+
+def _delivered_s(age: int, length: int) -> float:
+    """Audio a stream of ``length`` steps here has had delivered ``age`` rounds after its
+    first step: each step's audio arrives ``LAG_STEPS`` rounds later, in chunks."""
+    made = max(0, min(age - LAG_STEPS, length))
+    return YIELD_S * CHUNK_STEPS * (made // CHUNK_STEPS)
+
+
+def _early_run(model: StepModel, num_rounds: int, arrive_every: int, length: int) -> float:
+    """Streams arrive every ``arrive_every`` rounds and take ``length`` steps here; the
+    rounds stop before the first stream's audio has all reached its client (no stream
+    completed). Returns the audio delivered pipeline-wide."""
+    assert num_rounds - LAG_STEPS < length
+    flows: list[StreamFlow] = []
+    steps: list[int] = []
+    for round_ in range(num_rounds):
+        if round_ % arrive_every == 0:
+            flows.append(StreamFlow())
+            steps.append(0)
+        stepping = [i for i, n in enumerate(steps) if n < length]
+        model.observe(len(stepping), 0.012 + 0.00015 * len(stepping))
+        for i in stepping:
+            steps[i] += 1
+            age = round_ - i * arrive_every + 1
+            model.stepped(flows[i], steps[i], _delivered_s(age, length))
+    return sum(_delivered_s(num_rounds - i * arrive_every, length) for i in range(len(steps)))
+
+
+def test_before_any_completion_the_yield_is_the_playing_streams_pace_not_all_steps() -> None:
+    model = StepModel(64)
+    delivered_s = _early_run(model, num_rounds=70, arrive_every=4, length=60)  # 18 streams
+    assert not model.settled
+    # Audio delivered over every step taken reads the lag as a low yield (the old
+    # estimate: two thirds of the truth here) ...
+    assert delivered_s / model.num_stream_steps < 0.7 * YIELD_S
+    # ... the playing streams' steps and audio since their first audio read the pace;
+    # audio after a stream's last step here (its tail, still on its way) is not
+    # counted, so it does not read high.
+    estimate = model.audio_s_per_stream_step(delivered_s)
+    assert 0.9 * YIELD_S <= estimate <= YIELD_S
+    # So a stage that would make 1.27 s of audio a second for each of 19 streams admits
+    # the 19th; with the old estimate (a factor of 0.90) it refused.
+    admission = Admission(256, 0.05, headroom=True)
+    assert model.realtime_factor(19, delivered_s) > 1.25
+    assert admission.refusal(18, 18, [("thinker", model)], delivered_s) is None
+
+
+def test_before_streams_play_enough_the_yield_is_the_lower_bound() -> None:
+    model = StepModel(64)
+    delivered_s = _early_run(model, num_rounds=20, arrive_every=5, length=60)
+    # under MIN_FLOW_AUDIO_S played past first chunks: audio over all steps, as before
+    assert delivered_s > 0
+    assert model.audio_s_per_stream_step(delivered_s) == delivered_s / model.num_stream_steps
+
+
+def _steady(every_first: int, num_steps: int = 4000) -> StepModel:
+    """A thinker-like stage at ~40 streams: a step costs 8 ms + 0.15 ms a stream, and
+    21.6 ms more when it takes a stream's first step (a prefill), one step in
+    ``every_first``; streams completed at 20 ms of audio per step."""
+    model = StepModel(64)
+    for i in range(num_steps):
+        b, first = 36 + i % 9, int(i % every_first == 0)
+        model.observe(b, 0.008 + 0.00015 * b + 0.0216 * first, first)
+    model.completed(256, 256 * YIELD_S)
+    return model
+
+
+def test_a_burst_of_prefills_does_not_move_scale_a_slowdown_does() -> None:
+    model = _steady(every_first=5)
+    audio_s = 100.0
+    before = model.realtime_factor(41, audio_s)
+    assert 1.07 < before < 1.12  # the line averages the prefills in: ~1.09 at 41
+    admission = Admission(256, 0.05, headroom=True)
+    assert admission.refusal(40, 40, [("thinker", model)], audio_s) is None
+    # A cluster of arrivals: five steps in a row take a stream's first step.
+    for b in (40, 41, 42, 43, 44):
+        model.observe(b, 0.008 + 0.00015 * b + 0.0216, 1)
+    assert 0.98 < model.scale < 1.02  # each was as long as such steps are
+    assert model.realtime_factor(41, audio_s) > 0.98 * before
+    assert admission.refusal(40, 40, [("thinker", model)], audio_s) is None
+    # A slowdown of every step, prefills too, still shows within tens of steps.
+    slow = _steady(every_first=5)
+    for i in range(64):
+        b, first = 36 + i % 9, int(i % 5 == 0)
+        slow.observe(b, 1.3 * (0.008 + 0.00015 * b + 0.0216 * first), first)
+    assert 1.2 < slow.scale < 1.31
+
+
+def test_prefills_are_a_share_of_the_stage_time_not_a_cost_per_stream() -> None:
+    """Streams arriving faster and faster (the run's first half second): each arrival
+    adds a stream to the batch and its first step costs a 21.6 ms prefill once."""
+    model, old = StepModel(64), _Line()
+    total_s = prefill_s = 0.0
+    for b, steps_at_b in enumerate((20, 10, 6, 4, 3), start=1):
+        for i in range(steps_at_b):
+            first = int(i == 0)
+            step_s = 0.008 + 0.00015 * b + 0.0216 * first
+            model.observe(b, step_s, first)
+            old.add(b, step_s)
+            total_s, prefill_s = total_s + step_s, prefill_s + 0.0216 * first
+    # One line over every step reads the prefills, denser as streams arrive faster,
+    # as a cost per stream (the old model: over 1 ms, against 0.15) ...
+    assert old.per_stream_s > 0.001
+    # ... the model keeps them apart: a plain step's line, and the share of the
+    # stage's time its first steps took beyond that.
+    stats = model.statistics(audio_s_delivered=10.0, cap=64)
+    assert stats.per_stream_s == pytest.approx(0.00015, rel=1e-3)
+    assert stats.first_step_share == pytest.approx(prefill_s / total_s, rel=0.02)
+    assert model.round_s(6) == pytest.approx((0.008 + 0.0009) / (1 - prefill_s / total_s), rel=0.02)
+    assert model.round_s(6) < 0.8 * old(6)
