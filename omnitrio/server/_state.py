@@ -201,6 +201,10 @@ class _PipelineCollector(Collector):
                 "omnitrio_stage_model_scale",
                 "Recent steps' time over the learned line's (above 1: slower lately).",
             ),
+            "model_first_step_share": (
+                "omnitrio_stage_model_first_step_share",
+                "Share of the stage's time its streams' first steps (prefills) take.",
+            ),
             "realtime_streams": (
                 "omnitrio_stage_realtime_streams",
                 "The most streams the stage keeps in real time now (0: no estimate yet).",
@@ -234,6 +238,7 @@ class _PipelineCollector(Collector):
                 families["model_intercept"].add_metric([name], model.intercept_s)
                 families["model_per_stream"].add_metric([name], model.per_stream_s)
                 families["model_scale"].add_metric([name], model.scale)
+                families["model_first_step_share"].add_metric([name], model.first_step_share)
                 families["realtime_streams"].add_metric([name], model.realtime_streams)
         yield from families.values()
         totals = CounterMetricFamily(

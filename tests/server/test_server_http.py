@@ -63,6 +63,8 @@ async def test_health_models_and_metrics(base_url: str) -> None:
         'omnitrio_streams_total{outcome="completed"}',
         "# TYPE omnitrio_streams_total counter",
         "# TYPE omnitrio_stage_steps_total counter",
+        "# TYPE omnitrio_stage_model_scale gauge",
+        "# TYPE omnitrio_stage_model_first_step_share gauge",
     ):
         assert name in text, name
 
