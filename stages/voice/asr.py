@@ -106,13 +106,19 @@ class MoonshineAsr(_AsrStage):
         model_dir: str | None = None,
         cache_dir: str | None = None,
         num_threads: int = 1,
+        decoder_num_threads: int | None = None,
         max_tokens_per_s: float = 6.5,
     ) -> None:
         cpu_only(name, device)
         super().__init__(name)
         no_progress_monitor_thread()
         files = model_files(model_dir, cache_dir)
-        self.model = Moonshine(files, num_threads=num_threads, max_tokens_per_s=max_tokens_per_s)
+        self.model = Moonshine(
+            files,
+            num_threads=num_threads,
+            decoder_num_threads=decoder_num_threads,
+            max_tokens_per_s=max_tokens_per_s,
+        )
 
     def _text(self, samples: Floats) -> str:
         return self.model.transcribe(samples)

@@ -106,16 +106,38 @@ def model_files(model_dir: str | None, cache_dir: str | None) -> ModelFiles:
     )
 
 
+def _options(num_threads: int) -> onnxruntime.SessionOptions:
+    """One session's options. Its pool's threads sleep between runs instead of spinning:
+    each session has its own pool, and spinning ones took a core from the other session
+    (the encoder's pool spun through the decoder's steps) and from the LLM's prefill
+    after the transcript (docs/benchmarks.md, issue 24, third pass)."""
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = num_threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
 class Moonshine:
     """The model: ``transcribe`` 16 kHz float samples to text."""
 
-    def __init__(self, files: ModelFiles, *, num_threads: int = 1, max_tokens_per_s: float = 6.5):
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = num_threads
-        options.inter_op_num_threads = 1
+    def __init__(
+        self,
+        files: ModelFiles,
+        *,
+        num_threads: int = 1,
+        decoder_num_threads: int | None = None,
+        max_tokens_per_s: float = 6.5,
+    ):
         providers = ["CPUExecutionProvider"]
-        self.encoder = onnxruntime.InferenceSession(str(files.encoder), options, providers)
-        self.decoder = onnxruntime.InferenceSession(str(files.decoder), options, providers)
+        self.encoder = onnxruntime.InferenceSession(
+            str(files.encoder), _options(num_threads), providers
+        )
+        self.decoder = onnxruntime.InferenceSession(
+            str(files.decoder),
+            _options(num_threads if decoder_num_threads is None else decoder_num_threads),
+            providers,
+        )
         self.tokens = read_tokenizer(files.tokenizer)
         self.max_tokens_per_s = max_tokens_per_s
         self._past = [i.name for i in self.decoder.get_inputs() if i.name.startswith("past_")]

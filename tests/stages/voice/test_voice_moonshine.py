@@ -99,7 +99,14 @@ def test_the_conversion_runs_once_and_a_cut_file_is_refused(
 def test_the_asr_stage_hears_the_suites_questions(converted: Path, tmp_path: Path) -> None:
     from stages.voice.asr import MoonshineAsr
 
-    stage = MoonshineAsr("asr", cache_dir=str(converted.parent))
+    # The voice chat's threads: the encoder's pool on 2, the decoder on 1; neither spins.
+    stage = MoonshineAsr(
+        "asr", cache_dir=str(converted.parent), num_threads=2, decoder_num_threads=1
+    )
+    for session, threads in ((stage.model.encoder, 2), (stage.model.decoder, 1)):
+        options = session.get_session_options()
+        assert options.intra_op_num_threads == threads
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     for n, question in enumerate(QUESTIONS):
         sid = f"s{n}"
         pcm16 = spoken(question, tmp_path / f"{n}.wav", silence_after_s=0.3)
