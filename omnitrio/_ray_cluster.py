@@ -9,7 +9,6 @@ import logging
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TypeVar
@@ -19,10 +18,15 @@ import trio
 
 from ._config import PipelineConfig
 from ._errors import ConfigError
+from ._worker import WorkerThread
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+RAY_THREAD_STOP_TIMEOUT_S = 5.0
+"""How long the connection's thread may take to end once Ray is shut down (it is idle
+then; the bound only keeps a wedged ``ray.shutdown`` from holding teardown forever)."""
 
 RAY_CONNECT_TIMEOUT_S = 10.0
 """How long ``pipeline.ray_address`` may take to accept a connection (Ray's own
@@ -43,22 +47,32 @@ class _Instance:
 
     lock = trio.Lock()
     num_users = 0
-    thread: ThreadPoolExecutor | None = None
+    thread: WorkerThread | None = None
 
 
 async def _on_ray_thread(call: Callable[[], T]) -> T:
-    """Run ``call`` on the connection's own thread (started if need be), and wait."""
+    """Run ``call`` on the connection's own thread (started if need be), and wait for it.
+
+    The wait is shielded: ``ray.init`` and ``ray.shutdown`` cannot be interrupted, and
+    a caller that left while one still ran would leave a connection nobody shuts down.
+    """
     if _Instance.thread is None:
-        _Instance.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnitrio-ray")
-    future = _Instance.thread.submit(call)
-    return await trio.to_thread.run_sync(future.result)
+        _Instance.thread = WorkerThread("omnitrio-ray")
+    thread = _Instance.thread
+    with trio.CancelScope(shield=True):
+        result = await thread.run(call)
+    return result
 
 
-def _close_ray_thread() -> None:
-    """Let the connection's thread end once it is idle (Ray is shut down or never up)."""
+async def _close_ray_thread() -> None:
+    """End the connection's thread (Ray is shut down, or never came up)."""
     thread, _Instance.thread = _Instance.thread, None
-    if thread is not None:
-        thread.shutdown(wait=False)
+    if thread is not None and not await thread.stop(
+        trio.current_time() + RAY_THREAD_STOP_TIMEOUT_S
+    ):
+        logger.warning(
+            "the Ray connection's thread did not end in %.0f s", RAY_THREAD_STOP_TIMEOUT_S
+        )
 
 
 @asynccontextmanager
@@ -83,8 +97,10 @@ async def open_ray(config: PipelineConfig) -> AsyncIterator[None]:
                 async with _Instance.lock:
                     _Instance.num_users -= 1
                     if _Instance.num_users == 0:
-                        await _on_ray_thread(ray.shutdown)
-                        _close_ray_thread()
+                        try:
+                            await _on_ray_thread(ray.shutdown)
+                        finally:
+                            await _close_ray_thread()
 
 
 async def _connect(config: PipelineConfig) -> None:
@@ -102,7 +118,8 @@ async def _connect(config: PipelineConfig) -> None:
     try:
         await _on_ray_thread(init)
     except BaseException:
-        _close_ray_thread()
+        with trio.CancelScope(shield=True):
+            await _close_ray_thread()
         raise
     _take_back_stop_signals()
 
