@@ -64,6 +64,7 @@ from .._items import AudioChunk, Request, TextDelta
 from .._stage import Stage, StreamOutput, StreamWork
 from ._stages import load_stage
 from ._target import TargetError
+from ._vllm_omni_sched import ChunkQueues
 from ._vllm_omni_settings import ModelSettings
 
 if TYPE_CHECKING:  # the head imports torch; the stage processes do not need it
@@ -261,8 +262,11 @@ class _Engine:
     device: dict[str, numpy.ndarray[Any, Any]] = field(default_factory=dict)
     more: set[str] = field(default_factory=set)  # asked for a step without new input
     packer: queue.Queue[tuple[float, list[Any]] | None] | None = None  # async output's
+    sched: ChunkQueues | None = None  # the scheduler's chunk bookkeeping (stages after 0)
 
     def __post_init__(self) -> None:
+        if self.index > 0 and self.settings.chunk_scan:
+            self.sched = ChunkQueues(self.max_batch_size)
         # What one unit leaves on the "device": the hidden rows the talker reads
         # (thinker), a codec row (talker), nothing from the last stage.
         if self.index == 0:
@@ -279,6 +283,8 @@ class _Engine:
         self.running.append(stream_id)
         self.pending[stream_id] = []
         self.chunks[stream_id] = 0
+        if self.sched is not None:
+            self.sched.add(stream_id)
         if self.index > 0:
             self.connector.load_async(stream_id)
 
@@ -302,7 +308,20 @@ class _Engine:
                 limit = self.stage.max_inputs_per_step or len(inbox)
                 taken = tuple(inbox.popleft() for _ in range(min(limit, len(inbox))))
                 batch.append(StreamWork(stream_id, taken, closed and not inbox))
+        if self.sched is not None:
+            self._schedule_chunks(batch)
         return batch
+
+    def _schedule_chunks(self, batch: list[StreamWork]) -> None:
+        """The scheduler's chunk bookkeeping around this ``schedule()`` (every bound
+        request visited: ``_vllm_omni_sched``)."""
+        assert self.sched is not None
+        with self.connector.lock:
+            inbox = self.connector.inbox
+            ready = {sid for sid in self.running if inbox.get(sid)} | self.more
+            finished = set(self.connector.upstream_done)
+        ready.update(w.stream_id for w in batch)
+        self.sched.schedule(ready, finished, (w.stream_id for w in batch))
 
     def step(self, batch: list[StreamWork]) -> None:
         try:
@@ -351,6 +370,8 @@ class _Engine:
 
     def _finish(self, stream_id: str) -> None:
         self.running.remove(stream_id)
+        if self.sched is not None:
+            self.sched.finish(stream_id)
         self.more.discard(stream_id)
         self.pending.pop(stream_id, None)
         self.chunks.pop(stream_id, None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import queue
 import time
 from pathlib import Path
 
@@ -19,15 +20,18 @@ import torch
 pytest.importorskip("zmq", reason="pyzmq is in the optional bench extra")
 
 import omnitrio
-from omnitrio import AudioChunk, TextDelta
+from omnitrio import AudioChunk, Request, TextDelta
+from omnitrio.bench._stages import load_stage
 from omnitrio.bench._target import TargetError
 from omnitrio.bench._vllm_omni_model import (
     _Connector,
+    _Engine,
     _shm_path,
     open_vllm_omni_model,
     replica_config,
 )
 from omnitrio.bench._vllm_omni_outputs import RequestState, StageOutput, chat_chunk_json
+from omnitrio.bench._vllm_omni_sched import RUNNING, WAITING_FOR_CHUNK, ChunkQueues
 from omnitrio.bench._vllm_omni_settings import ModelSettings, variant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,3 +142,57 @@ def test_a_stage_with_replicas_is_a_process_per_replica_of_its_share_of_the_batc
     assert one.stages[talker].max_batch_size == 32  # the seeds' max_num_seqs, each
     assert one.stages[talker].params["replicas"] == 1
     assert replica_config(config, 0) == (config, 1)
+
+
+def test_the_chunk_bookkeeping_parks_waiting_requests_and_admits_ready_ones() -> None:
+    queues = ChunkQueues(max_num_seqs=2)
+    for k in range(5):
+        queues.add(f"r{k}")
+    queues.schedule(ready={"r3", "r4"}, finished=set(), scheduled=["r3", "r4"])
+    # Only the ready ones were admitted; the rest were parked, then restored.
+    assert [r.request_id for r in queues.running] == ["r3", "r4"]
+    assert all(r.status == RUNNING for r in queues.running)
+    assert [r.request_id for r in queues.waiting] == ["r0", "r1", "r2"]
+    assert all(r.status == WAITING_FOR_CHUNK for r in queues.waiting)
+    assert (queues.scans, queues.visits) == (1, 5)
+    queues.finish("r3")
+    queues.schedule(ready={"r1"}, finished=set(), scheduled=["r1"])
+    # r4 ran without a new chunk: parked from the running list, restored after r1.
+    assert [(r.request_id, r.status) for r in queues.running] == [
+        ("r1", RUNNING),
+        ("r4", WAITING_FOR_CHUNK),
+    ]
+    assert (queues.scans, queues.visits) == (2, 9)
+    assert len(queues) == 4
+
+
+@pytest.mark.parametrize("chunk_scan", [True, False])
+def test_a_talker_visits_every_bound_request_on_every_schedule(chunk_scan: bool) -> None:
+    """The cost per output grows with the requests in flight: with one stream fed a
+    chunk per step, each step's output costs a visit of every bound request."""
+    config = omnitrio.load_config(REPO / "configs" / "bench-qwen3-omni.yaml")
+    settings = ModelSettings(chunk_scan=chunk_scan)
+    visits_per_output = {}
+    for streams in (4, 64):
+        connector = _Connector(f"t5{streams}{chunk_scan}", 1, settings, sends=False)
+        stage = load_stage(config, 1)
+        engine = _Engine(1, 3, stage, 32, 25, settings, connector, queue.Queue())
+        try:
+            for k in range(streams):
+                engine.add(f"s{k}", Request("hi"))
+            assert engine.pick() == []  # every request waits for its first chunk
+            for _ in range(10):
+                with connector.lock:
+                    connector.inbox["s1"].append(b"frame")
+                assert [w.stream_id for w in engine.pick()] == ["s1"]
+            if chunk_scan:
+                assert engine.sched is not None
+                assert engine.sched.scans == 11
+                visits_per_output[streams] = (engine.sched.visits - streams) / 10
+            else:
+                assert engine.sched is None
+        finally:
+            connector.stop()
+            stage.close()
+    if chunk_scan:
+        assert visits_per_output == {4: 4, 64: 64}
