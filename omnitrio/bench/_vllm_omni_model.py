@@ -101,6 +101,8 @@ class _Connector:
             threading.Semaphore(settings.save_limit) if settings.save_limit is not None else None
         )
         self._loads: deque[str] = deque()  # streams waiting for their next chunk
+        self._one_per_load = settings.chunk_per_schedule
+        self._armed: set[str] = set()  # registered for their next chunk (under lock)
         self._load_cond = threading.Condition()
         self._next_chunk: dict[str, int] = {}
         self.lock = threading.Lock()  # guards inbox and upstream_done
@@ -173,6 +175,25 @@ class _Connector:
         with self.lock:
             self.inbox[stream_id] = deque()
             self._next_chunk[stream_id] = 0
+            self._armed.add(stream_id)
+        self._loads.append(stream_id)
+        with self._load_cond:
+            self._load_cond.notify()
+
+    def rearm(self, stream_id: str) -> None:
+        """``load_async`` again for a request its scheduler found without a chunk
+        (``pending_chunk_registrations``): with one chunk per registration, the
+        receive thread polls a request's next key only after this."""
+        if not self._one_per_load:
+            return
+        with self.lock:
+            if (
+                stream_id in self._armed
+                or stream_id not in self._next_chunk
+                or stream_id in self.upstream_done
+            ):
+                return
+            self._armed.add(stream_id)
         self._loads.append(stream_id)
         with self._load_cond:
             self._load_cond.notify()
@@ -182,6 +203,7 @@ class _Connector:
             self.inbox.pop(stream_id, None)
             self._next_chunk.pop(stream_id, None)
             self.upstream_done.discard(stream_id)
+            self._armed.discard(stream_id)
 
     def _recv_loop(self) -> None:
         while not self._stop.is_set():
@@ -203,7 +225,9 @@ class _Connector:
                         self._next_chunk[stream_id] = chunk_index + 1
                         if chunk["done"]:
                             self.upstream_done.add(stream_id)
-                if not chunk["done"]:
+                    if self._one_per_load:  # _poll_single_request: one chunk, then off
+                        self._armed.discard(stream_id)
+                if not chunk["done"] and not self._one_per_load:
                     self._loads.append(stream_id)
             with self._load_cond:
                 if not self._loads and not self._stop.is_set():
@@ -308,6 +332,8 @@ class _Engine:
                 limit = self.stage.max_inputs_per_step or len(inbox)
                 taken = tuple(inbox.popleft() for _ in range(min(limit, len(inbox))))
                 batch.append(StreamWork(stream_id, taken, closed and not inbox))
+            if taken and not inbox and not closed:
+                self.connector.rearm(stream_id)  # its chunk consumed: WAITING_FOR_CHUNK
         if self.sched is not None:
             self._schedule_chunks(batch)
         return batch

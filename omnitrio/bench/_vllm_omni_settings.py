@@ -20,6 +20,9 @@ class ModelSettings:
     # The stage scheduler's per-schedule() scan of every bound request for chunks
     # (process_pending_chunks / restore_queues); in every variant: no PR removed it.
     chunk_scan: bool = True
+    # One chunk per registration: the receive thread loads a request's next chunk only
+    # after its scheduler marked it WAITING_FOR_CHUNK again (load_async); in every variant.
+    chunk_per_schedule: bool = True
 
 
 def variant(name: str, packaging_ms: float = PACKAGING_MS) -> ModelSettings:

@@ -48,7 +48,7 @@ def wait_for(condition: object, timeout_s: float = 10.0) -> None:
 def test_chunks_travel_in_order_through_shared_memory_and_are_unlinked(
     save_limit: int | None,
 ) -> None:
-    settings = ModelSettings(save_limit=save_limit)
+    settings = ModelSettings(save_limit=save_limit, chunk_per_schedule=False)
     sender = _Connector("t1", 0, settings, sends=True)
     receiver = _Connector("t1", 1, settings, sends=False)
     try:
@@ -59,6 +59,28 @@ def test_chunks_travel_in_order_through_shared_memory_and_are_unlinked(
         wait_for(lambda: "s" in receiver.upstream_done)
         assert list(receiver.inbox["s"]) == ["p0a", "p0b", "p1a", "p1b", "p2a", "p2b"]
         assert not any(os.path.exists(_shm_path(key)) for key in keys)  # the reader unlinks
+    finally:
+        sender.stop()
+        receiver.stop()
+
+
+def test_the_receiver_loads_one_chunk_per_registration() -> None:
+    """``_poll_single_request``: a request's next key is polled again only after its
+    scheduler found it without a chunk (``rearm``, vllm-omni's ``load_async``)."""
+    sender = _Connector("t6", 0, ModelSettings(), sends=True)
+    receiver = _Connector("t6", 1, ModelSettings(), sends=False)
+    try:
+        receiver.load_async("s")
+        for k in range(3):
+            sender.save_async(sender.key("s", k, 0), {"payloads": [f"p{k}"], "done": k == 2})
+        wait_for(lambda: list(receiver.inbox["s"]) == ["p0"])
+        wait_for(lambda: os.path.exists(_shm_path(sender.key("s", 2, 0))))
+        assert list(receiver.inbox["s"]) == ["p0"]  # chunks 1 and 2 wait in shared memory
+        for k in (1, 2):
+            receiver.inbox["s"].clear()  # the engine took the chunk
+            receiver.rearm("s")
+            wait_for(lambda k=k: list(receiver.inbox["s"]) == [f"p{k}"])
+        assert "s" in receiver.upstream_done
     finally:
         sender.stop()
         receiver.stop()
