@@ -20,8 +20,13 @@ mechanism stands for and the cost it charges):
   (an unbounded deque, or a ``Semaphore(512)`` taken by the engine loop, PR
   3690); a save thread pickles the chunk into a POSIX shared-memory segment per
   key; a receive thread polls every waiting request's next key, backing off
-  1 ms after a pass with no progress. The talker's chunks hold
-  ``inputs_per_step`` codec frames of the next stage (``codec_chunk_frames``).
+  1 ms after a pass with no progress; it loads one chunk of a request, then
+  waits for the engine to take it (``_poll_single_request``, ``rearm``). The
+  talker's chunks hold ``inputs_per_step`` codec frames of the next stage
+  (``codec_chunk_frames``).
+- **The scheduler's chunk bookkeeping** (``_vllm_omni_sched``): every engine-loop
+  iteration of a stage after the first visits every request bound to it,
+  waiting ones included (``process_pending_chunks`` / ``restore_queues``).
 - **Talker payload packaging** held on the decode critical path with the GIL
   (seed 002: ``sample_tokens`` 6.38 ms against ``_sample`` 0.99 ms), a
   parameter; with ``async_output`` (PR 4476) a background thread of the stage
