@@ -36,6 +36,11 @@ def add_parser(commands: Any) -> None:
     what.add_argument(
         "--baseline", action="append", choices=BASELINES, default=[], help="repeatable"
     )
+    what.add_argument(
+        "--baselines-only",
+        action="store_true",
+        help="leave omnitrio's pipeline (or --url) out: run the baselines alone",
+    )
     what.add_argument("--monolithic", help="a module:factory for a monolithic generate baseline")
     what.add_argument(
         "--model-path", type=Path, help="local model folder for the stages that load one"

@@ -153,7 +153,7 @@ def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarge
             )
 
         targets.append(server)
-    else:
+    elif not args.baselines_only:
         targets.append(lambda: open_pipeline_target(config))
     for name in dict.fromkeys(args.baseline):
         if name == "omnitrio-round-robin":  # the runtime before deadlines and headroom
@@ -191,6 +191,8 @@ def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarge
             targets.append(lambda: open_pipecat(config))
     if args.monolithic:
         targets.append(lambda: open_monolithic(config, args.monolithic))
+    if not targets:
+        raise ValueError("omnitrio bench: --baselines-only needs at least one --baseline")
     return targets
 
 

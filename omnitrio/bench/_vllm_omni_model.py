@@ -20,8 +20,13 @@ mechanism stands for and the cost it charges):
   (an unbounded deque, or a ``Semaphore(512)`` taken by the engine loop, PR
   3690); a save thread pickles the chunk into a POSIX shared-memory segment per
   key; a receive thread polls every waiting request's next key, backing off
-  1 ms after a pass with no progress. The talker's chunks hold
-  ``inputs_per_step`` codec frames of the next stage (``codec_chunk_frames``).
+  1 ms after a pass with no progress; it loads one chunk of a request, then
+  waits for the engine to take it (``_poll_single_request``, ``rearm``). The
+  talker's chunks hold ``inputs_per_step`` codec frames of the next stage
+  (``codec_chunk_frames``).
+- **The scheduler's chunk bookkeeping** (``_vllm_omni_sched``): every engine-loop
+  iteration of a stage after the first visits every request bound to it,
+  waiting ones included (``process_pending_chunks`` / ``restore_queues``).
 - **Talker payload packaging** held on the decode critical path with the GIL
   (seed 002: ``sample_tokens`` 6.38 ms against ``_sample`` 0.99 ms), a
   parameter; with ``async_output`` (PR 4476) a background thread of the stage
@@ -64,6 +69,7 @@ from .._items import AudioChunk, Request, TextDelta
 from .._stage import Stage, StreamOutput, StreamWork
 from ._stages import load_stage
 from ._target import TargetError
+from ._vllm_omni_sched import ChunkQueues
 from ._vllm_omni_settings import ModelSettings
 
 if TYPE_CHECKING:  # the head imports torch; the stage processes do not need it
@@ -100,6 +106,8 @@ class _Connector:
             threading.Semaphore(settings.save_limit) if settings.save_limit is not None else None
         )
         self._loads: deque[str] = deque()  # streams waiting for their next chunk
+        self._one_per_load = settings.chunk_per_schedule
+        self._armed: set[str] = set()  # registered for their next chunk (under lock)
         self._load_cond = threading.Condition()
         self._next_chunk: dict[str, int] = {}
         self.lock = threading.Lock()  # guards inbox and upstream_done
@@ -172,6 +180,25 @@ class _Connector:
         with self.lock:
             self.inbox[stream_id] = deque()
             self._next_chunk[stream_id] = 0
+            self._armed.add(stream_id)
+        self._loads.append(stream_id)
+        with self._load_cond:
+            self._load_cond.notify()
+
+    def rearm(self, stream_id: str) -> None:
+        """``load_async`` again for a request its scheduler found without a chunk
+        (``pending_chunk_registrations``): with one chunk per registration, the
+        receive thread polls a request's next key only after this."""
+        if not self._one_per_load:
+            return
+        with self.lock:
+            if (
+                stream_id in self._armed
+                or stream_id not in self._next_chunk
+                or stream_id in self.upstream_done
+            ):
+                return
+            self._armed.add(stream_id)
         self._loads.append(stream_id)
         with self._load_cond:
             self._load_cond.notify()
@@ -181,6 +208,7 @@ class _Connector:
             self.inbox.pop(stream_id, None)
             self._next_chunk.pop(stream_id, None)
             self.upstream_done.discard(stream_id)
+            self._armed.discard(stream_id)
 
     def _recv_loop(self) -> None:
         while not self._stop.is_set():
@@ -202,7 +230,9 @@ class _Connector:
                         self._next_chunk[stream_id] = chunk_index + 1
                         if chunk["done"]:
                             self.upstream_done.add(stream_id)
-                if not chunk["done"]:
+                    if self._one_per_load:  # _poll_single_request: one chunk, then off
+                        self._armed.discard(stream_id)
+                if not chunk["done"] and not self._one_per_load:
                     self._loads.append(stream_id)
             with self._load_cond:
                 if not self._loads and not self._stop.is_set():
@@ -261,8 +291,11 @@ class _Engine:
     device: dict[str, numpy.ndarray[Any, Any]] = field(default_factory=dict)
     more: set[str] = field(default_factory=set)  # asked for a step without new input
     packer: queue.Queue[tuple[float, list[Any]] | None] | None = None  # async output's
+    sched: ChunkQueues | None = None  # the scheduler's chunk bookkeeping (stages after 0)
 
     def __post_init__(self) -> None:
+        if self.index > 0 and self.settings.chunk_scan:
+            self.sched = ChunkQueues(self.max_batch_size)
         # What one unit leaves on the "device": the hidden rows the talker reads
         # (thinker), a codec row (talker), nothing from the last stage.
         if self.index == 0:
@@ -279,6 +312,8 @@ class _Engine:
         self.running.append(stream_id)
         self.pending[stream_id] = []
         self.chunks[stream_id] = 0
+        if self.sched is not None:
+            self.sched.add(stream_id)
         if self.index > 0:
             self.connector.load_async(stream_id)
 
@@ -302,7 +337,22 @@ class _Engine:
                 limit = self.stage.max_inputs_per_step or len(inbox)
                 taken = tuple(inbox.popleft() for _ in range(min(limit, len(inbox))))
                 batch.append(StreamWork(stream_id, taken, closed and not inbox))
+            if taken and not inbox and not closed:
+                self.connector.rearm(stream_id)  # its chunk consumed: WAITING_FOR_CHUNK
+        if self.sched is not None:
+            self._schedule_chunks(batch)
         return batch
+
+    def _schedule_chunks(self, batch: list[StreamWork]) -> None:
+        """The scheduler's chunk bookkeeping around this ``schedule()`` (every bound
+        request visited: ``_vllm_omni_sched``)."""
+        assert self.sched is not None
+        with self.connector.lock:
+            inbox = self.connector.inbox
+            ready = {sid for sid in self.running if inbox.get(sid)} | self.more
+            finished = set(self.connector.upstream_done)
+        ready.update(w.stream_id for w in batch)
+        self.sched.schedule(ready, finished, (w.stream_id for w in batch))
 
     def step(self, batch: list[StreamWork]) -> None:
         try:
@@ -351,6 +401,8 @@ class _Engine:
 
     def _finish(self, stream_id: str) -> None:
         self.running.remove(stream_id)
+        if self.sched is not None:
+            self.sched.finish(stream_id)
         self.more.discard(stream_id)
         self.pending.pop(stream_id, None)
         self.chunks.pop(stream_id, None)

@@ -17,6 +17,12 @@ class ModelSettings:
     hidden_states_to_orchestrator: bool = True  # False: PR 4527, connector only
     async_output: bool = False  # True: PR 4476, packaging off the engine loop's path
     event_driven: bool = False  # True: PR 5221, readers and wake-ups instead of 1 ms polls
+    # The stage scheduler's per-schedule() scan of every bound request for chunks
+    # (process_pending_chunks / restore_queues); in every variant: no PR removed it.
+    chunk_scan: bool = True
+    # One chunk per registration: the receive thread loads a request's next chunk only
+    # after its scheduler marked it WAITING_FOR_CHUNK again (load_async); in every variant.
+    chunk_per_schedule: bool = True
 
 
 def variant(name: str, packaging_ms: float = PACKAGING_MS) -> ModelSettings:

@@ -199,6 +199,18 @@ def test_bench_refuses_a_remote_url_unless_allowed(capsys: pytest.CaptureFixture
     assert "no omnitrio server at 127.0.0.1:1" in capsys.readouterr().err
 
 
+def test_bench_baselines_only_runs_the_baselines_alone(
+    tmp_path: Path, fast_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report, _ = run_bench(
+        tmp_path,
+        *("--config", str(fast_config), "--baselines-only", "--baseline", "vllm-omni-model"),
+    )
+    check_runs(report, ["vllm-omni-model"], [4])
+    assert main(["bench", "--baselines-only", "--no-progress"]) == 2
+    assert "--baselines-only needs at least one --baseline" in capsys.readouterr().err
+
+
 def test_bench_set_names_a_stage_parameter(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--set", "nobody.x=1", "--no-progress"]) == 2
     assert "give STAGE.PARAM=VALUE with a stage of the config" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import queue
 import time
 from pathlib import Path
 
@@ -19,15 +20,18 @@ import torch
 pytest.importorskip("zmq", reason="pyzmq is in the optional bench extra")
 
 import omnitrio
-from omnitrio import AudioChunk, TextDelta
+from omnitrio import AudioChunk, Request, TextDelta
+from omnitrio.bench._stages import load_stage
 from omnitrio.bench._target import TargetError
 from omnitrio.bench._vllm_omni_model import (
     _Connector,
+    _Engine,
     _shm_path,
     open_vllm_omni_model,
     replica_config,
 )
 from omnitrio.bench._vllm_omni_outputs import RequestState, StageOutput, chat_chunk_json
+from omnitrio.bench._vllm_omni_sched import RUNNING, WAITING_FOR_CHUNK, ChunkQueues
 from omnitrio.bench._vllm_omni_settings import ModelSettings, variant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +48,7 @@ def wait_for(condition: object, timeout_s: float = 10.0) -> None:
 def test_chunks_travel_in_order_through_shared_memory_and_are_unlinked(
     save_limit: int | None,
 ) -> None:
-    settings = ModelSettings(save_limit=save_limit)
+    settings = ModelSettings(save_limit=save_limit, chunk_per_schedule=False)
     sender = _Connector("t1", 0, settings, sends=True)
     receiver = _Connector("t1", 1, settings, sends=False)
     try:
@@ -55,6 +59,28 @@ def test_chunks_travel_in_order_through_shared_memory_and_are_unlinked(
         wait_for(lambda: "s" in receiver.upstream_done)
         assert list(receiver.inbox["s"]) == ["p0a", "p0b", "p1a", "p1b", "p2a", "p2b"]
         assert not any(os.path.exists(_shm_path(key)) for key in keys)  # the reader unlinks
+    finally:
+        sender.stop()
+        receiver.stop()
+
+
+def test_the_receiver_loads_one_chunk_per_registration() -> None:
+    """``_poll_single_request``: a request's next key is polled again only after its
+    scheduler found it without a chunk (``rearm``, vllm-omni's ``load_async``)."""
+    sender = _Connector("t6", 0, ModelSettings(), sends=True)
+    receiver = _Connector("t6", 1, ModelSettings(), sends=False)
+    try:
+        receiver.load_async("s")
+        for k in range(3):
+            sender.save_async(sender.key("s", k, 0), {"payloads": [f"p{k}"], "done": k == 2})
+        wait_for(lambda: list(receiver.inbox["s"]) == ["p0"])
+        wait_for(lambda: os.path.exists(_shm_path(sender.key("s", 2, 0))))
+        assert list(receiver.inbox["s"]) == ["p0"]  # chunks 1 and 2 wait in shared memory
+        for k in (1, 2):
+            receiver.inbox["s"].clear()  # the engine took the chunk
+            receiver.rearm("s")
+            wait_for(lambda k=k: list(receiver.inbox["s"]) == [f"p{k}"])
+        assert "s" in receiver.upstream_done
     finally:
         sender.stop()
         receiver.stop()
@@ -138,3 +164,57 @@ def test_a_stage_with_replicas_is_a_process_per_replica_of_its_share_of_the_batc
     assert one.stages[talker].max_batch_size == 32  # the seeds' max_num_seqs, each
     assert one.stages[talker].params["replicas"] == 1
     assert replica_config(config, 0) == (config, 1)
+
+
+def test_the_chunk_bookkeeping_parks_waiting_requests_and_admits_ready_ones() -> None:
+    queues = ChunkQueues(max_num_seqs=2)
+    for k in range(5):
+        queues.add(f"r{k}")
+    queues.schedule(ready={"r3", "r4"}, finished=set(), scheduled=["r3", "r4"])
+    # Only the ready ones were admitted; the rest were parked, then restored.
+    assert [r.request_id for r in queues.running] == ["r3", "r4"]
+    assert all(r.status == RUNNING for r in queues.running)
+    assert [r.request_id for r in queues.waiting] == ["r0", "r1", "r2"]
+    assert all(r.status == WAITING_FOR_CHUNK for r in queues.waiting)
+    assert (queues.scans, queues.visits) == (1, 5)
+    queues.finish("r3")
+    queues.schedule(ready={"r1"}, finished=set(), scheduled=["r1"])
+    # r4 ran without a new chunk: parked from the running list, restored after r1.
+    assert [(r.request_id, r.status) for r in queues.running] == [
+        ("r1", RUNNING),
+        ("r4", WAITING_FOR_CHUNK),
+    ]
+    assert (queues.scans, queues.visits) == (2, 9)
+    assert len(queues) == 4
+
+
+@pytest.mark.parametrize("chunk_scan", [True, False])
+def test_a_talker_visits_every_bound_request_on_every_schedule(chunk_scan: bool) -> None:
+    """The cost per output grows with the requests in flight: with one stream fed a
+    chunk per step, each step's output costs a visit of every bound request."""
+    config = omnitrio.load_config(REPO / "configs" / "bench-qwen3-omni.yaml")
+    settings = ModelSettings(chunk_scan=chunk_scan)
+    visits_per_output = {}
+    for streams in (4, 64):
+        connector = _Connector(f"t5{streams}{chunk_scan}", 1, settings, sends=False)
+        stage = load_stage(config, 1)
+        engine = _Engine(1, 3, stage, 32, 25, settings, connector, queue.Queue())
+        try:
+            for k in range(streams):
+                engine.add(f"s{k}", Request("hi"))
+            assert engine.pick() == []  # every request waits for its first chunk
+            for _ in range(10):
+                with connector.lock:
+                    connector.inbox["s1"].append(b"frame")
+                assert [w.stream_id for w in engine.pick()] == ["s1"]
+            if chunk_scan:
+                assert engine.sched is not None
+                assert engine.sched.scans == 11
+                visits_per_output[streams] = (engine.sched.visits - streams) / 10
+            else:
+                assert engine.sched is None
+        finally:
+            connector.stop()
+            stage.close()
+    if chunk_scan:
+        assert visits_per_output == {4: 4, 64: 64}
