@@ -15,6 +15,9 @@ With param ``first_chunk_frames`` (null: off), an answer's first phrase is spoke
 in two steps (tts_stream.py): its first ``first_chunk_frames`` frames (~11.6 ms
 each at 22.05 kHz) go out as soon as they are made, the rest at the next step,
 so the answer starts playing before its first phrase is synthesised whole.
+
+The first phrase's synthesis is marked for first_audio.py: with the LLM stage's
+``first_audio_first``, the later tokens of answers already speaking wait meanwhile.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import onnxruntime
 from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
 
 from .files import INSTALL_HINT, cpu_only, existing_path, package_dir
+from .first_audio import FIRST_AUDIO
 from .llm_weights import default_cache_dir
 from .payloads import TextPiece
 from .pcm import Floats, float_to_pcm16
@@ -132,6 +136,7 @@ class PiperTts:
 
     def close_stream(self, stream_id: str) -> None:
         del self.streams[stream_id]
+        FIRST_AUDIO.forget(stream_id)
 
     def close(self) -> None:
         self.streams.clear()
@@ -151,11 +156,18 @@ class PiperTts:
             if rest:
                 speech.phrases.append(rest)
         if speech.rest is not None:
-            samples = self._timed(self._rest, speech)
+            with FIRST_AUDIO.synthesizing():  # only a first phrase has a rest
+                samples = self._timed(self._rest, speech)
         elif not speech.phrases:
             return StreamOutput(done=speech.text_done)
-        elif speech.spoken == 0 and self._split is not None:
-            samples = self._timed(self._first_part, speech)
+        elif speech.spoken == 0:
+            FIRST_AUDIO.first_phrase_out(work.stream_id)
+            with FIRST_AUDIO.synthesizing():
+                if self._split is not None:
+                    samples = self._timed(self._first_part, speech)
+                else:
+                    samples = self.synthesize(speech.phrases.popleft())
+                    speech.spoken += 1
         else:
             samples = self.synthesize(speech.phrases.popleft())
             speech.spoken += 1

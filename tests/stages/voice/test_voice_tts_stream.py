@@ -63,3 +63,17 @@ def test_a_non_positive_first_chunk_is_refused() -> None:
 
     with pytest.raises(ValueError, match="first_chunk_frames must be positive or null, got 0"):
         PiperTts("tts", first_chunk_frames=0)
+
+
+def test_the_first_phrase_marks_the_stream_as_speaking_until_it_closes(tts: object) -> None:
+    """What first_audio.py's hold reads: a stream is speaking once its first phrase is
+    synthesised, and forgotten when it closes."""
+    from stages.voice.first_audio import FIRST_AUDIO
+    from stages.voice.payloads import TextPiece
+
+    tts.open_stream("m", Request())  # type: ignore[attr-defined]
+    assert not FIRST_AUDIO.speaking("m")
+    tts.step([StreamWork("m", (TextPiece(PHRASE),), True)])  # type: ignore[attr-defined]
+    assert FIRST_AUDIO.speaking("m")
+    tts.close_stream("m")  # type: ignore[attr-defined]
+    assert not FIRST_AUDIO.speaking("m")
