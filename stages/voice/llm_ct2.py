@@ -23,7 +23,7 @@ import os
 import tempfile
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,8 +95,11 @@ class Ct2Runtime:
         max_new_tokens: int,
         params: SamplingParams,
         end_tokens: Sequence[int],
+        hold: Callable[[], None] | None = None,
     ) -> Ct2Answer:
-        """Start generating (returns at once); tokens arrive in the answer's ``arrived``."""
+        """Start generating (returns at once); tokens arrive in the answer's ``arrived``.
+        ``hold``, called on CTranslate2's thread after each token but the last, may wait:
+        the next token waits with it (first_audio.py)."""
         answer = Ct2Answer()
         condition = self._arrived  # not self: a worker thread must never drop the generator
 
@@ -104,6 +107,8 @@ class Ct2Runtime:
             with condition:
                 answer.arrived.append((step.token_id, step.is_last))
                 condition.notify_all()
+            if hold is not None and not step.is_last and not answer.cancelled:
+                hold()
             return answer.cancelled  # True stops the generation
 
         sampling = (

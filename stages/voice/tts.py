@@ -5,7 +5,8 @@ as Piper names it) select another.
 
 The answer's text arrives from the LLM a token at a time (``TextPiece``). The
 stage cuts it into phrases (phrases.py) and synthesises each as soon as it is
-complete, so the first phrase plays while the LLM is still writing the rest.
+complete, so the first phrase plays while the LLM is still writing the rest. A step
+that speaks some answer's first phrase speaks no other answer's later phrase.
 Phonemes come from one long-lived espeak-ng process (phonemes.py: it is GPL,
 so it stays out of process). One step speaks at most one phrase per stream; the streams of a batch
 are synthesised one after another (Piper's ONNX graph returns no per-item
@@ -15,6 +16,9 @@ With param ``first_chunk_frames`` (null: off), an answer's first phrase is spoke
 in two steps (tts_stream.py): its first ``first_chunk_frames`` frames (~11.6 ms
 each at 22.05 kHz) go out as soon as they are made, the rest at the next step,
 so the answer starts playing before its first phrase is synthesised whole.
+
+The first phrase's synthesis is marked for first_audio.py: with the LLM stage's
+``first_audio_first``, the later tokens of answers already speaking wait meanwhile.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import onnxruntime
 from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
 
 from .files import INSTALL_HINT, cpu_only, existing_path, package_dir
+from .first_audio import FIRST_AUDIO
 from .llm_weights import default_cache_dir
 from .payloads import TextPiece
 from .pcm import Floats, float_to_pcm16
@@ -132,15 +137,22 @@ class PiperTts:
 
     def close_stream(self, stream_id: str) -> None:
         del self.streams[stream_id]
+        FIRST_AUDIO.forget(stream_id)
 
     def close(self) -> None:
         self.streams.clear()
         self._espeak.close()
 
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
-        return {work.stream_id: self._step_one(work) for work in batch}
+        for work in batch:
+            self._feed(work)
+        # A step that speaks an answer's first phrase speaks nothing else: the others'
+        # later phrases wait a step (their earlier audio is still playing), so the first
+        # audio is not held back behind them.
+        first = any(self._first_due(self.streams[w.stream_id]) for w in batch)
+        return {w.stream_id: self._speak(w.stream_id, later=not first) for w in batch}
 
-    def _step_one(self, work: StreamWork) -> StreamOutput:
+    def _feed(self, work: StreamWork) -> None:
         speech = self.streams[work.stream_id]
         for piece in work.inputs:
             if isinstance(piece, TextPiece):
@@ -150,12 +162,29 @@ class PiperTts:
             rest = speech.splitter.flush()
             if rest:
                 speech.phrases.append(rest)
+
+    @staticmethod
+    def _first_due(speech: _Stream) -> bool:
+        """Whether the stream's next audio is (part of) its first phrase."""
+        return speech.rest is not None or (speech.spoken == 0 and bool(speech.phrases))
+
+    def _speak(self, stream_id: str, *, later: bool) -> StreamOutput:
+        speech = self.streams[stream_id]
         if speech.rest is not None:
-            samples = self._timed(self._rest, speech)
+            with FIRST_AUDIO.synthesizing():  # only a first phrase has a rest
+                samples = self._timed(self._rest, speech)
         elif not speech.phrases:
             return StreamOutput(done=speech.text_done)
-        elif speech.spoken == 0 and self._split is not None:
-            samples = self._timed(self._first_part, speech)
+        elif speech.spoken == 0:
+            FIRST_AUDIO.first_phrase_out(stream_id)
+            with FIRST_AUDIO.synthesizing():
+                if self._split is not None:
+                    samples = self._timed(self._first_part, speech)
+                else:
+                    samples = self.synthesize(speech.phrases.popleft())
+                    speech.spoken += 1
+        elif not later:
+            return StreamOutput(more=True)  # a later phrase, after the first audio
         else:
             samples = self.synthesize(speech.phrases.popleft())
             speech.spoken += 1

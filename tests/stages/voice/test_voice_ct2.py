@@ -126,3 +126,47 @@ def test_an_unknown_runtime_is_refused_naming_the_choices() -> None:
 
     with pytest.raises(ValueError, match=r"runtime must be one of .*'ctranslate2'.*'onnx'"):
         SmolLM2Llm("llm", runtime="onnx")
+
+
+def test_an_answer_speaking_waits_while_a_first_phrase_is_synthesised(
+    llm: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """first_audio_first: "speaking" (its first phrase out) holds its next token while a
+    first phrase is synthesised; "writing" (first phrase not out yet) goes on to its end."""
+    from stages.voice.first_audio import FIRST_AUDIO
+    from stages.voice.payloads import Utterance
+
+    monkeypatch.setattr(FIRST_AUDIO, "max_hold_s", 600.0)  # the hold, not its cap, is tested
+    monkeypatch.setattr(llm, "first_audio_first", True)
+    question = (Utterance("Tell me a long story about a dragon."),)
+    held_before = FIRST_AUDIO.held_s
+    texts = {"speaking": "", "writing": ""}
+
+    def step(sid: str, inputs: tuple[object, ...] = ()) -> bool:
+        output = llm.step([StreamWork(sid, inputs, True)])[sid]  # type: ignore[attr-defined]
+        texts[sid] += "".join(i.text for i in output.visible if isinstance(i, TextDelta))
+        return bool(output.done)
+
+    for sid in texts:
+        llm.open_stream(sid, Request(options={"max_tokens": 40}))  # type: ignore[attr-defined]
+    FIRST_AUDIO.first_phrase_out("speaking")
+    try:
+        with FIRST_AUDIO.synthesizing():
+            step("speaking", question)
+            while not texts["speaking"]:
+                step("speaking")  # its first token; its callback then holds
+            held_text = texts["speaking"]
+            step("writing", question)
+            while not step("writing"):
+                pass  # decodes to its end meanwhile
+            step("speaking")
+            assert texts["speaking"] == held_text  # not a token more while held
+        while not step("speaking"):
+            pass
+    finally:
+        FIRST_AUDIO.forget("speaking")
+        for sid in texts:
+            llm.close_stream(sid)  # type: ignore[attr-defined]
+    assert len(texts["speaking"]) > len(held_text)
+    assert texts["writing"]
+    assert FIRST_AUDIO.held_s > held_before

@@ -63,3 +63,43 @@ def test_a_non_positive_first_chunk_is_refused() -> None:
 
     with pytest.raises(ValueError, match="first_chunk_frames must be positive or null, got 0"):
         PiperTts("tts", first_chunk_frames=0)
+
+
+def test_the_first_phrase_marks_the_stream_as_speaking_until_it_closes(tts: object) -> None:
+    """What first_audio.py's hold reads: a stream is speaking once its first phrase is
+    synthesised, and forgotten when it closes."""
+    from stages.voice.first_audio import FIRST_AUDIO
+    from stages.voice.payloads import TextPiece
+
+    tts.open_stream("m", Request())  # type: ignore[attr-defined]
+    assert not FIRST_AUDIO.speaking("m")
+    tts.step([StreamWork("m", (TextPiece(PHRASE),), True)])  # type: ignore[attr-defined]
+    assert FIRST_AUDIO.speaking("m")
+    tts.close_stream("m")  # type: ignore[attr-defined]
+    assert not FIRST_AUDIO.speaking("m")
+
+
+def test_a_first_phrase_is_spoken_before_another_answers_later_phrase(tts: object) -> None:
+    """A step that speaks one answer's first phrase (both its parts) defers another's
+    later phrase to a later step, so the first audio is not held behind it."""
+    from stages.voice.payloads import TextPiece
+
+    def audio(output: object) -> int:
+        return sum(isinstance(i, AudioChunk) for i in output.visible)  # type: ignore[attr-defined]
+
+    for sid in ("old", "new"):
+        tts.open_stream(sid, Request())  # type: ignore[attr-defined]
+    second = (TextPiece(PHRASE), TextPiece(" Dogs like bones too."))
+    for inputs in (second, ()):  # the old answer's first phrase, in its two parts
+        assert audio(tts.step([StreamWork("old", inputs, True)])["old"])  # type: ignore[attr-defined]
+    steps = [
+        tts.step([StreamWork("old", (), True), StreamWork("new", inputs, True)])  # type: ignore[attr-defined]
+        for inputs in ((TextPiece(PHRASE),), (), ())
+    ]
+    assert [audio(s["new"]) for s in steps] == [1, 1, 0]  # its first phrase's two parts
+    assert [audio(s["old"]) for s in steps] == [0, 0, 1]  # then its second phrase
+    assert steps[0]["old"].more
+    assert not steps[0]["old"].done
+    assert steps[2]["old"].done
+    for sid in ("old", "new"):
+        tts.close_stream(sid)  # type: ignore[attr-defined]
