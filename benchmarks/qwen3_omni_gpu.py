@@ -80,7 +80,12 @@ def pipeline_config(device: str, fast_path: str, max_streams: int) -> omnitrio.P
         batch = max(spec.max_batch_size, max_streams)
         update = {"device": device, "params": params, "max_batch_size": batch}
         stages.append(spec.model_copy(update=update))
-    limits = config.pipeline.model_copy(update={"max_streams": max_streams})
+    # Admission by count: the benchmark measures N concurrent streams, and headroom
+    # admission refuses a stream the device cannot serve in real time (the tiny model
+    # on a busy CPU): that would drop the measurement, not make it.
+    limits = config.pipeline.model_copy(
+        update={"max_streams": max_streams, "admission": "max_streams"}
+    )
     return config.model_copy(update={"stages": tuple(stages), "pipeline": limits})
 
 

@@ -76,6 +76,10 @@ async def test_a_full_stream_is_skipped_and_never_blocks_the_batch() -> None:
         assert pipeline.statistics().streams[stalled.id].in_flight["client"] == CAPACITY
 
 
+def _queue_depth(pipeline: omnitrio.Pipeline, stage: str, stream_id: str) -> int:
+    return pipeline.statistics().stages[stage].queue_depth[stream_id]
+
+
 async def test_first_visible_item_is_not_queued_behind_other_streams_payloads() -> None:
     # Seed 001: stream ``flood`` keeps a deep backlog of non-visible payloads in
     # front of stage b; stream ``quick`` must get its first item within a couple of
@@ -94,7 +98,11 @@ async def test_first_visible_item_is_not_queued_behind_other_streams_payloads() 
     async with omnitrio.open_pipeline(config) as pipeline:
         async with pipeline.open_stream("flood") as flood:
             await flood.receive()  # flood's payloads are flowing through b
-            backlog = pipeline.statistics().stages["b"].queue_depth[flood.id]
+            # Wait on the statistic until the backlog is deep (beside a busy CPU it once
+            # held 21 at flood's first item); the edge's capacity, 64, is its ceiling.
+            with trio.fail_after(30):
+                while (backlog := _queue_depth(pipeline, "b", flood.id)) < 32:  # noqa: ASYNC110 - no event marks a statistic
+                    await trio.sleep(0.005)
             b_steps = pipeline.statistics().stages["b"].num_steps
             request = omnitrio.Request("quick", options={"steps": 1})
             async with pipeline.open_stream(request) as quick:
