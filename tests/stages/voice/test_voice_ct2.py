@@ -103,7 +103,7 @@ def test_a_cancelled_answer_stops_generating(llm: object) -> None:
 
     llm.open_stream("x", Request(options={"max_tokens": 200}))  # type: ignore[attr-defined]
     llm.step([StreamWork("x", (Utterance("Tell me a long story."),), True)])  # type: ignore[attr-defined]
-    answer = llm.streams["x"].ct2  # type: ignore[attr-defined]
+    answer = llm.streams["x"].fast  # type: ignore[attr-defined]
     llm.close_stream("x")  # type: ignore[attr-defined]  # what cancelling does
     (result,) = [answer.result.result()]  # returns once the callback has stopped it
     assert len(result.sequences_ids[0]) < 200
@@ -124,7 +124,9 @@ def test_a_tool_call_turn_runs_on_torch_under_its_grammar(llm: object) -> None:
 def test_an_unknown_runtime_is_refused_naming_the_choices() -> None:
     from stages.voice.llm import SmolLM2Llm
 
-    with pytest.raises(ValueError, match=r"runtime must be one of .*'ctranslate2'.*'onnx'"):
+    with pytest.raises(
+        ValueError, match=r"runtime must be one of .*'ctranslate2', 'llamacpp'.*'onnx'"
+    ):
         SmolLM2Llm("llm", runtime="onnx")
 
 
