@@ -10,7 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from omnitrio import Event, Request, StreamWork, TextDelta
+from omnitrio import Request, StreamWork
+from tests.stages.voice.llm_support import (
+    check_a_speaking_answer_waits_while_a_first_phrase_is_synthesised,
+    run_streams,
+)
 from tests.voice_support import needs_voice
 
 pytestmark = needs_voice
@@ -36,42 +40,10 @@ def llm() -> Iterator[object]:
     stage.close()
 
 
-def _run(
-    stage: object, questions: dict[str, str], options: dict[str, object] | None = None
-) -> tuple[dict[str, str], list[str], dict[str, list[Event]]]:
-    """Step the streams to the end together; their texts, which stream each text
-    delta came from in order, and their events."""
-    from stages.voice.payloads import Utterance
-
-    for sid in questions:
-        stage.open_stream(sid, Request(options=options or {}))  # type: ignore[attr-defined]
-    texts = dict.fromkeys(questions, "")
-    order: list[str] = []
-    events: dict[str, list[Event]] = {sid: [] for sid in questions}
-    first, active = True, set(questions)
-    while active:
-        batch = [
-            StreamWork(sid, (Utterance(questions[sid]),) if first else (), True)
-            for sid in sorted(active)
-        ]
-        first = False
-        for sid, output in stage.step(batch).items():  # type: ignore[attr-defined]
-            for item in output.visible:
-                if isinstance(item, TextDelta) and item.text:
-                    texts[sid] += item.text
-                    order.append(sid)
-                elif isinstance(item, Event):
-                    events[sid].append(item)
-            if output.done:
-                active.discard(sid)
-                stage.close_stream(sid)  # type: ignore[attr-defined]
-    return texts, order, events
-
-
 def test_answers_decode_side_by_side_and_equal_the_answers_alone(llm: object) -> None:
     questions = {"a": "What do cats like to eat?", "b": "Why is the sky blue?"}
-    alone = {sid: _run(llm, {sid: q})[0][sid] for sid, q in questions.items()}
-    together, order, events = _run(llm, questions)
+    alone = {sid: run_streams(llm, {sid: q})[0][sid] for sid, q in questions.items()}
+    together, order, events = run_streams(llm, questions)
     assert together == alone  # greedy, each answer decoded on its own
     assert "cat" in alone["a"].lower()
     assert alone["a"] != alone["b"]
@@ -111,7 +83,7 @@ def test_a_cancelled_answer_stops_generating(llm: object) -> None:
 
 def test_a_tool_call_turn_runs_on_torch_under_its_grammar(llm: object) -> None:
     options = {"tools": json.dumps([WEATHER_TOOL]), "tool_choice": "required"}
-    texts, _, events = _run(llm, {"t": "What is the weather like in Paris?"}, options)
+    texts, _, events = run_streams(llm, {"t": "What is the weather like in Paris?"}, options)
     names = [e.name for e in events["t"]]
     assert names[0] == "tool_call"
     done = next(e for e in events["t"] if e.name == "tool_call.done")
@@ -133,42 +105,4 @@ def test_an_unknown_runtime_is_refused_naming_the_choices() -> None:
 def test_an_answer_speaking_waits_while_a_first_phrase_is_synthesised(
     llm: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """first_audio_first: "speaking" (its first phrase out) holds its next token while a
-    first phrase is synthesised; "writing" (first phrase not out yet) goes on to its end."""
-    from stages.voice.first_audio import FIRST_AUDIO
-    from stages.voice.payloads import Utterance
-
-    monkeypatch.setattr(FIRST_AUDIO, "max_hold_s", 600.0)  # the hold, not its cap, is tested
-    monkeypatch.setattr(llm, "first_audio_first", True)
-    question = (Utterance("Tell me a long story about a dragon."),)
-    held_before = FIRST_AUDIO.held_s
-    texts = {"speaking": "", "writing": ""}
-
-    def step(sid: str, inputs: tuple[object, ...] = ()) -> bool:
-        output = llm.step([StreamWork(sid, inputs, True)])[sid]  # type: ignore[attr-defined]
-        texts[sid] += "".join(i.text for i in output.visible if isinstance(i, TextDelta))
-        return bool(output.done)
-
-    for sid in texts:
-        llm.open_stream(sid, Request(options={"max_tokens": 40}))  # type: ignore[attr-defined]
-    FIRST_AUDIO.first_phrase_out("speaking")
-    try:
-        with FIRST_AUDIO.synthesizing():
-            step("speaking", question)
-            while not texts["speaking"]:
-                step("speaking")  # its first token; its callback then holds
-            held_text = texts["speaking"]
-            step("writing", question)
-            while not step("writing"):
-                pass  # decodes to its end meanwhile
-            step("speaking")
-            assert texts["speaking"] == held_text  # not a token more while held
-        while not step("speaking"):
-            pass
-    finally:
-        FIRST_AUDIO.forget("speaking")
-        for sid in texts:
-            llm.close_stream(sid)  # type: ignore[attr-defined]
-    assert len(texts["speaking"]) > len(held_text)
-    assert texts["writing"]
-    assert FIRST_AUDIO.held_s > held_before
+    check_a_speaking_answer_waits_while_a_first_phrase_is_synthesised(llm, monkeypatch)
