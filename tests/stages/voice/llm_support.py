@@ -7,6 +7,16 @@ import pytest
 
 from omnitrio import Event, Request, StreamWork, TextDelta
 
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+
 
 def run_streams(
     stage: object,
@@ -85,3 +95,20 @@ def check_a_speaking_answer_waits_while_a_first_phrase_is_synthesised(
     assert len(texts["speaking"]) > len(held_text)
     assert texts["writing"]
     assert FIRST_AUDIO.held_s > held_before
+
+
+def check_answers_decode_side_by_side_and_equal_the_answers_alone(llm: object) -> None:
+    questions = {"a": "What do cats like to eat?", "b": "Why is the sky blue?"}
+    alone = {sid: run_streams(llm, {sid: q})[0][sid] for sid, q in questions.items()}
+    together, order, events = run_streams(llm, questions)
+    assert together == alone  # greedy, each answer decoded on its own
+    assert "cat" in alone["a"].lower()
+    assert alone["a"] != alone["b"]
+    # Neither waited for the other's whole answer: b had text before a's last text.
+    last_a = max(i for i, sid in enumerate(order) if sid == "a")
+    assert order.index("b") < last_a
+    (finish,) = events["a"]
+    assert finish.name == "llm.finish"
+    assert finish.data["finish_reason"] in ("stop", "length")
+    assert finish.data["completion_tokens"] > 3
+    assert llm.streams == {}  # type: ignore[attr-defined]

@@ -12,22 +12,14 @@ import pytest
 
 from omnitrio import Request, StreamWork
 from tests.stages.voice.llm_support import (
+    WEATHER_TOOL,
     check_a_speaking_answer_waits_while_a_first_phrase_is_synthesised,
+    check_answers_decode_side_by_side_and_equal_the_answers_alone,
     run_streams,
 )
 from tests.voice_support import needs_voice
 
 pytestmark = needs_voice
-
-WEATHER_TOOL = {
-    "name": "get_weather",
-    "description": "The weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
 
 
 @pytest.fixture
@@ -41,19 +33,7 @@ def llm() -> Iterator[object]:
 
 
 def test_answers_decode_side_by_side_and_equal_the_answers_alone(llm: object) -> None:
-    questions = {"a": "What do cats like to eat?", "b": "Why is the sky blue?"}
-    alone = {sid: run_streams(llm, {sid: q})[0][sid] for sid, q in questions.items()}
-    together, order, events = run_streams(llm, questions)
-    assert together == alone  # greedy, each answer decoded on its own
-    assert "cat" in alone["a"].lower()
-    assert alone["a"] != alone["b"]
-    # Neither waited for the other's whole answer: b had text before a's last text.
-    last_a = max(i for i, sid in enumerate(order) if sid == "a")
-    assert order.index("b") < last_a
-    (finish,) = events["a"]
-    assert finish.name == "llm.finish"
-    assert finish.data["completion_tokens"] > 3
-    assert llm.streams == {}  # type: ignore[attr-defined]
+    check_answers_decode_side_by_side_and_equal_the_answers_alone(llm)
 
 
 def test_the_system_message_is_the_cached_static_prompt(llm: object) -> None:

@@ -17,7 +17,9 @@ import pytest
 
 from omnitrio import Request, StreamWork, TextDelta
 from tests.stages.voice.llm_support import (
+    WEATHER_TOOL,
     check_a_speaking_answer_waits_while_a_first_phrase_is_synthesised,
+    check_answers_decode_side_by_side_and_equal_the_answers_alone,
     run_streams,
 )
 from tests.voice_support import needs_voice
@@ -29,16 +31,6 @@ pytestmark = [
         reason="llama-cpp-python is not installed (optional, built from source: docs/models.md)",
     ),
 ]
-
-WEATHER_TOOL = {
-    "name": "get_weather",
-    "description": "The weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
 
 
 @pytest.fixture
@@ -53,28 +45,14 @@ def llm() -> Iterator[object]:
 
 
 def test_answers_decode_side_by_side_and_equal_the_answers_alone(llm: object) -> None:
-    questions = {"a": "What do cats like to eat?", "b": "Why is the sky blue?"}
-    alone = {sid: run_streams(llm, {sid: q})[0][sid] for sid, q in questions.items()}
-    together, order, events = run_streams(llm, questions)
-    assert together == alone  # greedy, each answer decoded on its own worker
-    assert "cat" in alone["a"].lower()
-    assert alone["a"] != alone["b"]
-    # Neither waited for the other's whole answer: b had text before a's last text.
-    last_a = max(i for i, sid in enumerate(order) if sid == "a")
-    assert order.index("b") < last_a
-    (finish,) = events["a"]
-    assert finish.name == "llm.finish"
-    assert finish.data["finish_reason"] in ("stop", "length")
-    assert finish.data["completion_tokens"] > 3
-    assert llm.streams == {}  # type: ignore[attr-defined]
+    check_answers_decode_side_by_side_and_equal_the_answers_alone(llm)
 
 
 def test_more_answers_than_workers_queue_and_all_finish(llm: object) -> None:
     questions = {"a": "What do cats like to eat?", "b": "Why is the sky blue?", "c": "Hello!"}
     alone = {sid: run_streams(llm, {sid: q})[0][sid] for sid, q in questions.items()}
-    together, _, events = run_streams(
-        llm, questions
-    )  # two workers: one of them waits for a free one
+    # Two workers: one of the three answers waits for a free one.
+    together, _, events = run_streams(llm, questions)
     assert together == alone
     assert all(e[-1].name == "llm.finish" for e in events.values())
 
