@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnitrio import Event, Request, StreamWork, TextDelta
+from omnitrio import Event, Request, StreamWork
 from stages.voice.phrases import PhraseSplitter
+from tests.stages.voice.llm_support import run_streams
 from tests.voice_support import INPUT_RATE_HZ, needs_voice, spoken
 
 
@@ -57,24 +58,7 @@ def llm() -> Iterator[object]:
 
 def _answer(stage: object, questions: dict[str, str]) -> dict[str, str]:
     """Run streams to the end together, the way the actor does; their texts."""
-    from stages.voice.payloads import Utterance
-
-    for sid in questions:
-        stage.open_stream(sid, Request())  # type: ignore[attr-defined]
-    texts = dict.fromkeys(questions, "")
-    first, active = True, set(questions)
-    while active:
-        batch = [
-            StreamWork(sid, (Utterance(questions[sid]),) if first else (), True)
-            for sid in sorted(active)
-        ]
-        first = False
-        for sid, output in stage.step(batch).items():  # type: ignore[attr-defined]
-            texts[sid] += "".join(v.text for v in output.visible if isinstance(v, TextDelta))
-            if output.done:
-                active.discard(sid)
-                stage.close_stream(sid)  # type: ignore[attr-defined]
-    return texts
+    return run_streams(stage, questions)[0]
 
 
 @needs_voice
