@@ -73,6 +73,7 @@ def to_json(reports: Sequence[RunReport], context: dict[str, Any]) -> str:
                 else None,
                 "repetition": report.run.repetition,
                 "timed_out": report.run.timed_out,
+                "load_average": list(report.run.load_average),
                 "aggregates": dataclasses.asdict(report.aggregates),
                 "target_samples": dataclasses.asdict(report.samples),
                 "requests": [dataclasses.asdict(r) for r in report.run.records],

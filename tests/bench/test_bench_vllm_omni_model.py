@@ -230,7 +230,7 @@ async def test_the_orchestrator_reports_its_longest_output_call_per_stage() -> N
 
     sent = [SimpleNamespace(value=4), SimpleNamespace(value=0)]
     token = trio.lowlevel.current_trio_token()
-    model = VllmOmniModel("m", ModelSettings(), [], [], sent, token, stage_of=[0, 1])
+    model = VllmOmniModel("m", ModelSettings(), [], [None, None], sent, token, stage_of=[0, 1])  # type: ignore[list-item]
     state = RequestState("r1", "hi", {}, num_stages=2)
     model._states["r1"] = state
     rows = {"0": torch.ones((1, 2048), dtype=torch.bfloat16)}
