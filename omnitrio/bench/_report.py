@@ -19,6 +19,7 @@ from ._target import Sample
 class SampleSummary:
     max_queue_depth: dict[str, int]
     mean_batch_size: dict[str, float]
+    max_stall_ms: dict[str, float]
     rss_start_bytes: int | None
     rss_max_bytes: int | None
     rss_end_bytes: int | None
@@ -27,15 +28,19 @@ class SampleSummary:
 def summarize_samples(samples: Sequence[Sample]) -> SampleSummary:
     depth: dict[str, int] = {}
     batches: dict[str, list[float]] = {}
+    stalls: dict[str, float] = {}
     for s in samples:
         for stage, value in s.queue_depth.items():
             depth[stage] = max(depth.get(stage, 0), value)
         for stage, size in s.batch_size.items():
             batches.setdefault(stage, []).append(size)
+        for stage, stall in s.stall_ms.items():
+            stalls[stage] = max(stalls.get(stage, 0.0), stall)
     rss = [s.rss_bytes for s in samples if s.rss_bytes is not None]
     return SampleSummary(
         max_queue_depth=depth,
         mean_batch_size={k: sum(v) / len(v) for k, v in batches.items()},
+        max_stall_ms=stalls,
         rss_start_bytes=rss[0] if rss else None,
         rss_max_bytes=max(rss) if rss else None,
         rss_end_bytes=rss[-1] if rss else None,
@@ -68,6 +73,7 @@ def to_json(reports: Sequence[RunReport], context: dict[str, Any]) -> str:
                 else None,
                 "repetition": report.run.repetition,
                 "timed_out": report.run.timed_out,
+                "load_average": list(report.run.load_average),
                 "aggregates": dataclasses.asdict(report.aggregates),
                 "target_samples": dataclasses.asdict(report.samples),
                 "requests": [dataclasses.asdict(r) for r in report.run.records],
@@ -116,6 +122,7 @@ _COLUMNS: list[tuple[str, Callable[[RunReport], str]]] = [
     ("audio s/s", lambda r: f"{r.aggregates.throughput.audio_s_per_s:.2f}"),
     ("later/first wave p50/mean/p90", lambda r: _waves(r.aggregates)),
     ("max queue", lambda r: str(sum(r.samples.max_queue_depth.values()))),
+    ("max stall ms", lambda r: _num(max(r.samples.max_stall_ms.values(), default=None), "{:.0f}")),
     ("peak RSS MB", lambda r: _num(_mb(r.samples.rss_max_bytes), "{:.0f}")),
     ("load avg", lambda r: "{:.1f}-{:.1f}".format(*r.run.load_average)),
 ]

@@ -52,6 +52,10 @@ class Sample:
     queue_depth: dict[str, int]  # per stage: items waiting (edges, or a baseline's queues)
     batch_size: dict[str, float]  # per stage: streams in its latest step
     rss_bytes: int | None
+    # per stage: the longest synchronous call handling one step's outputs since the
+    # last sample (a baseline's orchestrator: what blocks its loop; seed 000's
+    # "process_outputs stalls"), ms
+    stall_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

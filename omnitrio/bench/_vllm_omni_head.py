@@ -25,11 +25,9 @@ process's in vllm-omni):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import queue
-import threading
-from collections.abc import Callable, Coroutine
+import time
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
@@ -40,51 +38,12 @@ import zmq.asyncio
 
 from ._clients import Delivery, deliver, follow
 from ._target import Prompt, Sample, Timeline, rss_bytes_of_self
+from ._vllm_omni_loop import ThreadLoop
 from ._vllm_omni_outputs import OutputMessage, RequestState, StageOutput, chat_chunk_json
 from ._vllm_omni_settings import ModelSettings
 
 POLL_TIMEOUT_S = 0.001  # the orchestrator's wait on each empty stage
 IDLE_SLEEP_S = 0.001  # after an idle round; the final-output dispatcher's poll too
-STOP_RETRY_S = 0.1  # how often stopping a loop cancels its task again
-
-
-class _Loop:
-    """An asyncio loop on a thread of its own, running ``main`` until stopped."""
-
-    def __init__(self, name: str, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        self._main = main
-        self._ready = threading.Event()
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-        self._ready.wait()
-
-    def call(self, function: Callable[..., object], *args: object) -> None:
-        assert self.loop is not None
-        self.loop.call_soon_threadsafe(function, *args)
-
-    def stop(self) -> None:
-        # Cancel until the thread ends: on Python 3.11, ``asyncio.wait_for`` can swallow
-        # a cancellation that arrives as its inner wait completes, and the orchestrator
-        # runs one such 1 ms wait per stage per round (a benchmark run hung in stop).
-        while self._thread.is_alive():
-            if self.loop is not None and self._task is not None:
-                with contextlib.suppress(RuntimeError):  # already closed
-                    self.loop.call_soon_threadsafe(self._task.cancel)
-            self._thread.join(STOP_RETRY_S)
-
-    def _run(self) -> None:
-        async def wrapper() -> None:
-            self.loop = asyncio.get_running_loop()
-            self._task = asyncio.current_task()
-            self._ready.set()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._main()
-
-        asyncio.run(wrapper())
 
 
 class VllmOmniModel:
@@ -118,12 +77,13 @@ class VllmOmniModel:
         self._bound: dict[str, list[int]] = {}  # request -> its process at each stage
         self._processed = [0] * len(outputs)
         self._batch_sizes = [0] * len(outputs)
+        self._stalls_s = [0.0] * len(outputs)  # longest _process since the last sample
         self._states: dict[str, RequestState] = {}  # the orchestrator thread's own
         self._open: set[str] = set()
         self._ids = 0
         self._output_queue: queue.Queue[OutputMessage] = queue.Queue()  # janus output_queue
-        self._orchestrator = _Loop("vllm-omni-orchestrator", self._orchestrator_main)
-        self._api = _Loop("vllm-omni-api-server", self._api_main)
+        self._orchestrator = ThreadLoop("vllm-omni-orchestrator", self._orchestrator_main)
+        self._api = ThreadLoop("vllm-omni-api-server", self._api_main)
         self._requests: asyncio.Queue[tuple[str, str, RequestState | None]] | None = None
         self._api_queues: dict[str, asyncio.Queue[OutputMessage]] = {}
         self._api_wakeup: asyncio.Event | None = None
@@ -166,12 +126,14 @@ class VllmOmniModel:
             f"{self._label(i)}.outputs": int(sent.value) - self._processed[i]
             for i, sent in enumerate(self._sent)
         }
+        stalls, self._stalls_s = self._stalls_s, [0.0] * len(self._stalls_s)
         return Sample(
             at_s=0.0,
             open_streams=len(self._open),
             queue_depth=depth,
             batch_size={self._label(i): float(b) for i, b in enumerate(self._batch_sizes)},
             rss_bytes=rss_bytes_of_self(),
+            stall_ms={self._label(i): s * 1000 for i, s in enumerate(stalls)},
         )
 
     # ------------------------------------------------------------ orchestrator thread
@@ -252,7 +214,12 @@ class VllmOmniModel:
             self._process(index, outputs)
 
     def _process(self, proc: int, outputs: list[StageOutput]) -> None:
-        """``process_llm_raw_outputs``, then ``_route_output`` for each request's output."""
+        """``process_llm_raw_outputs``, then ``_route_output`` for each request's output.
+
+        Its duration is what one step's outputs block the orchestrator's loop for (its
+        longest per sampling window is the sample's ``stall_ms``): the thinker's, when
+        a batch of requests finishes at once, includes their rows' concatenation."""
+        started_s = time.perf_counter()
         self._processed[proc] += 1
         self._batch_sizes[proc] = len(outputs)
         stage = self._stage_of[proc]
@@ -269,6 +236,8 @@ class VllmOmniModel:
                 self._output_queue.put(message)  # the janus output_queue
                 if self._settings.event_driven:
                     self._api.call(self._wake_api)
+        stalls = self._stalls_s  # the sampler may swap in a fresh list meanwhile
+        stalls[proc] = max(stalls[proc], time.perf_counter() - started_s)
 
     # ------------------------------------------------------------ API server thread
 

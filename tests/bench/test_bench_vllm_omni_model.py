@@ -12,10 +12,12 @@ import os
 import queue
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy
 import pytest
 import torch
+import trio
 
 pytest.importorskip("zmq", reason="pyzmq is in the optional bench extra")
 
@@ -218,3 +220,30 @@ def test_a_talker_visits_every_bound_request_on_every_schedule(chunk_scan: bool)
             stage.close()
     if chunk_scan:
         assert visits_per_output == {4: 4, 64: 64}
+
+
+async def test_the_orchestrator_reports_its_longest_output_call_per_stage() -> None:
+    """Seed 000's stalls: the longest ``process_outputs`` per stage and sampling
+    window, the thinker's including the concatenation of a finished request's rows."""
+    from omnitrio.bench._report import summarize_samples
+    from omnitrio.bench._vllm_omni_head import VllmOmniModel
+
+    sent = [SimpleNamespace(value=4), SimpleNamespace(value=0)]
+    token = trio.lowlevel.current_trio_token()
+    model = VllmOmniModel("m", ModelSettings(), [], [None, None], sent, token, stage_of=[0, 1])  # type: ignore[list-item]
+    state = RequestState("r1", "hi", {}, num_stages=2)
+    model._states["r1"] = state
+    rows = {"0": torch.ones((1, 2048), dtype=torch.bfloat16)}
+    for _ in range(3):
+        model._process(0, [StageOutput("r1", "a ", None, 0, False, None, rows)])
+    assert len(state.accumulated[(0, "0")]) == 3  # a tensor per step until the finish
+    model._process(0, [StageOutput("r1", "b ", None, 0, True, None, rows)])
+    (joined,) = state.accumulated[(0, "0")]  # one torch.cat over every step's row
+    assert joined.shape == (4, 2048)
+    first = await model.sample()
+    assert first.stall_ms["stage0"] > 0
+    assert first.stall_ms["stage1"] == 0
+    assert first.queue_depth == {"stage0.outputs": 0, "stage1.outputs": 0}
+    second = await model.sample()  # a new window
+    assert second.stall_ms == {"stage0": 0.0, "stage1": 0.0}
+    assert summarize_samples([first, second]).max_stall_ms == first.stall_ms
