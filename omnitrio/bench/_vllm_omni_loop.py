@@ -19,7 +19,6 @@ class ThreadLoop:
         self._main = main
         self._ready = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[None] | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
@@ -31,21 +30,27 @@ class ThreadLoop:
         self.loop.call_soon_threadsafe(function, *args)
 
     def stop(self) -> None:
-        # Cancel until the thread ends: on Python 3.11, ``asyncio.wait_for`` can swallow
-        # a cancellation that arrives as its inner wait completes, and the orchestrator
-        # runs one such 1 ms wait per stage per round (a benchmark run hung in stop).
+        # Cancel every task of the loop until the thread ends. On Python 3.11,
+        # ``asyncio.wait_for`` can swallow a cancellation that arrives as its inner wait
+        # completes (the orchestrator runs one such 1 ms wait per stage per round), and a
+        # ``TaskGroup`` cancels its children only once: cancelling ``main`` again would
+        # never reach a child that swallowed the first (a benchmark run hung in stop).
         while self._thread.is_alive():
-            if self.loop is not None and self._task is not None:
+            if self.loop is not None:
                 with contextlib.suppress(RuntimeError):  # already closed
-                    self.loop.call_soon_threadsafe(self._task.cancel)
+                    self.loop.call_soon_threadsafe(_cancel_every_task)
             self._thread.join(STOP_RETRY_S)
 
     def _run(self) -> None:
         async def wrapper() -> None:
             self.loop = asyncio.get_running_loop()
-            self._task = asyncio.current_task()
             self._ready.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._main()
 
         asyncio.run(wrapper())
+
+
+def _cancel_every_task() -> None:
+    for task in asyncio.all_tasks():
+        task.cancel()
