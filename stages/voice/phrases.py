@@ -11,10 +11,6 @@ boundary where there is one — before a conjunction, preposition or relative
 word, never leaving fewer than two words — because Piper speaks each phrase on
 its own and a cut inside a tight word group ("France | is Paris") blurs the
 words either side of the join. Whatever is left is spoken when the text ends.
-
-With ``cut_mark`` (e.g. ``","``), a phrase cut for length ends with that mark, so
-the voice speaks it as a clause that goes on (a short pause, no sentence-final fall)
-rather than as a finished sentence.
 """
 
 from __future__ import annotations
@@ -25,7 +21,6 @@ from dataclasses import dataclass, field
 _SENTENCE_END = re.compile(r"(\S*)[.!?;:]\s")
 _COMMA = re.compile(r",\s")
 _WORD = re.compile(r"\S+\s")
-_PUNCTUATION = (".", "!", "?", ";", ":", ",")
 ABBREVIATIONS = frozenset(
     ["mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "prof", "inc", "ltd"]
 )
@@ -82,7 +77,6 @@ class PhraseSplitter:
     max_words: int = 24
     first_max_words: int = 24
     first_min_words: int | None = None  # None: the first phrase waits for first_max_words
-    cut_mark: str = ""  # appended to a phrase cut for length (not at punctuation)
     _text: str = field(default="", repr=False)
     _num_phrases: int = field(default=0, repr=False)
 
@@ -90,12 +84,10 @@ class PhraseSplitter:
         """Append ``text``; return the phrases now complete (possibly none)."""
         self._text += text
         phrases: list[str] = []
-        while (found := self._cut()) is not None:
-            cut, for_length = found
+        while (cut := self._cut()) is not None:
             phrase, self._text = self._text[:cut].strip(), self._text[cut:]
             if phrase:
-                marked = for_length and not phrase.endswith(_PUNCTUATION)
-                phrases.append(phrase + self.cut_mark if marked else phrase)
+                phrases.append(phrase)
                 self._num_phrases += 1
         return phrases
 
@@ -104,27 +96,26 @@ class PhraseSplitter:
         rest, self._text = self._text.strip(), ""
         return rest or None
 
-    def _cut(self) -> tuple[int, bool] | None:
-        """Where the next phrase ends, and whether that is a cut for length."""
+    def _cut(self) -> int | None:
         for sentence in _SENTENCE_END.finditer(self._text):
             if not is_abbreviation(sentence.group(1)):
-                return sentence.end(), False
+                return sentence.end()
         for comma in _COMMA.finditer(self._text):
             if len(self._text[: comma.start()].split()) >= self.min_comma_words:
-                return comma.end(), False
+                return comma.end()
         limit = self.max_words if self._num_phrases else self.first_max_words
         words = list(_WORD.finditer(self._text))
         early = None if self._num_phrases else self.first_min_words
         if early is not None:
             for word in words[max(early, MIN_WORDS) : limit]:
                 if word.group().strip().lower() in BOUNDARY_WORDS:
-                    return word.start(), True  # the boundary word opens the next phrase
+                    return word.start()  # the boundary word opens the next phrase
         if len(words) < limit:
             return None
         for index in range(limit - 1, MIN_WORDS - 1, -1):
             if words[index].group().strip().lower() in BOUNDARY_WORDS:
-                return words[index].start(), True  # the boundary word opens the next phrase
-        return words[limit - 1].end(), True
+                return words[index].start()  # the boundary word opens the next phrase
+        return words[limit - 1].end()
 
 
 def is_abbreviation(word: str) -> bool:

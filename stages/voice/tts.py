@@ -87,7 +87,6 @@ class PiperTts:
         max_phrase_words: int = 24,
         first_phrase_max_words: int = 24,
         first_phrase_min_words: int | None = None,
-        cut_mark: str = "",
         espeak_timeout_s: float = 5.0,
         num_threads: int = 1,
         first_chunk_frames: int | None = None,
@@ -111,7 +110,6 @@ class PiperTts:
         self.max_phrase_words = max_phrase_words
         self.first_phrase_max_words = first_phrase_max_words
         self.first_phrase_min_words = first_phrase_min_words
-        self.cut_mark = cut_mark
         self.streams: dict[str, _Stream] = {}
         if first_chunk_frames is not None and first_chunk_frames < 1:
             raise ValueError(
@@ -137,7 +135,6 @@ class PiperTts:
             self.max_phrase_words,
             self.first_phrase_max_words,
             self.first_phrase_min_words,
-            cut_mark=self.cut_mark,
         )
         self.streams[stream_id] = _Stream(splitter)
 

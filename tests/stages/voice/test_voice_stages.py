@@ -45,16 +45,6 @@ def test_the_first_phrase_ends_before_a_boundary_word_once_it_has_its_minimum() 
     assert splitter.flush() == "and meat of all kinds"  # later phrases wait for their limit
 
 
-def test_a_phrase_cut_for_length_ends_with_the_cut_mark() -> None:
-    """With cut_mark ",", the voice hears a cut phrase as a clause that goes on; a phrase
-    that ends at punctuation, or a cut that already ends with it, keeps its own."""
-    splitter = PhraseSplitter(first_max_words=4, first_min_words=2, cut_mark=",")
-    assert splitter.feed("Cats like to ") == ["Cats like,"]
-    assert splitter.feed("eat fish and meat. ") == ["to eat fish and meat."]
-    splitter = PhraseSplitter(min_comma_words=3, first_max_words=1, cut_mark=",")
-    assert splitter.feed("Yes, it is ") == ["Yes,"]
-
-
 @pytest.fixture
 def llm() -> Iterator[object]:
     """One per test: its packaging thread (started by the first step) ends with it."""
