@@ -162,11 +162,7 @@ class RealtimeConnection:
                 self._detector.close()
             self._detector = side_stage.open(out.generation, out.options)
             nursery.start_soon(self._turns, nursery, self._detector)
-        batch_bytes = 0
-        if self._speculation is not None or self._responses:  # the answer needs the cores
-            rate_hz = self._session.config.input_sample_rate_hz
-            batch_bytes = 2 * (rate_hz * self._state.settings.detector_batch_ms // 1000)
-        self._detector.append(out.pcm16, batch_bytes=batch_bytes)
+        self._detector.append(out.pcm16)
 
     async def _turns(self, nursery: trio.Nursery, detector: SessionSideStream) -> None:
         """Feed the detector's findings to the session (barge-in, commit, response)."""

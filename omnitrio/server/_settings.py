@@ -45,13 +45,6 @@ class ServerSettings:
     max_session_s: float = 3600.0
     output_sample_rate_hz: int = 24000
     outbound_capacity: int = 64
-    detector_batch_ms: int = 60
-    """While a Realtime session's answer runs (run ahead at a pause, or responding), its
-    microphone audio goes to the turn detector in batches of at least this much instead
-    of chunk by chunk: the detector's thread wakes a third as often while the answer's
-    models need the cores, and its findings come up to this much later (an end of turn
-    then still comes before the answer's first audio; docs/benchmarks.md, issue 24,
-    sixth pass). 0: every chunk at once."""
     """Server events queued per connection before its response stops reading the pipeline."""
     max_connections: int = 1000
     """Open TCP connections (idle ones included) the server holds; one more is answered

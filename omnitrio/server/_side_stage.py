@@ -47,22 +47,14 @@ class SessionSideStream:
         self.failure: str | None = None  # why the detector gave up on this stream
         self._side = side
         self._stage = stage
-        self._held = bytearray()  # audio waiting for a batch (``append``'s ``batch_bytes``)
 
     @property
     def num_dropped_chunks(self) -> int:
         return self._side.num_dropped
 
-    def append(self, pcm16: bytes, *, batch_bytes: int = 0) -> None:
-        """Queue audio for the next detector step, once at least ``batch_bytes`` of it
-        wait (with what earlier calls held back). Never blocks (see the module docstring)."""
-        if not self._held and len(pcm16) >= batch_bytes:
-            self._side.append(pcm16)
-            return
-        self._held += pcm16
-        if len(self._held) >= batch_bytes:
-            self._side.append(bytes(self._held))
-            self._held.clear()
+    def append(self, pcm16: bytes) -> None:
+        """Queue audio for the next detector step. Never blocks (see the module docstring)."""
+        self._side.append(pcm16)
 
     def close(self) -> None:
         """Stop listening (idempotent); the stage frees the stream at its next turn."""

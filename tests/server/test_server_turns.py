@@ -7,10 +7,9 @@ from __future__ import annotations
 import base64
 import json
 import re
-import threading
 import urllib.request
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import trio
@@ -79,21 +78,6 @@ class LoudnessDetector:
                     state[1] = 0
                     events.append(Event("speech_stopped", {"audio_end_ms": state[3]}))
         return StreamOutput(visible=tuple(events))
-
-
-class BatchWatchingDetector(LoudnessDetector):
-    """Records the size of every input it gets; ``batched`` is set once one holds more
-    than one 100 ms chunk."""
-
-    sizes: ClassVar[list[int]] = []
-    batched = threading.Event()
-
-    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
-        sizes = [len(chunk) for work in batch for chunk in work.inputs]  # type: ignore[arg-type]
-        BatchWatchingDetector.sizes += sizes
-        if any(size > len(QUIET) for size in sizes):
-            BatchWatchingDetector.batched.set()
-        return super().step(batch)
 
 
 class BrokenDetector(LoudnessDetector):
@@ -249,30 +233,6 @@ async def test_an_answer_started_at_a_pause_is_dropped_when_speech_resumes(
             while streams["streams.cancelled"] != 1:
                 await trio.sleep(0.01)
                 streams = await trio.to_thread.run_sync(_streams, metrics)
-
-
-async def test_while_an_answer_runs_the_detector_gets_audio_in_batches(
-    nursery: trio.Nursery,
-) -> None:
-    """detector_batch_ms: chunk by chunk until an answer runs (here one started at a
-    pause), then in batches of at least that much audio."""
-    BatchWatchingDetector.sizes.clear()
-    BatchWatchingDetector.batched.clear()
-    config = _config("BatchWatchingDetector", 100_000, {"quiet_chunks": 50, "pause_chunks": 2})
-    settings = ServerSettings(port=0, detector_batch_ms=300)
-    binds = await nursery.start(serve, config, settings)
-    url = str(binds[0]).replace("http://", "ws://") + "/v1/realtime"
-    async with trio_websocket.open_websocket_url(url) as ws:
-        await _until(ws, "session.created")
-        await _append(ws, LOUD, QUIET, QUIET)  # a pause: an answer starts unseen
-        await _handled(ws)
-        await _append(ws, *[QUIET] * 30)
-        assert await trio.to_thread.run_sync(BatchWatchingDetector.batched.wait, 10.0)
-    sizes = BatchWatchingDetector.sizes
-    assert sizes[:3] == [len(QUIET)] * 3  # no answer yet: each chunk as it came
-    later = [size for size in sizes[3:] if size != len(QUIET)]
-    assert later
-    assert all(size >= 3 * len(QUIET) for size in later)  # 300 ms at least
 
 
 async def test_a_cancelled_speculative_answer_is_freed_before_response_done(
