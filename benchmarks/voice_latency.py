@@ -6,13 +6,19 @@ Usage (from the repository root; needs `scripts/setup dev,voice`)::
     python benchmarks/voice_latency.py [--levels 1,2,4] [--turns 20] [--json out.json]
         [--checkout DIR] [--voice piper|espeak] [--questions latency|paused] [--pause-s 0.4]
         [--config FILE] [--server-log FILE] [--turn-detection server_vad|semantic_vad]
-        [--eagerness low|medium|auto|high]
+        [--eagerness low|medium|auto|high] [--trace] [--chunk-ms 20]
 
 ``--turn-detection semantic_vad`` makes every conversation ask for semantic_vad
 (with ``--eagerness``, default ``auto``) in a session.update before it speaks: the
 voice chat's Smart Turn then decides whether a pause ends the turn, at the
 eagerness's silence time (high: 250 ms) instead of server_vad's 500 ms.
 ``--server-log FILE`` keeps the served pipeline's log (its own log is a temporary file).
+``--trace`` has the voice stages log when each step of an answer happens
+(stages/voice/trace.py), including what the client cannot see while the answer runs
+ahead of the turn's end, and prints where the time goes from the end of speech at
+one conversation: the VAD's pause (the answer starts), the ASR's start and end, the
+LLM's first text, the first phrase complete, its first audio made, speech_stopped,
+and the first audio at the client (p50 over the turns, ms after the end of speech).
 ``--checkout DIR`` serves another checkout of omnitrio (e.g. a ``git worktree`` of
 an older commit) with this client, for before/after figures from one session.
 
@@ -21,7 +27,7 @@ What runs
 ``omnitrio run`` (the default pipeline, configs/voice-chat.yaml) in a subprocess;
 this process is the client. Each conversation is one Realtime WebSocket with
 server_vad turn detection (or ``--turn-detection``), fed like a microphone: 20 ms
-PCM16 chunks, each sent when its last sample would have been recorded (real time),
+(``--chunk-ms``) PCM16 chunks, each sent when its last sample would have been recorded (real time),
 silence between questions. A turn is a question (rotating through a few; ``--questions latency``:
 half of them have a mid-sentence pause; ``paused``: eight questions, each with one)
 then silence until the answer's response.done; the next turn follows at once. The
@@ -105,6 +111,7 @@ QUESTION_SETS = {
 }
 SILENCE_LEVEL = 0.01
 LATE_END_S = 1.0
+TRACE_ENV = "OMNITRIO_VOICE_TRACE"  # stages/voice/trace.py
 SERVING = re.compile(r"omnitrio serving .* at (http://[^\s,]+)")
 TURN_TIMEOUT_S = 300.0  # a loaded machine answers slowly at four conversations
 
@@ -126,6 +133,10 @@ class Turn:
     num_false_barge_ins: int = 0  # responses cancelled while the question went on
     status: str = ""
     error: str = ""  # why the response failed (its status details)
+    # On the system's monotonic clock (as the server's trace): turn start, end of
+    # speech, speech_stopped and first audio at the client
+    clock_s: dict[str, float] = field(default_factory=dict)
+    trace_ms: dict[str, float] = field(default_factory=dict)  # --trace: ms after end of speech
 
 
 @dataclass
@@ -170,8 +181,9 @@ async def converse(
     voices: dict[str, tuple[bytes, float]],
     level: Level,
     detection: Detection,
+    chunk_s: float = CHUNK_S,
 ) -> None:
-    chunk_bytes = int(CHUNK_S * INPUT_RATE_HZ) * 2
+    chunk_bytes = int(chunk_s * INPUT_RATE_HZ) * 2
     silence = bytes(chunk_bytes)
     async with trio_websocket.open_websocket_url(url, max_message_size=16 << 20) as ws:
         created = json.loads(await ws.get_message())
@@ -202,12 +214,14 @@ async def converse(
                 start = trio.current_time()
                 chunks = [pcm16[i : i + chunk_bytes] for i in range(0, len(pcm16), chunk_bytes)]
                 for n in range(1_000_000):  # then silence, until the answer is done
-                    await trio.sleep_until(start + (n + 1) * CHUNK_S)
+                    await trio.sleep_until(start + (n + 1) * chunk_s)
                     await send(chunks[n] if n < len(chunks) else silence)
 
             with trio.fail_after(TURN_TIMEOUT_S):
                 async with trio.open_nursery() as nursery:
                     started = trio.current_time()
+                    turn.clock_s["start"] = time.monotonic()
+                    turn.clock_s["speech_end"] = time.monotonic() + speech_end_s
                     nursery.start_soon(microphone)
                     await listen(ws, turn, started + speech_end_s)
                     nursery.cancel_scope.cancel()
@@ -243,6 +257,7 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
                 turn.num_splits += 1
             else:
                 turn.end_of_speech_to_stopped_s = now - speech_end
+            turn.clock_s["stopped"] = time.monotonic()
             stopped, transcript, first_text, answer = now, None, None, None
         elif kind == "response.created" and stopped is not None:
             answer = event["response"]["id"]
@@ -257,6 +272,7 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
             continue  # a response to part of the question
         elif kind == "response.output_audio.delta":
             if turn.end_of_speech_to_first_audio_s is None:
+                turn.clock_s["first_audio"] = time.monotonic()
                 turn.end_of_speech_to_first_audio_s = now - speech_end
                 if stopped is not None:
                     turn.speech_stopped_to_first_audio_s = now - stopped
@@ -302,6 +318,7 @@ async def run_level(
     turns: int,
     voices: dict[str, tuple[bytes, float]],
     detection: Detection,
+    chunk_s: float = CHUNK_S,
 ) -> Level:
     level = Level(conversations)
     load_before = os.getloadavg()[0]
@@ -311,7 +328,9 @@ async def run_level(
     started = time.perf_counter()
     async with trio.open_nursery() as nursery:
         for index, num_turns in enumerate(per):
-            nursery.start_soon(converse, url, index, max(1, num_turns), voices, level, detection)
+            nursery.start_soon(
+                converse, url, index, max(1, num_turns), voices, level, detection, chunk_s
+            )
     level.wall_s = time.perf_counter() - started
     after = await trio.to_thread.run_sync(busy_seconds, base_url)
     level.busy_s = {name: after[name] - before.get(name, 0.0) for name in after}
@@ -390,8 +409,64 @@ def report(levels: list[Level]) -> str:
     return "\n".join(lines)
 
 
+TRACE = re.compile(r"voice-trace (\S+) (\S+) ([\d.]+)")
+TRACE_STEPS = (
+    ("speech_paused", "VAD pause (answer starts)"),
+    ("asr_start", "ASR starts"),
+    ("asr_end", "ASR ends"),
+    ("llm_start", "LLM starts"),
+    ("llm_first_text", "LLM first text"),
+    ("tts_first_phrase", "first phrase complete"),
+    ("tts_first_audio", "its first audio made"),
+    ("speech_stopped", "VAD speech_stopped"),
+    ("client_first_audio", "first audio at the client"),
+)
+
+
+def attach_trace(level: Level, log_text: str) -> None:
+    """Each turn's trace (``--trace``, one conversation): the answer it heard is the
+    last stream whose ASR started between the turn's start and its first audio (an
+    earlier one was a speculation dropped at a mid-sentence pause)."""
+    marks = [(m.group(1), m.group(2), float(m.group(3))) for m in TRACE.finditer(log_text)]
+    for turn in level.turns:
+        clock = turn.clock_s
+        if "first_audio" not in clock:
+            continue
+        start, end, heard = clock["start"], clock["speech_end"], clock["first_audio"]
+        asr = [(t, sid) for what, sid, t in marks if what == "asr_start" and start <= t <= heard]
+        if not asr:
+            continue
+        answer = max(asr)[1]
+        steps = {what: t for what, sid, t in marks if sid == answer}
+        pauses = [t for what, _, t in marks if what == "speech_paused" and start <= t]
+        pauses = [t for t in pauses if t <= steps["asr_start"]]
+        stops = [t for what, _, t in marks if what == "speech_stopped" and t >= end]
+        if pauses:
+            steps["speech_paused"] = max(pauses)
+        if stops:
+            steps["speech_stopped"] = min(stops)
+        steps["client_first_audio"] = heard
+        turn.trace_ms = {what: (t - end) * 1000 for what, t in steps.items()}
+
+
+def trace_report(level: Level) -> str:
+    lines = [
+        f"| step ({level.conversations} conversation, {len(level.turns)} turns) "
+        "| ms after the end of speech, p50 | p90 | turns |",
+        "|---|---|---|---|",
+    ]
+    for what, words in TRACE_STEPS:
+        values = [t.trace_ms[what] for t in level.turns if what in t.trace_ms]
+        if values:
+            lines.append(
+                f"| {words} | {percentile(values, 50):.0f} | {percentile(values, 90):.0f} "
+                f"| {len(values)} |"
+            )
+    return "\n".join(lines)
+
+
 def start_server(
-    log_path: Path, checkout: Path, extra: list[str]
+    log_path: Path, checkout: Path, extra: list[str], *, trace: bool = False
 ) -> tuple[subprocess.Popen[bytes], str]:
     command = [sys.executable, "-m", "omnitrio._cli", "--log-level", "WARNING", "run", *extra]
     with log_path.open("wb") as log:
@@ -400,7 +475,7 @@ def start_server(
             cwd=checkout,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **({TRACE_ENV: "1"} if trace else {})},
         )
     deadline = time.monotonic() + 300
     while not (found := SERVING.search(log_path.read_text(errors="replace"))):
@@ -428,6 +503,12 @@ def main() -> None:
         "--turn-detection", choices=("server_vad", "semantic_vad"), default="server_vad"
     )
     parser.add_argument("--eagerness", choices=("low", "medium", "auto", "high"), default="auto")
+    parser.add_argument(
+        "--chunk-ms", type=int, default=20, help="audio per input_audio_buffer.append"
+    )
+    parser.add_argument(
+        "--trace", action="store_true", help="the stages' step times, at one conversation"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         voices = {
@@ -437,10 +518,12 @@ def main() -> None:
         extra = ["--config", str(args.config.resolve())] if args.config else []
         detection = Detection(args.turn_detection, args.eagerness)
         log = Path(scratch) / "server.log"
-        server, base_url = start_server(log, args.checkout.resolve(), extra)
+        server, base_url = start_server(log, args.checkout.resolve(), extra, trace=args.trace)
         try:
             levels = [
-                trio.run(run_level, base_url, int(n), args.turns, voices, detection)
+                trio.run(
+                    run_level, base_url, int(n), args.turns, voices, detection, args.chunk_ms / 1000
+                )
                 for n in args.levels.split(",")
             ]
         finally:
@@ -448,9 +531,14 @@ def main() -> None:
             server.wait(timeout=30)
             if args.server_log:
                 shutil.copyfile(log, args.server_log)
+            log_text = log.read_text(errors="replace")
     print(report(levels))
     print("\nWhere the time goes after speech_stopped, p50 (ms):\n")
     print(breakdown(levels))
+    for level in levels:
+        if args.trace and level.conversations == 1:
+            attach_trace(level, log_text)
+            print(f"\nThe answer's steps (--trace):\n\n{trace_report(level)}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([asdict(level) for level in levels], indent=1))

@@ -26,6 +26,7 @@ from .files import INSTALL_HINT, cpu_only, existing_path, no_progress_monitor_th
 from .moonshine import Moonshine, model_files
 from .payloads import Utterance
 from .pcm import Floats, pcm16_to_float
+from .trace import mark
 
 ASR_RATE_HZ = 16000  # what both models take
 WHISPER_RATE_HZ = ASR_RATE_HZ
@@ -81,7 +82,9 @@ class _AsrStage:
             if samples is None:
                 outputs[work.stream_id] = StreamOutput(payloads=(Utterance(""),), done=True)
                 continue
+            mark("asr_start", work.stream_id)
             text = self.transcribe(samples)
+            mark("asr_end", work.stream_id)
             onward = () if work.stream_id in self._transcribe_only else (Utterance(text),)
             outputs[work.stream_id] = StreamOutput(
                 payloads=onward,

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import ctranslate2
 from tqdm import tqdm
 
 from stages.kit import SamplingParams
+
+from .llm_fast import FastAnswer, TokenHandover, hand_over
 
 CACHE_SUFFIX = "-ct2-int8"
 
@@ -57,12 +57,9 @@ def ensure_ct2(folder: Path, cache_root: Path) -> Path:
 
 
 @dataclass
-class Ct2Answer:
-    """One answer being generated. ``arrived`` is filled on CTranslate2's thread (under
-    the runtime's condition) and emptied by the stage's step."""
+class Ct2Answer(FastAnswer):
+    """One answer being generated (its tokens: llm_fast.py)."""
 
-    arrived: deque[tuple[int, bool]] = field(default_factory=deque)  # (token, is_last)
-    cancelled: bool = False
     result: ctranslate2.AsyncGenerationResult | None = None
 
     def failed(self) -> bool:
@@ -74,8 +71,8 @@ class Ct2Answer:
             self.result.result()  # raises the generation's error, if any
 
 
-class Ct2Runtime:
-    """The generator and the condition its callbacks signal."""
+class Ct2Runtime(TokenHandover):
+    """The generator, whose callbacks hand each token over (llm_fast.py)."""
 
     def __init__(self, folder: Path, *, num_workers: int, num_threads: int) -> None:
         self.generator = ctranslate2.Generator(
@@ -85,7 +82,7 @@ class Ct2Runtime:
             inter_threads=num_workers,
             intra_threads=num_threads,
         )
-        self._arrived = threading.Condition()
+        super().__init__()
 
     def start(
         self,
@@ -101,12 +98,10 @@ class Ct2Runtime:
         ``hold``, called on CTranslate2's thread after each token but the last, may wait:
         the next token waits with it (first_audio.py)."""
         answer = Ct2Answer()
-        condition = self._arrived  # not self: a worker thread must never drop the generator
+        changed = self._changed  # not self: a worker thread must never drop the generator
 
         def arrived(step: ctranslate2.GenerationStepResult) -> bool:
-            with condition:
-                answer.arrived.append((step.token_id, step.is_last))
-                condition.notify_all()
+            hand_over(changed, answer, step.token_id, step.is_last)
             if hold is not None and not step.is_last and not answer.cancelled:
                 hold()
             return answer.cancelled  # True stops the generation
@@ -133,20 +128,6 @@ class Ct2Runtime:
             **sampling,
         )
         return answer
-
-    def wait_any(self, answers: Sequence[Ct2Answer], timeout_s: float) -> None:
-        """Return once one of ``answers`` has tokens waiting (or has failed), or after
-        ``timeout_s``."""
-        with self._arrived:
-            self._arrived.wait_for(
-                lambda: any(a.arrived or a.failed() for a in answers), timeout=timeout_s
-            )
-
-    def take(self, answer: Ct2Answer) -> list[tuple[int, bool]]:
-        with self._arrived:
-            tokens = list(answer.arrived)
-            answer.arrived.clear()
-        return tokens
 
     def close(self, answers: Sequence[Ct2Answer]) -> None:
         """Stop ``answers`` (still generating or not) and wait until they have stopped."""

@@ -30,7 +30,7 @@ import tempfile
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
@@ -39,6 +39,8 @@ from llama_cpp._logger import set_verbose
 from tqdm import tqdm
 
 from stages.kit import SamplingParams
+
+from .llm_fast import FastAnswer, TokenHandover, hand_over
 
 CONTEXT_TOKENS = 2048  # per worker: the longest prompt (768) and a tool-sized answer fit
 TYPES = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}  # param llamacpp_type
@@ -74,17 +76,14 @@ def ensure_type(gguf: Path, type_: str, cache_root: Path) -> Path:
 
 
 @dataclass
-class LlamaAnswer:
-    """One answer: what its worker needs, and what it has made. ``arrived`` is filled
-    on the worker's thread (under the runtime's condition) and emptied by the stage."""
+class LlamaAnswer(FastAnswer):
+    """One answer: what its worker needs, and what it has made (its tokens: llm_fast.py)."""
 
     prompt: list[int]
     max_new_tokens: int
     params: SamplingParams
     end_tokens: frozenset[int]
     hold: Callable[[], None] | None
-    arrived: deque[tuple[int, bool]] = field(default_factory=deque)  # (token, is_last)
-    cancelled: bool = False
     ended: bool = False  # its worker is done with it
     error: BaseException | None = None
     reused_tokens: int = 0  # prompt tokens whose KV cache the worker already had
@@ -113,15 +112,15 @@ class _Worker:
         return n
 
 
-class LlamaRuntime:
-    """The workers and the condition they signal."""
+class LlamaRuntime(TokenHandover):
+    """The workers; the runtime's condition also says when jobs and workers change."""
 
     def __init__(self, gguf: Path, *, num_workers: int, num_threads: int) -> None:
         if num_workers < 1 or num_threads < 1:
             raise ValueError(
                 f"num_workers and llamacpp_threads must be >= 1, not {num_workers}, {num_threads}"
             )
-        self._changed = threading.Condition()
+        super().__init__()
         self._pending: deque[LlamaAnswer] = deque()
         self._closed = False
         self._workers = [
@@ -169,24 +168,10 @@ class LlamaRuntime:
                 self._pending.append(answer)
         return answer
 
-    def wait_any(self, answers: Sequence[LlamaAnswer], timeout_s: float) -> None:
-        """Return once one of ``answers`` has tokens waiting (or has failed), or after
-        ``timeout_s``."""
-        with self._changed:
-            self._changed.wait_for(
-                lambda: any(a.arrived or a.failed() for a in answers), timeout=timeout_s
-            )
-
     def wait_ended(self, answer: LlamaAnswer) -> None:
         """Return once ``answer``'s worker is done with it (ended or stopped)."""
         with self._changed:
             self._changed.wait_for(lambda: answer.ended)
-
-    def take(self, answer: LlamaAnswer) -> list[tuple[int, bool]]:
-        with self._changed:
-            tokens = list(answer.arrived)
-            answer.arrived.clear()
-        return tokens
 
     def close(self, answers: Sequence[LlamaAnswer]) -> None:
         """Stop ``answers`` and the workers, and wait until they have stopped."""
@@ -240,9 +225,7 @@ class LlamaRuntime:
             )
             for count, token in enumerate(tokens, 1):
                 last = token in answer.end_tokens or count >= limit
-                with self._changed:
-                    answer.arrived.append((int(token), last))
-                    self._changed.notify_all()
+                hand_over(self._changed, answer, int(token), last)
                 if last or answer.cancelled:
                     break
                 if answer.hold is not None:

@@ -15,7 +15,8 @@ lengths, so a padded batch could not be cut back apart).
 With param ``first_chunk_frames`` (null: off), an answer's first phrase is spoken
 in two steps (tts_stream.py): its first ``first_chunk_frames`` frames (~11.6 ms
 each at 22.05 kHz) go out as soon as they are made, the rest at the next step,
-so the answer starts playing before its first phrase is synthesised whole.
+so the answer starts playing before its first phrase is synthesised whole (a phrase
+too short to gain from it is spoken whole at once).
 
 The first phrase's synthesis is marked for first_audio.py: with the LLM stage's
 ``first_audio_first``, the later tokens of answers already speaking wait meanwhile.
@@ -41,6 +42,7 @@ from .payloads import TextPiece
 from .pcm import Floats, float_to_pcm16
 from .phonemes import Espeak, VoiceSymbols, phoneme_ids
 from .phrases import PhraseSplitter
+from .trace import mark
 from .tts_stream import SplitPhrase, SplitVoice
 
 PACKAGED_VOICE = "en_US-joe-medium.onnx"
@@ -64,6 +66,7 @@ class _Stream:
     text_done: bool = False
     spoken: int = 0  # phrases begun
     rest: SplitPhrase | None = None  # a phrase whose first part is out
+    audio_out: bool = False  # its first audio is made (trace.py)
 
 
 class PiperTts:
@@ -176,6 +179,7 @@ class PiperTts:
         elif not speech.phrases:
             return StreamOutput(done=speech.text_done)
         elif speech.spoken == 0:
+            mark("tts_first_phrase", stream_id)
             FIRST_AUDIO.first_phrase_out(stream_id)
             with FIRST_AUDIO.synthesizing():
                 if self._split is not None:
@@ -188,6 +192,9 @@ class PiperTts:
         else:
             samples = self.synthesize(speech.phrases.popleft())
             speech.spoken += 1
+        if speech.spoken == 1 and not speech.audio_out:
+            speech.audio_out = True
+            mark("tts_first_audio", stream_id)
         finished = speech.text_done and not speech.phrases and speech.rest is None
         chunk = AudioChunk(float_to_pcm16(samples), self.sample_rate_hz)
         more = bool(speech.phrases) or speech.rest is not None
@@ -198,7 +205,10 @@ class PiperTts:
         assert self.first_chunk_frames is not None
         phrase = self._split.front(*self._inputs(speech.phrases.popleft()))
         speech.spoken += 1
-        samples = self._split.speak(phrase, self.first_chunk_frames)
+        # A part computes its frames and right_frames more: a phrase no longer than that
+        # is spoken whole (a second part would compute it all again, for nothing sooner).
+        whole = phrase.num_frames <= self.first_chunk_frames + self._split.right_frames
+        samples = self._split.speak(phrase, phrase.num_frames if whole else self.first_chunk_frames)
         speech.rest = phrase if phrase.next_frame < phrase.num_frames else None
         return samples
 

@@ -52,6 +52,7 @@ from omnitrio import (
 from .files import INSTALL_HINT, cpu_only, package_dir
 from .pcm import Floats, pcm16_to_float
 from .smart_turn import SmartTurn
+from .trace import mark
 
 VAD_RATE_HZ = 16000
 WINDOW_SAMPLES = 512  # 32 ms at 16 kHz, what the model takes
@@ -213,6 +214,7 @@ class SileroVad:
                 event = self._update(self.streams[sid], float(probability))
                 if event is not None:
                     events[sid].append(event)
+                    mark(event.name, sid)
         return {
             w.stream_id: StreamOutput(visible=tuple(events[w.stream_id]), done=w.input_closed)
             for w in batch

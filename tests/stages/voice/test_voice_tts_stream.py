@@ -58,6 +58,24 @@ def test_the_first_part_goes_out_a_step_before_the_rest(tts: object) -> None:
     assert len(chunks[1].pcm16) > len(chunks[0].pcm16)
 
 
+def test_a_first_phrase_too_short_to_gain_from_parts_is_spoken_whole(tts: object) -> None:
+    """A part computes right_frames past its end: a first phrase no longer than the
+    first part and that is made in one pass, not twice."""
+    from stages.voice.payloads import TextPiece
+
+    tts.open_stream("s", Request())  # type: ignore[attr-defined]
+    text = (TextPiece("Yes."), TextPiece(" Dogs like bones too."))
+    outputs = [tts.step([StreamWork("s", text, True)])["s"]]  # type: ignore[attr-defined]
+    while not outputs[-1].done:
+        outputs.append(tts.step([StreamWork("s", (), True)])["s"])  # type: ignore[attr-defined]
+    tts.close_stream("s")  # type: ignore[attr-defined]
+    chunks = [item for out in outputs for item in out.visible if isinstance(item, AudioChunk)]
+    assert len(chunks) == 2  # each phrase whole
+    split = tts._split  # type: ignore[attr-defined]
+    assert len(chunks[0].pcm16) > 2 * FIRST_FRAMES * split.hop
+    assert len(chunks[0].pcm16) <= 2 * (FIRST_FRAMES + split.right_frames) * split.hop
+
+
 def test_a_non_positive_first_chunk_is_refused() -> None:
     from stages.voice.tts import PiperTts
 

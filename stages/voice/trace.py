@@ -1,0 +1,28 @@
+"""Timestamps of a voice answer's steps, for the latency benchmark's breakdown.
+
+Off unless the environment sets ``OMNITRIO_VOICE_TRACE=1`` (benchmarks/voice_latency.py
+``--trace`` does, for the server it starts). Then each voice stage logs one line per
+step of an answer that the client cannot see (the speculative answer runs unseen until
+the turn ends): the VAD's pause and end of turn, the ASR's start and end, the LLM's
+first text, the TTS's first phrase complete and its first audio made. A line is
+``voice-trace <what> <stream id> <seconds>`` on the system's monotonic clock, which the
+benchmark's own process reads too (``time.monotonic``), so the two line up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+ENV = "OMNITRIO_VOICE_TRACE"
+ENABLED = os.environ.get(ENV) == "1"
+_logger = logging.getLogger("stages.voice.trace")
+if ENABLED:
+    _logger.setLevel(logging.INFO)  # shown whatever the server's own log level
+
+
+def mark(what: str, stream_id: str) -> None:
+    """Log that ``what`` happened to ``stream_id`` now (only when tracing is on)."""
+    if ENABLED:
+        _logger.info("voice-trace %s %s %.6f", what, stream_id, time.monotonic())
