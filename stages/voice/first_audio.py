@@ -3,7 +3,7 @@
 On a machine with few cores, an answer's first phrase is synthesised (tts.py) while
 CTranslate2 decodes the rest of that answer on two threads beside it: measured on 2
 vCPUs, the first phrase's first part took 150-250 ms in the server against ~85 ms
-alone (docs/benchmarks.md, issue 24). That synthesis is on the path to the first
+alone (docs/benchmarks-voice.md, issue 24). That synthesis is on the path to the first
 audio the user hears; the tokens after the first phrase are not (the first phrase's
 audio lasts seconds). So while any answer's first phrase is being synthesised, a
 CTranslate2 answer whose own first phrase is already out holds its next token (its

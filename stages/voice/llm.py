@@ -118,7 +118,7 @@ DTYPES = ("bfloat16", "float32", "int8")
 linear layer's weights quantized per output channel, activations quantized per step
 as they come (PyTorch's dynamic quantization, fbgemm kernels, CPU only). Decoding
 SmolLM2-135M on one thread then takes 24.8 against 54.2 ms per token, and the voice
-chat's first answer audio comes ~250 ms sooner (docs/benchmarks.md), but this small
+chat's first answer audio comes ~250 ms sooner (docs/benchmarks-voice.md), but this small
 a model's answers get worse: pseudo-words a listener cannot follow, and tool-call
 arguments that miss (``{"city": ","}`` for Paris), so the voice chat keeps bfloat16;
 int8 is for larger instruct models that keep their answers under it. In bfloat16 or

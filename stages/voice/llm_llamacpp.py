@@ -7,7 +7,7 @@ slower in Q4_1 (one thread, loaded machine: 100 tokens 795 against 459 ms), whil
 decoded token cost about the same (18-21 ms there; ~11-12 ms quiet, docs/models.md).
 Each answer is decoded on ONE thread (param ``llamacpp_threads``), so no pool of
 threads waits at a barrier per layer for a thread the other answers have preempted
-(docs/benchmarks.md, issue 24: CTranslate2's two threads per answer). ``num_workers``
+(docs/benchmarks-voice.md, issue 24: CTranslate2's two threads per answer). ``num_workers``
 workers, each a thread with its own llama.cpp context (the weights are one mapped file,
 shared), decode up to that many answers at once: no conversation's answer waits for
 another's whole answer (a further one queues until a worker is free).

@@ -110,7 +110,7 @@ def _options(num_threads: int) -> onnxruntime.SessionOptions:
     """One session's options. Its pool's threads sleep between runs instead of spinning:
     each session has its own pool, and spinning ones took a core from the other session
     (the encoder's pool spun through the decoder's steps) and from the LLM's prefill
-    after the transcript (docs/benchmarks.md, issue 24, third pass)."""
+    after the transcript (docs/benchmarks-voice.md, issue 24, third pass)."""
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = num_threads
     options.inter_op_num_threads = 1
