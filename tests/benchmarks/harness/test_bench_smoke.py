@@ -319,6 +319,7 @@ def test_the_runtime_command_line_hands_bench_its_arguments() -> None:
         check=True,
     )
     assert done.stdout.startswith("usage: omnitrio bench")
+    assert "``" not in done.stdout  # plain text, as every --help (tests/runtime/test_cli.py)
     for flag in ("--baseline", "--sweep", "--host-ms", "--placement", "--json", "--plots"):
         assert flag in done.stdout
 
