@@ -61,7 +61,7 @@ from omnitrio.realtime import (  # noqa: E402
     SessionConfig,
     StartResponse,
 )
-from tests import test_config_fuzz as config_fuzz  # noqa: E402
+from tests.runtime import test_config_fuzz as config_fuzz  # noqa: E402
 
 # --- bookkeeping ----------------------------------------------------------------------------
 
