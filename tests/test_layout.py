@@ -1,5 +1,5 @@
 """The layout shows the architecture: the runtime never imports torch, stages never import trio,
-and the tests mirror the code."""
+measurement code lives in benchmarks/ on omnitrio's public API, and the tests mirror the code."""
 
 from __future__ import annotations
 
