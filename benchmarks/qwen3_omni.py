@@ -30,7 +30,7 @@ import trio
 from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
 
 import omnitrio
-from omnitrio._overrides import with_model_path
+from omnitrio import with_model_path
 from stages.qwen3_omni.tiny import make_tiny_checkpoint
 
 CONFIG = Path(__file__).parent.parent / "configs" / "qwen3-omni-tiny.yaml"

@@ -16,7 +16,7 @@ once: the pipeline serves them concurrently (continuous batching); ``generate``
 serves one request at a time (it cannot batch audio), so request k waits for the
 k before it, and its text and audio all arrive when it returns.
 
-Reported per target and stream count (``omnitrio.bench`` metrics): TTFT, TTFA,
+Reported per target and stream count (``benchmarks.harness`` metrics): TTFT, TTFA,
 audio RTF (time to the end over seconds of audio), continuity (share of requests
 whose worst underrun is <= 100 ms), and the pipeline/generate TTFA ratio. Each
 ``--fast-paths`` entry is a separate pipeline run (``decode_fast_path`` of the
@@ -42,7 +42,7 @@ import torch
 import trio
 
 import omnitrio
-from omnitrio.bench import AudioArrival, RequestRecord, aggregate
+from benchmarks.harness import AudioArrival, RequestRecord, aggregate
 from stages.qwen3_omni import full_size, tiny
 from stages.qwen3_omni.reference import SAMPLE_RATE_HZ, ReferenceGenerate
 from stages.qwen3_omni.weights import LiveModel, register_live_model, unregister_live_model

@@ -8,6 +8,7 @@ from ._config import PipelineSection as PipelineSection
 from ._config import StageSpec as StageSpec
 from ._config import load_config as load_config
 from ._config import parse_config as parse_config
+from ._config import resolve_impl as resolve_impl
 from ._errors import ConfigError as ConfigError
 from ._errors import OmnitrioError as OmnitrioError
 from ._errors import Overloaded as Overloaded
@@ -22,6 +23,8 @@ from ._items import Request as Request
 from ._items import TextDelta as TextDelta
 from ._items import VisibleItem as VisibleItem
 from ._options import ResponseOptions as ResponseOptions
+from ._options import Scalar as Scalar
+from ._overrides import with_model_path as with_model_path
 from ._pipeline import Pipeline as Pipeline
 from ._pipeline import open_pipeline as open_pipeline
 from ._resample import StreamResampler as StreamResampler
@@ -55,6 +58,7 @@ __all__ = [
     "PipelineStatistics",
     "Request",
     "ResponseOptions",
+    "Scalar",
     "Stage",
     "StageError",
     "StageLoadError",
@@ -74,4 +78,6 @@ __all__ = [
     "parse_config",
     "resample_float",
     "resample_pcm16",
+    "resolve_impl",
+    "with_model_path",
 ]

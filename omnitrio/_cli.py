@@ -4,7 +4,9 @@
 WebSocket with the voice-chat page; ``omnitrio prompt`` runs prompts through a
 pipeline in-process and prints what each stream produces and a statistics
 summary; ``omnitrio bench`` measures a pipeline or a server against baselines
-(see ``omnitrio.bench``); ``omnitrio check-config`` validates a config file.
+(the harness is the repository's ``benchmarks`` package, apart from the runtime: this
+module hands it what follows ``bench`` and imports it only then); ``omnitrio
+check-config`` validates a config file.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import logging
 import signal
 import socket
 import sys
+import types
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -29,7 +32,6 @@ from ._items import AudioChunk, Event, TextDelta
 from ._listen import listen_socket
 from ._overrides import MODEL_PATH_HELP, with_model_path_arg, with_ray_address
 from ._pipeline import Pipeline, open_pipeline
-from .bench._args import add_parser as add_bench_parser
 
 if TYPE_CHECKING:
     from .server import ServerSettings
@@ -44,7 +46,10 @@ DEFAULT_PROMPT_CONFIG = CONFIGS / "synthetic.yaml"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)  # `bench`'s arguments are the harness's
+    if rest and args.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "check-config":
@@ -58,7 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "split-checkpoint":
             return _split_checkpoint(args)
         if args.command == "bench":
-            from .bench._cli import bench as job  # the harness loads only to run
+            harness = _bench_harness()
+            if harness is None:
+                return 2
+            args = harness.parse_args(rest)
+            job = harness.bench
         else:
             job = _prompt
         signum = trio.run(_until_signal, job, args)
@@ -81,6 +90,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
         return 2
     return 0
+
+
+def _bench_harness() -> types.ModuleType | None:
+    """The benchmark harness (``benchmarks/harness/cli.py``), or None, having said on
+    stderr what is missing: the ``benchmarks`` package (it ships with the repository,
+    not apart from it) or one of the harness's own dependencies."""
+    try:
+        from benchmarks.harness import cli
+    except ModuleNotFoundError as exc:
+        missing = exc.name or str(exc)
+        if missing.split(".")[0] == "benchmarks":
+            print(
+                f"omnitrio: bench needs the benchmark harness, the `benchmarks` package of "
+                f"omnitrio's repository, and {missing!r} is not importable here: run it "
+                "from a checkout of the repository (scripts/setup installs both)",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"omnitrio: bench needs {missing!r}, which is not installed: "
+                "pip install 'omnitrio[bench]'",
+                file=sys.stderr,
+            )
+        return None
+    return cli
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -212,7 +246,13 @@ def _parser() -> argparse.ArgumentParser:
             help="the Ray cluster for stages with placement: ray (default: pipeline.ray_address,"
             " else a local Ray instance started with the pipeline)",
         )
-    add_bench_parser(commands)
+    # Its arguments are the harness's (benchmarks/harness/_args.py), parsed when it runs:
+    # `omnitrio bench --help` lists them.
+    commands.add_parser(
+        "bench",
+        help="benchmark a pipeline or server against baselines (streaming metrics)",
+        add_help=False,
+    )
     check = commands.add_parser(
         "check-config", help="validate a pipeline config and name every problem in it"
     )

@@ -1,6 +1,6 @@
 """Changes to a loaded config that the command line asks for: ``--model-path`` and
 ``--ray-address``. Used by ``omnitrio run`` and ``prompt`` (``_cli.py``) and by
-``omnitrio bench`` (``bench/_cli.py``), so neither command line imports the other.
+``omnitrio bench`` (``benchmarks/harness/cli.py``), so neither command line imports the other.
 """
 
 from __future__ import annotations

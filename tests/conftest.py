@@ -277,7 +277,7 @@ async def serve_chain(
 def distinct_tools(count: int, tag: str) -> list[dict[str, Any]]:
     """``count`` distinct function tools of a chat request (a fresh ``tag`` defeats the
     server's cache of checked tools); shared by tests/server/test_isolation.py and
-    reliability/isolation_attacks.py."""
+    benchmarks/reliability/isolation_attacks.py."""
     schema = {"type": "object", "properties": {"x": {"type": "string", "enum": ["a", "b"]}}}
     return [
         {"type": "function", "function": {"name": f"f{tag}_{i}", "parameters": schema}}
@@ -288,7 +288,7 @@ def distinct_tools(count: int, tag: str) -> list[dict[str, Any]]:
 def realtime_tool_rounds(tag: str) -> list[list[dict[str, Any]]]:
     """The Realtime tools flood's nine ``session.update`` tool lists: 6,500 tools (as
     many as a frame's values allow, 3 a tool), then 8 x 128 fresh ones; shared by
-    tests/server/test_isolation.py and reliability/isolation_attacks.py."""
+    tests/server/test_isolation.py and benchmarks/reliability/isolation_attacks.py."""
     rounds = [[{"type": "function", "name": f"f{i}"} for i in range(6_500)]]
     for n in range(1, 9):
         rounds.append(

@@ -4,7 +4,7 @@
 and tools. Whatever they are given, they return a validated ``PipelineConfig``
 or raise ``ConfigError`` with the message ``SOURCE: KEY: problem`` — never any
 other exception. The properties here run with a fixed seed (``derandomize``) so
-the suite is deterministic; ``reliability/fuzz.py --target config`` runs the
+the suite is deterministic; ``benchmarks/reliability/fuzz.py --target config`` runs the
 same strategies with random seeds and many more examples.
 
 Open bugs go in ``KNOWN_BUGS``: the properties tolerate exactly those failures
@@ -121,7 +121,7 @@ def load_bytes(path: Path, content: bytes) -> PipelineConfig | None:
     return check_outcome(lambda: load_config(path), str(path))
 
 
-# --- strategies (reliability/fuzz.py uses them too) -----------------------------------------
+# --- strategies (benchmarks/reliability/fuzz.py uses them too) ------------------------------
 
 CONFIG_KEYS = [
     "pipeline",

@@ -1,7 +1,7 @@
 """Hostile clients against the real server on loopback (issue 16): each test reproduces
 one attack and checks the promise — the attacker gets a clear refusal naming what was
 wrong (never an internal exception's text), the server stays up and serves others, and
-what the attacker made the server hold is given back. ``reliability/attacks.py`` runs
+what the attacker made the server hold is given back. ``benchmarks/reliability/attacks.py`` runs
 the same attacks at full size against ``omnitrio run``."""
 
 from __future__ import annotations

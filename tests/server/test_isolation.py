@@ -1,7 +1,7 @@
 """One client cannot hurt another (issue 27): each test sends a hostile request BESIDE
 normal clients, on the real server over loopback, and asserts the normal clients'
 outcome (every one served, and their latency as a ratio against the same requests
-without the attacker), besides the attacker's clear refusal. ``reliability/attacks.py``
+without the attacker), besides the attacker's clear refusal. ``benchmarks/reliability/attacks.py``
 runs the same attacks at full size against ``omnitrio run``.
 
 Clients are told apart by address: the attacker connects from 127.0.0.2, the normal
@@ -103,7 +103,7 @@ def _assert_unhurt(baseline: list[float], during: list[float], attack_s: list[fl
     """Normal chats were not held by the attack: none waited as long as the attacker's
     slowest request (a stall makes them wait about as long), and their median is within
     3x of the same chats alone. (In-process, the attacker's client shares the GIL with
-    the server; ``reliability/attacks.py`` measures the 1.5x target with the attacker,
+    the server; ``benchmarks/reliability/attacks.py`` measures the 1.5x target with the attacker,
     the normal client and the server in separate processes.)"""
     assert max(during) < max(attack_s), (during, attack_s)
     ratio = statistics.median(during) / statistics.median(baseline)

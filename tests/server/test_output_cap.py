@@ -3,7 +3,7 @@ themselves, what one stream may produce is bounded by ``max_output_tokens``. Ask
 above it is refused (400 naming the field and the cap), and every answer at the cap
 ends by itself after exactly the cap's tokens, its stream freed: what the attacker
 made the server hold is given back. (The RSS figures are the attack kit's:
-``reliability/attacks.py max-tokens``.)"""
+``benchmarks/reliability/attacks.py max-tokens``.)"""
 
 from __future__ import annotations
 
