@@ -172,7 +172,9 @@ def _spoken(stage: object, text: str) -> tuple[list[int], list[bytes]]:
 
 
 @needs_voice
-@pytest.mark.parametrize("text", [PHRASE, "The capital of France is Paris."])
+@pytest.mark.parametrize(
+    "text", ["Dogs like to play in the park.", "She reads a book every night."]
+)
 def test_the_first_part_joins_the_whole_phrase_without_a_word_lost(
     tmp_path: Path, text: str
 ) -> None:
