@@ -33,6 +33,7 @@ The first phrase's synthesis is marked for first_audio.py: with the LLM stage's
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -55,6 +56,7 @@ from .trace import mark
 from .tts_stream import JOIN_FRAMES, SplitPhrase, SplitVoice, crossfade, word_starts, words_of
 
 PACKAGED_VOICE = "en_US-joe-medium.onnx"
+logger = logging.getLogger(__name__)
 
 
 def voice_files(voice_path: str | None, voice_config_path: str | None) -> tuple[Path, Path]:
@@ -78,6 +80,7 @@ class _Stream:
     rest_end: int = 0  # ... and the frame where its speech stops
     part: str | None = None  # the first phrase's first words, to speak before it is complete
     join: _Join | None = None  # the first part is out: where the whole phrase goes on
+    part_plays_until: float = 0.0  # when the first part's audio has played (perf_counter)
     audio_out: bool = False  # its first audio is made (trace.py)
 
 
@@ -150,6 +153,7 @@ class PiperTts:
         self.noise = noise  # the voice's sampled variation; off: the same text, the same audio
         self.num_joins = 0  # first phrases spoken across a join
         self.join_mismatches = 0  # ... whose parts' words were phonemised differently
+        self.late_joins = 0  # ... whose rest was made after the first part would have played
         self._split = (
             None
             if first_chunk_frames is None
@@ -293,7 +297,9 @@ class PiperTts:
         speech.rest_end = min(phrase.num_frames, end + JOIN_FRAMES)
         if speech.rest_end > self.first_chunk_frames + self._split.right_frames:
             speech.rest = phrase  # the first part itself in two steps, as a whole phrase
-            return self._split.speak(phrase, self.first_chunk_frames)
+            first = self._split.speak(phrase, self.first_chunk_frames)
+            speech.part_plays_until = time.perf_counter() + first.size / self.sample_rate_hz
+            return first
         return self._keep_tail(speech, phrase, self._split.speak(phrase, speech.rest_end))
 
     def _keep_tail(self, speech: _Stream, phrase: SplitPhrase, samples: Floats) -> Floats:
@@ -303,7 +309,10 @@ class PiperTts:
         keep = (phrase.next_frame - (speech.rest_end - JOIN_FRAMES)) * self._split.hop
         keep = max(0, min(keep, samples.size))
         speech.join = _Join(speech.join.words, samples[samples.size - keep :])
-        return samples[: samples.size - keep]
+        out = samples[: samples.size - keep]
+        start = speech.part_plays_until or time.perf_counter()  # (its first chunk's, if any)
+        speech.part_plays_until = start + out.size / self.sample_rate_hz
+        return out
 
     def _after_join(self, speech: _Stream) -> Floats:
         """The whole first phrase, from where the first part's last word begins."""
@@ -322,6 +331,12 @@ class PiperTts:
         starts = word_starts(ids[0].tolist(), phrase.durations, space)
         phrase.next_frame = starts[min(n, len(starts) - 1)]
         samples = self._split.speak(phrase, phrase.num_frames)
+        late_s = time.perf_counter() - speech.part_plays_until
+        if late_s > 0:  # a pause inside the first phrase, if the client played it at once
+            self.late_joins += 1
+            logger.warning(
+                "first phrase's rest made %.0f ms after its first part played", 1e3 * late_s
+            )
         return crossfade(join.tail, samples)
 
     def _timed(self, part: Callable[[_Stream], Floats], speech: _Stream) -> Floats:
