@@ -11,6 +11,12 @@ boundary where there is one — before a conjunction, preposition or relative
 word, never leaving fewer than two words — because Piper speaks each phrase on
 its own and a cut inside a tight word group ("France | is Paris") blurs the
 words either side of the join. Whatever is left is spoken when the text ends.
+
+With ``first_part_words`` (K), the first phrase's first K words are also offered on
+their own as soon as they are known (``first_part``), while the phrase is still being
+written: the TTS speaks their start from a pass over them and goes on across the join
+when the phrase is complete (tts.py). Once they are offered, the first phrase is never
+cut shorter than K words, so it always holds them and more.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 _SENTENCE_END = re.compile(r"(\S*)[.!?;:]\s")
 _COMMA = re.compile(r",\s")
 _WORD = re.compile(r"\S+\s")
+_PIECE = re.compile(r"\s*\S*\s?")
 ABBREVIATIONS = frozenset(
     ["mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "prof", "inc", "ltd"]
 )
@@ -77,19 +84,39 @@ class PhraseSplitter:
     max_words: int = 24
     first_max_words: int = 24
     first_min_words: int | None = None  # None: the first phrase waits for first_max_words
+    first_part_words: int | None = None  # None: the first phrase is offered only whole
     _text: str = field(default="", repr=False)
     _num_phrases: int = field(default=0, repr=False)
+    _part_offered: bool = field(default=False, repr=False)
+    _part: str | None = field(default=None, repr=False)
+
+    def first_part(self) -> str | None:
+        """The first phrase's first ``first_part_words`` words, once, if they were known
+        whole before the first phrase was complete (None otherwise)."""
+        part, self._part = self._part, None
+        return part if not self._num_phrases else None
 
     def feed(self, text: str) -> list[str]:
         """Append ``text``; return the phrases now complete (possibly none)."""
-        self._text += text
         phrases: list[str] = []
-        while (cut := self._cut()) is not None:
-            phrase, self._text = self._text[:cut].strip(), self._text[cut:]
-            if phrase:
-                phrases.append(phrase)
-                self._num_phrases += 1
+        for piece in _PIECE.findall(text):  # a word at a time: the part is seen first
+            self._text += piece
+            self._offer_part()
+            while (cut := self._cut()) is not None:
+                phrase, self._text = self._text[:cut].strip(), self._text[cut:]
+                if phrase:
+                    phrases.append(phrase)
+                    self._num_phrases += 1
         return phrases
+
+    def _offer_part(self) -> None:
+        k = self.first_part_words
+        if k is None or self._num_phrases or self._part_offered:
+            return
+        words = list(_WORD.finditer(self._text))
+        if len(words) >= k:
+            self._part_offered = True
+            self._part = self._text[: words[k - 1].end()].strip()
 
     def flush(self) -> str | None:
         """The rest of the text as a last phrase (None if there is nothing to say)."""
@@ -106,13 +133,17 @@ class PhraseSplitter:
         limit = self.max_words if self._num_phrases else self.first_max_words
         words = list(_WORD.finditer(self._text))
         early = None if self._num_phrases else self.first_min_words
+        shortest = MIN_WORDS
+        if self._part_offered and not self._num_phrases:
+            shortest = max(shortest, self.first_part_words or 0)  # it holds the part's words
+            limit = max(limit, shortest + 1)
         if early is not None:
-            for word in words[max(early, MIN_WORDS) : limit]:
+            for word in words[max(early, shortest) : limit]:
                 if word.group().strip().lower() in BOUNDARY_WORDS:
                     return word.start()  # the boundary word opens the next phrase
         if len(words) < limit:
             return None
-        for index in range(limit - 1, MIN_WORDS - 1, -1):
+        for index in range(limit - 1, shortest - 1, -1):
             if words[index].group().strip().lower() in BOUNDARY_WORDS:
                 return words[index].start()  # the boundary word opens the next phrase
         return words[limit - 1].end()

@@ -18,12 +18,22 @@ each at 22.05 kHz) go out as soon as they are made, the rest at the next step,
 so the answer starts playing before its first phrase is synthesised whole (a phrase
 too short to gain from it is spoken whole at once).
 
+With param ``first_part_words`` (K; null: off; needs ``first_chunk_frames``), an
+answer's first phrase starts before it is complete: once its first K words are known,
+a front pass over them alone gives their alignment, and their audio up to where the
+last of them begins goes out (so the fall and lengthening the voice gives a phrase's
+last word is never heard); when the phrase is complete, a pass over the whole of it
+goes on from where that word begins in its own alignment, its first frames crossfaded
+over the first pass's (tts_stream.py). A first phrase shorter than K words is spoken
+as before.
+
 The first phrase's synthesis is marked for first_audio.py: with the LLM stage's
 ``first_audio_first``, the later tokens of answers already speaking wait meanwhile.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -43,9 +53,10 @@ from .pcm import Floats, float_to_pcm16
 from .phonemes import Espeak, VoiceSymbols, phoneme_ids
 from .phrases import PhraseSplitter
 from .trace import mark
-from .tts_stream import SplitPhrase, SplitVoice
+from .tts_stream import JOIN_FRAMES, SplitPhrase, SplitVoice, crossfade, word_starts, words_of
 
 PACKAGED_VOICE = "en_US-joe-medium.onnx"
+logger = logging.getLogger(__name__)
 
 
 def voice_files(voice_path: str | None, voice_config_path: str | None) -> tuple[Path, Path]:
@@ -66,7 +77,20 @@ class _Stream:
     text_done: bool = False
     spoken: int = 0  # phrases begun
     rest: SplitPhrase | None = None  # a phrase whose first part is out
+    rest_end: int = 0  # ... and the frame where its speech stops
+    part: str | None = None  # the first phrase's first words, to speak before it is complete
+    join: _Join | None = None  # the first part is out: where the whole phrase goes on
+    part_plays_until: float = 0.0  # when the first part's audio has played (perf_counter)
     audio_out: bool = False  # its first audio is made (trace.py)
+
+
+@dataclass(frozen=True)
+class _Join:
+    """What the first part spoke: its words' phoneme ids, and its audio of the frames
+    just after them (unsent; the whole phrase's pass fades in over it)."""
+
+    words: tuple[tuple[int, ...], ...]
+    tail: Floats
 
 
 class PiperTts:
@@ -90,6 +114,8 @@ class PiperTts:
         espeak_timeout_s: float = 5.0,
         num_threads: int = 1,
         first_chunk_frames: int | None = None,
+        first_part_words: int | None = None,
+        noise: bool = True,
         cache_dir: str | None = None,
     ) -> None:
         cpu_only(name, device)
@@ -116,6 +142,18 @@ class PiperTts:
                 f"first_chunk_frames must be positive or null, got {first_chunk_frames}"
             )
         self.first_chunk_frames = first_chunk_frames
+        if first_part_words is not None and (
+            first_chunk_frames is None or not 2 <= first_part_words < first_phrase_max_words
+        ):
+            raise ValueError(
+                "first_part_words needs first_chunk_frames and must be at least 2 and below"
+                f" first_phrase_max_words ({first_phrase_max_words}), got {first_part_words}"
+            )
+        self.first_part_words = first_part_words
+        self.noise = noise  # the voice's sampled variation; off: the same text, the same audio
+        self.num_joins = 0  # first phrases spoken across a join
+        self.join_mismatches = 0  # ... whose parts' words were phonemised differently
+        self.late_joins = 0  # ... whose rest was made after the first part would have played
         self._split = (
             None
             if first_chunk_frames is None
@@ -135,6 +173,7 @@ class PiperTts:
             self.max_phrase_words,
             self.first_phrase_max_words,
             self.first_phrase_min_words,
+            self.first_part_words,
         )
         self.streams[stream_id] = _Stream(splitter)
 
@@ -160,6 +199,11 @@ class PiperTts:
         for piece in work.inputs:
             if isinstance(piece, TextPiece):
                 speech.phrases.extend(speech.splitter.feed(piece.text))
+                part = speech.splitter.first_part()
+                if part is not None and not speech.phrases:
+                    speech.part = part  # spoken unless the whole phrase comes first
+        if speech.phrases and speech.spoken == 0:
+            speech.part = None
         if work.input_closed and not speech.text_done:
             speech.text_done = True
             rest = speech.splitter.flush()
@@ -169,15 +213,27 @@ class PiperTts:
     @staticmethod
     def _first_due(speech: _Stream) -> bool:
         """Whether the stream's next audio is (part of) its first phrase."""
-        return speech.rest is not None or (speech.spoken == 0 and bool(speech.phrases))
+        if speech.rest is not None or speech.part is not None:
+            return True
+        return (speech.spoken == 0 or speech.join is not None) and bool(speech.phrases)
 
     def _speak(self, stream_id: str, *, later: bool) -> StreamOutput:
         speech = self.streams[stream_id]
         if speech.rest is not None:
             with FIRST_AUDIO.synthesizing():  # only a first phrase has a rest
                 samples = self._timed(self._rest, speech)
+        elif speech.part is not None:
+            mark("tts_first_phrase", stream_id)
+            FIRST_AUDIO.first_phrase_out(stream_id)
+            with FIRST_AUDIO.synthesizing():
+                samples = self._timed(self._first_words, speech)
+            if speech.join is None:  # one word as phonemised: the phrase is spoken whole
+                return StreamOutput(more=bool(speech.phrases))
         elif not speech.phrases:
-            return StreamOutput(done=speech.text_done)
+            return StreamOutput(done=speech.text_done and speech.join is None)
+        elif speech.join is not None:
+            with FIRST_AUDIO.synthesizing():
+                samples = self._timed(self._after_join, speech)
         elif speech.spoken == 0:
             mark("tts_first_phrase", stream_id)
             FIRST_AUDIO.first_phrase_out(stream_id)
@@ -185,17 +241,18 @@ class PiperTts:
                 if self._split is not None:
                     samples = self._timed(self._first_part, speech)
                 else:
-                    samples = self.synthesize(speech.phrases.popleft())
+                    samples = self.synthesize(speech.phrases.popleft(), noise=self.noise)
                     speech.spoken += 1
         elif not later:
             return StreamOutput(more=True)  # a later phrase, after the first audio
         else:
-            samples = self.synthesize(speech.phrases.popleft())
+            samples = self.synthesize(speech.phrases.popleft(), noise=self.noise)
             speech.spoken += 1
-        if speech.spoken == 1 and not speech.audio_out:
+        if not speech.audio_out:
             speech.audio_out = True
             mark("tts_first_audio", stream_id)
-        finished = speech.text_done and not speech.phrases and speech.rest is None
+        pending = speech.rest is not None or speech.join is not None
+        finished = speech.text_done and not speech.phrases and not pending
         chunk = AudioChunk(float_to_pcm16(samples), self.sample_rate_hz)
         more = bool(speech.phrases) or speech.rest is not None
         return StreamOutput(visible=(chunk,), more=more, done=finished)
@@ -203,21 +260,84 @@ class PiperTts:
     def _first_part(self, speech: _Stream) -> Floats:
         assert self._split is not None
         assert self.first_chunk_frames is not None
-        phrase = self._split.front(*self._inputs(speech.phrases.popleft()))
+        phrase = self._split.front(*self._inputs(speech.phrases.popleft(), noise=self.noise))
         speech.spoken += 1
         # A part computes its frames and right_frames more: a phrase no longer than that
         # is spoken whole (a second part would compute it all again, for nothing sooner).
         whole = phrase.num_frames <= self.first_chunk_frames + self._split.right_frames
         samples = self._split.speak(phrase, phrase.num_frames if whole else self.first_chunk_frames)
         speech.rest = phrase if phrase.next_frame < phrase.num_frames else None
+        speech.rest_end = phrase.num_frames
         return samples
 
     def _rest(self, speech: _Stream) -> Floats:
         assert self._split is not None
         assert speech.rest is not None
-        samples = self._split.speak(speech.rest, speech.rest.num_frames)
-        speech.rest = None
-        return samples
+        rest, speech.rest = speech.rest, None
+        samples = self._split.speak(rest, speech.rest_end - rest.next_frame)
+        if speech.join is None:
+            return samples
+        return self._keep_tail(speech, rest, samples)
+
+    def _first_words(self, speech: _Stream) -> Floats:
+        """The first part: the first words' audio up to where the last of them begins."""
+        assert self._split is not None
+        assert self.first_chunk_frames is not None
+        assert speech.part is not None
+        ids, scales = self._inputs(speech.part, noise=self.noise)
+        speech.part = None
+        phrase = self._split.front(ids, scales)
+        space = self.symbols.ids[" "]
+        starts = word_starts(ids[0].tolist(), phrase.durations, space)
+        words = words_of(ids[0].tolist(), space)
+        if len(starts) < 2:
+            return np.zeros(0, np.float32)
+        end = starts[-1]  # where the last word begins (with the space before it)
+        speech.join = _Join(tuple(words[:-1]), np.zeros(0, np.float32))
+        speech.rest_end = min(phrase.num_frames, end + JOIN_FRAMES)
+        if speech.rest_end > self.first_chunk_frames + self._split.right_frames:
+            speech.rest = phrase  # the first part itself in two steps, as a whole phrase
+            first = self._split.speak(phrase, self.first_chunk_frames)
+            speech.part_plays_until = time.perf_counter() + first.size / self.sample_rate_hz
+            return first
+        return self._keep_tail(speech, phrase, self._split.speak(phrase, speech.rest_end))
+
+    def _keep_tail(self, speech: _Stream, phrase: SplitPhrase, samples: Floats) -> Floats:
+        """Out: ``samples`` but their last frames, which the join fades out."""
+        assert self._split is not None
+        assert speech.join is not None
+        keep = (phrase.next_frame - (speech.rest_end - JOIN_FRAMES)) * self._split.hop
+        keep = max(0, min(keep, samples.size))
+        speech.join = _Join(speech.join.words, samples[samples.size - keep :])
+        out = samples[: samples.size - keep]
+        start = speech.part_plays_until or time.perf_counter()  # (its first chunk's, if any)
+        speech.part_plays_until = start + out.size / self.sample_rate_hz
+        return out
+
+    def _after_join(self, speech: _Stream) -> Floats:
+        """The whole first phrase, from where the first part's last word begins."""
+        assert self._split is not None
+        assert speech.join is not None
+        ids, scales = self._inputs(speech.phrases.popleft(), noise=self.noise)
+        join, speech.join = speech.join, None
+        speech.spoken += 1
+        self.num_joins += 1
+        phrase = self._split.front(ids, scales)
+        space = self.symbols.ids[" "]
+        words = words_of(ids[0].tolist(), space)
+        n = len(join.words)
+        if tuple(words[:n]) != join.words:
+            self.join_mismatches += 1
+        starts = word_starts(ids[0].tolist(), phrase.durations, space)
+        phrase.next_frame = starts[min(n, len(starts) - 1)]
+        samples = self._split.speak(phrase, phrase.num_frames)
+        late_s = time.perf_counter() - speech.part_plays_until
+        if late_s > 0:  # a pause inside the first phrase, if the client played it at once
+            self.late_joins += 1
+            logger.warning(
+                "first phrase's rest made %.0f ms after its first part played", 1e3 * late_s
+            )
+        return crossfade(join.tail, samples)
 
     def _timed(self, part: Callable[[_Stream], Floats], speech: _Stream) -> Floats:
         started = time.perf_counter()

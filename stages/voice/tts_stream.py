@@ -9,17 +9,27 @@ convolution stack over the frame axis with a finite receptive field. The
 back on frames ``[0, n)`` with ``right_frames`` of look-ahead, and later on the rest
 with ``left_frames`` of context: the parts join into what one pass gives (the
 margins cover the receptive field; tests/stages/voice/test_voice_stages.py compares them).
+
+The front also gives each phoneme id's duration in frames (the graph's ``Ceil``, made an
+output here), so a phrase's words can be placed on the frame axis (``word_starts``): a
+first part of an answer spoken from a front pass over its first words only can stop
+where a word begins, and the whole phrase's pass go on from where that word begins in
+its own alignment (tts.py, ``first_part_words``), the two joined by a short crossfade.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx as onnx_lib
 import onnxruntime
 
 from .pcm import Floats
+
+JOIN_FRAMES = 6  # ~70 ms: the first part's pass fades into the whole phrase's over these
 
 
 @dataclass
@@ -30,6 +40,7 @@ class SplitPhrase:
     z_p: Floats  # [1, C, T]
     mask: Floats  # [1, 1, T]
     speaker: Floats | None
+    durations: np.ndarray  # [N] frames per phoneme id
     next_frame: int = 0
 
     @property
@@ -59,7 +70,8 @@ class SplitVoice:
         options.intra_op_num_threads = num_threads
         options.inter_op_num_threads = 1
         providers = ["CPUExecutionProvider"]
-        self._front = onnxruntime.InferenceSession(str(folder / meta.frontend), options, providers)
+        front = _with_durations(onnx_lib.load(str(folder / meta.frontend)))
+        self._front = onnxruntime.InferenceSession(front.SerializeToString(), options, providers)
         self._back = onnxruntime.InferenceSession(str(folder / meta.decoder), options, providers)
         self._front_inputs = set(meta.frontend_inputs)
         self._seam = meta.seam
@@ -76,7 +88,8 @@ class SplitVoice:
             "sid": np.array([0], dtype=np.int64),
         }
         out = self._front.run(None, {k: v for k, v in feed.items() if k in self._front_inputs})
-        return SplitPhrase(out[0], out[1], out[2] if len(out) == 3 else None)
+        durations = np.asarray(out[-1]).reshape(-1).astype(np.int64)
+        return SplitPhrase(out[0], out[1], out[2] if len(out) == 4 else None, durations)
 
     def speak(self, phrase: SplitPhrase, num_frames: int) -> Floats:
         """The audio of the phrase's next ``num_frames`` frames (or of all that are left)."""
@@ -94,3 +107,45 @@ class SplitVoice:
         phrase.next_frame = end
         skip = (start - low) * self.hop
         return audio[skip : skip + (end - start) * self.hop]
+
+
+def _with_durations(front: onnx_lib.ModelProto) -> onnx_lib.ModelProto:
+    """The front graph with its phoneme durations (the ``Ceil`` whose frames a ``CumSum``
+    adds up into the alignment) as its last output."""
+    graph = front.graph
+    summed = {name for node in graph.node if node.op_type == "CumSum" for name in node.input}
+    ceil = [n.output[0] for n in graph.node if n.op_type == "Ceil" and n.output[0] in summed]
+    if len(ceil) != 1:
+        raise ValueError(f"the voice's front graph has {len(ceil)} duration (Ceil) nodes, not 1")
+    graph.output.append(
+        onnx_lib.helper.make_tensor_value_info(ceil[0], onnx_lib.TensorProto.FLOAT, None)
+    )
+    return front
+
+
+def word_starts(ids: Sequence[int], durations: np.ndarray, space_id: int) -> list[int]:
+    """The frame where each word of a phrase begins: 0, then where each space between
+    words begins (``ids``: the phrase's phoneme ids, ``durations``: frames per id)."""
+    frames_before = np.concatenate([[0], np.cumsum(durations)])
+    return [0] + [int(frames_before[i]) for i, symbol in enumerate(ids) if symbol == space_id]
+
+
+def words_of(ids: Sequence[int], space_id: int) -> list[tuple[int, ...]]:
+    """The phoneme ids of each word (split at the spaces)."""
+    words: list[tuple[int, ...]] = [()]
+    for symbol in ids:
+        if symbol == space_id:
+            words.append(())
+        else:
+            words[-1] += (symbol,)
+    return words
+
+
+def crossfade(tail: Floats, head: Floats) -> Floats:
+    """``head`` with its start faded in over ``tail`` (the same sound from another pass)
+    fading out; as long as ``head``."""
+    n = min(tail.size, head.size)
+    fade_in = (1.0 - np.cos(np.linspace(0.0, np.pi, n, dtype=np.float32))) / 2.0
+    out = head.copy()
+    out[:n] = tail[:n] * (1.0 - fade_in) + head[:n] * fade_in
+    return out

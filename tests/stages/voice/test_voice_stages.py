@@ -45,6 +45,24 @@ def test_the_first_phrase_ends_before_a_boundary_word_once_it_has_its_minimum() 
     assert splitter.flush() == "and meat of all kinds"  # later phrases wait for their limit
 
 
+def test_the_first_phrases_first_words_are_offered_once_and_it_holds_them() -> None:
+    """first_part_words: the first K words, once they are known whole, before the first
+    phrase is complete; after that the first phrase is never cut shorter than K words
+    (here a length cut would fall before "in", after three)."""
+    splitter = PhraseSplitter(first_max_words=6, first_part_words=4)
+    assert splitter.feed("The sun is in") == []
+    assert splitter.first_part() is None  # "in" is not known whole yet
+    assert splitter.feed(" the ") == []
+    assert splitter.first_part() == "The sun is in"
+    assert splitter.first_part() is None  # once
+    assert splitter.feed("sky all day long ") == ["The sun is in the sky"]
+    assert splitter.first_part() is None  # only the first phrase has a part
+    unoffered = PhraseSplitter(first_max_words=6)
+    assert unoffered.feed("The sun is in the sky all ") == ["The sun is"]
+    at_once = PhraseSplitter(first_max_words=6, first_part_words=4)  # text in one piece
+    assert at_once.feed("The sun is in the sky all ") == ["The sun is in the sky"]
+
+
 @pytest.fixture
 def llm() -> Iterator[object]:
     """One per test: its packaging thread (started by the first step) ends with it."""

@@ -12,8 +12,6 @@ import pytest
 from omnitrio import AudioChunk, Request, StreamWork
 from tests.voice_support import needs_voice
 
-pytestmark = needs_voice
-
 PHRASE = "Cats like to eat fish and chicken."
 FIRST_FRAMES = 24
 
@@ -27,6 +25,7 @@ def tts(tmp_path: Path) -> Iterator[object]:
     stage.close()
 
 
+@needs_voice
 def test_the_parts_join_into_the_one_pass_audio(tts: object) -> None:
     from stages.voice.tts import PiperTts
 
@@ -42,6 +41,7 @@ def test_the_parts_join_into_the_one_pass_audio(tts: object) -> None:
     np.testing.assert_allclose(joined, whole, atol=2e-3)
 
 
+@needs_voice
 def test_the_first_part_goes_out_a_step_before_the_rest(tts: object) -> None:
     from stages.voice.payloads import TextPiece
 
@@ -58,6 +58,7 @@ def test_the_first_part_goes_out_a_step_before_the_rest(tts: object) -> None:
     assert len(chunks[1].pcm16) > len(chunks[0].pcm16)
 
 
+@needs_voice
 def test_a_first_phrase_too_short_to_gain_from_parts_is_spoken_whole(tts: object) -> None:
     """A part computes right_frames past its end: a first phrase no longer than the
     first part and that is made in one pass, not twice."""
@@ -76,6 +77,7 @@ def test_a_first_phrase_too_short_to_gain_from_parts_is_spoken_whole(tts: object
     assert len(chunks[0].pcm16) <= 2 * (FIRST_FRAMES + split.right_frames) * split.hop
 
 
+@needs_voice
 def test_a_non_positive_first_chunk_is_refused() -> None:
     from stages.voice.tts import PiperTts
 
@@ -83,6 +85,7 @@ def test_a_non_positive_first_chunk_is_refused() -> None:
         PiperTts("tts", first_chunk_frames=0)
 
 
+@needs_voice
 def test_the_first_phrase_marks_the_stream_as_speaking_until_it_closes(tts: object) -> None:
     """What first_audio.py's hold reads: a stream is speaking once its first phrase is
     synthesised, and forgotten when it closes."""
@@ -97,6 +100,7 @@ def test_the_first_phrase_marks_the_stream_as_speaking_until_it_closes(tts: obje
     assert not FIRST_AUDIO.speaking("m")
 
 
+@needs_voice
 def test_a_first_phrase_is_spoken_before_another_answers_later_phrase(tts: object) -> None:
     """A step that speaks one answer's first phrase (both its parts) defers another's
     later phrase to a later step, so the first audio is not held behind it."""
@@ -121,3 +125,123 @@ def test_a_first_phrase_is_spoken_before_another_answers_later_phrase(tts: objec
     assert steps[2]["old"].done
     for sid in ("old", "new"):
         tts.close_stream(sid)  # type: ignore[attr-defined]
+
+
+def test_word_starts_come_from_the_durations() -> None:
+    """A word begins where the space before it begins: the frames of every id before it."""
+    from stages.voice.tts_stream import word_starts, words_of
+
+    space = 3
+    ids = [1, 0, 20, 0, 21, 0, space, 0, 22, 0, space, 0, 23, 0, 2]
+    durations = np.array([0, 1, 5, 2, 4, 1, 3, 1, 6, 2, 1, 0, 7, 2, 0])
+    assert word_starts(ids, durations, space) == [0, 13, 25]
+    assert words_of(ids, space) == [(1, 0, 20, 0, 21, 0), (0, 22, 0), (0, 23, 0, 2)]
+
+
+@needs_voice
+def test_the_fronts_durations_are_its_frames(tts: object) -> None:
+    """The durations the front now gives out add up to the phrase's frames, one per id."""
+    split = tts._split  # type: ignore[attr-defined]
+    ids, scales = tts._inputs(PHRASE)  # type: ignore[attr-defined]
+    phrase = split.front(ids, scales)
+    assert phrase.durations.shape == (ids.shape[1],)
+    assert int(phrase.durations.sum()) == phrase.num_frames
+
+
+def _spoken(stage: object, text: str) -> tuple[list[int], list[bytes]]:
+    """The text fed a word at a time: how many words were in when each chunk came out,
+    and the chunks."""
+    from stages.voice.payloads import TextPiece
+
+    stage.open_stream("j", Request())  # type: ignore[attr-defined]
+    pieces = [f" {word}" for word in text.split()]
+    fed, chunks = [], []
+    for index, piece in enumerate(pieces):
+        last = index == len(pieces) - 1
+        output = stage.step([StreamWork("j", (TextPiece(piece),), last)])["j"]  # type: ignore[attr-defined]
+        while True:
+            for item in output.visible:
+                if isinstance(item, AudioChunk):
+                    fed.append(index + 1)
+                    chunks.append(item.pcm16)
+            if not (output.more or (last and not output.done)):
+                break
+            output = stage.step([StreamWork("j", (), last)])["j"]  # type: ignore[attr-defined]
+    stage.close_stream("j")  # type: ignore[attr-defined]
+    return fed, chunks
+
+
+@needs_voice
+@pytest.mark.parametrize(
+    "text", ["Dogs like to play in the park.", "She reads a book every night."]
+)
+def test_the_first_part_joins_the_whole_phrase_without_a_word_lost(
+    tmp_path: Path, text: str
+) -> None:
+    """first_part_words: the first words' audio goes out while the phrase is still being
+    written (it stops where the part's last word begins, in the part's own alignment),
+    and the rest comes from the whole phrase's pass, from where that word begins in its
+    alignment: the frames add up to exactly that, and the judge hears every word once."""
+    from stages.voice.tts import PiperTts
+    from stages.voice.tts_stream import JOIN_FRAMES, word_starts
+    from tests.voice_support import transcribe_pcm16, word_error_rate
+
+    stage = PiperTts(
+        "tts",
+        first_chunk_frames=FIRST_FRAMES,
+        first_phrase_max_words=12,
+        first_part_words=4,
+        noise=False,
+        cache_dir=str(tmp_path),
+    )
+    try:
+        fed, chunks = _spoken(stage, text)
+        split = stage._split
+        assert split is not None
+        space = stage.symbols.ids[" "]
+        part = " ".join(text.split()[:4])
+        starts = []
+        for words in (part, text):
+            ids, scales = stage._inputs(words, noise=False)
+            phrase = split.front(ids, scales)
+            starts.append((word_starts(ids[0].tolist(), phrase.durations, space), phrase))
+        (part_starts, _), (whole_starts, whole) = starts
+        part_frames = part_starts[-1]  # up to where the part's last word begins
+        rest_frames = whole.num_frames - whole_starts[len(part_starts) - 1]
+        assert fed[0] == 5  # out once the fourth word is known whole, before the text ends
+        assert fed[-1] == len(text.split())
+        assert stage.num_joins == 1
+        assert stage.join_mismatches == 0
+        samples = sum(len(c) for c in chunks) // 2
+        assert samples == (part_frames + rest_frames) * split.hop
+        assert part_frames > JOIN_FRAMES
+        lead = bytes(2 * int(0.3 * stage.sample_rate_hz))  # as the clean-speech test
+        heard = transcribe_pcm16(lead + b"".join(chunks), stage.sample_rate_hz)
+        assert word_error_rate(text, heard) == 0.0, heard
+    finally:
+        stage.close()
+
+
+@needs_voice
+def test_a_first_phrase_shorter_than_the_part_is_spoken_as_before(tmp_path: Path) -> None:
+    from stages.voice.tts import PiperTts
+
+    stage = PiperTts(
+        "tts", first_chunk_frames=FIRST_FRAMES, first_part_words=4, cache_dir=str(tmp_path)
+    )
+    try:
+        fed, _chunks = _spoken(stage, "Yes, it is.")
+        assert set(fed) == {3}  # spoken whole, when the text ends
+        assert stage.num_joins == 0
+    finally:
+        stage.close()
+
+
+@needs_voice
+def test_a_first_part_without_its_conditions_is_refused() -> None:
+    from stages.voice.tts import PiperTts
+
+    with pytest.raises(ValueError, match="first_part_words needs first_chunk_frames"):
+        PiperTts("tts", first_part_words=4, first_phrase_max_words=8)
+    with pytest.raises(ValueError, match="below first_phrase_max_words"):
+        PiperTts("tts", first_part_words=8, first_chunk_frames=32, first_phrase_max_words=8)
