@@ -55,6 +55,11 @@ starts the answer at the first pause, ``pause_ms``, and shows it once the turn
 ends). Also speech_stopped arrival to first audio (the pipeline's own part), and
 the server's count of speculative answers taken and dropped (/metrics).
 
+The server's CPU time per turn (``/proc``: the server process and the espeak-ng runs
+it waited for; the VAD on the silence between turns and the speculations dropped
+included): what one answer costs the cores, for the bound at several conversations
+(turns x CPU s / cores).
+
 Stage real-time factors per level, from the server's /metrics busy seconds
 (time each stage's thread spent in stage calls) over the audio each stage
 handled: vad over all audio sent, asr over committed input audio (the
@@ -147,6 +152,7 @@ class Level:
     busy_s: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute, at the start and the end
+    server_cpu_s: float = math.nan  # the server's CPU time over the level (its children too)
 
 
 def speech(question: str, folder: Path, voice: str, pause_s: float) -> tuple[bytes, float]:
@@ -293,6 +299,16 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
             return
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has used, with its children waited for (espeak-ng's runs):
+    utime, stime, cutime and cstime of /proc/<pid>/stat (nan where there is none)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def busy_seconds(base_url: str) -> dict[str, float]:
     with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
         text = response.read().decode()
@@ -319,9 +335,11 @@ async def run_level(
     voices: dict[str, tuple[bytes, float]],
     detection: Detection,
     chunk_s: float = CHUNK_S,
+    server_pid: int = 0,
 ) -> Level:
     level = Level(conversations)
     load_before = os.getloadavg()[0]
+    cpu_before = cpu_seconds(server_pid)
     before = await trio.to_thread.run_sync(busy_seconds, base_url)
     per = [turns // conversations + (i < turns % conversations) for i in range(conversations)]
     url = base_url.replace("http://", "ws://") + "/v1/realtime"
@@ -335,6 +353,7 @@ async def run_level(
     after = await trio.to_thread.run_sync(busy_seconds, base_url)
     level.busy_s = {name: after[name] - before.get(name, 0.0) for name in after}
     level.load_average = (load_before, os.getloadavg()[0])
+    level.server_cpu_s = cpu_seconds(server_pid) - cpu_before
     return level
 
 
@@ -353,15 +372,16 @@ def p50(turns: list[Turn], name: str) -> str:
 def breakdown(levels: list[Level]) -> str:
     lines = [
         "| conversations | speech_stopped -> transcript | transcript -> first text "
-        "| first text -> first audio | load average (start, end) |",
-        "|---|---|---|---|---|",
+        "| first text -> first audio | server CPU s per turn | load average (start, end) |",
+        "|---|---|---|---|---|---|",
     ]
     for level in levels:
         load = "{:.1f}, {:.1f}".format(*level.load_average)
         lines.append(
             f"| {level.conversations} | {p50(level.turns, 'speech_stopped_to_transcript_s')} "
             f"| {p50(level.turns, 'transcript_to_first_text_s')} "
-            f"| {p50(level.turns, 'first_text_to_first_audio_s')} | {load} |"
+            f"| {p50(level.turns, 'first_text_to_first_audio_s')} "
+            f"| {level.server_cpu_s / max(1, len(level.turns)):.2f} | {load} |"
         )
     return "\n".join(lines)
 
@@ -522,7 +542,14 @@ def main() -> None:
         try:
             levels = [
                 trio.run(
-                    run_level, base_url, int(n), args.turns, voices, detection, args.chunk_ms / 1000
+                    run_level,
+                    base_url,
+                    int(n),
+                    args.turns,
+                    voices,
+                    detection,
+                    args.chunk_ms / 1000,
+                    server.pid,
                 )
                 for n in args.levels.split(",")
             ]
