@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from omnitrio import Event, Request, StreamOutput, StreamWork, resample_float
 
 from .files import INSTALL_HINT, cpu_only, existing_path, no_progress_monitor_thread, package_dir
+from .first_audio import FIRST_AUDIO
 from .moonshine import Moonshine, model_files
 from .payloads import Utterance
 from .pcm import Floats, pcm16_to_float
@@ -83,6 +84,8 @@ class _AsrStage:
                 outputs[work.stream_id] = StreamOutput(payloads=(Utterance(""),), done=True)
                 continue
             mark("asr_start", work.stream_id)
+            if work.stream_id not in self._transcribe_only:
+                FIRST_AUDIO.answer_starting(work.stream_id)  # first_audio.py
             text = self.transcribe(samples)
             mark("asr_end", work.stream_id)
             onward = () if work.stream_id in self._transcribe_only else (Utterance(text),)

@@ -195,6 +195,7 @@ class PiperTts:
         if speech.spoken == 1 and not speech.audio_out:
             speech.audio_out = True
             mark("tts_first_audio", stream_id)
+            FIRST_AUDIO.first_audio_made(stream_id)
         finished = speech.text_done and not speech.phrases and speech.rest is None
         chunk = AudioChunk(float_to_pcm16(samples), self.sample_rate_hz)
         more = bool(speech.phrases) or speech.rest is not None
