@@ -55,7 +55,9 @@ def quantize_columns(
     return quantized, scale, zero
 
 
-_Owned = tuple[onnx.TensorProto, onnx.GraphProto]  # an initializer and the graph holding it
+# An initializer, the graph holding it and that graph's path in the model (a Python
+# object's id would not do: protobuf hands out a new wrapper for a sub-graph each time)
+_Owned = tuple[onnx.TensorProto, onnx.GraphProto, str]
 
 
 class _Rewriter:
@@ -64,24 +66,24 @@ class _Rewriter:
     def __init__(self) -> None:
         self.num_rewritten = 0
         # A weight's 8-bit initializers, made once and kept beside the original (in the
-        # graph that holds it, by name and that graph), so that both branches of an If
-        # share one copy of an outer weight.
-        self.made: dict[tuple[str, int], tuple[str, str, str]] = {}
+        # graph that holds it, by name and that graph's path), so that both branches of
+        # an If share one copy of an outer weight.
+        self.made: dict[tuple[str, str], tuple[str, str, str]] = {}
 
-    def graph(self, graph: onnx.GraphProto, outer: dict[str, _Owned]) -> None:
-        own = {init.name: (init, graph) for init in graph.initializer}
+    def graph(self, graph: onnx.GraphProto, outer: dict[str, _Owned], path: str = "") -> None:
+        own = {init.name: (init, graph, path) for init in graph.initializer}
         visible = {**outer, **own}
         nodes: list[onnx.NodeProto] = []
-        for node in graph.node:
+        for number, node in enumerate(graph.node):
             for attribute in node.attribute:
                 if attribute.type == onnx.AttributeProto.GRAPH:
-                    self.graph(attribute.g, visible)
+                    self.graph(attribute.g, visible, f"{path}/{number}.{attribute.name}")
             owned = visible.get(node.input[1]) if node.op_type == "MatMul" else None
             if owned is None or not _is_float_matrix(owned[0]):
                 nodes.append(node)
                 continue
-            init, holder = owned
-            key = (init.name, id(holder))
+            init, holder, where = owned
+            key = (init.name, where)
             if key not in self.made:
                 names = (f"{init.name}_u8", f"{init.name}_u8_scale", f"{init.name}_u8_zero")
                 arrays = quantize_columns(numpy_helper.to_array(init).astype(np.float32))
@@ -94,7 +96,7 @@ class _Rewriter:
                     "DynamicQuantizeMatMul",
                     [node.input[0], *self.made[key]],
                     list(node.output),
-                    name=f"{node.name}_u8",
+                    name=f"{node.name or node.output[0]}_u8",
                     domain=MS_DOMAIN,
                 )
             )
