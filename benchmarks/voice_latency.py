@@ -55,6 +55,15 @@ starts the answer at the first pause, ``pause_ms``, and shows it once the turn
 ends). Also speech_stopped arrival to first audio (the pipeline's own part), and
 the server's count of speculative answers taken and dropped (/metrics).
 
+Answers run dry: turns whose answer audio, played from its first delta on, would
+have run out before the next delta arrived (a client with no buffer of its own),
+and for how long in all.
+
+The server's CPU time per turn (``/proc``: the server process and the espeak-ng runs
+it waited for; the VAD on the silence between turns and the speculations dropped
+included): what one answer costs the cores, for the bound at several conversations
+(turns x CPU s / cores).
+
 Stage real-time factors per level, from the server's /metrics busy seconds
 (time each stage's thread spent in stage calls) over the audio each stage
 handled: vad over all audio sent, asr over committed input audio (the
@@ -129,6 +138,9 @@ class Turn:
     input_audio_s: float = 0.0
     answer_audio_s: float = 0.0
     num_text_deltas: int = 0
+    # How long a client playing the answer from its first audio on would have run dry
+    # (an audio delta arriving after the audio before it had all played), in all
+    underrun_s: float = 0.0
     num_splits: int = 0  # speech_stopped before the question's speech ended
     num_false_barge_ins: int = 0  # responses cancelled while the question went on
     status: str = ""
@@ -147,6 +159,7 @@ class Level:
     busy_s: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute, at the start and the end
+    server_cpu_s: float = math.nan  # the server's CPU time over the level (its children too)
 
 
 def speech(question: str, folder: Path, voice: str, pause_s: float) -> tuple[bytes, float]:
@@ -234,6 +247,13 @@ ANSWER_EVENTS = (
 )
 
 
+def run_dry(played_from: float, audio_s: float, now: float) -> tuple[float, float]:
+    """A delta arrives at ``now`` after ``audio_s`` of the answer, whose playing began at
+    ``played_from``: when playing (re)began, and how long it had run dry (0: not)."""
+    dry_s = max(0.0, now - (played_from + audio_s))
+    return played_from + dry_s, dry_s  # playing resumes with this delta
+
+
 def response_id(event: dict[str, object]) -> object:
     response = event.get("response")
     return response.get("id") if isinstance(response, dict) else event.get("response_id")
@@ -243,6 +263,7 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
     stopped: float | None = None
     transcript: float | None = None
     first_text: float | None = None
+    played_from = 0.0  # when a client playing the answer would have started it
     answer: str | None = None  # the response id of the turn's answer
     while True:
         event = json.loads(await ws.get_message())
@@ -272,12 +293,15 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
             continue  # a response to part of the question
         elif kind == "response.output_audio.delta":
             if turn.end_of_speech_to_first_audio_s is None:
+                played_from = now
                 turn.clock_s["first_audio"] = time.monotonic()
                 turn.end_of_speech_to_first_audio_s = now - speech_end
                 if stopped is not None:
                     turn.speech_stopped_to_first_audio_s = now - stopped
                 if first_text is not None:
                     turn.first_text_to_first_audio_s = now - first_text
+            played_from, dry_s = run_dry(played_from, turn.answer_audio_s, now)
+            turn.underrun_s += dry_s
             turn.answer_audio_s += len(base64.b64decode(event["delta"])) / 2 / INPUT_RATE_HZ
         elif kind == "response.output_audio_transcript.delta":
             turn.num_text_deltas += 1
@@ -291,6 +315,16 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
             if turn.status != "completed":
                 turn.error = str(details.get("error") or details)[:200]
             return
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has used, with its children waited for (espeak-ng's runs):
+    utime, stime, cutime and cstime of /proc/<pid>/stat (nan where there is none)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def busy_seconds(base_url: str) -> dict[str, float]:
@@ -319,9 +353,11 @@ async def run_level(
     voices: dict[str, tuple[bytes, float]],
     detection: Detection,
     chunk_s: float = CHUNK_S,
+    server_pid: int = 0,
 ) -> Level:
     level = Level(conversations)
     load_before = os.getloadavg()[0]
+    cpu_before = cpu_seconds(server_pid)
     before = await trio.to_thread.run_sync(busy_seconds, base_url)
     per = [turns // conversations + (i < turns % conversations) for i in range(conversations)]
     url = base_url.replace("http://", "ws://") + "/v1/realtime"
@@ -335,6 +371,7 @@ async def run_level(
     after = await trio.to_thread.run_sync(busy_seconds, base_url)
     level.busy_s = {name: after[name] - before.get(name, 0.0) for name in after}
     level.load_average = (load_before, os.getloadavg()[0])
+    level.server_cpu_s = cpu_seconds(server_pid) - cpu_before
     return level
 
 
@@ -353,15 +390,19 @@ def p50(turns: list[Turn], name: str) -> str:
 def breakdown(levels: list[Level]) -> str:
     lines = [
         "| conversations | speech_stopped -> transcript | transcript -> first text "
-        "| first text -> first audio | load average (start, end) |",
-        "|---|---|---|---|---|",
+        "| first text -> first audio | server CPU s per turn | answers run dry (s in all) "
+        "| load average (start, end) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         load = "{:.1f}, {:.1f}".format(*level.load_average)
         lines.append(
             f"| {level.conversations} | {p50(level.turns, 'speech_stopped_to_transcript_s')} "
             f"| {p50(level.turns, 'transcript_to_first_text_s')} "
-            f"| {p50(level.turns, 'first_text_to_first_audio_s')} | {load} |"
+            f"| {p50(level.turns, 'first_text_to_first_audio_s')} "
+            f"| {level.server_cpu_s / max(1, len(level.turns)):.2f} "
+            f"| {sum(t.underrun_s > 0 for t in level.turns)} "
+            f"({sum(t.underrun_s for t in level.turns):.2f}) | {load} |"
         )
     return "\n".join(lines)
 
@@ -522,7 +563,14 @@ def main() -> None:
         try:
             levels = [
                 trio.run(
-                    run_level, base_url, int(n), args.turns, voices, detection, args.chunk_ms / 1000
+                    run_level,
+                    base_url,
+                    int(n),
+                    args.turns,
+                    voices,
+                    detection,
+                    args.chunk_ms / 1000,
+                    server.pid,
                 )
                 for n in args.levels.split(",")
             ]

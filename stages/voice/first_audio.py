@@ -10,9 +10,18 @@ CTranslate2 answer whose own first phrase is already out holds its next token (i
 token callback waits here, CTranslate2's threads sleep), and the synthesis has the
 cores. Answers still writing their first phrase never wait.
 
-The TTS stage marks the streams whose first phrase is out and the synthesis; the LLM
-stage (param ``first_audio_first``) holds. Both must run in one process (the local
-runner's stage threads); where they do not, nothing waits.
+With ``hold_for_starting`` (the LLM stage's param ``first_audio_from_asr``) the hold
+starts earlier: while any other answer is on its way to its first audio at all (from
+its ASR step, through its LLM's first phrase, to its first audio made; at most
+``STARTING_MAX_S`` after its ASR started, so an answer dropped on the way never holds
+the others for long). At several conversations on 2 cores the answers already
+speaking otherwise decode their later tokens beside a new answer's transcript,
+prefill and first phrase, which are all on that answer's path to its first audio.
+
+The TTS stage marks the streams whose first phrase is out, the synthesis and the first
+audio; the ASR stage marks an answer starting; the LLM stage (param
+``first_audio_first``) holds. All must run in one process (the local runner's stage
+threads); where they do not, nothing waits.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 MAX_HOLD_S = 0.5  # a hold never lasts longer than this, whatever the synthesis does
+STARTING_MAX_S = 1.5  # an answer counts as starting at most this long after its ASR
 
 
 class FirstAudio:
@@ -32,8 +42,21 @@ class FirstAudio:
         self._changed = threading.Condition()
         self._synthesizing = 0
         self._past_first: set[str] = set()
+        self._starting: dict[str, float] = {}  # answers before their first audio: started at
         self.max_hold_s = MAX_HOLD_S
+        self.hold_for_starting = False
         self.held_s = 0.0  # time answers spent holding, in all
+
+    def answer_starting(self, stream_id: str) -> None:
+        """An answer is on its way to its first audio (its ASR step begins)."""
+        with self._changed:
+            self._starting[stream_id] = time.monotonic()
+
+    def first_audio_made(self, stream_id: str) -> None:
+        """The stream's first audio is out: it no longer holds the others."""
+        with self._changed:
+            if self._starting.pop(stream_id, None) is not None:
+                self._changed.notify_all()
 
     def first_phrase_out(self, stream_id: str) -> None:
         """The stream's first phrase is being spoken: its later tokens may wait."""
@@ -48,6 +71,8 @@ class FirstAudio:
     def forget(self, stream_id: str) -> None:
         with self._changed:
             self._past_first.discard(stream_id)
+            if self._starting.pop(stream_id, None) is not None:
+                self._changed.notify_all()
 
     @contextmanager
     def synthesizing(self) -> Iterator[None]:
@@ -63,14 +88,27 @@ class FirstAudio:
                     self._changed.notify_all()
 
     def hold(self, stream_id: str) -> None:
-        """Wait while a first phrase is being synthesised, if ``stream_id``'s own first
-        phrase is out (at most ``max_hold_s``)."""
+        """Wait while a first phrase is being synthesised (or, with
+        ``hold_for_starting``, while another answer is starting), if ``stream_id``'s own
+        first phrase is out (at most ``max_hold_s``)."""
         with self._changed:
-            if not self._synthesizing or stream_id not in self._past_first:
+            if stream_id not in self._past_first or not self._busy(stream_id):
                 return
             started = time.perf_counter()
-            self._changed.wait_for(lambda: not self._synthesizing, timeout=self.max_hold_s)
+            self._changed.wait_for(lambda: not self._busy(stream_id), timeout=self.max_hold_s)
             self.held_s += time.perf_counter() - started
+
+    def _busy(self, stream_id: str) -> bool:
+        """Whether some other answer's first audio is under way (the lock held)."""
+        if self._synthesizing:
+            return True
+        if not self.hold_for_starting:
+            return False
+        oldest = time.monotonic() - STARTING_MAX_S
+        for sid, since in list(self._starting.items()):
+            if since < oldest:
+                del self._starting[sid]  # dropped on the way, or its TTS never saw it
+        return any(sid != stream_id for sid in self._starting)
 
 
 FIRST_AUDIO = FirstAudio()  # the process's: the TTS and the LLM stage threads share it

@@ -13,7 +13,8 @@ keeps its last conversation's KV cache, and an answer reuses the longest cached
 prefix of its prompt; needs ``llama-cpp-python``, built from source). With param
 ``first_audio_first``, such an answer whose first phrase is out waits while any
 answer's first phrase is synthesised (first_audio.py: on few cores, the first audio
-gets them).
+gets them); with ``first_audio_from_asr`` as well, while any other answer is on its
+way to its first audio at all (its transcript, prefill and first phrase too).
 
 A stream waits for the user's ``Utterance`` from the ASR stage, builds the chat
 (the session's instructions, the earlier turns from ``Request.text``, the
@@ -225,6 +226,7 @@ class SmolLM2Llm(AutoregressiveStage):
         llamacpp_threads: int = 1,
         llamacpp_type: str | None = "q8_0",
         first_audio_first: bool = False,
+        first_audio_from_asr: bool = False,
     ) -> None:
         super().__init__(name, device, num_threads=num_threads, packaging_queue=packaging_queue)
         if dtype not in DTYPES:
@@ -260,6 +262,7 @@ class SmolLM2Llm(AutoregressiveStage):
             self.model = model.to(self.device, getattr(torch, dtype))
         self.runtime = runtime
         self.first_audio_first = first_audio_first  # first_audio.py
+        FIRST_AUDIO.hold_for_starting = first_audio_first and first_audio_from_asr
         self.max_new_tokens = max_new_tokens
         self.max_prompt_tokens = max_prompt_tokens
         self.max_history_messages = max_history_messages

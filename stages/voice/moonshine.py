@@ -7,6 +7,13 @@ seconds, with a progress bar): onnxruntime then expands the 8-bit weights once a
 load instead of on every decoder step. Param ``model_dir`` names another folder
 with the same three files (``.ort`` or ``.onnx``).
 
+The decoder makes one token per run and so reads all its weights per token: expanded
+to float32 that bounds it (~15 ms a token on 2 cores). With ``decoder_weights:
+uint8`` (the default) the packaged decoder's matrix products run on 8-bit weights
+(onnx_u8.py; made once into the cache beside the ``.onnx`` files, ~5 s): ~7 ms a
+token, the same greedy tokens on the suite's questions. ``float32`` keeps the
+expanded weights (and is what a ``model_dir`` takes).
+
 Unlike Whisper, Moonshine's encoder takes the utterance as it is (no padding to
 30 s): a 2-second question costs a 2-second encoder pass. Decoding is greedy
 (start id 1, end id 2), at most ``max_tokens_per_s`` tokens per second of audio.
@@ -33,6 +40,8 @@ START_ID = 1
 END_ID = 2
 PARTS = ("encoder_model", "decoder_model_merged")
 CACHE_FOLDER = "moonshine-base-en-onnx"
+U8_DECODER = "decoder_model_merged.u8.onnx"  # made from the converted decoder (onnx_u8.py)
+DECODER_WEIGHTS = ("uint8", "float32")
 MIN_SAMPLES = RATE_HZ // 10  # the encoder's convolutions need ~0.1 s
 
 
@@ -72,6 +81,34 @@ def ensure_converted(cache_dir: str | None, source: Path | None = None) -> Path:
     return folder
 
 
+def ensure_u8_decoder(folder: Path) -> Path:
+    """``U8_DECODER`` in ``folder`` (a converted model's), made first from its
+    ``decoder_model_merged.onnx`` if it is not there yet (atomically)."""
+    target = folder / U8_DECODER
+    if target.is_file():
+        return target
+    import onnx
+
+    from .onnx_u8 import folded, with_u8_matmuls
+
+    with tqdm(total=2, desc="Moonshine decoder: 8-bit weights (once)") as bar:
+        bar.set_postfix_str("fold")
+        model = folded(folder / f"{PARTS[1]}.onnx")
+        bar.update()
+        bar.set_postfix_str("quantize")
+        model, _ = with_u8_matmuls(model)
+        handle, scratch = tempfile.mkstemp(prefix=".u8-", suffix=".onnx", dir=folder)
+        os.close(handle)
+        try:
+            onnx.save(model, scratch)
+            os.replace(scratch, target)
+        finally:
+            if os.path.exists(scratch):
+                os.unlink(scratch)
+        bar.update()
+    return target
+
+
 def read_tokenizer(path: Path) -> list[bytes]:
     """``tokenizer.bin``: one entry per token id, each a length byte and that many bytes."""
     data = path.read_bytes()
@@ -91,19 +128,34 @@ class ModelFiles:
     tokenizer: Path
 
 
-def model_files(model_dir: str | None, cache_dir: str | None) -> ModelFiles:
-    """The packaged model converted into the cache, or the files of param ``model_dir``."""
+def model_files(
+    model_dir: str | None, cache_dir: str | None, decoder_weights: str = "uint8"
+) -> ModelFiles:
+    """The packaged model converted into the cache, or the files of param ``model_dir``;
+    the decoder with ``decoder_weights`` (see the module docstring)."""
+    if decoder_weights not in DECODER_WEIGHTS:
+        raise ValueError(
+            f"decoder_weights must be one of {DECODER_WEIGHTS}, not {decoder_weights!r}"
+        )
     if model_dir is None:
         folder = ensure_converted(cache_dir)
         suffix = ".onnx"
     else:
         folder = existing_path("model_dir", model_dir, folder=True)
         suffix = ".onnx" if (folder / f"{PARTS[0]}.onnx").is_file() else ".ort"
-    return ModelFiles(
+    files = ModelFiles(
         existing_path("model_dir", str(folder / f"{PARTS[0]}{suffix}")),
         existing_path("model_dir", str(folder / f"{PARTS[1]}{suffix}")),
         existing_path("model_dir", str(folder / "tokenizer.bin")),
     )
+    if decoder_weights == "float32":
+        return files
+    if model_dir is not None:
+        raise ValueError(
+            "decoder_weights: uint8 is made from the packaged model (model_dir: null); "
+            f"set decoder_weights: float32 to run model_dir {model_dir}"
+        )
+    return ModelFiles(files.encoder, ensure_u8_decoder(folder), files.tokenizer)
 
 
 def _options(num_threads: int) -> onnxruntime.SessionOptions:
@@ -130,6 +182,7 @@ class Moonshine:
         max_tokens_per_s: float = 6.5,
     ):
         providers = ["CPUExecutionProvider"]
+        self.files = files
         self.encoder = onnxruntime.InferenceSession(
             str(files.encoder), _options(num_threads), providers
         )

@@ -224,7 +224,8 @@ class PiperTts:
                 samples = self._timed(self._rest, speech)
         elif speech.part is not None:
             mark("tts_first_phrase", stream_id)
-            FIRST_AUDIO.first_phrase_out(stream_id)
+            # Not yet speaking for first_audio.py: its own later tokens complete the
+            # first phrase, and holding them would open a gap at the join.
             with FIRST_AUDIO.synthesizing():
                 samples = self._timed(self._first_words, speech)
             if speech.join is None:  # one word as phonemised: the phrase is spoken whole
@@ -232,6 +233,7 @@ class PiperTts:
         elif not speech.phrases:
             return StreamOutput(done=speech.text_done and speech.join is None)
         elif speech.join is not None:
+            FIRST_AUDIO.first_phrase_out(stream_id)
             with FIRST_AUDIO.synthesizing():
                 samples = self._timed(self._after_join, speech)
         elif speech.spoken == 0:
@@ -251,6 +253,7 @@ class PiperTts:
         if not speech.audio_out:
             speech.audio_out = True
             mark("tts_first_audio", stream_id)
+            FIRST_AUDIO.first_audio_made(stream_id)
         pending = speech.rest is not None or speech.join is not None
         finished = speech.text_done and not speech.phrases and not pending
         chunk = AudioChunk(float_to_pcm16(samples), self.sample_rate_hz)

@@ -74,7 +74,7 @@ class _Stream:
     threshold: float
     silence_windows_to_stop: int
     prefix_padding_ms: int
-    resampler: StreamResampler  # the microphone's rate -> 16 kHz, across chunks
+    resampler: StreamResampler  # the microphone's rate -> 16 kHz, across chunks, no lag
     state: Floats = field(default_factory=lambda: np.zeros(STATE_SHAPE, np.float32))
     context: Floats = field(default_factory=lambda: np.zeros(CONTEXT_SAMPLES, np.float32))
     pending: Floats = field(default_factory=lambda: np.zeros(0, np.float32))
@@ -180,7 +180,10 @@ class SileroVad:
             # in session.updated); the table's first decision time is the default.
             silence_ms = options.get("silence_duration_ms", first_ms)
         silence_windows = max(1, silence_ms // self.window_ms)
-        resampler = StreamResampler(self.input_sample_rate_hz, VAD_RATE_HZ)
+        # Quick (QQ), not the anti-aliased default: that one holds back ~21 ms of audio
+        # on average (up to ~37) at 20 ms chunks, and every pause and turn end came that
+        # much later; Silero hears the same speech (docs/benchmarks-voice.md, issue 24).
+        resampler = StreamResampler(self.input_sample_rate_hz, VAD_RATE_HZ, quality="QQ")
         track = _Stream(float(threshold), silence_windows, padding_ms, resampler)
         if self.smart_turn is not None and (eagerness is not None or self.smart_turn_mode == "all"):
             track.max_silence_windows = max(silence_windows, max_silence_ms // self.window_ms)

@@ -53,3 +53,53 @@ def test_a_hold_ends_at_its_cap() -> None:
         capped.join(timeout=60)
         assert not capped.is_alive()
     assert gate.held_s >= 0.01
+
+
+def test_with_hold_for_starting_a_speaking_stream_waits_for_another_answers_first_audio() -> None:
+    gate = FirstAudio()
+    gate.max_hold_s = 600.0
+    gate.hold_for_starting = True
+    gate.first_phrase_out("speaking")
+    gate.answer_starting("new")  # its ASR step began
+    speaking = _holding(gate, "speaking")
+    speaking.join(timeout=0.2)
+    assert speaking.is_alive()  # held: no synthesis yet, but an answer is starting
+    gate.answer_starting("speaking")  # its own start never holds it (a new turn)
+    gate.first_audio_made("new")
+    gate.first_audio_made("speaking")
+    speaking.join(timeout=60)
+    assert not speaking.is_alive()
+    starting_alone = _holding(gate, "new")  # its own first phrase is not out: no wait
+    starting_alone.join(timeout=60)
+    assert not starting_alone.is_alive()
+
+
+def test_without_hold_for_starting_or_once_forgotten_a_starting_answer_holds_nobody() -> None:
+    gate = FirstAudio()
+    gate.max_hold_s = 600.0
+    gate.first_phrase_out("speaking")
+    gate.answer_starting("new")
+    free = _holding(gate, "speaking")  # hold_for_starting is off
+    free.join(timeout=60)
+    assert not free.is_alive()
+    gate.hold_for_starting = True
+    gate.forget("new")  # dropped before its first audio (a speculation)
+    dropped = _holding(gate, "speaking")
+    dropped.join(timeout=60)
+    assert not dropped.is_alive()
+    assert gate.held_s == 0
+
+
+def test_a_start_counts_only_for_a_while() -> None:
+    import stages.voice.first_audio as first_audio
+
+    gate = FirstAudio()
+    gate.max_hold_s = 600.0
+    gate.hold_for_starting = True
+    gate.first_phrase_out("speaking")
+    gate.answer_starting("lost")  # its TTS never saw it
+    gate._starting["lost"] -= first_audio.STARTING_MAX_S + 1  # started long ago
+    stale = _holding(gate, "speaking")
+    stale.join(timeout=60)
+    assert not stale.is_alive()
+    assert gate.held_s == 0

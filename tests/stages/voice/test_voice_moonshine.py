@@ -31,8 +31,30 @@ QUESTIONS = (
 def _samples(text: str, tmp_path: Path, voice: str = "piper") -> np.ndarray:
     from stages.voice.pcm import pcm16_to_float
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     pcm16 = spoken(text, tmp_path / "q.wav", voice=voice)
     return resample_float(pcm16_to_float(pcm16), INPUT_RATE_HZ, WHISPER_RATE_HZ)
+
+
+def float_matrix_products(path: Path) -> tuple[int, int]:
+    """In the ONNX model at ``path`` (its sub-graphs too): the MatMuls whose matrix is
+    a float32 initializer, and the DynamicQuantizeMatMuls."""
+    import onnx
+
+    def count(graph: onnx.GraphProto, outer: set[str]) -> tuple[int, int]:
+        floats = outer | {
+            i.name for i in graph.initializer if len(i.dims) == 2 and i.data_type == 1
+        }
+        on_float = sum(n.op_type == "MatMul" and n.input[1] in floats for n in graph.node)
+        on_u8 = sum(n.op_type == "DynamicQuantizeMatMul" for n in graph.node)
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    more = count(attribute.g, floats)
+                    on_float, on_u8 = on_float + more[0], on_u8 + more[1]
+        return on_float, on_u8
+
+    return count(onnx.load(str(path)).graph, set())
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +98,28 @@ def test_the_converted_model_computes_what_the_shipped_one_does(
     assert ours.transcribe(samples) == "What do cats like to eat?"
 
 
+def test_the_8_bit_decoder_hears_what_the_float_one_does(converted: Path, tmp_path: Path) -> None:
+    import onnxruntime
+
+    from stages.voice.moonshine import U8_DECODER, ModelFiles, Moonshine, model_files
+
+    u8 = model_files(None, str(converted.parent))
+    assert u8.decoder == converted / U8_DECODER
+    # Every product with a weight matrix on 8 bits (146 in the two branches of the
+    # merged decoder, the output projection's included); attention's stay float.
+    assert float_matrix_products(u8.decoder) == (0, 146)
+    ours = Moonshine(u8)
+    float32 = Moonshine(
+        ModelFiles(u8.encoder, converted / "decoder_model_merged.onnx", u8.tokenizer)
+    )
+    assert isinstance(ours.decoder, onnxruntime.InferenceSession)
+    for n, question in enumerate(QUESTIONS):
+        samples = _samples(question, tmp_path / str(n))
+        assert ours.token_ids(samples) == float32.token_ids(samples), question
+    stamp = u8.decoder.stat().st_mtime_ns  # made once
+    assert model_files(None, str(converted.parent)).decoder.stat().st_mtime_ns == stamp
+
+
 def test_the_conversion_runs_once_and_a_cut_file_is_refused(
     converted: Path, tmp_path: Path
 ) -> None:
@@ -100,9 +144,11 @@ def test_the_asr_stage_hears_the_suites_questions(converted: Path, tmp_path: Pat
     from stages.voice.asr import MoonshineAsr
 
     # The voice chat's threads: the encoder's pool on 2, the decoder on 1; neither spins.
+    # Its decoder: 8-bit weights (the default).
     stage = MoonshineAsr(
         "asr", cache_dir=str(converted.parent), num_threads=2, decoder_num_threads=1
     )
+    assert stage.model.files.decoder.name == "decoder_model_merged.u8.onnx"
     for session, threads in ((stage.model.encoder, 2), (stage.model.decoder, 1)):
         options = session.get_session_options()
         assert options.intra_op_num_threads == threads
@@ -125,4 +171,14 @@ def test_a_model_dir_without_the_files_is_refused_naming_the_param(tmp_path: Pat
     from stages.voice.files import MissingModelFile
 
     with pytest.raises(MissingModelFile, match=r"param model_dir: .*encoder_model\.ort"):
-        MoonshineAsr("asr", model_dir=str(tmp_path))
+        MoonshineAsr("asr", model_dir=str(tmp_path), decoder_weights="float32")
+    with pytest.raises(ValueError, match=r"decoder_weights must be one of"):
+        MoonshineAsr("asr", decoder_weights="int4")
+
+
+def test_8_bit_weights_for_a_model_dir_are_refused_naming_both_params() -> None:
+    from stages.voice.asr import MoonshineAsr
+    from stages.voice.moonshine import packaged_model_dir
+
+    with pytest.raises(ValueError, match=r"decoder_weights: uint8 .*model_dir"):
+        MoonshineAsr("asr", model_dir=str(packaged_model_dir()))

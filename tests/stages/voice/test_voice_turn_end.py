@@ -106,3 +106,26 @@ def test_eagerness_picks_the_times_and_a_wrong_one_is_refused(tmp_path: Path) ->
     assert speech_end_ms + 800 <= low <= speech_end_ms + 800 + 100
     with pytest.raises(ValueError, match=r"eagerness must be one of .* not 'eager'"):
         vad.open_stream("x", Request(options={"eagerness": "eager"}))
+
+
+def test_the_pause_is_heard_as_the_audio_arrives(tmp_path: Path) -> None:
+    """The detector resamples the microphone without holding audio back: each pause is
+    reported in the 20 ms chunk that completes its windows of silence (the anti-aliased
+    resampler held back ~21 ms on average, and the pause came 20-50 ms later)."""
+    from stages.voice.vad import SileroVad
+
+    vad = SileroVad("vad", pause_ms=120)
+    pause_ms = -(-120 // vad.window_ms) * vad.window_ms  # whole windows: 128
+    for question in ("What do cats like to eat?", "Why is the sky blue?"):
+        speech = paused_speech(question, tmp_path, pause_s=0.0) + _silence(0.6)
+        vad.open_stream("s", Request())
+        pauses: list[tuple[int, int]] = []  # (ms of audio fed, the pause's audio_end_ms)
+        for start in range(0, len(speech), CHUNK_BYTES):
+            work = StreamWork("s", (speech[start : start + CHUNK_BYTES],), False)
+            for item in vad.step([work])["s"].visible:
+                if isinstance(item, Event) and item.name == "speech_paused":
+                    fed_ms = (start + CHUNK_BYTES) * 1000 // (2 * INPUT_RATE_HZ)
+                    pauses.append((fed_ms, int(item.data["audio_end_ms"])))  # type: ignore[call-overload]
+        vad.close_stream("s")
+        fed_ms, end_ms = pauses[-1]
+        assert 0 <= fed_ms - (end_ms + pause_ms) < 20, (question, pauses)

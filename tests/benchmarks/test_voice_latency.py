@@ -1,0 +1,33 @@
+"""benchmarks/voice_latency.py's own arithmetic: the server's CPU time and percentiles."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+from benchmarks.voice_latency import cpu_seconds, percentile, run_dry
+
+
+def test_cpu_seconds_counts_a_process_and_the_children_it_waited_for() -> None:
+    before = cpu_seconds(os.getpid())
+    # A child that burns ~0.3 s of CPU, waited for: counted in the parent's cutime.
+    burn = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    assert cpu_seconds(os.getpid()) - before >= 0.25
+    assert math.isnan(cpu_seconds(0))  # no such process
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([5.0], 90) == 5.0
+
+
+def test_run_dry_counts_a_gap_once_and_playing_resumes_after_it() -> None:
+    start = 10.0
+    assert run_dry(start, 0.0, 10.0) == (10.0, 0.0)  # the first delta
+    assert run_dry(start, 2.0, 11.5) == (10.0, 0.0)  # 0.5 s of audio still to play
+    started, dry = run_dry(start, 2.0, 12.5)  # 0.5 s after the 2 s ran out
+    assert (started, dry) == (10.5, 0.5)
+    assert run_dry(started, 3.0, 13.0) == (10.5, 0.0)  # resumed: 0.5 s left
