@@ -11,8 +11,9 @@ The decoder makes one token per run and so reads all its weights per token: expa
 to float32 that bounds it (~15 ms a token on 2 cores). With ``decoder_weights:
 uint8`` (the default) the packaged decoder's matrix products run on 8-bit weights
 (onnx_u8.py; made once into the cache beside the ``.onnx`` files, ~5 s): ~7 ms a
-token, the same greedy tokens on the suite's questions. ``float32`` keeps the
-expanded weights (and is what a ``model_dir`` takes).
+token, the same greedy tokens on the suite's questions. ``encoder_weights: uint8``
+does the same for the encoder (~0.83x of its time, the same transcripts). ``float32``
+keeps the expanded weights (and is what a ``model_dir`` takes).
 
 Unlike Whisper, Moonshine's encoder takes the utterance as it is (no padding to
 30 s): a 2-second question costs a 2-second encoder pass. Decoding is greedy
@@ -40,8 +41,9 @@ START_ID = 1
 END_ID = 2
 PARTS = ("encoder_model", "decoder_model_merged")
 CACHE_FOLDER = "moonshine-base-en-onnx"
-U8_DECODER = "decoder_model_merged.u8.onnx"  # made from the converted decoder (onnx_u8.py)
-DECODER_WEIGHTS = ("uint8", "float32")
+U8_ENCODER = "encoder_model.u8.onnx"  # made from the converted encoder (onnx_u8.py)
+U8_DECODER = "decoder_model_merged.u8.onnx"  # ... and decoder
+WEIGHTS = ("uint8", "float32")
 MIN_SAMPLES = RATE_HZ // 10  # the encoder's convolutions need ~0.1 s
 
 
@@ -81,19 +83,20 @@ def ensure_converted(cache_dir: str | None, source: Path | None = None) -> Path:
     return folder
 
 
-def ensure_u8_decoder(folder: Path) -> Path:
-    """``U8_DECODER`` in ``folder`` (a converted model's), made first from its
-    ``decoder_model_merged.onnx`` if it is not there yet (atomically)."""
-    target = folder / U8_DECODER
+def ensure_u8(folder: Path, part: str) -> Path:
+    """The 8-bit copy of ``folder``'s ``<part>.onnx`` (a converted model's encoder or
+    decoder: ``U8_ENCODER``, ``U8_DECODER``), made first if it is not there yet
+    (atomically)."""
+    target = folder / f"{part}.u8.onnx"
     if target.is_file():
         return target
     import onnx
 
     from .onnx_u8 import folded, with_u8_matmuls
 
-    with tqdm(total=2, desc="Moonshine decoder: 8-bit weights (once)") as bar:
+    with tqdm(total=2, desc=f"Moonshine {part.split('_')[0]}: 8-bit weights (once)") as bar:
         bar.set_postfix_str("fold")
-        model = folded(folder / f"{PARTS[1]}.onnx")
+        model = folded(folder / f"{part}.onnx")
         bar.update()
         bar.set_postfix_str("quantize")
         model, _ = with_u8_matmuls(model)
@@ -129,14 +132,20 @@ class ModelFiles:
 
 
 def model_files(
-    model_dir: str | None, cache_dir: str | None, decoder_weights: str = "uint8"
+    model_dir: str | None,
+    cache_dir: str | None,
+    decoder_weights: str = "uint8",
+    encoder_weights: str = "float32",
 ) -> ModelFiles:
     """The packaged model converted into the cache, or the files of param ``model_dir``;
-    the decoder with ``decoder_weights`` (see the module docstring)."""
-    if decoder_weights not in DECODER_WEIGHTS:
-        raise ValueError(
-            f"decoder_weights must be one of {DECODER_WEIGHTS}, not {decoder_weights!r}"
-        )
+    the decoder with ``decoder_weights``, the encoder with ``encoder_weights`` (see the
+    module docstring)."""
+    for param, value in (
+        ("decoder_weights", decoder_weights),
+        ("encoder_weights", encoder_weights),
+    ):
+        if value not in WEIGHTS:
+            raise ValueError(f"{param} must be one of {WEIGHTS}, not {value!r}")
     if model_dir is None:
         folder = ensure_converted(cache_dir)
         suffix = ".onnx"
@@ -148,14 +157,18 @@ def model_files(
         existing_path("model_dir", str(folder / f"{PARTS[1]}{suffix}")),
         existing_path("model_dir", str(folder / "tokenizer.bin")),
     )
-    if decoder_weights == "float32":
+    if encoder_weights == decoder_weights == "float32":
         return files
     if model_dir is not None:
         raise ValueError(
-            "decoder_weights: uint8 is made from the packaged model (model_dir: null); "
-            f"set decoder_weights: float32 to run model_dir {model_dir}"
+            "encoder_weights / decoder_weights: uint8 is made from the packaged model "
+            f"(model_dir: null); set both to float32 to run model_dir {model_dir}"
         )
-    return ModelFiles(files.encoder, ensure_u8_decoder(folder), files.tokenizer)
+    return ModelFiles(
+        ensure_u8(folder, PARTS[0]) if encoder_weights == "uint8" else files.encoder,
+        ensure_u8(folder, PARTS[1]) if decoder_weights == "uint8" else files.decoder,
+        files.tokenizer,
+    )
 
 
 def _options(num_threads: int) -> onnxruntime.SessionOptions:

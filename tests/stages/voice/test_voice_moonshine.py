@@ -120,6 +120,24 @@ def test_the_8_bit_decoder_hears_what_the_float_one_does(converted: Path, tmp_pa
     assert model_files(None, str(converted.parent)).decoder.stat().st_mtime_ns == stamp
 
 
+def test_the_8_bit_encoder_hears_what_the_float_one_does(converted: Path, tmp_path: Path) -> None:
+    from stages.voice.moonshine import U8_DECODER, U8_ENCODER, ModelFiles, Moonshine, model_files
+
+    u8 = model_files(None, str(converted.parent), encoder_weights="uint8")
+    assert (u8.encoder, u8.decoder) == (converted / U8_ENCODER, converted / U8_DECODER)
+    # Every product with a weight matrix on 8 bits (48: attention's projections and the
+    # feed-forward layers); attention's own products stay float.
+    assert float_matrix_products(u8.encoder) == (0, 48)
+    ours = Moonshine(u8)
+    float32 = Moonshine(ModelFiles(converted / "encoder_model.onnx", u8.decoder, u8.tokenizer))
+    for n, question in enumerate(QUESTIONS):
+        samples = _samples(question, tmp_path / str(n))
+        assert ours.token_ids(samples) == float32.token_ids(samples), question
+    stamp = u8.encoder.stat().st_mtime_ns  # made once
+    again = model_files(None, str(converted.parent), encoder_weights="uint8")
+    assert again.encoder.stat().st_mtime_ns == stamp
+
+
 def test_the_conversion_runs_once_and_a_cut_file_is_refused(
     converted: Path, tmp_path: Path
 ) -> None:
@@ -144,11 +162,12 @@ def test_the_asr_stage_hears_the_suites_questions(converted: Path, tmp_path: Pat
     from stages.voice.asr import MoonshineAsr
 
     # The voice chat's threads: the encoder's pool on 2, the decoder on 1; neither spins.
-    # Its decoder: 8-bit weights (the default).
+    # Its encoder and decoder: 8-bit weights (the defaults).
     stage = MoonshineAsr(
         "asr", cache_dir=str(converted.parent), num_threads=2, decoder_num_threads=1
     )
     assert stage.model.files.decoder.name == "decoder_model_merged.u8.onnx"
+    assert stage.model.files.encoder.name == "encoder_model.u8.onnx"
     for session, threads in ((stage.model.encoder, 2), (stage.model.decoder, 1)):
         options = session.get_session_options()
         assert options.intra_op_num_threads == threads
@@ -171,9 +190,13 @@ def test_a_model_dir_without_the_files_is_refused_naming_the_param(tmp_path: Pat
     from stages.voice.files import MissingModelFile
 
     with pytest.raises(MissingModelFile, match=r"param model_dir: .*encoder_model\.ort"):
-        MoonshineAsr("asr", model_dir=str(tmp_path), decoder_weights="float32")
+        MoonshineAsr(
+            "asr", model_dir=str(tmp_path), decoder_weights="float32", encoder_weights="float32"
+        )
     with pytest.raises(ValueError, match=r"decoder_weights must be one of"):
         MoonshineAsr("asr", decoder_weights="int4")
+    with pytest.raises(ValueError, match=r"encoder_weights must be one of .*'int8'"):
+        MoonshineAsr("asr", encoder_weights="int8")
 
 
 def test_8_bit_weights_for_a_model_dir_are_refused_naming_both_params() -> None:
@@ -182,3 +205,5 @@ def test_8_bit_weights_for_a_model_dir_are_refused_naming_both_params() -> None:
 
     with pytest.raises(ValueError, match=r"decoder_weights: uint8 .*model_dir"):
         MoonshineAsr("asr", model_dir=str(packaged_model_dir()))
+    with pytest.raises(ValueError, match=r"encoder_weights / decoder_weights: uint8 .*model_dir"):
+        MoonshineAsr("asr", model_dir=str(packaged_model_dir()), decoder_weights="float32")
