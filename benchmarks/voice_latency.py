@@ -6,7 +6,7 @@ Usage (from the repository root; needs `scripts/setup dev,voice`)::
     python benchmarks/voice_latency.py [--levels 1,2,4] [--turns 20] [--json out.json]
         [--checkout DIR] [--voice piper|espeak] [--questions latency|paused] [--pause-s 0.4]
         [--config FILE] [--server-log FILE] [--turn-detection server_vad|semantic_vad]
-        [--eagerness low|medium|auto|high] [--trace] [--chunk-ms 20]
+        [--eagerness low|medium|auto|high] [--trace] [--chunk-ms 20] [--listen]
 
 ``--turn-detection semantic_vad`` makes every conversation ask for semantic_vad
 (with ``--eagerness``, default ``auto``) in a session.update before it speaks: the
@@ -30,7 +30,9 @@ server_vad turn detection (or ``--turn-detection``), fed like a microphone: 20 m
 (``--chunk-ms``) PCM16 chunks, each sent when its last sample would have been recorded (real time),
 silence between questions. A turn is a question (rotating through a few; ``--questions latency``:
 half of them have a mid-sentence pause; ``paused``: eight questions, each with one)
-then silence until the answer's response.done; the next turn follows at once. The
+then silence until the answer's response.done; the next turn follows at once (with
+``--listen``: once the answer would have played to its end, as a person listening
+to it before asking again). The
 questions are said by ``--voice``: the Piper voice without its sampled noise (the
 default) or espeak-ng; a pause is ``--pause-s`` of silence inserted into the whole
 sentence's reading (its prosody runs on through the pause, as a person's does;
@@ -141,6 +143,7 @@ class Turn:
     # How long a client playing the answer from its first audio on would have run dry
     # (an audio delta arriving after the audio before it had all played), in all
     underrun_s: float = 0.0
+    played_until: float = 0.0  # (trio clock) when that client would have played it all
     num_splits: int = 0  # speech_stopped before the question's speech ended
     num_false_barge_ins: int = 0  # responses cancelled while the question went on
     status: str = ""
@@ -195,6 +198,7 @@ async def converse(
     level: Level,
     detection: Detection,
     chunk_s: float = CHUNK_S,
+    listen_to_answers: bool = False,
 ) -> None:
     chunk_bytes = int(chunk_s * INPUT_RATE_HZ) * 2
     silence = bytes(chunk_bytes)
@@ -237,6 +241,8 @@ async def converse(
                     turn.clock_s["speech_end"] = time.monotonic() + speech_end_s
                     nursery.start_soon(microphone)
                     await listen(ws, turn, started + speech_end_s)
+                    if listen_to_answers:  # silence goes on while the answer plays
+                        await trio.sleep_until(turn.played_until)
                     nursery.cancel_scope.cancel()
 
 
@@ -310,6 +316,7 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
                 if transcript is not None:
                     turn.transcript_to_first_text_s = first_text - transcript
         elif kind == "response.done":
+            turn.played_until = played_from + turn.answer_audio_s
             turn.status = event["response"]["status"]
             details = event["response"].get("status_details") or {}
             if turn.status != "completed":
@@ -354,6 +361,7 @@ async def run_level(
     detection: Detection,
     chunk_s: float = CHUNK_S,
     server_pid: int = 0,
+    listen_to_answers: bool = False,
 ) -> Level:
     level = Level(conversations)
     load_before = os.getloadavg()[0]
@@ -365,7 +373,15 @@ async def run_level(
     async with trio.open_nursery() as nursery:
         for index, num_turns in enumerate(per):
             nursery.start_soon(
-                converse, url, index, max(1, num_turns), voices, level, detection, chunk_s
+                converse,
+                url,
+                index,
+                max(1, num_turns),
+                voices,
+                level,
+                detection,
+                chunk_s,
+                listen_to_answers,
             )
     level.wall_s = time.perf_counter() - started
     after = await trio.to_thread.run_sync(busy_seconds, base_url)
@@ -550,6 +566,11 @@ def main() -> None:
     parser.add_argument(
         "--trace", action="store_true", help="the stages' step times, at one conversation"
     )
+    parser.add_argument(
+        "--listen",
+        action="store_true",
+        help="ask the next question once the answer would have played, not at response.done",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         voices = {
@@ -571,6 +592,7 @@ def main() -> None:
                     detection,
                     args.chunk_ms / 1000,
                     server.pid,
+                    args.listen,
                 )
                 for n in args.levels.split(",")
             ]
@@ -580,6 +602,8 @@ def main() -> None:
             if args.server_log:
                 shutil.copyfile(log, args.server_log)
             log_text = log.read_text(errors="replace")
+    if args.listen:
+        print("Pacing: each next question after the answer has played (--listen).\n")
     print(report(levels))
     print("\nWhere the time goes after speech_stopped, p50 (ms):\n")
     print(breakdown(levels))
