@@ -14,11 +14,19 @@ The front also gives each phoneme id's duration in frames (the graph's ``Ceil``,
 output here), so a phrase's words can be placed on the frame axis (``word_starts``): a
 first part of an answer spoken from a front pass over its first words only can stop
 where a word begins, and the whole phrase's pass go on from where that word begins in
-its own alignment (tts.py, ``first_part_words``), the two joined by a short crossfade.
+its own alignment (tts_join.py, ``first_part_words``), the two joined by a short crossfade.
+
+With ``weights="uint8"`` (the TTS param ``voice_weights``) the back half runs on 8-bit
+weights: its convolutions (most of a phrase's time: the flow and the HiFi-GAN vocoder)
+quantized once into the cache by onnxruntime's dynamic quantization (per-tensor uint8
+weights; activations quantized on the fly, ``ConvInteger``). The front stays float: it
+is small, and on 8 bits it was no faster (docs/models.md).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +38,7 @@ import onnxruntime
 from .pcm import Floats
 
 JOIN_FRAMES = 6  # ~70 ms: the first part's pass fades into the whole phrase's over these
+WEIGHTS = ("float32", "uint8")
 
 
 @dataclass
@@ -60,8 +69,12 @@ class SplitVoice:
         num_threads: int = 1,
         left_frames: int = 48,
         right_frames: int = 40,
+        weights: str = "float32",
     ) -> None:
         from streaming_vits.graph import ensure_split
+
+        if weights not in WEIGHTS:
+            raise ValueError(f"voice_weights must be one of {WEIGHTS}, not {weights!r}")
 
         meta, folder = ensure_split(
             onnx, sample_rate=sample_rate_hz, cache=cache_root / f"{onnx.stem}-split", verbose=False
@@ -72,10 +85,14 @@ class SplitVoice:
         providers = ["CPUExecutionProvider"]
         front = _with_durations(onnx_lib.load(str(folder / meta.frontend)))
         self._front = onnxruntime.InferenceSession(front.SerializeToString(), options, providers)
-        self._back = onnxruntime.InferenceSession(str(folder / meta.decoder), options, providers)
+        back = folder / meta.decoder
+        if weights == "uint8":
+            back = ensure_u8_back(back)
+        self._back = onnxruntime.InferenceSession(str(back), options, providers)
         self._front_inputs = set(meta.frontend_inputs)
         self._seam = meta.seam
         self.hop = int(meta.hop)  # samples per frame
+        self.sample_rate_hz = sample_rate_hz
         self.left_frames = left_frames
         self.right_frames = right_frames
 
@@ -107,6 +124,34 @@ class SplitVoice:
         phrase.next_frame = end
         skip = (start - low) * self.hop
         return audio[skip : skip + (end - start) * self.hop]
+
+
+def ensure_u8_back(back: Path) -> Path:
+    """The back half's 8-bit copy beside it (``<name>.u8.onnx``), made first if it is not
+    there yet (atomically: a run stopped half way leaves no file that looks done)."""
+    target = back.with_suffix(".u8.onnx")
+    if target.is_file():
+        return target
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from tqdm import tqdm
+
+    quiet = logging.getLogger()  # the quantizer logs advice about pre-processing
+    level = quiet.level
+    with tqdm(total=1, desc=f"Piper voice {back.stem}: 8-bit weights (once)") as bar:
+        handle, scratch = tempfile.mkstemp(prefix=".u8-", suffix=".onnx", dir=back.parent)
+        os.close(handle)
+        try:
+            quiet.setLevel(logging.ERROR)
+            quantize_dynamic(back, scratch, weight_type=QuantType.QUInt8)
+            os.replace(scratch, target)
+        finally:
+            quiet.setLevel(level)
+            if os.path.exists(scratch):
+                os.unlink(scratch)
+        bar.update()
+    return target
 
 
 def _with_durations(front: onnx_lib.ModelProto) -> onnx_lib.ModelProto:

@@ -210,8 +210,8 @@ def test_the_first_part_joins_the_whole_phrase_without_a_word_lost(
         rest_frames = whole.num_frames - whole_starts[len(part_starts) - 1]
         assert fed[0] == 5  # out once the fourth word is known whole, before the text ends
         assert fed[-1] == len(text.split())
-        assert stage.num_joins == 1
-        assert stage.join_mismatches == 0
+        assert stage.joins.num_joins == 1
+        assert stage.joins.join_mismatches == 0
         samples = sum(len(c) for c in chunks) // 2
         assert samples == (part_frames + rest_frames) * split.hop
         assert part_frames > JOIN_FRAMES
@@ -232,7 +232,7 @@ def test_a_first_phrase_shorter_than_the_part_is_spoken_as_before(tmp_path: Path
     try:
         fed, _chunks = _spoken(stage, "Yes, it is.")
         assert set(fed) == {3}  # spoken whole, when the text ends
-        assert stage.num_joins == 0
+        assert stage.joins.num_joins == 0
     finally:
         stage.close()
 
