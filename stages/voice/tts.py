@@ -16,7 +16,8 @@ With param ``first_chunk_frames`` (null: off), an answer's first phrase is spoke
 in two steps (tts_stream.py): its first ``first_chunk_frames`` frames (~11.6 ms
 each at 22.05 kHz) go out as soon as they are made, the rest at the next step,
 so the answer starts playing before its first phrase is synthesised whole (a phrase
-too short to gain from it is spoken whole at once).
+too short to gain from it is spoken whole at once). Params ``chunk_right_frames`` and
+``chunk_left_frames``: the look-ahead and context a part is made with (tts_stream.py).
 
 With param ``first_part_words`` (K; null: off; needs ``first_chunk_frames``), an
 answer's first phrase starts before it is complete: once its first K words are known,
@@ -24,10 +25,6 @@ their audio up to where the last of them begins goes out, and the whole phrase g
 from there across a crossfaded join when it is complete (tts_join.py). A first phrase
 shorter than K words is spoken as before. With ``first_part_pauses_answer`` the
 answer's own next token waits while its first part is synthesised (first_audio.py).
-
-Param ``voice_weights``: ``float32`` (the voice as shipped) or ``uint8`` (the back half
-of the split voice, most of the work, on 8-bit weights made once into the cache;
-tts_stream.py); with ``uint8`` every phrase runs through the split voice.
 
 The first phrase's synthesis is marked for first_audio.py: with the LLM stage's
 ``first_audio_first``, the later tokens of answers already speaking wait meanwhile.
@@ -55,7 +52,7 @@ from .phonemes import Espeak, VoiceSymbols, phoneme_ids
 from .phrases import PhraseSplitter
 from .trace import mark
 from .tts_join import FirstPhraseJoin, SplitState
-from .tts_stream import WEIGHTS, SplitVoice
+from .tts_stream import SplitVoice
 
 PACKAGED_VOICE = "en_US-joe-medium.onnx"
 
@@ -104,7 +101,8 @@ class PiperTts:
         first_chunk_frames: int | None = None,
         first_part_words: int | None = None,
         first_part_pauses_answer: bool = False,
-        voice_weights: str = "float32",
+        chunk_left_frames: int = 24,
+        chunk_right_frames: int = 20,
         noise: bool = True,
         cache_dir: str | None = None,
     ) -> None:
@@ -114,16 +112,10 @@ class PiperTts:
         self.symbols = VoiceSymbols.from_json(config)
         self.sample_rate_hz = self.symbols.sample_rate_hz
         self._espeak = Espeak(self.symbols.espeak_voice, espeak_timeout_s)
-        if voice_weights not in WEIGHTS:
-            raise ValueError(f"voice_weights must be one of {WEIGHTS}, not {voice_weights!r}")
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = num_threads
         options.inter_op_num_threads = 1
-        self._session = (
-            onnxruntime.InferenceSession(str(onnx), options, ["CPUExecutionProvider"])
-            if voice_weights == "float32"
-            else None  # every phrase through the split voice
-        )
+        self._session = onnxruntime.InferenceSession(str(onnx), options, ["CPUExecutionProvider"])
         self.min_comma_words = min_comma_words
         self.max_phrase_words = max_phrase_words
         self.first_phrase_max_words = first_phrase_max_words
@@ -148,13 +140,14 @@ class PiperTts:
         self.noise = noise  # the voice's sampled variation; off: the same text, the same audio
         self._split = (
             None
-            if first_chunk_frames is None and voice_weights == "float32"
+            if first_chunk_frames is None
             else SplitVoice(
                 onnx,
                 self.sample_rate_hz,
                 Path(cache_dir) if cache_dir else default_cache_dir(),
                 num_threads=num_threads,
-                weights=voice_weights,
+                left_frames=chunk_left_frames,
+                right_frames=chunk_right_frames,
             )
         )
         self.joins = (
@@ -323,14 +316,9 @@ class PiperTts:
         the same audio."""
         started = time.perf_counter()
         ids, scales = self._inputs(text, noise=noise)  # ids: [1, N]
-        if self._session is None:
-            assert self._split is not None
-            phrase = self._split.front(ids, scales)
-            samples = self._split.speak(phrase, phrase.num_frames)
-        else:
-            inputs = {"input": ids, "input_lengths": np.array([ids.shape[1]]), "scales": scales}
-            audio = self._session.run(None, inputs)[0]  # audio: [1, 1, T]
-            samples = np.asarray(audio, dtype=np.float32).reshape(-1)
+        inputs = {"input": ids, "input_lengths": np.array([ids.shape[1]]), "scales": scales}
+        audio = self._session.run(None, inputs)[0]  # audio: [1, 1, T]
+        samples = np.asarray(audio, dtype=np.float32).reshape(-1)
         self.busy_s += time.perf_counter() - started
         self.audio_s += samples.size / self.sample_rate_hz
         return samples

@@ -59,11 +59,15 @@ def test_the_first_part_goes_out_a_step_before_the_rest(tts: object) -> None:
 
 
 @needs_voice
-def test_a_first_phrase_too_short_to_gain_from_parts_is_spoken_whole(tts: object) -> None:
+def test_a_first_phrase_too_short_to_gain_from_parts_is_spoken_whole(tmp_path: Path) -> None:
     """A part computes right_frames past its end: a first phrase no longer than the
     first part and that is made in one pass, not twice."""
     from stages.voice.payloads import TextPiece
+    from stages.voice.tts import PiperTts
 
+    tts = PiperTts(
+        "tts", first_chunk_frames=FIRST_FRAMES, chunk_right_frames=40, cache_dir=str(tmp_path)
+    )
     tts.open_stream("s", Request())  # type: ignore[attr-defined]
     text = (TextPiece("Yes."), TextPiece(" Dogs like bones too."))
     outputs = [tts.step([StreamWork("s", text, True)])["s"]]  # type: ignore[attr-defined]
@@ -75,6 +79,7 @@ def test_a_first_phrase_too_short_to_gain_from_parts_is_spoken_whole(tts: object
     split = tts._split  # type: ignore[attr-defined]
     assert len(chunks[0].pcm16) > 2 * FIRST_FRAMES * split.hop
     assert len(chunks[0].pcm16) <= 2 * (FIRST_FRAMES + split.right_frames) * split.hop
+    tts.close()
 
 
 @needs_voice
