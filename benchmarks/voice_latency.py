@@ -474,6 +474,8 @@ TRACE_STEPS = (
     ("llm_start", "LLM starts"),
     ("llm_first_text", "LLM first text"),
     ("tts_first_phrase", "first phrase complete"),
+    ("tts_part_phonemes", "its first words' phonemes"),
+    ("tts_part_front", "their front pass"),
     ("tts_first_audio", "its first audio made"),
     ("speech_stopped", "VAD speech_stopped"),
     ("client_first_audio", "first audio at the client"),

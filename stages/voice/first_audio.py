@@ -18,6 +18,13 @@ the others for long). At several conversations on 2 cores the answers already
 speaking otherwise decode their later tokens beside a new answer's transcript,
 prefill and first phrase, which are all on that answer's path to its first audio.
 
+With ``own`` (the TTS stage's param ``first_part_pauses_answer``), the answer whose
+first part (its first words, before its first phrase is complete) is being
+synthesised holds its own next token meanwhile: that synthesis is its first audio, and
+on 2 cores its own decoding beside it (two CTranslate2 threads) slowed it by ~60 ms.
+Its later words wait that long; the join across to its whole first phrase still has
+the first part's audio (~0.4 s) to be made in (tts.py counts and logs late joins).
+
 The TTS stage marks the streams whose first phrase is out, the synthesis and the first
 audio; the ASR stage marks an answer starting; the LLM stage (param
 ``first_audio_first``) holds. All must run in one process (the local runner's stage
@@ -42,6 +49,7 @@ class FirstAudio:
         self._changed = threading.Condition()
         self._synthesizing = 0
         self._past_first: set[str] = set()
+        self._own_paused: set[str] = set()  # answers whose own first part is synthesised
         self._starting: dict[str, float] = {}  # answers before their first audio: started at
         self.max_hold_s = MAX_HOLD_S
         self.hold_for_starting = False
@@ -71,32 +79,43 @@ class FirstAudio:
     def forget(self, stream_id: str) -> None:
         with self._changed:
             self._past_first.discard(stream_id)
+            self._own_paused.discard(stream_id)
             if self._starting.pop(stream_id, None) is not None:
                 self._changed.notify_all()
 
     @contextmanager
-    def synthesizing(self) -> Iterator[None]:
-        """Around the synthesis of (a part of) an answer's first phrase."""
+    def synthesizing(self, own: str | None = None) -> Iterator[None]:
+        """Around the synthesis of (a part of) an answer's first phrase; with ``own``
+        (that answer's stream id), its own next token waits too, its first phrase out
+        or not."""
         with self._changed:
             self._synthesizing += 1
+            if own is not None:
+                self._own_paused.add(own)
         try:
             yield
         finally:
             with self._changed:
                 self._synthesizing -= 1
-                if not self._synthesizing:
-                    self._changed.notify_all()
+                self._own_paused.discard(own or "")
+                self._changed.notify_all()
 
     def hold(self, stream_id: str) -> None:
         """Wait while a first phrase is being synthesised (or, with
         ``hold_for_starting``, while another answer is starting), if ``stream_id``'s own
-        first phrase is out (at most ``max_hold_s``)."""
+        first phrase is out, or while its own first part is (at most ``max_hold_s``)."""
         with self._changed:
-            if stream_id not in self._past_first or not self._busy(stream_id):
+            if not self._waits(stream_id):
                 return
             started = time.perf_counter()
-            self._changed.wait_for(lambda: not self._busy(stream_id), timeout=self.max_hold_s)
+            self._changed.wait_for(lambda: not self._waits(stream_id), timeout=self.max_hold_s)
             self.held_s += time.perf_counter() - started
+
+    def _waits(self, stream_id: str) -> bool:
+        """Whether ``stream_id``'s next token waits now (the lock held)."""
+        if stream_id in self._own_paused:
+            return True
+        return stream_id in self._past_first and self._busy(stream_id)
 
     def _busy(self, stream_id: str) -> bool:
         """Whether some other answer's first audio is under way (the lock held)."""

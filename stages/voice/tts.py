@@ -16,16 +16,15 @@ With param ``first_chunk_frames`` (null: off), an answer's first phrase is spoke
 in two steps (tts_stream.py): its first ``first_chunk_frames`` frames (~11.6 ms
 each at 22.05 kHz) go out as soon as they are made, the rest at the next step,
 so the answer starts playing before its first phrase is synthesised whole (a phrase
-too short to gain from it is spoken whole at once).
+too short to gain from it is spoken whole at once). Params ``chunk_right_frames`` and
+``chunk_left_frames``: the look-ahead and context a part is made with (tts_stream.py).
 
 With param ``first_part_words`` (K; null: off; needs ``first_chunk_frames``), an
 answer's first phrase starts before it is complete: once its first K words are known,
-a front pass over them alone gives their alignment, and their audio up to where the
-last of them begins goes out (so the fall and lengthening the voice gives a phrase's
-last word is never heard); when the phrase is complete, a pass over the whole of it
-goes on from where that word begins in its own alignment, its first frames crossfaded
-over the first pass's (tts_stream.py). A first phrase shorter than K words is spoken
-as before.
+their audio up to where the last of them begins goes out, and the whole phrase goes on
+from there across a crossfaded join when it is complete (tts_join.py). A first phrase
+shorter than K words is spoken as before. With ``first_part_pauses_answer`` the
+answer's own next token waits while its first part is synthesised (first_audio.py).
 
 The first phrase's synthesis is marked for first_audio.py: with the LLM stage's
 ``first_audio_first``, the later tokens of answers already speaking wait meanwhile.
@@ -33,7 +32,6 @@ The first phrase's synthesis is marked for first_audio.py: with the LLM stage's
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -53,10 +51,10 @@ from .pcm import Floats, float_to_pcm16
 from .phonemes import Espeak, VoiceSymbols, phoneme_ids
 from .phrases import PhraseSplitter
 from .trace import mark
-from .tts_stream import JOIN_FRAMES, SplitPhrase, SplitVoice, crossfade, word_starts, words_of
+from .tts_join import FirstPhraseJoin, SplitState
+from .tts_stream import SplitVoice
 
 PACKAGED_VOICE = "en_US-joe-medium.onnx"
-logger = logging.getLogger(__name__)
 
 
 def voice_files(voice_path: str | None, voice_config_path: str | None) -> tuple[Path, Path]:
@@ -71,26 +69,13 @@ def voice_files(voice_path: str | None, voice_config_path: str | None) -> tuple[
 
 
 @dataclass
-class _Stream:
-    splitter: PhraseSplitter
+class _Stream(SplitState):
+    splitter: PhraseSplitter = field(default_factory=PhraseSplitter)
     phrases: deque[str] = field(default_factory=deque)
     text_done: bool = False
     spoken: int = 0  # phrases begun
-    rest: SplitPhrase | None = None  # a phrase whose first part is out
-    rest_end: int = 0  # ... and the frame where its speech stops
     part: str | None = None  # the first phrase's first words, to speak before it is complete
-    join: _Join | None = None  # the first part is out: where the whole phrase goes on
-    part_plays_until: float = 0.0  # when the first part's audio has played (perf_counter)
     audio_out: bool = False  # its first audio is made (trace.py)
-
-
-@dataclass(frozen=True)
-class _Join:
-    """What the first part spoke: its words' phoneme ids, and its audio of the frames
-    just after them (unsent; the whole phrase's pass fades in over it)."""
-
-    words: tuple[tuple[int, ...], ...]
-    tail: Floats
 
 
 class PiperTts:
@@ -115,6 +100,9 @@ class PiperTts:
         num_threads: int = 1,
         first_chunk_frames: int | None = None,
         first_part_words: int | None = None,
+        first_part_pauses_answer: bool = False,
+        chunk_left_frames: int = 24,
+        chunk_right_frames: int = 20,
         noise: bool = True,
         cache_dir: str | None = None,
     ) -> None:
@@ -127,11 +115,7 @@ class PiperTts:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = num_threads
         options.inter_op_num_threads = 1
-        self._session = onnxruntime.InferenceSession(
-            str(onnx),
-            sess_options=options,
-            providers=["CPUExecutionProvider"],
-        )
+        self._session = onnxruntime.InferenceSession(str(onnx), options, ["CPUExecutionProvider"])
         self.min_comma_words = min_comma_words
         self.max_phrase_words = max_phrase_words
         self.first_phrase_max_words = first_phrase_max_words
@@ -150,10 +134,10 @@ class PiperTts:
                 f" first_phrase_max_words ({first_phrase_max_words}), got {first_part_words}"
             )
         self.first_part_words = first_part_words
+        if first_part_pauses_answer and first_part_words is None:
+            raise ValueError("first_part_pauses_answer needs first_part_words")
+        self.first_part_pauses_answer = first_part_pauses_answer
         self.noise = noise  # the voice's sampled variation; off: the same text, the same audio
-        self.num_joins = 0  # first phrases spoken across a join
-        self.join_mismatches = 0  # ... whose parts' words were phonemised differently
-        self.late_joins = 0  # ... whose rest was made after the first part would have played
         self._split = (
             None
             if first_chunk_frames is None
@@ -162,7 +146,14 @@ class PiperTts:
                 self.sample_rate_hz,
                 Path(cache_dir) if cache_dir else default_cache_dir(),
                 num_threads=num_threads,
+                left_frames=chunk_left_frames,
+                right_frames=chunk_right_frames,
             )
+        )
+        self.joins = (
+            None
+            if self._split is None or first_chunk_frames is None
+            else FirstPhraseJoin(self._split, self.symbols.ids[" "], first_chunk_frames)
         )
         self.audio_s = 0.0  # audio made, for the real-time factor
         self.busy_s = 0.0
@@ -175,7 +166,7 @@ class PiperTts:
             self.first_phrase_min_words,
             self.first_part_words,
         )
-        self.streams[stream_id] = _Stream(splitter)
+        self.streams[stream_id] = _Stream(splitter=splitter)
 
     def close_stream(self, stream_id: str) -> None:
         del self.streams[stream_id]
@@ -225,9 +216,10 @@ class PiperTts:
         elif speech.part is not None:
             mark("tts_first_phrase", stream_id)
             # Not yet speaking for first_audio.py: its own later tokens complete the
-            # first phrase, and holding them would open a gap at the join.
-            with FIRST_AUDIO.synthesizing():
-                samples = self._timed(self._first_words, speech)
+            # first phrase; they wait only with first_part_pauses_answer.
+            own = stream_id if self.first_part_pauses_answer else None
+            with FIRST_AUDIO.synthesizing(own):
+                samples = self._timed(lambda s: self._first_words(stream_id, s), speech)
             if speech.join is None:  # one word as phonemised: the phrase is spoken whole
                 return StreamOutput(more=bool(speech.phrases))
         elif not speech.phrases:
@@ -240,7 +232,7 @@ class PiperTts:
             mark("tts_first_phrase", stream_id)
             FIRST_AUDIO.first_phrase_out(stream_id)
             with FIRST_AUDIO.synthesizing():
-                if self._split is not None:
+                if self.first_chunk_frames is not None:
                     samples = self._timed(self._first_part, speech)
                 else:
                     samples = self.synthesize(speech.phrases.popleft(), noise=self.noise)
@@ -280,67 +272,26 @@ class PiperTts:
         samples = self._split.speak(rest, speech.rest_end - rest.next_frame)
         if speech.join is None:
             return samples
-        return self._keep_tail(speech, rest, samples)
+        assert self.joins is not None
+        return self.joins.keep_tail(speech, rest, samples)
 
-    def _first_words(self, speech: _Stream) -> Floats:
-        """The first part: the first words' audio up to where the last of them begins."""
+    def _first_words(self, stream_id: str, speech: _Stream) -> Floats:
+        """The first part (tts_join.py); its steps marked for the benchmark's trace."""
         assert self._split is not None
-        assert self.first_chunk_frames is not None
+        assert self.joins is not None
         assert speech.part is not None
         ids, scales = self._inputs(speech.part, noise=self.noise)
         speech.part = None
+        mark("tts_part_phonemes", stream_id)
         phrase = self._split.front(ids, scales)
-        space = self.symbols.ids[" "]
-        starts = word_starts(ids[0].tolist(), phrase.durations, space)
-        words = words_of(ids[0].tolist(), space)
-        if len(starts) < 2:
-            return np.zeros(0, np.float32)
-        end = starts[-1]  # where the last word begins (with the space before it)
-        speech.join = _Join(tuple(words[:-1]), np.zeros(0, np.float32))
-        speech.rest_end = min(phrase.num_frames, end + JOIN_FRAMES)
-        if speech.rest_end > self.first_chunk_frames + self._split.right_frames:
-            speech.rest = phrase  # the first part itself in two steps, as a whole phrase
-            first = self._split.speak(phrase, self.first_chunk_frames)
-            speech.part_plays_until = time.perf_counter() + first.size / self.sample_rate_hz
-            return first
-        return self._keep_tail(speech, phrase, self._split.speak(phrase, speech.rest_end))
-
-    def _keep_tail(self, speech: _Stream, phrase: SplitPhrase, samples: Floats) -> Floats:
-        """Out: ``samples`` but their last frames, which the join fades out."""
-        assert self._split is not None
-        assert speech.join is not None
-        keep = (phrase.next_frame - (speech.rest_end - JOIN_FRAMES)) * self._split.hop
-        keep = max(0, min(keep, samples.size))
-        speech.join = _Join(speech.join.words, samples[samples.size - keep :])
-        out = samples[: samples.size - keep]
-        start = speech.part_plays_until or time.perf_counter()  # (its first chunk's, if any)
-        speech.part_plays_until = start + out.size / self.sample_rate_hz
-        return out
+        mark("tts_part_front", stream_id)
+        return self.joins.first_words(speech, ids, phrase)
 
     def _after_join(self, speech: _Stream) -> Floats:
-        """The whole first phrase, from where the first part's last word begins."""
-        assert self._split is not None
-        assert speech.join is not None
+        assert self.joins is not None
         ids, scales = self._inputs(speech.phrases.popleft(), noise=self.noise)
-        join, speech.join = speech.join, None
         speech.spoken += 1
-        self.num_joins += 1
-        phrase = self._split.front(ids, scales)
-        space = self.symbols.ids[" "]
-        words = words_of(ids[0].tolist(), space)
-        n = len(join.words)
-        if tuple(words[:n]) != join.words:
-            self.join_mismatches += 1
-        starts = word_starts(ids[0].tolist(), phrase.durations, space)
-        phrase.next_frame = starts[min(n, len(starts) - 1)]
-        samples = self._split.speak(phrase, phrase.num_frames)
-        late_s = time.perf_counter() - speech.part_plays_until
-        if late_s > 0:  # a pause inside the first phrase, if the client played it at once
-            self.late_joins += 1
-            logger.warning(
-                "first phrase's rest made %.0f ms after its first part played", 1e3 * late_s
-            )
-        return crossfade(join.tail, samples)
+        return self.joins.after_join(speech, ids, scales)
 
     def _timed(self, part: Callable[[_Stream], Floats], speech: _Stream) -> Floats:
         started = time.perf_counter()

@@ -8,13 +8,15 @@ convolution stack over the frame axis with a finite receptive field. The
 (once, into the omnitrio cache). Here the front runs on the whole phrase, then the
 back on frames ``[0, n)`` with ``right_frames`` of look-ahead, and later on the rest
 with ``left_frames`` of context: the parts join into what one pass gives (the
-margins cover the receptive field; tests/stages/voice/test_voice_stages.py compares them).
-
-The front also gives each phoneme id's duration in frames (the graph's ``Ceil``, made an
-output here), so a phrase's words can be placed on the frame axis (``word_starts``): a
-first part of an answer spoken from a front pass over its first words only can stop
-where a word begins, and the whole phrase's pass go on from where that word begins in
-its own alignment (tts.py, ``first_part_words``), the two joined by a short crossfade.
+margins cover the receptive field; tests/stages/voice/test_voice_tts_stream.py compares
+them). The back's receptive field is wide on paper (the flow's and the vocoder's
+convolutions add up to ~40 frames each way) but what reaches past ~20 frames is
+negligible: measured on four phrases of the joe voice, first chunks of 16-40 frames
+differ from the voice's one pass by at most 7e-4 (0.1 % of the peak) with 20 frames of
+look-ahead (up to 0.014 with 16), and the rest not at all with 24 frames of context; a
+first chunk of 32 frames is then made from 52 frames, not 72 (~30 % less work on the
+first audio's path). The TTS params ``chunk_right_frames`` (20) and
+``chunk_left_frames`` (24) set them; 40 and 48 cover the whole field.
 """
 
 from __future__ import annotations
@@ -58,10 +60,17 @@ class SplitVoice:
         cache_root: Path,
         *,
         num_threads: int = 1,
-        left_frames: int = 48,
-        right_frames: int = 40,
+        left_frames: int = 24,
+        right_frames: int = 20,
     ) -> None:
         from streaming_vits.graph import ensure_split
+
+        for param, frames in (
+            ("chunk_left_frames", left_frames),
+            ("chunk_right_frames", right_frames),
+        ):
+            if frames < 0:
+                raise ValueError(f"{param} must not be negative, got {frames}")
 
         meta, folder = ensure_split(
             onnx, sample_rate=sample_rate_hz, cache=cache_root / f"{onnx.stem}-split", verbose=False
@@ -76,6 +85,7 @@ class SplitVoice:
         self._front_inputs = set(meta.frontend_inputs)
         self._seam = meta.seam
         self.hop = int(meta.hop)  # samples per frame
+        self.sample_rate_hz = sample_rate_hz
         self.left_frames = left_frames
         self.right_frames = right_frames
 

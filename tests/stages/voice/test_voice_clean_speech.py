@@ -108,7 +108,7 @@ def speak(tts: object, text: str) -> tuple[bytes, int, int]:
         output = tts.step([StreamWork("s", (TextPiece(piece),), last)])["s"]  # type: ignore[attr-defined]
         chunks += [v for v in output.visible if isinstance(v, AudioChunk)]
         while output.more or (last and not output.done):
-            output = tts.step([StreamWork("s", (), True)])["s"]  # type: ignore[attr-defined]
+            output = tts.step([StreamWork("s", (), last)])["s"]  # type: ignore[attr-defined]
             chunks += [v for v in output.visible if isinstance(v, AudioChunk)]
     tts.close_stream("s")  # type: ignore[attr-defined]
     assert chunks, text

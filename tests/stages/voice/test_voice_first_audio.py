@@ -103,3 +103,32 @@ def test_a_start_counts_only_for_a_while() -> None:
     stale.join(timeout=60)
     assert not stale.is_alive()
     assert gate.held_s == 0
+
+
+def test_an_answers_own_first_part_holds_its_own_tokens_only_meanwhile() -> None:
+    """first_part_pauses_answer: while an answer's first part is synthesised, its own
+    next token waits though its first phrase is not out; other writing answers don't."""
+    gate = FirstAudio()
+    gate.max_hold_s = 600.0
+    with gate.synthesizing(own="own"):
+        own, other = _holding(gate, "own"), _holding(gate, "other")
+        other.join(timeout=60)
+        assert not other.is_alive()  # another answer still writing its first phrase
+        own.join(timeout=0.2)
+        assert own.is_alive()  # held while its own first part is made
+    own.join(timeout=60)
+    assert not own.is_alive()
+    assert gate.held_s > 0
+    after = _holding(gate, "own")  # its first part made: it writes on unheld
+    after.join(timeout=60)
+    assert not after.is_alive()
+
+
+def test_a_forgotten_answer_is_no_longer_held_for_its_first_part() -> None:
+    gate = FirstAudio()
+    gate.max_hold_s = 600.0
+    with gate.synthesizing(own="gone"):
+        gate.forget("gone")  # closed (a dropped speculation) while its part was made
+        freed = _holding(gate, "gone")
+        freed.join(timeout=60)
+        assert not freed.is_alive()

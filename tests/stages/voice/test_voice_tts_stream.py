@@ -26,19 +26,55 @@ def tts(tmp_path: Path) -> Iterator[object]:
 
 
 @needs_voice
-def test_the_parts_join_into_the_one_pass_audio(tts: object) -> None:
+@pytest.mark.parametrize("first_frames", [16, 24, 32, 40])
+@pytest.mark.parametrize(
+    "text", [PHRASE, "The capital of France is Paris.", "She reads a book every night."]
+)
+def test_the_parts_join_into_the_one_pass_audio(tts: object, text: str, first_frames: int) -> None:
+    """With the default margins (20 frames of look-ahead, 24 of context: narrower than
+    the vocoder's field on paper), the parts still add up to the voice's one pass."""
     from stages.voice.tts import PiperTts
 
     assert isinstance(tts, PiperTts)
     assert tts._split is not None
-    whole = tts.synthesize(PHRASE, noise=False)  # the voice's own graph, no sampled noise
-    phrase = tts._split.front(*tts._inputs(PHRASE, noise=False))
-    first = tts._split.speak(phrase, FIRST_FRAMES)
+    assert (tts._split.right_frames, tts._split.left_frames) == (20, 24)
+    whole = tts.synthesize(text, noise=False)  # the voice's own graph, no sampled noise
+    phrase = tts._split.front(*tts._inputs(text, noise=False))
+    first = tts._split.speak(phrase, first_frames)
     rest = tts._split.speak(phrase, phrase.num_frames)
-    assert first.size == FIRST_FRAMES * tts._split.hop
+    assert first.size == first_frames * tts._split.hop
     joined = np.concatenate([first, rest])
     assert joined.size == whole.size
     np.testing.assert_allclose(joined, whole, atol=2e-3)
+
+
+@needs_voice
+def test_a_margin_narrower_than_the_field_that_matters_does_not_join(tts: object) -> None:
+    """What the test above would catch: with 8 frames of look-ahead the first part's
+    last frames are audibly off the one pass."""
+    split = tts._split  # type: ignore[attr-defined]
+    whole = tts.synthesize(PHRASE, noise=False)  # type: ignore[attr-defined]
+    phrase = split.front(*tts._inputs(PHRASE, noise=False))  # type: ignore[attr-defined]
+    split.right_frames = 8
+    first = split.speak(phrase, 32)
+    assert np.abs(first - whole[: first.size]).max() > 2e-2
+
+
+@needs_voice
+@pytest.mark.parametrize("param", ["chunk_left_frames", "chunk_right_frames"])
+def test_a_negative_margin_is_refused(param: str) -> None:
+    from stages.voice.tts import PiperTts
+
+    with pytest.raises(ValueError, match=f"{param} must not be negative, got -1"):
+        PiperTts("tts", first_chunk_frames=32, **{param: -1})  # type: ignore[arg-type]
+
+
+@needs_voice
+def test_pausing_the_answer_needs_a_first_part() -> None:
+    from stages.voice.tts import PiperTts
+
+    with pytest.raises(ValueError, match="first_part_pauses_answer needs first_part_words"):
+        PiperTts("tts", first_chunk_frames=32, first_part_pauses_answer=True)
 
 
 @needs_voice
@@ -59,11 +95,15 @@ def test_the_first_part_goes_out_a_step_before_the_rest(tts: object) -> None:
 
 
 @needs_voice
-def test_a_first_phrase_too_short_to_gain_from_parts_is_spoken_whole(tts: object) -> None:
+def test_a_first_phrase_too_short_to_gain_from_parts_is_spoken_whole(tmp_path: Path) -> None:
     """A part computes right_frames past its end: a first phrase no longer than the
     first part and that is made in one pass, not twice."""
     from stages.voice.payloads import TextPiece
+    from stages.voice.tts import PiperTts
 
+    tts = PiperTts(
+        "tts", first_chunk_frames=FIRST_FRAMES, chunk_right_frames=40, cache_dir=str(tmp_path)
+    )
     tts.open_stream("s", Request())  # type: ignore[attr-defined]
     text = (TextPiece("Yes."), TextPiece(" Dogs like bones too."))
     outputs = [tts.step([StreamWork("s", text, True)])["s"]]  # type: ignore[attr-defined]
@@ -75,6 +115,7 @@ def test_a_first_phrase_too_short_to_gain_from_parts_is_spoken_whole(tts: object
     split = tts._split  # type: ignore[attr-defined]
     assert len(chunks[0].pcm16) > 2 * FIRST_FRAMES * split.hop
     assert len(chunks[0].pcm16) <= 2 * (FIRST_FRAMES + split.right_frames) * split.hop
+    tts.close()
 
 
 @needs_voice
@@ -210,8 +251,8 @@ def test_the_first_part_joins_the_whole_phrase_without_a_word_lost(
         rest_frames = whole.num_frames - whole_starts[len(part_starts) - 1]
         assert fed[0] == 5  # out once the fourth word is known whole, before the text ends
         assert fed[-1] == len(text.split())
-        assert stage.num_joins == 1
-        assert stage.join_mismatches == 0
+        assert stage.joins.num_joins == 1
+        assert stage.joins.join_mismatches == 0
         samples = sum(len(c) for c in chunks) // 2
         assert samples == (part_frames + rest_frames) * split.hop
         assert part_frames > JOIN_FRAMES
@@ -232,7 +273,7 @@ def test_a_first_phrase_shorter_than_the_part_is_spoken_as_before(tmp_path: Path
     try:
         fed, _chunks = _spoken(stage, "Yes, it is.")
         assert set(fed) == {3}  # spoken whole, when the text ends
-        assert stage.num_joins == 0
+        assert stage.joins.num_joins == 0
     finally:
         stage.close()
 
