@@ -177,6 +177,12 @@ class Ct2Runtime(TokenHandover, WarmTarget):
         with self._lock:
             if key in self.states:
                 return
+            fits = self.states.fits(key)
+        if not fits:
+            self._recycle()  # on this thread, before the state is made: the budget holds
+        with self._lock:
+            if key in self.states:
+                return
             self.states.add(key, pending=True)
             self.states.num_warmed += 1
             generator = self.generator
@@ -185,18 +191,25 @@ class Ct2Runtime(TokenHandover, WarmTarget):
 
     def _check_budget(self) -> None:
         """Ask the warming thread for a fresh generator once the ledger is over its
-        budget (the lock held)."""
+        budget (the lock held; an answer that starts adds its state at once)."""
         if self.states.over_budget() and not self._recycling:
             self._recycling = True
             self._warmer.submit(RecycleJob())
 
     def recycle_now(self) -> None:
+        with self._lock:
+            self._recycling = False
+            if not self.states.over_budget():
+                return  # the warming thread has replaced it since
+        self._recycle()
+
+    def _recycle(self) -> None:
+        """A fresh generator in place of the current one (on the warming thread)."""
         fresh = self._open()  # ~0.15 s, off the stage's thread
         with self._lock:
             self._retired.append((self.generator, self._answers))
             self.generator, self._answers = fresh, []
             carried = self.states.restart()
-            self._recycling = False
         for key in carried:
             self.warm_now(key)
         self._release_retired()

@@ -95,6 +95,10 @@ class StaticStates:
         entry.pending = entry.pending and pending
         self._entries.move_to_end(key)
 
+    def fits(self, key: Key) -> bool:
+        """Whether ``key``'s state can be added within the budget (always, to none)."""
+        return not self._entries or self.num_tokens + len(key) <= self.budget_tokens
+
     def over_budget(self) -> bool:
         return self.num_tokens > self.budget_tokens
 
