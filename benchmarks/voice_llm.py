@@ -34,7 +34,8 @@ work between rounds included). Medians over rounds and repeats; with ``--checkou
 this checkout / that one.
 
 ``--memory TURNS``: TURNS short answers (8 tokens) over ``--chats`` conversations,
-four at a time, each turn with its conversation so far; prints the process's RSS
+four at a time, each turn with its conversation so far (each question numbered, so no
+two conversations share a history); prints the process's RSS
 after every ``--chats`` answers and the CTranslate2 static-prompt ledger
 (llm_ct2_states.py) at the end.
 """
@@ -93,6 +94,7 @@ def _round(
     tag: str,
     round_: int,
     max_tokens: int | None = None,
+    numbered: int | None = None,
 ) -> dict[str, Any]:
     """One turn of each conversation in ``chats``, all at once; appends the turns."""
     from omnitrio import Event, Request, StreamWork, TextDelta
@@ -100,6 +102,8 @@ def _round(
 
     sids = [f"{tag}-{i}" for i in range(len(chats))]
     questions = [QUESTIONS[(i + round_) % len(QUESTIONS)] for i in range(len(chats))]
+    if numbered is not None:  # each conversation its own history (--memory)
+        questions = [f"Question {numbered + i}: {q}" for i, q in enumerate(questions)]
     options = {} if max_tokens is None else {"max_tokens": max_tokens}
     for sid, chat in zip(sids, chats, strict=True):
         stage.open_stream(sid, Request(text=_history(chat), options=options))
@@ -177,7 +181,7 @@ def memory_worker(num_turns: int, num_chats: int, params: dict[str, Any]) -> Non
         for turn in range(0, num_turns, 4):
             group = [(turn + i) % num_chats for i in range(4)]
             picked = [chats[i] for i in group]
-            _round(stage, picked, f"m{turn}", turn // num_chats, max_tokens=8)
+            _round(stage, picked, f"m{turn}", turn // num_chats, max_tokens=8, numbered=turn)
             if (turn + 4) % num_chats == 0:
                 rss.append(_rss_mb())
         fast = getattr(stage, "fast", None)
@@ -187,6 +191,8 @@ def memory_worker(num_turns: int, num_chats: int, params: dict[str, Any]) -> Non
             for k in ("num_tokens", "num_warmed", "num_hits", "num_recycled", "budget_tokens")
             if states is not None
         }
+        if states is not None:
+            ledger["num_generators"] = fast.num_generators  # type: ignore[union-attr]
     finally:
         stage.close()
     print(json.dumps({"rss_mb": rss, "states": ledger}))
