@@ -9,9 +9,12 @@ Each answer is one asynchronous ``generate_batch`` call: CTranslate2 runs up to
 ``num_workers`` of them at once, each on its own thread, so no conversation's
 answer waits for another's whole answer (a further one queues until a worker is
 free). Each token comes back through a callback into the answer's queue; the stage's
-step takes what has arrived. The system message is passed as the ``static_prompt``:
-CTranslate2 keeps its KV cache (per worker) and reuses it in every later answer with
-the same instructions.
+step takes what has arrived. The system message and the conversation's earlier turns
+are passed as the ``static_prompt``: CTranslate2 keeps its KV state (one map per
+loaded model, shared by the workers) and reuses it in every later answer that starts
+with the same tokens, so an answer prefills only its question. Once an answer has
+ended, the next turn's static prompt is known and is prefilled ahead on a warming
+thread; the kept states are bounded by replacing the generator (llm_ct2_states.py).
 
 CTranslate2 has no hook to mask the logits, so turns that may call a tool (a
 grammar-constrained call) and turns with a ``seed`` stay on the stage's torch model.
@@ -64,6 +67,7 @@ class Ct2Answer(FastAnswer):
     """One answer being generated (its tokens: llm_fast.py)."""
 
     result: ctranslate2.AsyncGenerationResult | None = None
+    static_kept: bool = False  # its static prompt's state was kept (or being made) already
 
     def failed(self) -> bool:
         """Generation ended without its last token (an error: ``check`` raises it)."""
@@ -98,6 +102,7 @@ class Ct2Runtime(TokenHandover, WarmTarget):
         self._lock = threading.Lock()  # the generator, the ledger, the answers
         self._answers: list[Ct2Answer] = []  # started on the current generator
         self._retired: list[tuple[ctranslate2.Generator, list[Ct2Answer]]] = []
+        self._spare: ctranslate2.Generator | None = None  # unloaded: its threads kept
         self._recycling = False
         super().__init__()
         self._warmer = Warmer(self)
@@ -142,7 +147,7 @@ class Ct2Runtime(TokenHandover, WarmTarget):
         self._release_retired()
         with self._lock:  # held while it is queued: a fresh generator waits for it
             if static_prompt:
-                self.states.add(tuple(static_prompt), pending=False)
+                answer.static_kept = self.states.add(tuple(static_prompt), pending=False)
                 self._check_budget()
             (answer.result,) = self.generator.generate_batch(
                 [list(prompt)],
@@ -205,7 +210,12 @@ class Ct2Runtime(TokenHandover, WarmTarget):
 
     def _recycle(self) -> None:
         """A fresh generator in place of the current one (on the warming thread)."""
-        fresh = self._open()  # ~0.15 s, off the stage's thread
+        with self._lock:
+            fresh, self._spare = self._spare, None
+        if fresh is None:
+            fresh = self._open()  # ~0.15 s, off the stage's thread
+        else:
+            fresh.load_model()  # the weights again, into the same worker threads
         with self._lock:
             self._retired.append((self.generator, self._answers))
             self.generator, self._answers = fresh, []
@@ -215,12 +225,20 @@ class Ct2Runtime(TokenHandover, WarmTarget):
         self._release_retired()
 
     def _release_retired(self) -> None:
-        """Drop the replaced generators whose answers have all ended (their threads are
-        idle, so dropping them does not wait)."""
+        """Unload the replaced generators whose answers have all ended (their states go
+        with their model); one is kept unloaded as the next fresh one, so recycling
+        does not start new threads."""
         with self._lock:
             done = [r for r in self._retired if all(a.ended() for a in r[1])]
             self._retired = [r for r in self._retired if r not in done]
-        done.clear()  # the generators go here, outside the lock
+        for generator, _ in done:
+            generator.unload_model()  # nothing runs on it: frees the weights and states
+            if generator.model_is_loaded:
+                continue  # a batch still finishing: dropped, not kept
+            with self._lock:
+                if self._spare is None:
+                    self._spare, generator = generator, None
+        done.clear()  # the generators not kept go here, outside the lock
 
     def close(self, answers: Sequence[Ct2Answer]) -> None:
         """Stop ``answers`` (still generating or not) and wait until they have stopped;

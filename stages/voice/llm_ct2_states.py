@@ -82,18 +82,19 @@ class StaticStates:
     def __contains__(self, key: Key) -> bool:
         return key in self._entries
 
-    def add(self, key: Key, *, pending: bool) -> None:
+    def add(self, key: Key, *, pending: bool) -> bool:
         """The generator has (or is making) ``key``'s state; an answer uses it unless
-        ``pending``."""
+        ``pending``. Whether it was there already."""
         entry = self._entries.get(key)
         if entry is None:
             self._entries[key] = _Entry(len(key), pending)
             self.num_tokens += len(key)
-            return
+            return False
         if entry.pending and not pending:
             self.num_hits += 1
         entry.pending = entry.pending and pending
         self._entries.move_to_end(key)
+        return True
 
     def fits(self, key: Key) -> bool:
         """Whether ``key``'s state can be added within the budget (always, to none)."""
