@@ -9,11 +9,11 @@ faster per token than torch; param ``ctranslate2_threads`` per answer). Its stat
 prompt is the system message and, with param ``cache_history``, the earlier turns:
 their KV state is kept, and once an answer has ended the next turn's is prefilled
 ahead, so the next answer prefills only its question; the states kept are bounded by
-param ``ctranslate2_cache_tokens`` (llm_ct2_states.py). ``llamacpp``: llama.cpp on the GGUF itself
-(llm_llamacpp.py: re-quantized once to param ``llamacpp_type``, Q8_0; one thread per
-answer, param ``llamacpp_threads``; each worker
-keeps its last conversation's KV cache, and an answer reuses the longest cached
-prefix of its prompt; needs ``llama-cpp-python``, built from source). With param
+param ``ctranslate2_cache_tokens`` (llm_ct2_states.py). ``llamacpp``: llama.cpp on
+the GGUF itself (llm_llamacpp.py: re-quantized once to param ``llamacpp_type``,
+Q8_0; one thread per answer, param ``llamacpp_threads``; each worker keeps its last
+conversation's KV cache, and an answer reuses the longest cached prefix of its
+prompt; needs ``llama-cpp-python``, built from source). With param
 ``first_audio_first``, such an answer whose first phrase is out waits while any
 answer's first phrase is synthesised (first_audio.py: on few cores, the first audio
 gets them); with ``first_audio_from_asr`` as well, while any other answer is on its
@@ -358,7 +358,7 @@ class SmolLM2Llm(AutoregressiveStage):
         ids = self._chat_ids([*earlier, *turn.said[len(history) :]], generation=True)
         prompt = ids[-self.max_prompt_tokens :]
         if isinstance(self.fast, Ct2Runtime):
-            turn.static_len = self._static_len(turn, prompt, earlier)
+            turn.static_len = self._static_len(prompt, earlier)
         return prompt
 
     def _head(self, turn: _Stream, history: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -373,7 +373,7 @@ class SmolLM2Llm(AutoregressiveStage):
         )
         return [int(i) for i in ids]
 
-    def _static_len(self, turn: _Stream, prompt: list[int], head: list[dict[str, str]]) -> int:
+    def _static_len(self, prompt: list[int], head: list[dict[str, str]]) -> int:
         """How many of ``prompt``'s first tokens CTranslate2 takes as the static prompt,
         whose state it keeps (llm_ct2_states.py): the system message and the history
         (``head``), or with ``cache_history`` off the system message alone; 0 where the
