@@ -1,6 +1,7 @@
 """The voice LLM on CTranslate2 (runtime: ctranslate2): answers stream token by token,
 conversations decode side by side (none waits for another's whole answer), the
-system prompt goes in as CTranslate2's cached static prompt, a cancelled answer
+system message and the history go in as CTranslate2's static prompt, whose state is
+made ahead once the turn before has ended and kept within a budget, a cancelled answer
 stops, and tool-call turns stay on torch with their grammar."""
 
 from __future__ import annotations
@@ -36,18 +37,97 @@ def test_answers_decode_side_by_side_and_equal_the_answers_alone(llm: object) ->
     check_answers_decode_side_by_side_and_equal_the_answers_alone(llm)
 
 
-def test_the_system_message_is_the_cached_static_prompt(llm: object) -> None:
-    from stages.voice.llm import _Stream  # the stream's state, to see the split
+def _conversation(*turns: tuple[str, str]) -> str:
+    """Earlier turns as the Realtime session's conversation text."""
+    return "\n".join(f"user: {q}\nassistant: {a}" for q, a in turns)
 
-    llm.open_stream("s", Request(options={"instructions": "Answer briefly."}))  # type: ignore[attr-defined]
-    turn: _Stream = llm.streams["s"]  # type: ignore[attr-defined]
-    system = llm._system_ids(turn)  # type: ignore[attr-defined]
+
+def _static_and_question(llm: object, sid: str, history: str, question: str) -> tuple[int, int]:
+    """A turn's static prompt (tokens) and the rest that its answer prefills."""
     from stages.voice.payloads import Utterance
 
-    turn.prompt = llm._prompt_ids(turn, [Utterance("Hello!")])  # type: ignore[attr-defined]
-    assert turn.prompt[: len(system)] == system
-    assert len(system) < len(turn.prompt)
-    llm.close_stream("s")  # type: ignore[attr-defined]
+    llm.open_stream(sid, Request(text=history))  # type: ignore[attr-defined]
+    turn = llm.streams[sid]  # type: ignore[attr-defined]
+    prompt = llm._prompt_ids(turn, [Utterance(question)])  # type: ignore[attr-defined]
+    llm.close_stream(sid)  # type: ignore[attr-defined]
+    return turn.static_len, len(prompt) - turn.static_len
+
+
+def test_the_next_turn_prefills_only_its_question(llm: object) -> None:
+    """Once an answer has ended, the next turn's static prompt (the system message and
+    the history with that turn in it) is prefilled ahead: the next answer starts on the
+    kept state and prefills only its question."""
+    first = "What do cats like to eat?"
+    texts, _, _ = run_streams(llm, {"t1": first})
+    assert llm.fast.flush(60.0)  # type: ignore[attr-defined]  # the warming thread is done
+    states = llm.fast.states  # type: ignore[attr-defined]
+    assert states.num_warmed == 1
+    history = _conversation((first, texts["t1"]))
+    second = "Why is the sky blue?"
+    static, rest = _static_and_question(llm, "probe", history, second)
+    _, question_alone = _static_and_question(llm, "probe", "", second)
+    system, _ = _static_and_question(llm, "probe", "", second)
+    assert rest == question_alone  # the question (and the answer's header) alone
+    assert static > system + 20  # ... after the system message and the whole history
+    texts2, _, _ = run_streams(llm, {"t2": second}, history=history)
+    assert states.num_hits == 1  # the answer started on the state warmed ahead
+    assert "blue" in texts2["t2"].lower() or "scatter" in texts2["t2"].lower()
+
+
+def test_an_answer_on_a_warm_state_equals_the_answer_prefilled_cold(llm: object) -> None:
+    """The prompt's split depends only on the conversation, never on whether its state
+    was warm: a turn answered on a state warmed ahead and the same turn on a fresh
+    stage (which prefills the static prompt itself) give the same tokens."""
+    from stages.voice.llm import SmolLM2Llm
+
+    first = "What is the capital of France?"
+    texts, _, _ = run_streams(llm, {"t1": first})
+    assert llm.fast.flush(60.0)  # type: ignore[attr-defined]
+    history = _conversation((first, texts["t1"]))
+    warm, _, _ = run_streams(llm, {"t2": "And of Italy?"}, history=history)
+    assert llm.fast.states.num_hits == 1  # type: ignore[attr-defined]
+    cold_stage = SmolLM2Llm("llm", max_new_tokens=24, runtime="ctranslate2", num_workers=2)
+    try:
+        cold, _, _ = run_streams(cold_stage, {"t2": "And of Italy?"}, history=history)
+        assert cold_stage.fast.states.num_hits == 0  # type: ignore[union-attr]
+    finally:
+        cold_stage.close()
+    assert warm == cold
+    assert warm["t2"]
+
+
+def test_the_kept_states_stay_within_their_budget() -> None:
+    """With a budget of ~2 states, a long conversation replaces the generator again and
+    again: the ledger stays under the budget, replaced generators are dropped once their
+    answers end, and the state warmed for the next turn is carried over to the fresh one."""
+    from stages.voice.llm import SmolLM2Llm
+
+    budget = 200
+    llm = SmolLM2Llm(
+        "llm",
+        max_new_tokens=12,
+        runtime="ctranslate2",
+        num_workers=2,
+        max_history_messages=2,
+        ctranslate2_cache_tokens=budget,
+    )
+    questions = ["Hi!", "What do cats eat?", "Why is the sky blue?", "Name a dog.", "Thanks!"]
+    try:
+        done: list[tuple[str, str]] = []
+        for i, question in enumerate(questions * 2):
+            texts, _, _ = run_streams(llm, {f"t{i}": question}, history=_conversation(*done))
+            done.append((question, texts[f"t{i}"]))
+            assert llm.fast.flush(60.0)  # type: ignore[union-attr]
+            states = llm.fast.states  # type: ignore[union-attr]
+            assert states.num_tokens <= budget
+            assert llm.fast.num_generators <= 2  # type: ignore[union-attr]
+        assert states.num_warmed == len(done)  # ~50-70 tokens each: 3-4 budgets in all
+        assert states.num_recycled >= 2
+        assert states.num_hits == len(done) - 1  # every later turn found its state
+        run_streams(llm, {"last": "Bye!"}, history=_conversation(*done))
+        assert llm.fast.num_generators == 1  # type: ignore[union-attr]
+    finally:
+        llm.close()
 
 
 def test_a_cancelled_answer_stops_generating(llm: object) -> None:
