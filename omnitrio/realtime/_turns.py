@@ -33,11 +33,15 @@ VAD_WHY = (
 DEFAULT_PREFIX_PADDING_MS = 300
 DEFAULT_SILENCE_DURATION_MS = 500
 DEFAULT_THRESHOLD = 0.5
-END_PADDING_MS = 100
+END_PADDING_MS = 64
 """Audio a server_vad turn keeps after its last speech (``audio_end_ms``); what came
 later stays in the buffer. A fixed cut makes the turn's audio the same whether it is
 taken at the first pause (a speculative response, see ``RealtimeSession.speculate``)
-or when the silence is long enough to end the turn."""
+or when the silence is long enough to end the turn. 64 ms is two of the voice chat's
+32 ms VAD windows: its pause (``pause_ms`` 64) is heard when that audio has arrived, so
+the speculation can be built at once (with 100 ms and a 64 ms pause one in five could
+not; docs/benchmarks-voice.md). Silero places the end of speech 0-80 ms after the last
+sound, so the turn still keeps 64-150 ms of the silence that follows."""
 EAGERNESS_SILENCE_MS: Mapping[str, int] = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
 """semantic_vad's ``eagerness`` as the silence that ends a turn, with a longer wait for
 "low" (the speaker may take their time) and a shorter one for "high". The eagerness

@@ -129,3 +129,35 @@ def test_the_pause_is_heard_as_the_audio_arrives(tmp_path: Path) -> None:
         vad.close_stream("s")
         fed_ms, end_ms = pauses[-1]
         assert 0 <= fed_ms - (end_ms + pause_ms) < 20, (question, pauses)
+
+
+def test_the_voice_chat_pause_comes_with_the_turn_audio_it_speculates_on(
+    tmp_path: Path,
+) -> None:
+    """With the voice chat's own VAD params, each pause is reported once the session holds
+    the audio a turn ending there commits (``END_PADDING_MS`` past its ``audio_end_ms``):
+    otherwise the speculative answer cannot be built at that pause (a pause shorter than
+    the padding took ~1 speculation in 5 away, docs/benchmarks-voice.md)."""
+    import omnitrio
+    from omnitrio.realtime._turns import END_PADDING_MS
+    from stages.voice.vad import SileroVad
+
+    config = omnitrio.load_config(Path(__file__).parents[3] / "configs" / "voice-chat.yaml")
+    assert config.side_stage is not None
+    params = dict(config.side_stage.params)
+    params.pop("smart_turn")  # the pause does not depend on it; not loading it is quicker
+    vad = SileroVad("vad", **params)  # type: ignore[arg-type]
+    assert vad.pause_ms is not None
+    for question in ("Which animals live | in the ocean?", "How do I make | a cup of tea?"):
+        speech = paused_speech(question, tmp_path, pause_s=0.4) + _silence(0.6)
+        vad.open_stream("s", Request())
+        pauses: list[tuple[int, int]] = []
+        for start in range(0, len(speech), CHUNK_BYTES):
+            work = StreamWork("s", (speech[start : start + CHUNK_BYTES],), False)
+            for item in vad.step([work])["s"].visible:
+                if isinstance(item, Event) and item.name == "speech_paused":
+                    fed_ms = (start + CHUNK_BYTES) * 1000 // (2 * INPUT_RATE_HZ)
+                    pauses.append((fed_ms, int(item.data["audio_end_ms"])))  # type: ignore[call-overload]
+        vad.close_stream("s")
+        assert len(pauses) >= 2, (question, pauses)  # the mid-sentence one and the last
+        assert all(fed >= end + END_PADDING_MS for fed, end in pauses), (question, pauses)
