@@ -35,7 +35,17 @@ from tqdm import tqdm
 
 from stages.kit import SamplingParams
 
-from .llm_ct2_states import Key, RecycleJob, StaticStates, Warmer, WarmJob, WarmTarget, prefill
+from .llm_ct2_states import (
+    Key,
+    RecycleJob,
+    ReleaseJob,
+    StaticStates,
+    Warmer,
+    WarmJob,
+    WarmTarget,
+    prefill,
+    trim_heap,
+)
 from .llm_fast import FastAnswer, TokenHandover, hand_over
 
 CACHE_SUFFIX = "-ct2-int8"
@@ -144,7 +154,10 @@ class Ct2Runtime(TokenHandover, WarmTarget):
                 "sampling_temperature": params.temperature,
             }
         )
-        self._release_retired()
+        with self._lock:
+            retired = bool(self._retired)
+        if retired:  # dropped on the warming thread, not on this answer's path
+            self._warmer.submit(ReleaseJob())
         with self._lock:  # held while it is queued: a fresh generator waits for it
             if static_prompt:
                 answer.static_kept = self.states.add(tuple(static_prompt), pending=False)
@@ -224,13 +237,18 @@ class Ct2Runtime(TokenHandover, WarmTarget):
             self.warm_now(key)
         self._release_retired()
 
+    def release_now(self) -> None:
+        self._release_retired()
+
     def _release_retired(self) -> None:
         """Unload the replaced generators whose answers have all ended (their states go
-        with their model); one is kept unloaded as the next fresh one, so recycling
-        does not start new threads."""
+        with their model), then give the freed memory back (``trim_heap``); one is kept
+        unloaded as the next fresh one, so recycling does not start new threads."""
         with self._lock:
             done = [r for r in self._retired if all(a.ended() for a in r[1])]
             self._retired = [r for r in self._retired if r not in done]
+        if not done:
+            return
         for generator, _ in done:
             generator.unload_model()  # nothing runs on it: frees the weights and states
             if generator.model_is_loaded:
@@ -239,6 +257,7 @@ class Ct2Runtime(TokenHandover, WarmTarget):
                 if self._spare is None:
                     self._spare, generator = generator, None
         done.clear()  # the generators not kept go here, outside the lock
+        trim_heap()
 
     def close(self, answers: Sequence[Ct2Answer]) -> None:
         """Stop ``answers`` (still generating or not) and wait until they have stopped;
