@@ -140,6 +140,8 @@ class Turn:
     input_audio_s: float = 0.0
     answer_audio_s: float = 0.0
     num_text_deltas: int = 0
+    heard: str = ""  # the turn's transcript (the ASR's), and the answer's text (--json)
+    answer_text: str = ""
     # How long a client playing the answer from its first audio on would have run dry
     # (an audio delta arriving after the audio before it had all played), in all
     underrun_s: float = 0.0
@@ -290,6 +292,7 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
             answer = event["response"]["id"]
         elif kind == "conversation.item.input_audio_transcription.completed":
             turn.input_audio_s = float(event.get("usage", {}).get("seconds", 0.0))
+            turn.heard = str(event.get("transcript", ""))
             transcript = now
             if stopped is not None:
                 turn.speech_stopped_to_transcript_s = transcript - stopped
@@ -311,6 +314,7 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
             turn.answer_audio_s += len(base64.b64decode(event["delta"])) / 2 / INPUT_RATE_HZ
         elif kind == "response.output_audio_transcript.delta":
             turn.num_text_deltas += 1
+            turn.answer_text += str(event.get("delta", ""))
             if first_text is None:
                 first_text = now
                 if transcript is not None:

@@ -33,6 +33,21 @@ def _stops(vad: object, pcm16: bytes, options: dict[str, object] | None = None) 
     return stops
 
 
+def _pauses(vad: object, pcm16: bytes) -> list[tuple[int, int]]:
+    """Each speech_paused as (ms of audio fed so far, its ``audio_end_ms``), feeding 20 ms
+    chunks."""
+    vad.open_stream("s", Request())  # type: ignore[attr-defined]
+    pauses: list[tuple[int, int]] = []
+    for start in range(0, len(pcm16), CHUNK_BYTES):
+        work = StreamWork("s", (pcm16[start : start + CHUNK_BYTES],), False)
+        for item in vad.step([work])["s"].visible:  # type: ignore[attr-defined]
+            if isinstance(item, Event) and item.name == "speech_paused":
+                fed_ms = (start + CHUNK_BYTES) * 1000 // (2 * INPUT_RATE_HZ)
+                pauses.append((fed_ms, int(item.data["audio_end_ms"])))
+    vad.close_stream("s")  # type: ignore[attr-defined]
+    return pauses
+
+
 @pytest.fixture(scope="module")
 def vads() -> tuple[object, object]:
     from stages.voice.vad import SileroVad
@@ -118,15 +133,7 @@ def test_the_pause_is_heard_as_the_audio_arrives(tmp_path: Path) -> None:
     pause_ms = -(-120 // vad.window_ms) * vad.window_ms  # whole windows: 128
     for question in ("What do cats like to eat?", "Why is the sky blue?"):
         speech = paused_speech(question, tmp_path, pause_s=0.0) + _silence(0.6)
-        vad.open_stream("s", Request())
-        pauses: list[tuple[int, int]] = []  # (ms of audio fed, the pause's audio_end_ms)
-        for start in range(0, len(speech), CHUNK_BYTES):
-            work = StreamWork("s", (speech[start : start + CHUNK_BYTES],), False)
-            for item in vad.step([work])["s"].visible:
-                if isinstance(item, Event) and item.name == "speech_paused":
-                    fed_ms = (start + CHUNK_BYTES) * 1000 // (2 * INPUT_RATE_HZ)
-                    pauses.append((fed_ms, int(item.data["audio_end_ms"])))  # type: ignore[call-overload]
-        vad.close_stream("s")
+        pauses = _pauses(vad, speech)
         fed_ms, end_ms = pauses[-1]
         assert 0 <= fed_ms - (end_ms + pause_ms) < 20, (question, pauses)
 
@@ -150,14 +157,6 @@ def test_the_voice_chat_pause_comes_with_the_turn_audio_it_speculates_on(
     assert vad.pause_ms is not None
     for question in ("Which animals live | in the ocean?", "How do I make | a cup of tea?"):
         speech = paused_speech(question, tmp_path, pause_s=0.4) + _silence(0.6)
-        vad.open_stream("s", Request())
-        pauses: list[tuple[int, int]] = []
-        for start in range(0, len(speech), CHUNK_BYTES):
-            work = StreamWork("s", (speech[start : start + CHUNK_BYTES],), False)
-            for item in vad.step([work])["s"].visible:
-                if isinstance(item, Event) and item.name == "speech_paused":
-                    fed_ms = (start + CHUNK_BYTES) * 1000 // (2 * INPUT_RATE_HZ)
-                    pauses.append((fed_ms, int(item.data["audio_end_ms"])))  # type: ignore[call-overload]
-        vad.close_stream("s")
+        pauses = _pauses(vad, speech)
         assert len(pauses) >= 2, (question, pauses)  # the mid-sentence one and the last
         assert all(fed >= end + END_PADDING_MS for fed, end in pauses), (question, pauses)
