@@ -5,12 +5,16 @@ as Piper names it) select another.
 
 The answer's text arrives from the LLM a token at a time (``TextPiece``). The
 stage cuts it into phrases (phrases.py) and synthesises each as soon as it is
-complete, so the first phrase plays while the LLM is still writing the rest. A step
-that speaks some answer's first phrase speaks no other answer's later phrase.
+complete, so the first phrase plays while the LLM is still writing the rest.
 Phonemes come from one long-lived espeak-ng process (phonemes.py: it is GPL,
-so it stays out of process). One step speaks at most one phrase per stream; the streams of a batch
-are synthesised one after another (Piper's ONNX graph returns no per-item
-lengths, so a padded batch could not be cut back apart).
+so it stays out of process). The streams of a batch are synthesised one after another
+(Piper's ONNX graph returns no per-item lengths, so a padded batch could not be cut
+back apart), so a step is kept short where an answer's first audio may be waiting: a
+step that speaks some answer's first phrase speaks no other answer's later phrase, and
+a step with no first phrase speaks one later phrase, that of the answer whose audio
+runs out soonest (played from its first audio on, in real time). Each later phrase
+takes ~100-300 ms; several in one step held a first phrase that arrived meanwhile
+behind all of them.
 
 With param ``first_chunk_frames`` (null: off), an answer's first phrase is spoken
 in two steps (tts_stream.py): its first ``first_chunk_frames`` frames (~11.6 ms
@@ -76,6 +80,7 @@ class _Stream(SplitState):
     spoken: int = 0  # phrases begun
     part: str | None = None  # the first phrase's first words, to speak before it is complete
     audio_out: bool = False  # its first audio is made (trace.py)
+    runs_out: float = 0.0  # when its audio made so far would have played, from its first audio
 
 
 class PiperTts:
@@ -183,7 +188,13 @@ class PiperTts:
         # later phrases wait a step (their earlier audio is still playing), so the first
         # audio is not held back behind them.
         first = any(self._first_due(self.streams[w.stream_id]) for w in batch)
-        return {w.stream_id: self._speak(w.stream_id, later=not first) for w in batch}
+        waiting = [w.stream_id for w in batch if self._later_due(self.streams[w.stream_id])]
+        # Else one later phrase: the answer whose audio runs out first (the others next).
+        later = None if first or not waiting else min(waiting, key=self._runs_out)
+        return {w.stream_id: self._speak(w.stream_id, later=w.stream_id == later) for w in batch}
+
+    def _runs_out(self, stream_id: str) -> float:
+        return self.streams[stream_id].runs_out
 
     def _feed(self, work: StreamWork) -> None:
         speech = self.streams[work.stream_id]
@@ -207,6 +218,11 @@ class PiperTts:
         if speech.rest is not None or speech.part is not None:
             return True
         return (speech.spoken == 0 or speech.join is not None) and bool(speech.phrases)
+
+    @classmethod
+    def _later_due(cls, speech: _Stream) -> bool:
+        """Whether the stream's next audio is a later phrase, ready to speak."""
+        return bool(speech.phrases) and not cls._first_due(speech)
 
     def _speak(self, stream_id: str, *, later: bool) -> StreamOutput:
         speech = self.streams[stream_id]
@@ -244,8 +260,10 @@ class PiperTts:
             speech.spoken += 1
         if not speech.audio_out:
             speech.audio_out = True
+            speech.runs_out = time.monotonic()
             mark("tts_first_audio", stream_id)
             FIRST_AUDIO.first_audio_made(stream_id)
+        speech.runs_out += samples.size / self.sample_rate_hz
         pending = speech.rest is not None or speech.join is not None
         finished = speech.text_done and not speech.phrases and not pending
         chunk = AudioChunk(float_to_pcm16(samples), self.sample_rate_hz)

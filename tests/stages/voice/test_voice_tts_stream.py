@@ -168,6 +168,34 @@ def test_a_first_phrase_is_spoken_before_another_answers_later_phrase(tts: objec
         tts.close_stream(sid)  # type: ignore[attr-defined]
 
 
+@needs_voice
+def test_a_step_speaks_one_later_phrase_the_one_that_runs_out_first(tts: object) -> None:
+    """With no first phrase due, a step speaks one later phrase: that of the answer whose
+    audio, played from its first audio on, runs out first (the others wait a step, so an
+    answer's first phrase arriving meanwhile waits behind one later phrase at most)."""
+    from stages.voice.payloads import TextPiece
+
+    texts = {"long": PHRASE, "yes": "Yes.", "no": "No."}  # each first phrase, then one more
+    for sid, first in texts.items():  # one after another: "long" runs out last
+        tts.open_stream(sid, Request())  # type: ignore[attr-defined]
+        inputs: tuple[object, ...] = (TextPiece(f"{first} Birds like seeds and crumbs."),)
+        while tts._first_due(tts.streams[sid]) or inputs:  # type: ignore[attr-defined]
+            tts.step([StreamWork(sid, inputs, True)])  # type: ignore[attr-defined]
+            inputs = ()
+    runs_out = {sid: tts.streams[sid].runs_out for sid in texts}  # type: ignore[attr-defined]
+    assert max(runs_out, key=runs_out.__getitem__) == "long"
+    spoken = []
+    for _ in texts:
+        outputs = tts.step([StreamWork(sid, (), True) for sid in texts])  # type: ignore[attr-defined]
+        speaking = [sid for sid, out in outputs.items() if out.visible]
+        assert len(speaking) == 1, outputs
+        assert all(out.more for sid, out in outputs.items() if sid not in speaking + spoken)
+        spoken += speaking
+    assert spoken == sorted(texts, key=runs_out.__getitem__)
+    for sid in texts:
+        tts.close_stream(sid)  # type: ignore[attr-defined]
+
+
 def test_word_starts_come_from_the_durations() -> None:
     """A word begins where the space before it begins: the frames of every id before it."""
     from stages.voice.tts_stream import word_starts, words_of
