@@ -216,6 +216,46 @@ def test_vad_finds_the_turn_and_batches_streams(tmp_path: Path) -> None:
 
 
 @needs_voice
+def test_vad_scores_one_stream_on_the_single_window_model_as_on_the_batched_one(
+    tmp_path: Path,
+) -> None:
+    from stages.voice.vad import SileroVad
+
+    speech = spoken("Why is the sky blue, and why are sunsets red?", tmp_path / "q.wav")
+    rng = np.random.default_rng(0)
+    hiss = (rng.standard_normal(INPUT_RATE_HZ) * 60).astype("<i2").tobytes()  # 0.5 s
+    # Two turns (a 0.67 s gap between them), ending in hiss and then digital silence.
+    audio = hiss + speech + bytes(2 * INPUT_RATE_HZ // 3) + speech + hiss + bytes(INPUT_RATE_HZ)
+    chunks = [audio[i : i + 960] for i in range(0, len(audio), 960)]  # 20 ms, as a client sends
+
+    def heard(vad: SileroVad) -> tuple[list[float], list[object]]:
+        probabilities: list[float] = []
+        update = vad._update
+
+        def recorded(track: object, probability: float) -> object:
+            probabilities.append(probability)
+            return update(track, probability)  # type: ignore[arg-type]
+
+        vad._update = recorded  # type: ignore[method-assign]
+        vad.open_stream("s", Request())
+        events = [e for c in chunks for e in vad.step([StreamWork("s", (c,), False)])["s"].visible]
+        vad.close_stream("s")
+        return probabilities, events
+
+    single = SileroVad("vad", input_sample_rate_hz=INPUT_RATE_HZ, pause_ms=120)
+    batched = SileroVad("vad", input_sample_rate_hz=INPUT_RATE_HZ, pause_ms=120)
+    assert single._single is not None  # the packaged silero-vad ships it
+    batched._single = None
+    (p_single, e_single), (p_batched, e_batched) = heard(single), heard(batched)
+    assert len(p_single) == len(audio) // 2 * 2 // 3 // 512
+    np.testing.assert_allclose(p_single, p_batched, rtol=0, atol=1e-5)
+    assert max(p_single) > 0.9  # speech was heard
+    assert min(p_single) < 0.1  # and silence
+    assert e_single == e_batched
+    assert [e.name for e in e_single if isinstance(e, Event)].count("speech_stopped") == 2
+
+
+@needs_voice
 def test_tts_speaks_the_first_phrase_before_the_text_ends() -> None:
     from stages.voice.payloads import TextPiece
     from stages.voice.tts import PiperTts
