@@ -56,6 +56,11 @@ from .trace import mark
 
 VAD_RATE_HZ = 16000
 WINDOW_SAMPLES = 512  # 32 ms at 16 kHz, what the model takes
+INPUT_RATE_HZ = 24000  # the default input_sample_rate_hz: the Realtime API's PCM16 rate
+MAX_RESAMPLER_LAG = 2  # 16 kHz samples soxr's quick stream may owe (measured: 1 at most)
+GATED_RATES_HZ = (16000, 24000, 32000, 48000)  # input rates where it owes 0 or 1 and is
+# never ahead of n * 16000 // rate (tests/stages/voice: it owes up to 4 from 8 kHz, and
+# is one ahead at times from 44.1 kHz: those rates get no gate)
 CONTEXT_SAMPLES = 64
 STATE_SHAPE = (2, 1, 128)
 MODEL_FILE = "silero_vad.onnx"  # batched: input [B, 576], state [2, B, 128], sr
@@ -90,8 +95,53 @@ class _Stream:
     recent: Floats = field(default_factory=lambda: np.zeros(0, np.float32))  # scored audio
 
 
+class WindowGate:
+    """Whether a live stream's next chunk can complete a window, known without the stage:
+    the server holds the chunks that cannot and hands them over with the first that can
+    (``input_gate``, omnitrio/server/_side_stage.py).
+
+    A step scores the 512-sample windows that the stream's audio, resampled to 16 kHz,
+    completes; one that completes none changes nothing but the resampler's state and
+    the audio pending, and reports nothing. The quick resampler has put out
+    ``n * 16000 // rate`` samples for the first ``n`` it took, or up to
+    ``MAX_RESAMPLER_LAG`` fewer; so a chunk after which even that many cannot reach the
+    end of the next window that may still be unscored completes no window, and is held.
+    The stage takes the held chunks joined to that one (the quick resampler puts out the
+    same samples for them joined as one by one): the same windows, probabilities and
+    events, from the same step as before. A 24 kHz stream
+    in 20 ms chunks completes a window in 5 of every 8 chunks; the other 3 make no
+    round of the side stage (its hand-overs between the trio thread and the stage's)."""
+
+    def __init__(self, input_sample_rate_hz: int) -> None:
+        if input_sample_rate_hz <= 0:
+            raise ValueError(f"input_sample_rate_hz must be positive, got {input_sample_rate_hz}")
+        self.input_sample_rate_hz = input_sample_rate_hz
+        self._num_samples = 0  # input samples appended, held ones included
+        self._next_window_end = WINDOW_SAMPLES  # 16 kHz; no window before it is unscored
+
+    def take(self, num_samples: int) -> bool:
+        """Count ``num_samples`` more input samples; True when the chunks held so far
+        (this one included) must go to the stage now: they may complete a window."""
+        self._num_samples += num_samples
+        most = self._num_samples * VAD_RATE_HZ // self.input_sample_rate_hz
+        if most < self._next_window_end:
+            return False
+        least = max(0, most - MAX_RESAMPLER_LAG)  # the stage has scored least // 512 at least
+        self._next_window_end = (least // WINDOW_SAMPLES + 1) * WINDOW_SAMPLES
+        return True
+
+
 class SileroVad:
     """Turn detection on live audio; see the module docstring."""
+
+    @classmethod
+    def input_gate(cls, params: Mapping[str, object]) -> WindowGate | None:
+        """A new stream's ``WindowGate``, for the server (the stage's params: the config's);
+        None at an input rate not in ``GATED_RATES_HZ`` (every chunk goes to the stage)."""
+        rate = params.get("input_sample_rate_hz", INPUT_RATE_HZ)
+        if isinstance(rate, bool) or not isinstance(rate, int):
+            raise ValueError(f"input_sample_rate_hz must be an integer, got {rate!r}")
+        return WindowGate(rate) if rate in GATED_RATES_HZ else None
 
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 0
@@ -110,7 +160,7 @@ class SileroVad:
         name: str,
         device: str = "cpu",
         *,
-        input_sample_rate_hz: int = 24000,
+        input_sample_rate_hz: int = INPUT_RATE_HZ,
         threshold: float = 0.5,
         min_speech_ms: int = 96,
         silence_duration_ms: int = 500,
