@@ -92,7 +92,27 @@ class _Stream:
     pause_windows: int | None = None  # silent windows that make a pause; None: no pauses
     last_speech_end_ms: int = 0
     max_silence_windows: int = 0  # Smart Turn's latest end; 0: no Smart Turn
-    recent: Floats = field(default_factory=lambda: np.zeros(0, np.float32))  # scored audio
+    # The scored audio Smart Turn hears (its last KEEP_SAMPLES): windows are written on
+    # at ``heard_end``, and the last KEEP_SAMPLES moved to the front when the buffer is
+    # full (once per KEEP_SAMPLES of audio, not a copy of 8 s per 32 ms window).
+    heard_buffer: Floats = field(default_factory=lambda: np.zeros(0, np.float32))
+    heard_end: int = 0
+
+    def hear(self, window: Floats) -> None:
+        """Keep ``window`` (scored audio) for Smart Turn."""
+        if self.heard_buffer.size < self.heard_end + window.size:
+            kept = self.recent
+            if self.heard_buffer.size < 2 * KEEP_SAMPLES:
+                self.heard_buffer = np.zeros(2 * KEEP_SAMPLES + WINDOW_SAMPLES, np.float32)
+            self.heard_buffer[: kept.size] = kept
+            self.heard_end = kept.size
+        self.heard_buffer[self.heard_end : self.heard_end + window.size] = window
+        self.heard_end += window.size
+
+    @property
+    def recent(self) -> Floats:
+        """The last KEEP_SAMPLES of scored audio (fewer before that much was scored)."""
+        return self.heard_buffer[max(0, self.heard_end - KEEP_SAMPLES) : self.heard_end]
 
 
 class WindowGate:
@@ -309,8 +329,7 @@ class SileroVad:
             track.state = new_state[:, index : index + 1, :]
             track.context = audio[index, -CONTEXT_SAMPLES:]
             if track.max_silence_windows:
-                window = audio[index, CONTEXT_SAMPLES:]
-                track.recent = np.concatenate([track.recent[-KEEP_SAMPLES + window.size :], window])
+                track.hear(audio[index, CONTEXT_SAMPLES:])
             track.pending = track.pending[WINDOW_SAMPLES:]
             track.num_windows += 1
         self.num_windows_scored += len(tracks)

@@ -329,6 +329,24 @@ def test_the_vad_behind_its_window_gate_reports_the_same_events_at_the_same_chun
 
 
 @needs_voice
+def test_the_vad_keeps_the_last_8_s_of_scored_audio_for_smart_turn() -> None:
+    from omnitrio import StreamResampler
+    from stages.voice.vad import KEEP_SAMPLES, WINDOW_SAMPLES, _Stream
+
+    track = _Stream(0.5, 15, 300, StreamResampler(24000, 16000))
+    rng = np.random.default_rng(0)
+    everything = np.zeros(0, np.float32)
+    assert track.recent.size == 0
+    for index in range(3 * KEEP_SAMPLES // WINDOW_SAMPLES + 7):  # past two moves to the front
+        window = rng.standard_normal(WINDOW_SAMPLES).astype(np.float32)
+        track.hear(window)
+        everything = np.concatenate([everything, window])
+        if index % 37 == 0 or index > 3 * KEEP_SAMPLES // WINDOW_SAMPLES:
+            np.testing.assert_array_equal(track.recent, everything[-KEEP_SAMPLES:])
+    assert track.recent.size == KEEP_SAMPLES
+
+
+@needs_voice
 def test_tts_speaks_the_first_phrase_before_the_text_ends() -> None:
     from stages.voice.payloads import TextPiece
     from stages.voice.tts import PiperTts
