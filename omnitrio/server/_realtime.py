@@ -244,6 +244,11 @@ class RealtimeConnection:
 
     async def _queue(self, event: ServerEvent) -> None:
         """Queue a server event; a client that lets the queue stay full is too slow."""
+        try:  # the queue has room (the client reads): no timeout scope, no checkpoints
+            self._send.send_nowait(event)
+            return
+        except trio.WouldBlock:
+            pass
         with trio.move_on_after(self._state.settings.send_timeout_s) as waited:
             await self._send.send(event)
         if waited.cancelled_caught:

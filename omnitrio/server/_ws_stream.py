@@ -73,6 +73,16 @@ class LimitedWSStream(WSStream):
         """hypercorn's hand-over to the app, given up once the app has returned."""
         if self._app_returned:
             return
+        # hypercorn's put is its app channel's ``send``: where the channel has room (the
+        # app keeps up: every 20 ms audio append of a live session), hand the message
+        # over without a cancel scope and the two checkpoints of ``send``.
+        channel = getattr(put, "__self__", None)
+        if isinstance(channel, trio.MemorySendChannel):
+            try:
+                channel.send_nowait(message)
+                return
+            except trio.WouldBlock:
+                pass  # full: wait below, as hypercorn would, until the app takes it
         with trio.CancelScope() as scope:
             self._puts.add(scope)
             try:

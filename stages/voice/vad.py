@@ -56,8 +56,15 @@ from .trace import mark
 
 VAD_RATE_HZ = 16000
 WINDOW_SAMPLES = 512  # 32 ms at 16 kHz, what the model takes
+INPUT_RATE_HZ = 24000  # the default input_sample_rate_hz: the Realtime API's PCM16 rate
+MAX_RESAMPLER_LAG = 2  # 16 kHz samples soxr's quick stream may owe (measured: 1 at most)
+GATED_RATES_HZ = (16000, 24000, 32000, 48000)  # input rates where it owes 0 or 1 and is
+# never ahead of n * 16000 // rate (tests/stages/voice: it owes up to 4 from 8 kHz, and
+# is one ahead at times from 44.1 kHz: those rates get no gate)
 CONTEXT_SAMPLES = 64
 STATE_SHAPE = (2, 1, 128)
+MODEL_FILE = "silero_vad.onnx"  # batched: input [B, 576], state [2, B, 128], sr
+SINGLE_MODEL_FILE = "silero_vad_openvino_16k.onnx"  # input [1, 576], state [2, 1, 128]
 MAX_EVENTS_PER_STEP = 8  # speech events one step may send a session
 KEEP_SAMPLES = 8 * VAD_RATE_HZ  # what Smart Turn hears
 SMART_TURN_MODES = ("off", "semantic", "all")
@@ -85,11 +92,76 @@ class _Stream:
     pause_windows: int | None = None  # silent windows that make a pause; None: no pauses
     last_speech_end_ms: int = 0
     max_silence_windows: int = 0  # Smart Turn's latest end; 0: no Smart Turn
-    recent: Floats = field(default_factory=lambda: np.zeros(0, np.float32))  # scored audio
+    # The scored audio Smart Turn hears (its last KEEP_SAMPLES): windows are written on
+    # at ``heard_end``, and the last KEEP_SAMPLES moved to the front when the buffer is
+    # full (once per KEEP_SAMPLES of audio, not a copy of 8 s per 32 ms window).
+    heard_buffer: Floats = field(default_factory=lambda: np.zeros(0, np.float32))
+    heard_end: int = 0
+
+    def hear(self, window: Floats) -> None:
+        """Keep ``window`` (scored audio) for Smart Turn."""
+        if self.heard_buffer.size < self.heard_end + window.size:
+            kept = self.recent
+            if self.heard_buffer.size < 2 * KEEP_SAMPLES:
+                self.heard_buffer = np.zeros(2 * KEEP_SAMPLES + WINDOW_SAMPLES, np.float32)
+            self.heard_buffer[: kept.size] = kept
+            self.heard_end = kept.size
+        self.heard_buffer[self.heard_end : self.heard_end + window.size] = window
+        self.heard_end += window.size
+
+    @property
+    def recent(self) -> Floats:
+        """The last KEEP_SAMPLES of scored audio (fewer before that much was scored)."""
+        return self.heard_buffer[max(0, self.heard_end - KEEP_SAMPLES) : self.heard_end]
+
+
+class WindowGate:
+    """Whether a live stream's next chunk can complete a window, known without the stage:
+    the server holds the chunks that cannot and hands them over with the first that can
+    (``input_gate``, omnitrio/server/_side_stage.py).
+
+    A step scores the 512-sample windows that the stream's audio, resampled to 16 kHz,
+    completes; one that completes none changes nothing but the resampler's state and
+    the audio pending, and reports nothing. The quick resampler has put out
+    ``n * 16000 // rate`` samples for the first ``n`` it took, or up to
+    ``MAX_RESAMPLER_LAG`` fewer; so a chunk after which even that many cannot reach the
+    end of the next window that may still be unscored completes no window, and is held.
+    The stage takes the held chunks joined to that one (the quick resampler puts out the
+    same samples for them joined as one by one): the same windows, probabilities and
+    events, from the same step as before. A 24 kHz stream
+    in 20 ms chunks completes a window in 5 of every 8 chunks; the other 3 make no
+    round of the side stage (its hand-overs between the trio thread and the stage's)."""
+
+    def __init__(self, input_sample_rate_hz: int) -> None:
+        if input_sample_rate_hz <= 0:
+            raise ValueError(f"input_sample_rate_hz must be positive, got {input_sample_rate_hz}")
+        self.input_sample_rate_hz = input_sample_rate_hz
+        self._num_samples = 0  # input samples appended, held ones included
+        self._next_window_end = WINDOW_SAMPLES  # 16 kHz; no window before it is unscored
+
+    def take(self, num_samples: int) -> bool:
+        """Count ``num_samples`` more input samples; True when the chunks held so far
+        (this one included) must go to the stage now: they may complete a window."""
+        self._num_samples += num_samples
+        most = self._num_samples * VAD_RATE_HZ // self.input_sample_rate_hz
+        if most < self._next_window_end:
+            return False
+        least = max(0, most - MAX_RESAMPLER_LAG)  # the stage has scored least // 512 at least
+        self._next_window_end = (least // WINDOW_SAMPLES + 1) * WINDOW_SAMPLES
+        return True
 
 
 class SileroVad:
     """Turn detection on live audio; see the module docstring."""
+
+    @classmethod
+    def input_gate(cls, params: Mapping[str, object]) -> WindowGate | None:
+        """A new stream's ``WindowGate``, for the server (the stage's params: the config's);
+        None at an input rate not in ``GATED_RATES_HZ`` (every chunk goes to the stage)."""
+        rate = params.get("input_sample_rate_hz", INPUT_RATE_HZ)
+        if isinstance(rate, bool) or not isinstance(rate, int):
+            raise ValueError(f"input_sample_rate_hz must be an integer, got {rate!r}")
+        return WindowGate(rate) if rate in GATED_RATES_HZ else None
 
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 0
@@ -108,7 +180,7 @@ class SileroVad:
         name: str,
         device: str = "cpu",
         *,
-        input_sample_rate_hz: int = 24000,
+        input_sample_rate_hz: int = INPUT_RATE_HZ,
         threshold: float = 0.5,
         min_speech_ms: int = 96,
         silence_duration_ms: int = 500,
@@ -139,10 +211,22 @@ class SileroVad:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = num_threads
         options.inter_op_num_threads = 1
-        model = package_dir("silero_vad", INSTALL_HINT) / "data" / "silero_vad.onnx"
+        data = package_dir("silero_vad", INSTALL_HINT) / "data"
         self._session = onnxruntime.InferenceSession(
-            str(model), sess_options=options, providers=["CPUExecutionProvider"]
+            str(data / MODEL_FILE), sess_options=options, providers=["CPUExecutionProvider"]
         )
+        # The same network for one window of one stream (fixed shapes, 16 kHz only):
+        # ~0.8x of the batched model's call, the same probabilities (see the tests); one
+        # conversation's windows all take it. Absent in another package version: unused.
+        single = data / SINGLE_MODEL_FILE
+        self._single = (
+            onnxruntime.InferenceSession(
+                str(single), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+            if single.is_file()
+            else None
+        )
+        self._rate = np.array(VAD_RATE_HZ, dtype=np.int64)
         self.streams: dict[str, _Stream] = {}
         self.num_windows_scored = 0
         self.num_model_calls = 0
@@ -201,20 +285,25 @@ class SileroVad:
 
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
         events: dict[str, list[VisibleItem]] = {work.stream_id: [] for work in batch}
+        tracks: list[tuple[str, _Stream]] = []
         for work in batch:
             track = self.streams[work.stream_id]
+            tracks.append((work.stream_id, track))
             for chunk in work.inputs:
                 if not isinstance(chunk, bytes):
                     raise TypeError(f"vad takes PCM16 bytes, not {type(chunk).__name__}")
                 audio = track.resampler.push(pcm16_to_float(chunk))
-                track.pending = np.concatenate([track.pending, audio])
+                if audio.size:
+                    track.pending = (
+                        np.concatenate([track.pending, audio]) if track.pending.size else audio
+                    )
         while True:
-            ready = [w.stream_id for w in batch if self.streams[w.stream_id].pending.size >= 512]
+            ready = [(sid, t) for sid, t in tracks if t.pending.size >= WINDOW_SAMPLES]
             if not ready:
                 break
-            probabilities = self._score([self.streams[sid] for sid in ready])
-            for sid, probability in zip(ready, probabilities, strict=True):
-                event = self._update(self.streams[sid], float(probability))
+            probabilities = self._score([t for _, t in ready])
+            for (sid, track), probability in zip(ready, probabilities, strict=True):
+                event = self._update(track, float(probability))
                 if event is not None:
                     events[sid].append(event)
                     mark(event.name, sid)
@@ -225,17 +314,22 @@ class SileroVad:
 
     def _score(self, tracks: list[_Stream]) -> Floats:
         """One ONNX call for one window of every track: the speech probability of each."""
-        windows = [np.concatenate([t.context, t.pending[:WINDOW_SAMPLES]]) for t in tracks]
-        audio = np.stack(windows)  # audio: [B, 64 + 512]
-        state = np.concatenate([t.state for t in tracks], axis=1)  # state: [2, B, 128]
-        rate = np.array(VAD_RATE_HZ, dtype=np.int64)
-        out, new_state = self._session.run(None, {"input": audio, "state": state, "sr": rate})
+        audio = np.empty((len(tracks), CONTEXT_SAMPLES + WINDOW_SAMPLES), np.float32)
+        for index, track in enumerate(tracks):  # audio: [B, 64 + 512]
+            audio[index, :CONTEXT_SAMPLES] = track.context
+            audio[index, CONTEXT_SAMPLES:] = track.pending[:WINDOW_SAMPLES]
+        if len(tracks) == 1 and self._single is not None:
+            feeds = {"input": audio, "state": tracks[0].state}
+            out, new_state = self._single.run(None, feeds)
+        else:
+            state = np.concatenate([t.state for t in tracks], axis=1)  # state: [2, B, 128]
+            feeds = {"input": audio, "state": state, "sr": self._rate}
+            out, new_state = self._session.run(None, feeds)
         for index, track in enumerate(tracks):
             track.state = new_state[:, index : index + 1, :]
             track.context = audio[index, -CONTEXT_SAMPLES:]
             if track.max_silence_windows:
-                window = audio[index, CONTEXT_SAMPLES:]
-                track.recent = np.concatenate([track.recent[-KEEP_SAMPLES + window.size :], window])
+                track.hear(audio[index, CONTEXT_SAMPLES:])
             track.pending = track.pending[WINDOW_SAMPLES:]
             track.num_windows += 1
         self.num_windows_scored += len(tracks)

@@ -216,6 +216,137 @@ def test_vad_finds_the_turn_and_batches_streams(tmp_path: Path) -> None:
 
 
 @needs_voice
+def test_vad_scores_one_stream_on_the_single_window_model_as_on_the_batched_one(
+    tmp_path: Path,
+) -> None:
+    from stages.voice.vad import SileroVad
+
+    speech = spoken("Why is the sky blue, and why are sunsets red?", tmp_path / "q.wav")
+    rng = np.random.default_rng(0)
+    hiss = (rng.standard_normal(INPUT_RATE_HZ) * 60).astype("<i2").tobytes()  # 1 s, quiet
+    # The question twice with a 0.33 s gap, then hiss and digital silence.
+    audio = hiss + speech + bytes(2 * INPUT_RATE_HZ // 3) + speech + hiss + bytes(INPUT_RATE_HZ)
+    chunks = [audio[i : i + 960] for i in range(0, len(audio), 960)]  # 20 ms, as a client sends
+
+    def heard(vad: SileroVad) -> tuple[list[float], list[object]]:
+        probabilities: list[float] = []
+        update = vad._update
+
+        def recorded(track: object, probability: float) -> object:
+            probabilities.append(probability)
+            return update(track, probability)  # type: ignore[arg-type]
+
+        vad._update = recorded  # type: ignore[method-assign,assignment]
+        vad.open_stream("s", Request())
+        events: list[object] = [
+            e for c in chunks for e in vad.step([StreamWork("s", (c,), False)])["s"].visible
+        ]
+        vad.close_stream("s")
+        return probabilities, events
+
+    single = SileroVad("vad", input_sample_rate_hz=INPUT_RATE_HZ, pause_ms=120)
+    batched = SileroVad("vad", input_sample_rate_hz=INPUT_RATE_HZ, pause_ms=120)
+    assert single._single is not None  # the packaged silero-vad ships it
+    batched._single = None
+    (p_single, e_single), (p_batched, e_batched) = heard(single), heard(batched)
+    assert len(p_single) == len(audio) // 2 * 2 // 3 // 512
+    np.testing.assert_allclose(p_single, p_batched, rtol=0, atol=1e-5)
+    assert max(p_single) > 0.9  # speech was heard
+    assert min(p_single) < 0.1  # and silence
+    assert e_single == e_batched
+    assert [e.name for e in e_single if isinstance(e, Event)].count("speech_stopped") >= 1
+
+
+@needs_voice
+@pytest.mark.parametrize("rate_hz", [16000, 24000, 32000, 48000])
+def test_the_window_gate_never_holds_a_chunk_that_completes_a_window(rate_hz: int) -> None:
+    from omnitrio import StreamResampler
+    from stages.voice.vad import GATED_RATES_HZ, SileroVad, WindowGate
+
+    assert rate_hz in GATED_RATES_HZ
+    rng = np.random.default_rng(rate_hz)
+    for sizes in ("20 ms", "any"):
+        gate = SileroVad.input_gate({"input_sample_rate_hz": rate_hz})
+        assert isinstance(gate, WindowGate)
+        resampler = StreamResampler(rate_hz, 16000, quality="QQ")  # the stage's
+        num_out, num_held = 0, 0
+        for _ in range(3000):
+            size = rate_hz // 50 if sizes == "20 ms" else int(rng.integers(1, rate_hz // 10))
+            windows_before = num_out // 512
+            num_out += resampler.push(rng.standard_normal(size).astype(np.float32)).size
+            if not gate.take(size):
+                num_held += 1
+                assert num_out // 512 == windows_before  # held: it completed no window
+        if sizes == "20 ms":
+            assert abs(num_held - 3000 // 4) <= 1  # a quarter of a 20 ms stream's steps saved
+
+
+@needs_voice
+def test_the_window_gate_is_off_where_the_resampler_may_run_ahead_or_lag() -> None:
+    from stages.voice.vad import SileroVad
+
+    assert SileroVad.input_gate({"input_sample_rate_hz": 44100}) is None  # one ahead at times
+    assert SileroVad.input_gate({"input_sample_rate_hz": 8000}) is None  # up to 4 behind
+    assert SileroVad.input_gate({}) is not None  # 24 kHz, the default
+    with pytest.raises(ValueError, match="input_sample_rate_hz"):
+        SileroVad.input_gate({"input_sample_rate_hz": "24000"})
+
+
+@needs_voice
+def test_the_vad_behind_its_window_gate_reports_the_same_events_at_the_same_chunks(
+    tmp_path: Path,
+) -> None:
+    from stages.voice.vad import SileroVad
+
+    speech = spoken("Why is the sky blue, and why are sunsets red?", tmp_path / "q.wav")
+    audio = bytes(INPUT_RATE_HZ) + speech + bytes(2 * INPUT_RATE_HZ) + speech  # 1 s apart
+    audio += bytes(2 * INPUT_RATE_HZ)
+    chunks = [audio[i : i + 960] for i in range(0, len(audio), 960)]  # 20 ms
+    vad = SileroVad("vad", input_sample_rate_hz=INPUT_RATE_HZ, pause_ms=120)
+    gate = SileroVad.input_gate({"input_sample_rate_hz": INPUT_RATE_HZ})
+    assert gate is not None
+    vad.open_stream("all", Request())
+    vad.open_stream("gated", Request())
+    heard: dict[str, list[tuple[int, str, object]]] = {"all": [], "gated": []}
+    held: list[bytes] = []
+    num_steps = 0
+    for index, chunk in enumerate(chunks):
+        for event in vad.step([StreamWork("all", (chunk,), False)])["all"].visible:
+            assert isinstance(event, Event)
+            heard["all"].append((index, event.name, dict(event.data)))
+        held.append(chunk)
+        if gate.take(len(chunk) // 2):  # what the server does: the held chunks, joined
+            joined, held = b"".join(held), []
+            num_steps += 1
+            for event in vad.step([StreamWork("gated", (joined,), False)])["gated"].visible:
+                assert isinstance(event, Event)
+                heard["gated"].append((index, event.name, dict(event.data)))
+    assert heard["gated"] == heard["all"]
+    names = [name for _, name, _ in heard["all"]]
+    assert names.count("speech_started") == names.count("speech_stopped") == 2
+    assert "speech_paused" in names
+    assert num_steps <= len(chunks) * 3 // 4 + 1
+
+
+@needs_voice
+def test_the_vad_keeps_the_last_8_s_of_scored_audio_for_smart_turn() -> None:
+    from omnitrio import StreamResampler
+    from stages.voice.vad import KEEP_SAMPLES, WINDOW_SAMPLES, _Stream
+
+    track = _Stream(0.5, 15, 300, StreamResampler(24000, 16000))
+    rng = np.random.default_rng(0)
+    everything = np.zeros(0, np.float32)
+    assert track.recent.size == 0
+    for index in range(3 * KEEP_SAMPLES // WINDOW_SAMPLES + 7):  # past two moves to the front
+        window = rng.standard_normal(WINDOW_SAMPLES).astype(np.float32)
+        track.hear(window)
+        everything = np.concatenate([everything, window])
+        if index % 37 == 0 or index > 3 * KEEP_SAMPLES // WINDOW_SAMPLES:
+            np.testing.assert_array_equal(track.recent, everything[-KEEP_SAMPLES:])
+    assert track.recent.size == KEEP_SAMPLES
+
+
+@needs_voice
 def test_tts_speaks_the_first_phrase_before_the_text_ends() -> None:
     from stages.voice.payloads import TextPiece
     from stages.voice.tts import PiperTts
