@@ -241,6 +241,47 @@ def test_the_steps_are_made_once_and_again_for_a_newer_decoder(converted: Path) 
     assert not [p for p in converted.iterdir() if p.name.startswith(".steps-")]
 
 
+def test_signed_weights_compute_the_unsigned_ones_results_bit_for_bit(
+    converted: Path, tmp_path: Path
+) -> None:
+    from stages.voice.moonshine import Moonshine, model_files
+    from stages.voice.onnx_u8 import cpu_has_vnni
+
+    cache = str(converted.parent)
+    unsigned = model_files(None, cache, encoder_weights="uint8", split_decoder=True)
+    signed = model_files(
+        None, cache, encoder_weights="uint8", split_decoder=True, signed_weights=True
+    )
+    assert signed.encoder == converted / "encoder_model.u8.s8.onnx"
+    assert signed.steps == (
+        converted / "decoder_model_merged.u8.first.s8.onnx",
+        converted / "decoder_model_merged.u8.next.s8.onnx",
+    )
+    stamps = [signed.encoder.stat().st_mtime_ns, *(p.stat().st_mtime_ns for p in signed.steps)]
+    again = model_files(
+        None, cache, encoder_weights="uint8", split_decoder=True, signed_weights=True
+    )
+    assert again == signed  # made once
+    assert again.steps is not None
+    assert [again.encoder.stat().st_mtime_ns, *(p.stat().st_mtime_ns for p in again.steps)] == (
+        stamps
+    )
+    merged = model_files(None, cache, encoder_weights="uint8", signed_weights=True)
+    assert merged.decoder == converted / "decoder_model_merged.u8.s8.onnx"
+    if not cpu_has_vnni():
+        pytest.skip("no VNNI: onnxruntime's u8 x s8 kernel may saturate on this CPU")
+    ours = Moonshine(signed, num_threads=2, decoder_num_threads=1)
+    theirs = Moonshine(unsigned, num_threads=2, decoder_num_threads=1)
+    for n, question in enumerate(QUESTIONS):
+        samples = _samples(question, tmp_path / str(n))
+        hidden = theirs.encode(samples)
+        np.testing.assert_array_equal(ours.encode(samples), hidden)
+        expected, got = _split_logits(theirs, hidden), _split_logits(ours, hidden)
+        assert len(got) == len(expected), question
+        for step, (a, b) in enumerate(zip(expected, got, strict=True)):
+            assert np.array_equal(a, b), (question, step)
+
+
 def test_the_conversion_runs_once_and_a_cut_file_is_refused(
     converted: Path, tmp_path: Path
 ) -> None:
@@ -263,6 +304,7 @@ def test_the_conversion_runs_once_and_a_cut_file_is_refused(
 
 def test_the_asr_stage_hears_the_suites_questions(converted: Path, tmp_path: Path) -> None:
     from stages.voice.asr import MoonshineAsr
+    from stages.voice.onnx_u8 import cpu_has_vnni
 
     # The voice chat's threads: the encoder's pool on 2 (and the decoder's first step,
     # on every frame), the decoder's later steps on 1; none spins. Its encoder and
@@ -270,11 +312,13 @@ def test_the_asr_stage_hears_the_suites_questions(converted: Path, tmp_path: Pat
     stage = MoonshineAsr(
         "asr", cache_dir=str(converted.parent), num_threads=2, decoder_num_threads=1
     )
+    # ... their weights signed where the CPU has VNNI (signed_weights: auto).
+    signed = ".s8" if cpu_has_vnni() else ""
     assert stage.model.files.decoder.name == "decoder_model_merged.u8.onnx"
-    assert stage.model.files.encoder.name == "encoder_model.u8.onnx"
+    assert stage.model.files.encoder.name == f"encoder_model.u8{signed}.onnx"
     assert stage.model.files.steps == (
-        converted / "decoder_model_merged.u8.first.onnx",
-        converted / "decoder_model_merged.u8.next.onnx",
+        converted / f"decoder_model_merged.u8.first{signed}.onnx",
+        converted / f"decoder_model_merged.u8.next{signed}.onnx",
     )
     assert stage.model.decoder is None
     assert stage.model.steps is not None
@@ -308,6 +352,8 @@ def test_a_model_dir_without_the_files_is_refused_naming_the_param(tmp_path: Pat
         MoonshineAsr("asr", decoder_weights="int4")
     with pytest.raises(ValueError, match=r"encoder_weights must be one of .*'int8'"):
         MoonshineAsr("asr", encoder_weights="int8")
+    with pytest.raises(ValueError, match=r"signed_weights must be auto or off, not 'on'"):
+        MoonshineAsr("asr", signed_weights="on")
 
 
 def test_8_bit_weights_for_a_model_dir_are_refused_naming_both_params() -> None:
