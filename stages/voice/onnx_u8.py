@@ -133,3 +133,60 @@ def _all_graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
             if attribute.type == onnx.AttributeProto.GRAPH:
                 graphs += _all_graphs(attribute.g)
     return graphs
+
+
+# Signed weights for CPUs with VNNI -------------------------------------------------
+#
+# onnxruntime's x86 kernels multiply uint8 rows by int8 weights with the VNNI
+# instruction (vpdpbusd: four u8 x s8 products summed into int32, no saturation)
+# where the CPU has it (AVX512-VNNI or AVX-VNNI); its kernels for uint8 weights do
+# not use it. A uint8 weight w with zero point z is the int8 weight w - 128 with zero
+# point z - 128: every (w - z) is the same integer, so the integer products, and the
+# float results scaled from them, are the same bit for bit. Without VNNI the u8 x s8
+# kernel sums pairs into int16 and can saturate, hence the unsigned default.
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
+
+
+def cpu_has_vnni(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU has VNNI (``/proc/cpuinfo``'s flags; False where it cannot be
+    read)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as info:
+                cpuinfo = info.read()
+        except OSError:
+            return False
+    flags = {
+        flag
+        for line in cpuinfo.splitlines()
+        if line.startswith("flags")
+        for flag in line.partition(":")[2].split()
+    }
+    return any(flag in flags for flag in VNNI_FLAGS)
+
+
+def with_s8_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``model`` (changed in place) with each ``DynamicQuantizeMatMul``'s uint8 weight
+    and zero point stored as int8 (both minus 128: the same products), and how many
+    products read them."""
+    graphs = _all_graphs(model.graph)
+    initializers = {init.name: init for graph in graphs for init in graph.initializer}
+    shifted: set[str] = set()
+    count = 0
+    for graph in graphs:
+        for node in graph.node:
+            if node.op_type != "DynamicQuantizeMatMul" or node.domain != MS_DOMAIN:
+                continue
+            if len(node.input) < 4 or not node.input[3]:
+                raise ValueError(f"{node.name}: no zero point (int8 weights need one)")
+            count += 1
+            for name in (node.input[1], node.input[3]):
+                if name in shifted:
+                    continue
+                init = initializers[name]
+                if init.data_type != onnx.TensorProto.UINT8:
+                    raise ValueError(f"{node.name}: {name} is not uint8")
+                values = numpy_helper.to_array(init).astype(np.int16) - 128
+                init.CopyFrom(numpy_helper.from_array(values.astype(np.int8), name))
+                shifted.add(name)
+    return model, count

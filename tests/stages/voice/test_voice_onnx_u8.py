@@ -10,7 +10,12 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from stages.voice.onnx_u8 import quantize_columns, with_u8_matmuls
+from stages.voice.onnx_u8 import (
+    cpu_has_vnni,
+    quantize_columns,
+    with_s8_weights,
+    with_u8_matmuls,
+)
 
 
 def _model(rng: np.random.Generator) -> onnx.ModelProto:
@@ -90,3 +95,41 @@ def test_columns_quantize_with_zero_exact_and_each_its_own_scale(shift: float) -
     restored = (quantized.astype(np.float32) - zero.astype(np.float32)) * scale
     assert np.all(restored[0, :] == 0.0)  # 0 stays 0
     assert np.all(np.abs(restored - weight) <= 0.5 * scale + 1e-6)  # half a step per column
+
+
+def _initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    graphs = [model.graph] + [
+        a.g for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH
+    ]
+    return {i.name: numpy_helper.to_array(i) for g in graphs for i in g.initializer}
+
+
+def test_signed_weights_keep_every_weight_minus_its_zero_point() -> None:
+    rng = np.random.default_rng(2)
+    quantized, _ = with_u8_matmuls(_model(rng))
+    before = _initializers(quantized)
+    signed, num = with_s8_weights(onnx.load_from_string(quantized.SerializeToString()))
+    assert num == 3  # the three products; W's shared copy shifted once
+    onnx.checker.check_model(signed)
+    after = _initializers(signed)
+    for name in ("W", "V"):
+        weight, zero = after[f"{name}_u8"], after[f"{name}_u8_zero"]
+        assert weight.dtype == zero.dtype == np.int8
+        np.testing.assert_array_equal(  # (w - z) the same integers: the same products
+            weight.astype(np.int32) - zero.astype(np.int32),
+            before[f"{name}_u8"].astype(np.int32) - before[f"{name}_u8_zero"].astype(np.int32),
+        )
+        np.testing.assert_array_equal(after[f"{name}_u8_scale"], before[f"{name}_u8_scale"])
+    if not cpu_has_vnni():
+        pytest.skip("no VNNI: onnxruntime's u8 x s8 kernel may saturate on this CPU")
+    x = rng.standard_normal((1, 16)).astype(np.float32)
+    for flag in (True, False):  # bit for bit what the unsigned weights give
+        np.testing.assert_array_equal(_run(signed, x, flag), _run(quantized, x, flag))
+
+
+def test_vnni_is_read_from_the_cpus_flags() -> None:
+    line = "flags\t\t: fpu sse2 avx2 avx512f {}\n"
+    assert cpu_has_vnni("processor\t: 0\n" + line.format("avx512_vnni avx512bw"))
+    assert cpu_has_vnni(line.format("avx_vnni"))
+    assert not cpu_has_vnni(line.format("avx512bw"))
+    assert not cpu_has_vnni("")
