@@ -38,6 +38,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime
@@ -46,6 +47,9 @@ from tqdm import tqdm
 from .files import INSTALL_HINT, existing_path, package_dir
 from .llm_weights import default_cache_dir
 from .pcm import Floats
+
+if TYPE_CHECKING:
+    import onnx
 
 RATE_HZ = 16000
 START_ID = 1
@@ -101,7 +105,6 @@ def ensure_u8(folder: Path, part: str) -> Path:
     target = folder / f"{part}.u8.onnx"
     if target.is_file():
         return target
-    import onnx
 
     from .onnx_u8 import folded, with_u8_matmuls
 
@@ -111,14 +114,7 @@ def ensure_u8(folder: Path, part: str) -> Path:
         bar.update()
         bar.set_postfix_str("quantize")
         model, _ = with_u8_matmuls(model)
-        handle, scratch = tempfile.mkstemp(prefix=".u8-", suffix=".onnx", dir=folder)
-        os.close(handle)
-        try:
-            onnx.save(model, scratch)
-            os.replace(scratch, target)
-        finally:
-            if os.path.exists(scratch):
-                os.unlink(scratch)
+        save_atomically(model, target)
         bar.update()
     return target
 
@@ -137,16 +133,24 @@ def ensure_s8(source: Path) -> Path:
 
     with tqdm(total=1, desc=f"Moonshine {source.name}: signed 8-bit weights (once)") as bar:
         model, _ = with_s8_weights(onnx.load(str(source)))
-        handle, scratch = tempfile.mkstemp(prefix=".s8-", suffix=".onnx", dir=source.parent)
-        os.close(handle)
-        try:
-            onnx.save(model, scratch)
-            os.replace(scratch, target)
-        finally:
-            if os.path.exists(scratch):
-                os.unlink(scratch)
+        save_atomically(model, target)
         bar.update()
     return target
+
+
+def save_atomically(model: onnx.ModelProto, target: Path) -> None:
+    """Write ``model`` to ``target`` whole or not at all (a scratch file beside it,
+    renamed into place): a start that is stopped midway leaves no half-written model."""
+    import onnx
+
+    handle, scratch = tempfile.mkstemp(prefix=".made-", suffix=".onnx", dir=target.parent)
+    os.close(handle)
+    try:
+        onnx.save(model, scratch)
+        os.replace(scratch, target)
+    finally:
+        if os.path.exists(scratch):
+            os.unlink(scratch)
 
 
 def read_tokenizer(path: Path) -> list[bytes]:
@@ -189,14 +193,7 @@ def ensure_steps(decoder: Path) -> tuple[Path, Path]:
         models = split_decoder(onnx.load(str(decoder)))
         bar.update()
         for model, target in zip(models, targets, strict=True):
-            handle, scratch = tempfile.mkstemp(prefix=".steps-", suffix=".onnx", dir=decoder.parent)
-            os.close(handle)
-            try:
-                onnx.save(model, scratch)
-                os.replace(scratch, target)
-            finally:
-                if os.path.exists(scratch):
-                    os.unlink(scratch)
+            save_atomically(model, target)
         bar.update()
     return targets
 
