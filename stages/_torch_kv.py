@@ -19,14 +19,18 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from stages._torch_slots import SlotKV
+
 Forward = Callable[..., Any]
 
 
-def cache_length(cache: DynamicCache) -> int:
+def cache_length(cache: DynamicCache | SlotKV) -> int:
     return int(cache.get_seq_length())
 
 
-def cache_nbytes(cache: DynamicCache) -> int:
+def cache_nbytes(cache: DynamicCache | SlotKV) -> int:
+    if isinstance(cache, SlotKV):
+        return cache.nbytes()
     total = 0
     for layer in cache.layers:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)

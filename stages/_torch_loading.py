@@ -45,3 +45,22 @@ def load_pretrained(model_class: Any, folder: str | Path, *, stage: str, **kwarg
             f"{model_class.__name__}: " + "; ".join(problems)
         )
     return model.eval()
+
+
+def load_embedding(folder: str | Path, key: str, device: Any) -> Any:
+    """One weight (an embedding matrix) of a folder's safetensors, without the model."""
+    import json
+
+    from safetensors import safe_open
+
+    path = Path(folder)
+    index = path / "model.safetensors.index.json"
+    name = "model.safetensors"
+    if index.is_file():
+        name = json.loads(index.read_text())["weight_map"].get(key, name)
+    if not (path / name).is_file():
+        raise WeightsError(f"{str(path)!r} has no {name} (looking for {key})")
+    with safe_open(str(path / name), framework="pt", device="cpu") as weights:
+        if key not in weights.keys():  # noqa: SIM118 - safe_open has no __contains__
+            raise WeightsError(f"{str(path / name)!r} has no weight {key!r}")
+        return weights.get_tensor(key).to(device)

@@ -2,7 +2,8 @@
 and failing one stream of a batch.
 
 A subclass keeps its per-stream state in ``self.streams`` (objects with a ``kv``
-attribute: its ``DynamicCache`` or ``None``) and its step timing in ``self.clock``;
+attribute: its ``SlotKV`` in ``self.kv_slots``, the stage's batched KV cache, or
+``None``) and its step timing in ``self.clock``;
 what a step's packaging made waits in ``self.outboxes`` until the step limits allow.
 
 A batched step does one forward for every stream, then each stream's own work
@@ -28,6 +29,7 @@ from stages._packaging import Outbox, Packager
 from stages._torch_device import stage_device
 from stages._torch_kv import cache_nbytes
 from stages._torch_sampling import OptionError, SamplingError
+from stages._torch_slots import KVSlots, SlotKV
 from stages._torch_timing import StepClock
 
 T = TypeVar("T")
@@ -50,6 +52,7 @@ class AutoregressiveStage:
         self.clock = StepClock()
         self.packager = Packager(f"omnitrio-{name}", max_queued_jobs=packaging_queue)
         self.failures: dict[str, Exception] = {}  # streams failed in this step
+        self.kv_slots = KVSlots()
 
     def per_stream(self, stream_id: str, work: Callable[[], T]) -> T | None:
         """``work()``, one stream's part of a step. If it raises one of
@@ -69,7 +72,10 @@ class AutoregressiveStage:
 
     def close_stream(self, stream_id: str) -> None:
         self.failures.pop(stream_id, None)
-        self.streams.pop(stream_id, None)  # its KV cache goes with it
+        stream = self.streams.pop(stream_id, None)
+        kv = getattr(stream, "kv", None)
+        if isinstance(kv, SlotKV):
+            kv.release()  # its slot goes back to the stage's KV cache
         self.outboxes.pop(stream_id, None)
         self.packager.drop(stream_id)
 

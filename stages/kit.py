@@ -17,13 +17,18 @@ What this module gives it:
 - ``Packager``, ``Piece``, ``Outbox``, ``step_output``, ``PackagingError``,
   ``Detokenizer``: packaging off the critical path (detokenizing, slicing hidden
   states) on one thread per stage, collected by the stream's next step.
+- ``KVSlots``, ``SlotKV``: a stage's KV cache kept batched, one slot per stream
+  written in place (``AutoregressiveStage.kv_slots``): a decode step gathers nothing.
 - ``batched_decode``, ``cache_length``, ``cache_nbytes``: one decode forward for
-  every stream of a step, each with its own ``DynamicCache``.
+  every stream of a step, each with its own ``DynamicCache`` (the voice LLM's path).
 - ``SamplingParams``, ``Sampler``, ``OptionError``, ``SamplingError``: per-stream
   sampling from request options (greedy by default), with transformers' own logits
   processors.
 - ``load_pretrained``, ``WeightsError``: loading a local checkpoint folder, refusing
-  missing or mismatched weights.
+  missing or mismatched weights; ``load_embedding``: one weight of it, without the model.
+- ``VllmEngine`` (``EngineOutput``, ``VllmUnavailable``, ``VllmEngineError``,
+  ``VllmRequestError``): vLLM's ``LLMEngine`` as a stage's engine, in a process and
+  environment of its own (``engine: vllm``; ``scripts/setup vllm``).
 - ``StepClock``: forward, sampling and packaging time per step.
 - ``stage_device``, ``DeviceError``: the stage's torch device, refused with the stage's
   name when it is unknown or absent (``cuda`` without a GPU); ``on``: a tensor on a
@@ -59,14 +64,22 @@ from stages._torch_kv import batched_decode as batched_decode
 from stages._torch_kv import cache_length as cache_length
 from stages._torch_kv import cache_nbytes as cache_nbytes
 from stages._torch_loading import WeightsError as WeightsError
+from stages._torch_loading import load_embedding as load_embedding
 from stages._torch_loading import load_pretrained as load_pretrained
 from stages._torch_sampling import OptionError as OptionError
 from stages._torch_sampling import Sampler as Sampler
 from stages._torch_sampling import SamplingError as SamplingError
 from stages._torch_sampling import SamplingParams as SamplingParams
+from stages._torch_slots import KVSlots as KVSlots
+from stages._torch_slots import SlotKV as SlotKV
 from stages._torch_stage import STREAM_ERRORS as STREAM_ERRORS
 from stages._torch_stage import AutoregressiveStage as AutoregressiveStage
 from stages._torch_timing import StepClock as StepClock
+from stages._vllm_engine import EngineOutput as EngineOutput
+from stages._vllm_engine import VllmEngine as VllmEngine
+from stages._vllm_engine import VllmEngineError as VllmEngineError
+from stages._vllm_engine import VllmRequestError as VllmRequestError
+from stages._vllm_engine import VllmUnavailable as VllmUnavailable
 
 __all__ = [
     "NUM_BYTE_TOKENS",
@@ -74,8 +87,10 @@ __all__ = [
     "AutoregressiveStage",
     "Detokenizer",
     "DeviceError",
+    "EngineOutput",
     "Grammar",
     "GrammarError",
+    "KVSlots",
     "OptionError",
     "Outbox",
     "Packager",
@@ -84,7 +99,12 @@ __all__ = [
     "Sampler",
     "SamplingError",
     "SamplingParams",
+    "SlotKV",
     "StepClock",
+    "VllmEngine",
+    "VllmEngineError",
+    "VllmRequestError",
+    "VllmUnavailable",
     "Vocabulary",
     "WeightsError",
     "batched_decode",
@@ -92,6 +112,7 @@ __all__ = [
     "byte_symbols",
     "cache_length",
     "cache_nbytes",
+    "load_embedding",
     "load_pretrained",
     "on",
     "stage_device",

@@ -31,8 +31,7 @@ from stages.kit import (
     Piece,
     Sampler,
     SamplingParams,
-    batched_decode,
-    cache_length,
+    SlotKV,
     on,
     step_output,
 )
@@ -49,7 +48,7 @@ class _Stream:
     replies: list[torch.Tensor] = field(default_factory=list)  # [D] per thinker token
     num_text_tokens: int | None = None  # set by ReplyEnd
     sampler: Sampler | None = None
-    kv: DynamicCache | None = None  # this stream's own KV cache
+    kv: SlotKV | None = None  # this stream's slot in the stage's KV cache
     last_code: int | None = None
     num_decoded: int = 0  # decode forwards so far
     num_codes: int = 0
@@ -195,30 +194,31 @@ class Qwen2_5OmniTalker(AutoregressiveStage):
         history = [model.codec_mask_token] * prompt.shape[0]
         history += [model.codec_pad_token, model.codec_bos_token]
         stream.sampler = Sampler(stream.params, history, suppress=[model.codec_bos_token])
-        stream.kv = DynamicCache(config=model.config)
+        cache = DynamicCache(config=model.config)
         positions = torch.arange(length, device=self.device)
         positions = positions.view(1, 1, length).expand(3, 1, length)  # [3, 1, L+2]
         out = model(
             inputs_embeds=embeds,
             attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
             position_ids=positions,
-            past_key_values=stream.kv,
+            past_key_values=cache,
             use_cache=True,
         )
+        stream.kv = self.kv_slots.adopt(cache)
         self._sample({sid: out.logits[0, -1]})
 
     def _decode(self, sids: list[str]) -> None:
         streams = [self.streams[sid] for sid in sids]
-        caches = [s.kv for s in streams if s.kv is not None]
+        kvs = [s.kv for s in streams if s.kv is not None]
         codes = torch.tensor([[s.last_code] for s in streams], device=self.device)  # [B, 1]
         entries = torch.stack([s.entry(s.num_decoded) for s in streams])  # type: ignore[misc]
         embeds = self.model.get_input_embeddings()(codes) + entries[:, None, :]  # [B, 1, D]
-        positions = torch.tensor([cache_length(c) for c in caches], device=self.device)  # [B]
+        positions = torch.tensor([kv.length for kv in kvs], device=self.device)  # [B]
         positions = positions.view(1, -1, 1).expand(3, -1, 1)  # [3, B, 1]
-        out = batched_decode(self.model, caches, positions, inputs_embeds=embeds)
+        out, rows = self.kv_slots.decode(self.model, kvs, positions, inputs_embeds=embeds)
         for stream in streams:
             stream.num_decoded += 1
-        self._sample({sid: out.logits[row, -1] for row, sid in enumerate(sids)})
+        self._sample({sid: out.logits[row, -1] for row, sid in zip(rows, sids, strict=True)})
 
     def _sample(self, logits: dict[str, torch.Tensor]) -> None:
         """Pick each stream's next code and store it: all the next step needs."""
@@ -233,6 +233,8 @@ class Qwen2_5OmniTalker(AutoregressiveStage):
             stream.finished = (
                 code in self.stop_codes or stream.num_codes >= stream.params.max_tokens
             )
+            if stream.finished and stream.kv is not None:
+                stream.kv.release()  # no more decoding: the slot goes to the next stream
             if code not in self.stop_codes:
                 sent[sid] = code
         self.clock.add_sampling(time.perf_counter() - sampling_started, len(logits))

@@ -39,8 +39,7 @@ from stages.kit import (
     Piece,
     Sampler,
     SamplingParams,
-    batched_decode,
-    cache_length,
+    SlotKV,
     on,
     step_output,
 )
@@ -57,7 +56,7 @@ class _Stream:
     sampler: Sampler
     speaker: str
     detok: Detokenizer
-    kv: DynamicCache | None = None  # this stream's own KV cache
+    kv: SlotKV | None = None  # this stream's slot in the stage's KV cache
     next_token: int | None = None  # sampled, to be fed back at the next step
     num_generated: int = 0
     finished: bool = False  # the last token is sampled
@@ -172,7 +171,7 @@ class Qwen2_5OmniThinker(AutoregressiveStage):
         stream = self.streams[sid]
         prompt = stream.prompt
         length = prompt.input_ids.shape[1]
-        stream.kv = DynamicCache(config=self.model.config.get_text_config(decoder=True))
+        cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
         positions = torch.arange(length, device=self.device)
         positions = positions.view(1, 1, length).expand(4, 1, length)  # [4, 1, L]
         extra: dict[str, Any] = {}
@@ -185,11 +184,12 @@ class Qwen2_5OmniThinker(AutoregressiveStage):
             input_ids=prompt.input_ids,
             attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
             position_ids=positions,
-            past_key_values=stream.kv,
+            past_key_values=cache,
             use_cache=True,
             output_hidden_states=True,
             **extra,
         )
+        stream.kv = self.kv_slots.adopt(cache)
         news = self._sample({sid: out.logits[0, -1]})
         embeds, last = out.hidden_states[0], out.hidden_states[-1]  # [1, L, D] each
         start = self._reply_start
@@ -197,21 +197,21 @@ class Qwen2_5OmniThinker(AutoregressiveStage):
 
     def _decode(self, sids: list[str]) -> None:
         streams = [self.streams[sid] for sid in sids]
-        caches = [s.kv for s in streams if s.kv is not None]
+        kvs = [s.kv for s in streams if s.kv is not None]
         tokens = torch.tensor([[s.next_token] for s in streams], device=self.device)  # [B, 1]
-        positions = torch.tensor([cache_length(c) for c in caches], device=self.device)  # [B]
+        positions = torch.tensor([kv.length for kv in kvs], device=self.device)  # [B]
         positions = positions.view(1, -1, 1).expand(4, -1, 1)  # [4, B, 1]
-        out = batched_decode(
-            self.model, caches, positions, input_ids=tokens, output_hidden_states=True
+        out, rows = self.kv_slots.decode(
+            self.model, kvs, positions, input_ids=tokens, output_hidden_states=True
         )
-        news = self._sample({sid: out.logits[row, -1] for row, sid in enumerate(sids)})
+        news = self._sample({sid: out.logits[row, -1] for row, sid in zip(rows, sids, strict=True)})
         embeds, last = out.hidden_states[0], out.hidden_states[-1]  # [B, 1, D] each
         token = self._reply_token
         self.packager.submit(
             tuple(sids),
             lambda: {
                 sid: token(sid, embeds[row, 0], last[row, 0], news[sid])
-                for row, sid in enumerate(sids)
+                for row, sid in zip(rows, sids, strict=True)
             },
         )
 
@@ -228,6 +228,8 @@ class Qwen2_5OmniThinker(AutoregressiveStage):
                 token in self.eos_token_ids
                 or stream.num_generated >= stream.sampler.params.max_tokens
             )
+            if stream.finished and stream.kv is not None:
+                stream.kv.release()  # no more decoding: the slot goes to the next stream
             news[sid] = _News(token, stream.finished, stream.num_generated)
         self.clock.add_sampling(time.perf_counter() - sampling_started, len(logits))
         return news

@@ -28,8 +28,7 @@ from stages.kit import (
     Piece,
     Sampler,
     SamplingParams,
-    batched_decode,
-    cache_length,
+    SlotKV,
     on,
     step_output,
 )
@@ -52,7 +51,7 @@ class _Stream:
     prompt: TalkerPrompt | None = None
     text: list[torch.Tensor] = field(default_factory=list)  # projected entries 0, 1, ...
     text_complete: bool = False
-    kv: DynamicCache | None = None  # this stream's own KV cache
+    kv: SlotKV | None = None  # this stream's slot in the stage's KV cache
     rope_delta: int = 0
     codes: list[int] = field(default_factory=list)  # group-0 codes sampled so far
     last_hidden: torch.Tensor | None = None  # [H] talker output at the last position
@@ -200,7 +199,7 @@ class Qwen3OmniTalker(AutoregressiveStage):
             use_cache=True,
             output_hidden_states=True,
         )
-        stream.kv = out.past_key_values
+        stream.kv = self.kv_slots.adopt(out.past_key_values)
         stream.last_hidden = out.hidden_states[0][-1][0, -1]
         self._sample(stream, out.logits[0, -1].float().cpu())
 
@@ -247,27 +246,27 @@ class Qwen3OmniTalker(AutoregressiveStage):
             self.residual_embeds[i](residuals[:, i]) for i in range(residuals.shape[1])
         )  # [B, H]
         text = torch.stack([self._text_entry(s) for s in streams])  # [B, H]
-        caches = [s.kv for s in streams]
+        kvs = [s.kv for s in streams if s.kv is not None]
         positions = (
             torch.tensor(
-                [cache_length(c) + s.rope_delta for c, s in zip(caches, streams, strict=True)],  # type: ignore[arg-type]
+                [kv.length + s.rope_delta for kv, s in zip(kvs, streams, strict=True)],
                 device=self.device,
             )
             .view(1, -1, 1)
             .expand(3, -1, -1)
         )  # [3, B, 1]
-        out = batched_decode(
+        out, rows = self.kv_slots.decode(
             self.decode_forward,
-            caches,  # type: ignore[arg-type]
+            kvs,
             positions,
             inputs_embeds=(embeds + text)[:, None],
             output_hidden_states=True,
             generation_step=0,  # the talker's own text bookkeeping, unused here
         )
-        logits = out.logits[:, -1].float().cpu()  # one device -> host copy per step
-        for row, stream in enumerate(streams):
+        logits = out.logits[rows, -1].float().cpu()  # one device -> host copy per step
+        for index, (row, stream) in enumerate(zip(rows, streams, strict=True)):
             stream.last_hidden = out.hidden_states[0][-1][row, -1]
-            self._sample(stream, logits[row])
+            self._sample(stream, logits[index])
         return list(frames)  # on the device: code2wav reads them there when it shares it
 
     def _residual_codes(self, streams: list[_Stream], last_codes: torch.Tensor) -> torch.Tensor:
@@ -299,12 +298,14 @@ class Qwen3OmniTalker(AutoregressiveStage):
         started = time.perf_counter()
         code = stream.sampler.pick(logits)
         self.clock.add_sampling(time.perf_counter() - started)
-        if code == self.eos_id:
-            stream.finished = True
-            return
-        stream.codes.append(code)
+        if code != self.eos_id:
+            stream.codes.append(code)
         # As generate: the last of max_tokens codes ends the stream without a frame.
-        stream.finished = len(stream.codes) >= stream.sampler.params.max_tokens
+        stream.finished = (
+            code == self.eos_id or len(stream.codes) >= stream.sampler.params.max_tokens
+        )
+        if stream.finished and stream.kv is not None:
+            stream.kv.release()  # no more decoding: the slot goes to the next stream
 
     def _deliver(self, stream_id: str, stream: _Stream) -> StreamOutput:
         return step_output(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,12 +23,12 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 from omnitrio import Request, StreamOutput, StreamWork, TextDelta, resample_float
 from stages.kit import (
     AutoregressiveStage,
+    OptionError,
     Outbox,
     Piece,
     Sampler,
     SamplingParams,
-    batched_decode,
-    cache_length,
+    SlotKV,
     step_output,
 )
 
@@ -45,7 +46,7 @@ class _Stream:
     sampler: Sampler
     features: dict[str, torch.Tensor] = field(default_factory=dict)
     audio_lengths: torch.Tensor | None = None  # [num_audios] feature frames
-    kv: DynamicCache | None = None  # this stream's own KV cache
+    kv: SlotKV | None = None  # this stream's slot in the stage's KV cache
     rope_delta: int = 0
     num_answer: int = 0
     finished: bool = False
@@ -53,7 +54,14 @@ class _Stream:
     text_sent: str = ""
 
 
+ENGINES = ("torch", "vllm")
+
+
 class Qwen3OmniThinker(AutoregressiveStage):
+    """``engine: torch`` (default): transformers' model, the stage's KV slots;
+    ``engine: vllm``: ``Qwen3OmniThinkerVllm`` (thinker_vllm.py), vLLM's engine, with
+    its own params (``max_num_seqs``, ``max_model_len``, ``kv_cache_bytes``)."""
+
     checkpoint = "qwen3-omni"  # model_path: one folder shared with the family's other stages
     max_inputs_per_step = None
     max_payloads_per_step = 8
@@ -71,7 +79,34 @@ class Qwen3OmniThinker(AutoregressiveStage):
         num_threads: int | None = None,
         packaging_queue: int = 4,
         decode_fast_path: str = "off",
+        engine: str = "torch",
+        **engine_params: Any,
     ) -> None:
+        if engine not in ENGINES:
+            raise OptionError(
+                f"stage {name!r}: engine {engine!r} is not one of {', '.join(ENGINES)}"
+            )
+        if engine == "vllm" and type(self) is Qwen3OmniThinker:
+            from .thinker_vllm import Qwen3OmniThinkerVllm
+
+            self.__class__ = Qwen3OmniThinkerVllm  # the same stage, its critical path on vLLM
+            Qwen3OmniThinkerVllm.__init__(
+                self,
+                name,
+                device,
+                model_path=model_path,
+                live_model=live_model,
+                max_tokens=max_tokens,
+                system_prompt=system_prompt,
+                num_threads=num_threads,
+                packaging_queue=packaging_queue,
+                **engine_params,
+            )
+            return
+        if engine_params:
+            raise OptionError(
+                f"stage {name!r}: {', '.join(sorted(engine_params))} apply to engine: vllm only"
+            )
         super().__init__(name, device, num_threads=num_threads, packaging_queue=packaging_queue)
         source = ModelSource(name, self.device, model_path, live_model)
         self.model = source.module("thinker", Qwen3OmniMoeThinkerForConditionalGeneration)
@@ -156,7 +191,7 @@ class Qwen3OmniThinker(AutoregressiveStage):
             output_hidden_states=True,
             **stream.features,
         )
-        stream.kv = out.past_key_values
+        stream.kv = self.kv_slots.adopt(out.past_key_values)
         stream.rope_delta = int(deltas[0, 0])
         stream.features = {}
         # states: [2, S, H] — layer 0 (embeddings, audio merged) and the accept layer
@@ -165,14 +200,14 @@ class Qwen3OmniThinker(AutoregressiveStage):
 
     def _decode(self, streams: list[_Stream]) -> torch.Tensor:
         """One forward for every decoding stream; returns logits [B, V]."""
-        caches = [s.kv for s in streams]
+        kvs = [s.kv for s in streams if s.kv is not None]
         tokens = torch.tensor([[s.ids[-1]] for s in streams], device=self.device)  # [B, 1]
         positions = torch.tensor(
-            [[cache_length(c) + s.rope_delta] for c, s in zip(caches, streams, strict=True)],  # type: ignore[arg-type]
+            [[kv.length + s.rope_delta] for kv, s in zip(kvs, streams, strict=True)],
             device=self.device,
         ).view(1, -1, 1)  # [1, B, 1]
-        out = batched_decode(self.decode_forward, caches, positions, input_ids=tokens)  # type: ignore[arg-type]
-        return out.logits[:, -1].float().cpu()  # one device -> host copy per step
+        out, rows = self.kv_slots.decode(self.decode_forward, kvs, positions, input_ids=tokens)
+        return out.logits[rows, -1].float().cpu()  # one device -> host copy per step
 
     def _sample(self, stream: _Stream, logits: torch.Tensor) -> int:
         started = time.perf_counter()
@@ -182,6 +217,8 @@ class Qwen3OmniThinker(AutoregressiveStage):
         stream.finished = (
             token in self.eos_ids or stream.num_answer >= stream.sampler.params.max_tokens
         )
+        if stream.finished and stream.kv is not None:
+            stream.kv.release()  # no more decoding: the slot goes to the next stream
         self.clock.add_sampling(time.perf_counter() - started)
         return token
 

@@ -85,21 +85,24 @@ def _mrope(head_dim: int) -> dict[str, object]:
     }
 
 
-def _moe_text(vocab_size: int) -> dict[str, object]:
+def _moe_text(vocab_size: int, *, head_dim: int, shared_expert: int) -> dict[str, object]:
     return {
         "vocab_size": vocab_size,
         "hidden_size": HIDDEN,
         "intermediate_size": 128,
         "moe_intermediate_size": 32,
-        "shared_expert_intermediate_size": 32,  # read by the talker, declared nowhere
+        # Read by the talker (declared nowhere); vLLM builds a shared expert from it in
+        # the thinker too, so the thinker's is 0, as in the published config.
+        "shared_expert_intermediate_size": shared_expert,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
-        "head_dim": 16,
+        "head_dim": head_dim,
         "num_experts": 4,
         "num_experts_per_tok": 2,
         "max_position_embeddings": 4096,
-        "rope_parameters": _mrope(16),
+        "rope_parameters": _mrope(head_dim),
+        "tie_word_embeddings": False,  # read by vLLM, not written by transformers 5.23
     }
 
 
@@ -107,7 +110,8 @@ def tiny_config() -> Qwen3OmniMoeConfig:
     """The tiny composite config; every id agrees with ``build_tokenizer()``."""
     ids = TOKEN_IDS
     thinker = {
-        "text_config": _moe_text(TEXT_VOCAB_SIZE),
+        # vLLM's CPU attention needs a head size of 32 or more (the thinker runs on it).
+        "text_config": _moe_text(TEXT_VOCAB_SIZE, head_dim=32, shared_expert=0),
         "audio_config": {
             "num_mel_bins": NUM_MEL_BINS,
             "encoder_layers": 1,
@@ -124,6 +128,9 @@ def tiny_config() -> Qwen3OmniMoeConfig:
             "num_heads": 2,
             "out_hidden_size": HIDDEN,
             "deepstack_visual_indexes": [0],
+            # read by vLLM's vision tower, not written by transformers 5.23
+            "image_size": 64,
+            "apply_vit_abs_pos_embed": True,
         },
         "audio_token_id": ids["<|audio_pad|>"],
         "image_token_id": ids["<|image_pad|>"],
@@ -135,7 +142,7 @@ def tiny_config() -> Qwen3OmniMoeConfig:
         "user_token_id": ids["user"],
     }
     talker = {
-        "text_config": _moe_text(TALKER_VOCAB_SIZE),
+        "text_config": _moe_text(TALKER_VOCAB_SIZE, head_dim=16, shared_expert=32),
         "code_predictor_config": {
             "vocab_size": CODEBOOK_SIZE,  # == code2wav codebook_size
             "hidden_size": HIDDEN,  # == talker hidden: it reads the talker's last hidden state

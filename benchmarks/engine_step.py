@@ -1,0 +1,191 @@
+"""One decode step of the tiny Qwen3-Omni thinker, per engine, batch and context.
+
+Usage (from the repository root)::
+
+    python benchmarks/engine_step.py --engines torch,torch-gather,vllm \\
+        --batch 1,8,32 --context 64,1024 [--new-tokens 32] [--json FILE]
+
+The thinker of ``make_tiny_checkpoint`` (fp32, CPU, one thread), ``batch`` streams
+with ``context`` prompt tokens each (different random byte tokens per stream),
+greedy, ``new-tokens`` decode steps after the prefills. A row per engine, batch
+and context: the median milliseconds of one decode step over the steps (all
+streams one token), tokens per second (batch / median step), and how many
+streams' greedy tokens equal the ``torch`` engine's.
+
+- ``torch``: the stage's path, one batched forward over the stage's KV slots
+  (``stages.kit.KVSlots``: each stream's rows written in place, no gather).
+- ``torch-gather``: the path before it (``stages.kit.batched_decode``: per-stream
+  ``DynamicCache``s gathered into a left-padded batch every step, then scattered).
+- ``vllm``: vLLM's ``LLMEngine`` (engine core in-process), one ``step()`` a token,
+  through ``stages.kit.VllmEngine``, the vLLM thinker stage's engine.
+
+Engines run one after another on the same prompts; the figures compare within a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from stages.kit import KVSlots, batched_decode
+from stages.qwen3_omni.tiny import make_tiny_checkpoint
+
+Prompts = list[list[int]]
+Run = Callable[[Prompts, int], tuple[list[float], list[list[int]]]]
+
+
+def _thinker(checkpoint: pathlib.Path) -> Any:
+    from transformers import Qwen3OmniMoeThinkerForConditionalGeneration
+
+    return Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(
+        checkpoint / "thinker", dtype=torch.float32
+    ).eval()
+
+
+def _prefill(model: Any, prompt: list[int]) -> tuple[Any, int]:
+    from transformers import DynamicCache
+
+    ids = torch.tensor([prompt])
+    positions = torch.arange(len(prompt)).view(1, 1, -1).expand(4, 1, -1)
+    cache = DynamicCache()
+    out = model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
+    return cache, int(out.logits[0, -1].argmax())
+
+
+@torch.no_grad()
+def run_torch(
+    model: Any, prompts: Prompts, steps: int, *, gather: bool
+) -> tuple[list[float], list[list[int]]]:
+    pool = KVSlots()
+    caches, tokens = [], []
+    for prompt in prompts:
+        cache, token = _prefill(model, prompt)
+        caches.append(cache if gather else pool.adopt(cache))
+        tokens.append([token])
+    times = []
+    for _ in range(steps):
+        last = torch.tensor([[t[-1]] for t in tokens])
+        positions = torch.tensor([int(c.get_seq_length()) for c in caches]).view(1, -1, 1)
+        started = time.perf_counter()
+        if gather:
+            logits = batched_decode(model, caches, positions, input_ids=last).logits[:, -1]
+        else:
+            out, rows = pool.decode(model, caches, positions, input_ids=last)
+            logits = out.logits[rows, -1]
+        picked = logits.argmax(-1).tolist()
+        times.append(time.perf_counter() - started)
+        for row, token in enumerate(picked):
+            tokens[row].append(token)
+    return times, tokens
+
+
+class VllmRuns:
+    """One engine for every batch and context of the run (a start takes seconds)."""
+
+    def __init__(self, checkpoint: pathlib.Path, max_num_seqs: int) -> None:
+        self.checkpoint, self.max_num_seqs = checkpoint, max_num_seqs
+        self.engine: Any = None
+        self.runs = 0
+
+    def __call__(self, prompts: Prompts, steps: int) -> tuple[list[float], list[list[int]]]:
+        from stages.kit import VllmEngine
+
+        if self.engine is None:
+            self.engine = VllmEngine.start(str(self.checkpoint), max_num_seqs=self.max_num_seqs)
+        engine, self.runs = self.engine, self.runs + 1
+        ids = [f"{self.runs}-{i}" for i in range(len(prompts))]
+        for request_id, prompt in zip(ids, prompts, strict=True):
+            engine.add(request_id, prompt, max_tokens=steps + 1, ignore_eos=True)
+        tokens: dict[str, list[int]] = {request_id: [] for request_id in ids}
+        times = []
+        while any(len(t) < steps + 1 for t in tokens.values()):
+            decode_only = all(len(t) > 0 for t in tokens.values())
+            started = time.perf_counter()
+            outputs = engine.step()
+            elapsed = time.perf_counter() - started
+            for out in outputs:
+                tokens[out.request_id].extend(out.new_token_ids)
+            if decode_only:
+                times.append(elapsed)  # a step in which every stream decodes one token
+        return times, [tokens[request_id] for request_id in ids]
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engines", default="torch,torch-gather")
+    parser.add_argument("--batch", default="1,8,32")
+    parser.add_argument("--context", default="64,1024")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--checkpoint", type=pathlib.Path, default=None)
+    parser.add_argument("--json", type=pathlib.Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    engines = args.engines.split(",")
+    with tempfile.TemporaryDirectory() as scratch:
+        checkpoint = args.checkpoint or pathlib.Path(scratch)
+        if args.checkpoint is None:
+            make_tiny_checkpoint(checkpoint)
+        model = _thinker(checkpoint)
+        batches = [int(b) for b in args.batch.split(",")]
+        vllm = VllmRuns(checkpoint, max(batches))
+        runs: dict[str, Run] = {
+            "torch": lambda p, s: run_torch(model, p, s, gather=False),
+            "torch-gather": lambda p, s: run_torch(model, p, s, gather=True),
+            "vllm": vllm,
+        }
+        rows = []
+        generator = torch.Generator().manual_seed(0)
+        print(f"{'engine':<13}{'batch':>6}{'context':>8}{'ms/step':>9}{'tok/s':>9}  equal")
+        for context in (int(c) for c in args.context.split(",")):
+            for batch in batches:
+                prompts = torch.randint(0, 256, (batch, context), generator=generator).tolist()
+                reference: list[list[int]] | None = None
+                for engine in engines:
+                    times, tokens = runs[engine](prompts, args.new_tokens)
+                    tokens = [t[: args.new_tokens + 1] for t in tokens]
+                    if engine == "torch":
+                        reference = tokens
+                    equal = None
+                    if reference is not None:
+                        equal = sum(a == b for a, b in zip(tokens, reference, strict=True))
+                    median_ms = statistics.median(times) * 1e3
+                    row = {
+                        "engine": engine,
+                        "batch": batch,
+                        "context": context,
+                        "median_ms_per_step": round(median_ms, 3),
+                        "tokens_per_s": round(batch / median_ms * 1e3, 1),
+                        "tokens_equal_torch": equal,
+                        "steps_timed": len(times),
+                    }
+                    rows.append(row)
+                    print(
+                        f"{engine:<13}{batch:>6}{context:>8}{median_ms:>9.2f}"
+                        f"{row['tokens_per_s']:>9.1f}  {equal}/{batch}",
+                        flush=True,
+                    )
+        vllm.close()
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""The vLLM engine's process: run by the engine environment's Python (``scripts/setup
+vllm`` makes it), driven by ``stages/_vllm_engine.py`` over its stdin and stdout.
+
+It imports nothing of omnitrio (the engine's environment has vLLM's own pins, not the
+project's). One frame in, one frame out: a 4-byte big-endian length, then a pickled
+tuple. In: ``(command, arguments)``; out: ``("ok", result)`` or ``("error", kind,
+message)``. Commands: ``start``, ``add``, ``abort``, ``step``, ``unfinished``, ``close``. A ``step``
+is one ``LLMEngine.step()``: each request's new token ids, whether it finished, and
+(once, for a request that asked for them) its prompt's hidden states.
+
+Hidden states: vLLM 0.32 has no public per-token hidden-state output. ``_StateHooks``
+puts forward hooks on the decoder layers and maps each forward's rows to requests
+through the model runner's batch (``input_batch.req_ids``, ``query_start_loc``):
+vLLM internals, checked against ``CHECKED_VLLM_VERSION`` and refused on another.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+import time
+from typing import Any, BinaryIO
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
+
+CHECKED_VLLM_VERSION = "0.32.0"
+
+
+def read_frame(stream: BinaryIO) -> Any:
+    header = stream.read(4)
+    if len(header) < 4:
+        return None
+    (size,) = struct.unpack(">I", header)
+    return pickle.loads(stream.read(size))
+
+
+def write_frame(stream: BinaryIO, value: Any) -> None:
+    data = pickle.dumps(value, protocol=5)
+    stream.write(struct.pack(">I", len(data)) + data)
+    stream.flush()
+
+
+class _StateHooks:
+    """Per request, the prompt's hidden states at the transformers ``output_hidden_states``
+    indices asked for (0: the layer-0 input, with audio merged; k: layer k-1's output)."""
+
+    def __init__(self, engine: Any, layers: list[int]) -> None:
+        import torch
+        import vllm
+
+        if vllm.__version__ != CHECKED_VLLM_VERSION:
+            raise RuntimeError(
+                f"the hidden-state hooks rely on vLLM {CHECKED_VLLM_VERSION} internals; "
+                f"this engine environment has vLLM {vllm.__version__}"
+            )
+        core = engine.engine_core.engine_core
+        self.runner = core.model_executor.driver_worker.worker.model_runner
+        model = self.runner.model
+        decoder = model.language_model.model
+        self.torch, self.layers = torch, layers
+        self.wanted: dict[str, int] = {}  # internal request id -> prompt length
+        self.rows: dict[str, list[list[Any]]] = {}  # per request, per layer: row blocks
+        for slot, index in enumerate(layers):
+            if index == 0:
+                decoder.layers[0].register_forward_pre_hook(self._pre_hook(slot))
+            elif index <= len(decoder.layers):
+                decoder.layers[index - 1].register_forward_hook(self._post_hook(slot))
+            else:
+                raise ValueError(f"hidden-state layer {index} > {len(decoder.layers)} layers")
+
+    def _pre_hook(self, slot: int) -> Any:
+        def hook(module: Any, args: tuple[Any, ...]) -> None:
+            self._take(slot, args[1])
+
+        return hook
+
+    def _post_hook(self, slot: int) -> Any:
+        def hook(module: Any, args: tuple[Any, ...], output: tuple[Any, Any]) -> None:
+            self._take(slot, output[0] + output[1])  # vLLM keeps the residual apart
+
+        return hook
+
+    def _take(self, slot: int, states: Any) -> None:
+        if not self.wanted:
+            return
+        batch = self.runner.input_batch
+        starts = self.runner.query_start_loc.np
+        for row, req_id in enumerate(batch.req_ids):
+            length = self.wanted.get(req_id)
+            if length is None:
+                continue
+            blocks = self.rows.setdefault(req_id, [[] for _ in self.layers])[slot]
+            have = sum(b.shape[0] for b in blocks)
+            begin, end = int(starts[row]), int(starts[row + 1])
+            take = min(end - begin, length - have)
+            if take > 0:
+                blocks.append(states[begin : begin + take].float().clone())
+
+    def finished_prompt(self, req_id: str) -> tuple[tuple[int, ...], bytes] | None:
+        """The request's prompt states [layers, S, H]: shape and float32 bytes, once all are in."""
+        length = self.wanted.get(req_id)
+        blocks = self.rows.get(req_id)
+        if length is None or blocks is None:
+            return None
+        if any(sum(b.shape[0] for b in layer) < length for layer in blocks):
+            return None
+        del self.wanted[req_id], self.rows[req_id]
+        stacked = self.torch.stack([self.torch.cat(layer) for layer in blocks])
+        return tuple(stacked.shape), stacked.numpy().tobytes()
+
+    def forget(self, req_id: str) -> None:
+        self.wanted.pop(req_id, None)
+        self.rows.pop(req_id, None)
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.engine: Any = None
+        self.hooks: _StateHooks | None = None
+        self.internal: dict[str, str] = {}  # our request id -> vLLM's
+        self.external: dict[str, str] = {}
+
+    def start(self, args: dict[str, Any]) -> dict[str, Any]:
+        from vllm import EngineArgs, LLMEngine
+
+        started = time.perf_counter()
+        layers = args.pop("hidden_layers", None)
+        engine_args = EngineArgs(
+            enforce_eager=True,
+            skip_tokenizer_init=True,
+            async_scheduling=False,  # outputs in the step that made them (on by default on GPUs)
+            enable_prefix_caching=not layers,  # a cached prefix computes no hidden states
+            limit_mm_per_prompt={"image": 0, "video": 0, "audio": 0},
+            **args,
+        )
+        self.engine = LLMEngine.from_engine_args(engine_args)
+        if layers:
+            self.hooks = _StateHooks(self.engine, list(layers))
+        return {"start_s": time.perf_counter() - started}
+
+    def add(self, request_id: str, prompt: list[int], params: dict[str, Any], states: bool) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        # DELTA: each step's output holds that step's new tokens only
+        sampling = SamplingParams(detokenize=False, output_kind=RequestOutputKind.DELTA, **params)
+        internal = self.engine.add_request(
+            request_id, TokensPrompt(prompt_token_ids=prompt), sampling
+        )
+        internal = internal if isinstance(internal, str) else request_id
+        self.internal[request_id], self.external[internal] = internal, request_id
+        if states and self.hooks is not None:
+            self.hooks.wanted[internal] = len(prompt)
+
+    def abort(self, request_ids: list[str]) -> None:
+        known = [r for r in request_ids if r in self.internal]
+        if known:
+            self.engine.abort_request(known)
+        for request_id in known:
+            self._forget(request_id)
+
+    def step(self) -> list[tuple[str, list[int], bool, str | None, Any]]:
+        results = []
+        for out in self.engine.step():
+            request_id = out.request_id
+            internal = self.internal.get(request_id, request_id)
+            completion = out.outputs[0]
+            states = None if self.hooks is None else self.hooks.finished_prompt(internal)
+            new = list(completion.token_ids)
+            reason = completion.finish_reason
+            results.append((request_id, new, bool(out.finished), reason, states))
+            if out.finished:
+                self._forget(request_id)
+        return results
+
+    def unfinished(self) -> int:
+        """Requests the engine still holds (its scheduler's count)."""
+        return int(self.engine.get_num_unfinished_requests())
+
+    def _forget(self, request_id: str) -> None:
+        internal = self.internal.pop(request_id, request_id)
+        self.external.pop(internal, None)
+        if self.hooks is not None:
+            self.hooks.forget(internal)
+
+
+def main() -> int:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # vLLM's prints must not land in the frame stream
+    worker = _Worker()
+    while True:
+        frame = read_frame(stdin)
+        if frame is None or frame[0] == "close":
+            write_frame(stdout, ("ok", None))
+            return 0
+        command, arguments = frame
+        try:
+            result = getattr(worker, command)(*arguments)
+        except Exception as exc:
+            write_frame(stdout, ("error", type(exc).__name__, str(exc)))
+        else:
+            write_frame(stdout, ("ok", result))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

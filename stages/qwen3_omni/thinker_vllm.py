@@ -1,0 +1,193 @@
+"""The Qwen3-Omni thinker on vLLM (``engine: vllm`` in the thinker's params).
+
+The same stage as ``Qwen3OmniThinker`` — the same prompts, the same text deltas and
+talker payloads, packaged off the critical path — with the critical path on vLLM's
+``LLMEngine`` (``stages.kit.VllmEngine``: the engine in a process of its own):
+
+- ``open_stream``: the prompt's ids go to the engine (``add``) at once; a request
+  vLLM refuses fails that stream alone.
+- a step: one engine step when a stream of the batch is waiting for a token; then
+  each stream of the batch takes one token (the one ``step`` a torch thinker makes).
+- ``close_stream`` (closed, cancelled, failed): the engine's request is aborted.
+
+Backpressure: the engine steps every request it holds, whether or not the runtime
+put its stream in this round's batch. What it makes ahead for a stream held back is
+kept as token ids in the stream's own buffer (at most its ``max_tokens``, 4 bytes a
+token); the costly part (detokenizing, the talker's vectors) is made only when the
+stream steps, so downstream pressure still paces everything a stream sends.
+
+The talker's prompt needs the prompt's layer-0 and accept-layer hidden states: the
+engine returns them once per request through forward hooks on vLLM's decoder layers
+(``stages/_vllm_worker.py``, checked against vLLM 0.32.0's internals). Token
+embeddings come from the checkpoint's embedding matrix, loaded alone.
+
+Audio input is not routed to vLLM yet: such a request fails with an ``OptionError``
+naming ``engine: torch`` as the way to serve it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from omnitrio import Request, StreamOutput, StreamWork
+from stages.kit import (
+    AutoregressiveStage,
+    OptionError,
+    Outbox,
+    Sampler,
+    SamplingParams,
+    VllmEngine,
+    load_embedding,
+)
+
+from .thinker import Qwen3OmniThinker, _Stream
+from .weights import ModelSource
+
+HIDDEN_LAYER_FIRST = 0
+
+
+@dataclass
+class _EngineStream(_Stream):
+    pending: list[int] = field(default_factory=list)  # made by the engine, not yet taken
+    engine_done: bool = False  # the engine has finished the request
+    prompt_states: torch.Tensor | None = None  # [2, S, H] until the first token is packaged
+
+
+class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
+    def __init__(
+        self,
+        name: str,
+        device: str = "cpu",
+        *,
+        model_path: str | None = None,
+        live_model: str | None = None,
+        max_tokens: int = 256,
+        system_prompt: str = "",
+        num_threads: int | None = None,
+        packaging_queue: int = 4,
+        max_num_seqs: int = 32,
+        max_model_len: int = 4096,
+        kv_cache_bytes: int = 1 << 30,
+    ) -> None:
+        AutoregressiveStage.__init__(
+            self, name, device, num_threads=num_threads, packaging_queue=packaging_queue
+        )
+        if live_model is not None or model_path is None:
+            raise OptionError(f"stage {name!r}: engine: vllm loads a model_path folder only")
+        source = ModelSource(name, self.device, model_path, None)
+        self.tokenizer = source.tokenizer()
+        self.features = source.features()
+        self.embeddings = load_embedding(
+            f"{model_path}/thinker", "model.embed_tokens.weight", self.device
+        )
+        self.eos_ids = {int(source.composite("im_end_token_id"))}
+        self.defaults = SamplingParams(max_tokens=max_tokens)
+        self.system_prompt = system_prompt
+        self.accept_layer = int(source.composite("talker_config")["accept_hidden_layer"])
+        self.im_start_id = int(source.composite("im_start_token_id"))
+        self.user_id = int(source.composite("user_token_id"))
+        self.special_ids = [
+            int(source.composite(f"tts_{kind}_token_id")) for kind in ("bos", "eos", "pad")
+        ]
+        thinker_config = source.composite("thinker_config")
+        self.multimodal_ids = torch.tensor(
+            [thinker_config[f"{kind}_token_id"] for kind in ("audio", "image", "video")]
+        )
+        self.streams: dict[str, _EngineStream] = {}  # type: ignore[assignment]
+        self.engine = VllmEngine.start(
+            model_path,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            kv_cache_bytes=kv_cache_bytes,
+            hidden_layers=[HIDDEN_LAYER_FIRST, self.accept_layer],
+        )
+
+    # -- the stage protocol ------------------------------------------------------
+
+    def open_stream(self, stream_id: str, request: Request) -> None:
+        params = SamplingParams.from_options(self.defaults, request.options, self.name)
+        if params.repetition_penalty != 1.0:
+            raise OptionError(
+                f"stage {self.name!r}: repetition_penalty on engine: vllm is not wired; "
+                "use engine: torch"
+            )
+        ids, features = self._prompt(request)
+        if features:
+            raise OptionError(
+                f"stage {self.name!r}: audio input on engine: vllm is not wired yet; "
+                "use engine: torch for audio requests"
+            )
+        self.engine.add(
+            stream_id,
+            ids,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            seed=params.seed,
+            stop_token_ids=sorted(self.eos_ids),
+            prompt_states=True,
+        )
+        self.streams[stream_id] = _EngineStream(ids, len(ids), Sampler(params, history=ids))
+        self.outboxes[stream_id] = Outbox()
+
+    def close_stream(self, stream_id: str) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is not None and not stream.engine_done:
+            self.engine.abort([stream_id])  # the engine frees the request's KV blocks
+        super().close_stream(stream_id)
+
+    def close(self) -> None:
+        self.engine.close()
+        super().close()
+
+    @torch.no_grad()
+    def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        self.clock.start_step()
+        streams = {work.stream_id: self.streams[work.stream_id] for work in batch}
+        waiting = [s for s in streams.values() if not s.finished and not s.pending]
+        if any(not s.engine_done for s in waiting):
+            self._engine_step()
+        sampled: dict[str, int] = {}
+        prompts: dict[str, torch.Tensor] = {}
+        for sid, stream in streams.items():
+            if stream.finished or not stream.pending:
+                continue
+            token = stream.pending.pop(0)
+            stream.ids.append(token)
+            stream.num_answer += 1
+            stream.finished = (
+                token in self.eos_ids
+                or stream.num_answer >= stream.sampler.params.max_tokens
+                or (stream.engine_done and not stream.pending)
+            )
+            sampled[sid] = token
+            if stream.prompt_states is not None:
+                prompts[sid], stream.prompt_states = stream.prompt_states, None
+        self.clock.end_compute()
+        if sampled:
+            self._package(sampled, prompts)
+        return {sid: self._deliver(sid, s) for sid, s in streams.items()}
+
+    def _engine_step(self) -> None:
+        for out in self.engine.step():
+            stream = self.streams.get(out.request_id)
+            if stream is None:
+                continue  # closed meanwhile
+            stream.pending.extend(out.new_token_ids)
+            stream.engine_done = out.finished
+            if out.prompt_states is not None:
+                stream.prompt_states = torch.from_numpy(out.prompt_states.copy()).to(self.device)
+
+    def _embed_many(self, tokens: list[int]) -> torch.Tensor:
+        return self.embeddings[torch.tensor(tokens, device=self.device)]
+
+    def stage_statistics(self) -> Mapping[str, float]:
+        return {
+            **self.clock.snapshot(self.packager),
+            "num_active_streams": len(self.streams),
+            "engine_start_s": self.engine.start_s,
+        }

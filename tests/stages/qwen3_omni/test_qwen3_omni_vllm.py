@@ -1,0 +1,184 @@
+"""The Qwen3-Omni thinker on vLLM (engine: vllm): tokens, hidden states, aborts, the pipeline.
+
+Needs the engine's environment (``scripts/setup vllm``: .venv-vllm); without it every
+test here skips, naming what is missing. One engine process serves the module's engine
+tests (a start takes seconds).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import omnitrio
+
+torch = pytest.importorskip("torch")
+
+from stages.kit import (  # noqa: E402
+    VllmEngine,
+    VllmRequestError,
+    VllmUnavailable,
+)
+from stages.qwen3_omni.tiny import make_tiny_checkpoint  # noqa: E402
+from tests.stages.qwen3_omni.test_qwen3_omni import (  # noqa: E402
+    GREEDY,
+    frames_of,
+    reference_run,
+    run_streams,
+    with_model_path,
+)
+
+# transformers' own generate() warns about its talker call; that is the reference's business.
+pytestmark = pytest.mark.filterwarnings("ignore:Passing `repetition_penalty` with `inputs_embeds`")
+VLLM_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "qwen3-omni-tiny-vllm.yaml"
+STATES_ATOL = 1e-4
+# Prompts the torch parity tests do not use (held out), of different lengths.
+HELD_OUT = ("a short one", "the engine that the field trusts, tried on a tiny model", "ok?")
+
+
+def _engine_python_or_skip() -> None:
+    from stages._vllm_engine import engine_python
+
+    try:
+        engine_python()
+    except VllmUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def test_a_missing_engine_environment_is_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("OMNITRIO_VLLM_PYTHON", str(tmp_path / "no-python"))
+    with pytest.raises(VllmUnavailable, match=r"scripts/setup vllm"):
+        VllmEngine.start(str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    _engine_python_or_skip()
+    torch.set_num_threads(1)
+    directory = tmp_path_factory.mktemp("tiny-qwen3-omni-vllm")
+    make_tiny_checkpoint(directory, seed=7)  # test_qwen3_omni.py's seed
+    return directory
+
+
+@pytest.fixture(scope="module")
+def thinker(checkpoint: Path):  # type: ignore[no-untyped-def]
+    from transformers import Qwen3OmniMoeThinkerForConditionalGeneration
+
+    return Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(
+        checkpoint / "thinker"
+    ).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint: Path):  # type: ignore[no-untyped-def]
+    engine = VllmEngine.start(
+        str(checkpoint), max_num_seqs=8, max_model_len=512, hidden_layers=[0, 1]
+    )
+    yield engine
+    engine.close()
+
+
+def _prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(7)
+    return [torch.randint(0, 256, (n,), generator=generator).tolist() for n in (5, 31, 64, 12)]
+
+
+def _run(engine: VllmEngine, prompts: list[list[int]], max_tokens: int, **add: object) -> dict:  # type: ignore[type-arg]
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    states: dict[str, object] = {}
+    for index, prompt in enumerate(prompts):
+        engine.add(str(index), prompt, max_tokens=max_tokens, **add)  # type: ignore[arg-type]
+    for _ in range(max_tokens + 5):
+        for out in engine.step():
+            tokens[out.request_id].extend(out.new_token_ids)
+            if out.prompt_states is not None:
+                states[out.request_id] = out.prompt_states
+        if all(len(t) >= max_tokens for t in tokens.values()):
+            break
+    return {"tokens": tokens, "states": states}
+
+
+def test_greedy_tokens_of_batched_streams_equal_generate(engine: VllmEngine, thinker) -> None:  # type: ignore[no-untyped-def]
+    prompts = _prompts()
+    result = _run(engine, prompts, max_tokens=16)
+    for index, prompt in enumerate(prompts):
+        ids = torch.tensor([prompt])
+        expected = thinker.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=16,
+            min_new_tokens=16,
+            do_sample=False,
+        )[0, len(prompt) :].tolist()
+        assert result["tokens"][str(index)] == expected, f"stream {index}"
+    assert engine.unfinished() == 0
+
+
+def test_prompt_hidden_states_equal_transformers(engine: VllmEngine, thinker) -> None:  # type: ignore[no-untyped-def]
+    prompts = _prompts()
+    result = _run(engine, prompts, max_tokens=2, prompt_states=True)
+    worst = 0.0
+    for index, prompt in enumerate(prompts):
+        states = torch.from_numpy(result["states"][str(index)].copy())  # [2, S, H]
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = thinker(input_ids=ids, output_hidden_states=True)
+        expected = torch.stack((out.hidden_states[0][0], out.hidden_states[1][0]))
+        assert states.shape == expected.shape
+        worst = max(worst, float((states - expected).abs().max()))
+    print(f"vLLM vs transformers prompt hidden states: max abs difference {worst:.2e}")
+    assert worst <= STATES_ATOL
+
+
+def test_abort_mid_answer_frees_the_request_and_the_others_go_on(
+    engine: VllmEngine, thinker
+) -> None:  # type: ignore[no-untyped-def]
+    prompts = _prompts()[:2]
+    for index, prompt in enumerate(prompts):
+        engine.add(f"abort-{index}", prompt, max_tokens=40)
+    seen: dict[str, list[int]] = {"abort-0": [], "abort-1": []}
+    for _ in range(4):
+        for out in engine.step():
+            seen[out.request_id].extend(out.new_token_ids)
+    assert engine.unfinished() == 2
+    engine.abort(["abort-0"])
+    assert engine.unfinished() == 1  # freed at once, not at the end of its answer
+    before = len(seen["abort-0"])
+    while engine.unfinished():
+        for out in engine.step():
+            seen[out.request_id].extend(out.new_token_ids)
+    assert len(seen["abort-0"]) == before
+    assert len(seen["abort-1"]) == 40
+    engine.abort(["abort-0", "never-added"])  # late or unknown aborts are no-ops
+
+
+def test_a_refused_request_fails_alone(engine: VllmEngine) -> None:
+    with pytest.raises(VllmRequestError, match="vLLM refused"):
+        engine.add("too-long", list(range(200)) * 4, max_tokens=4)  # 800 > max_model_len 512
+    result = _run(engine, _prompts()[:1], max_tokens=3)
+    assert len(result["tokens"]["0"]) == 3
+
+
+async def test_the_pipeline_with_the_thinker_on_vllm_equals_generate(checkpoint: Path) -> None:
+    """configs/qwen3-omni-tiny-vllm.yaml, held-out prompts, streams batched: text and codec
+    frames equal transformers' generate(return_audio=True)."""
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    from tests.stages.qwen3_omni.test_qwen3_omni import recorder_config
+
+    reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(checkpoint).eval()
+    config = recorder_config(checkpoint)
+    vllm_config = with_model_path(omnitrio.load_config(VLLM_CONFIG), checkpoint)
+    stages = list(config.stages)
+    stages[0] = vllm_config.stages[0]
+    config = config.model_copy(update={"stages": tuple(stages)})
+    options = {**GREEDY, "max_tokens": 10, "talker.max_tokens": 24}
+    requests = [omnitrio.Request(prompt, options=options) for prompt in HELD_OUT]
+    results = await run_streams(config, requests)
+    for prompt, (text, frames, _) in zip(HELD_OUT, results, strict=True):
+        ref_text, ref_codes, _ = reference_run(reference, checkpoint, prompt, 10, 24)
+        assert text == ref_text, prompt
+        assert frames == frames_of(ref_codes), prompt
