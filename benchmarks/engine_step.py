@@ -19,6 +19,13 @@ streams' greedy tokens equal the ``torch`` engine's.
 - ``vllm``: vLLM's ``LLMEngine`` (engine core in-process), one ``step()`` a token,
   through ``stages.kit.VllmEngine``, the vLLM thinker stage's engine.
 
+``--pipeline 1,8,32``: then the tiny Qwen3-Omni pipeline (thinker -> talker ->
+code2wav) at that many concurrent streams, once per config: the thinker on torch
+(configs/qwen3-omni-tiny.yaml) and on vLLM (configs/qwen3-omni-tiny-vllm.yaml);
+greedy, ``--new-tokens`` answer tokens, 64 talker frames. Rows: time to first audio
+(p50, p99 over streams) and answer text bytes per second (the tiny byte tokenizer:
+about one byte a token) over the run's wall time.
+
 Engines run one after another on the same prompts; the figures compare within a run.
 """
 
@@ -128,6 +135,72 @@ class VllmRuns:
             self.engine.close()
 
 
+PIPELINE_CONFIGS = {"torch": "qwen3-omni-tiny.yaml", "vllm": "qwen3-omni-tiny-vllm.yaml"}
+PIPELINE_FRAMES = 64
+
+
+async def _pipeline_run(config: Any, num_streams: int, tokens: int) -> dict[str, float]:
+    import trio
+
+    import omnitrio
+
+    options = {
+        "temperature": 0,
+        "talker.temperature": 0,
+        "max_tokens": tokens,
+        "talker.max_tokens": PIPELINE_FRAMES,
+    }
+    firsts: list[float] = []
+    text_bytes = 0
+
+    async def one(index: int) -> None:
+        nonlocal text_bytes
+        request = omnitrio.Request(f"stream {index}: tell me about the sea", options=options)
+        started, first = time.perf_counter(), None
+        async with pipeline.open_stream(request) as stream:
+            async for item in stream:
+                if first is None and isinstance(item, omnitrio.AudioChunk):
+                    first = time.perf_counter() - started
+                elif isinstance(item, omnitrio.TextDelta):
+                    text_bytes += len(item.text.encode())
+        firsts.append(first if first is not None else float("nan"))
+
+    async with omnitrio.open_pipeline(config) as pipeline:
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for index in range(num_streams):
+                nursery.start_soon(one, index)
+        wall = time.perf_counter() - started
+    firsts.sort()
+    return {
+        "ttfa_p50_s": round(statistics.median(firsts), 4),
+        "ttfa_p99_s": round(firsts[min(len(firsts) - 1, int(0.99 * len(firsts)))], 4),
+        "text_bytes_per_s": round(text_bytes / wall, 1),
+        "wall_s": round(wall, 3),
+    }
+
+
+def run_pipelines(
+    checkpoint: pathlib.Path, engines: list[str], streams: list[int], tokens: int
+) -> list[dict[str, Any]]:
+    import trio
+
+    import omnitrio
+
+    rows = []
+    configs = pathlib.Path(__file__).resolve().parent.parent / "configs"
+    for engine in engines:
+        config = omnitrio.with_model_path(
+            omnitrio.load_config(configs / PIPELINE_CONFIGS[engine]), checkpoint
+        )
+        for num_streams in streams:
+            row = {"engine": engine, "streams": num_streams}
+            row.update(trio.run(_pipeline_run, config, num_streams, tokens))
+            rows.append(row)
+            print("pipeline", json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", default="torch,torch-gather")
@@ -136,6 +209,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--checkpoint", type=pathlib.Path, default=None)
     parser.add_argument("--json", type=pathlib.Path, default=None)
+    parser.add_argument("--pipeline", default="", help="stream counts, e.g. 1,8,32")
     args = parser.parse_args()
     torch.set_num_threads(1)
     engines = args.engines.split(",")
@@ -183,8 +257,14 @@ def main() -> None:
                         flush=True,
                     )
         vllm.close()
+        pipeline_rows = []
+        if args.pipeline:
+            streams = [int(n) for n in args.pipeline.split(",")]
+            pipeline_engines = [e for e in engines if e in PIPELINE_CONFIGS]
+            pipeline_rows = run_pipelines(checkpoint, pipeline_engines, streams, args.new_tokens)
     if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        result = {"decode_steps": rows, "pipeline": pipeline_rows}
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -175,9 +175,8 @@ class _StepLayer(DynamicLayer):
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         step = self.step
-        slots = torch.arange(step.low, step.high, device=key_states.device)
-        self.buffer_keys[slots, :, step.write] = key_states[:, :, 0]
-        self.buffer_values[slots, :, step.write] = value_states[:, :, 0]
+        self.buffer_keys[step.slots, :, step.write] = key_states[:, :, 0]
+        self.buffer_values[step.slots, :, step.write] = value_states[:, :, 0]
         self.keys = self.buffer_keys[step.low : step.high, :, : step.span]
         self.values = self.buffer_values[step.low : step.high, :, : step.span]
         return self.keys, self.values
@@ -192,6 +191,7 @@ class _StepLayer(DynamicLayer):
 class _StepCache(Cache):
     def __init__(self, pool: KVSlots, low: int, high: int, write: torch.Tensor, span: int) -> None:
         self.low, self.high, self.write, self.span = low, high, write, span
+        self.slots = torch.arange(low, high, device=write.device)  # the rows it writes
         super().__init__(
             layers=[
                 _StepLayer(keys, values, self)

@@ -60,7 +60,7 @@ ENGINES = ("torch", "vllm")
 class Qwen3OmniThinker(AutoregressiveStage):
     """``engine: torch`` (default): transformers' model, the stage's KV slots;
     ``engine: vllm``: ``Qwen3OmniThinkerVllm`` (thinker_vllm.py), vLLM's engine, with
-    its own params (``max_num_seqs``, ``max_model_len``, ``kv_cache_bytes``)."""
+    its own params (``max_num_seqs``, ``max_model_len``, ``kv_cache_bytes``, ``dtype``)."""
 
     checkpoint = "qwen3-omni"  # model_path: one folder shared with the family's other stages
     max_inputs_per_step = None
@@ -111,9 +111,14 @@ class Qwen3OmniThinker(AutoregressiveStage):
         source = ModelSource(name, self.device, model_path, live_model)
         self.model = source.module("thinker", Qwen3OmniMoeThinkerForConditionalGeneration)
         self.decode_forward = fast_decode_forward(name, self.model, decode_fast_path)
+        self.config = self.model.config
+        self._read_checkpoint(source, max_tokens, system_prompt)
+        self.streams: dict[str, _Stream] = {}
+
+    def _read_checkpoint(self, source: ModelSource, max_tokens: int, system_prompt: str) -> None:
+        """What both engines read from the checkpoint: tokenizer, features, special ids."""
         self.tokenizer = source.tokenizer()
         self.features = source.features()
-        self.config = self.model.config
         # Special ids from the composite config: a published tokenizer names them differently.
         self.eos_ids = {int(source.composite("im_end_token_id"))}
         self.defaults = SamplingParams(max_tokens=max_tokens)
@@ -124,10 +129,10 @@ class Qwen3OmniThinker(AutoregressiveStage):
         self.special_ids = [
             int(source.composite(f"tts_{kind}_token_id")) for kind in ("bos", "eos", "pad")
         ]
+        thinker = source.composite("thinker_config")
         self.multimodal_ids = torch.tensor(
-            [self.config.audio_token_id, self.config.image_token_id, self.config.video_token_id]
+            [thinker[f"{kind}_token_id"] for kind in ("audio", "image", "video")]
         )
-        self.streams: dict[str, _Stream] = {}
 
     # -- the stage protocol ------------------------------------------------------
 

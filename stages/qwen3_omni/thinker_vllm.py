@@ -71,6 +71,7 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
         max_num_seqs: int = 32,
         max_model_len: int = 4096,
         kv_cache_bytes: int = 1 << 30,
+        dtype: str = "float32",
     ) -> None:
         AutoregressiveStage.__init__(
             self, name, device, num_threads=num_threads, packaging_queue=packaging_queue
@@ -78,23 +79,9 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
         if live_model is not None or model_path is None:
             raise OptionError(f"stage {name!r}: engine: vllm loads a model_path folder only")
         source = ModelSource(name, self.device, model_path, None)
-        self.tokenizer = source.tokenizer()
-        self.features = source.features()
+        self._read_checkpoint(source, max_tokens, system_prompt)
         self.embeddings = load_embedding(
             f"{model_path}/thinker", "model.embed_tokens.weight", self.device
-        )
-        self.eos_ids = {int(source.composite("im_end_token_id"))}
-        self.defaults = SamplingParams(max_tokens=max_tokens)
-        self.system_prompt = system_prompt
-        self.accept_layer = int(source.composite("talker_config")["accept_hidden_layer"])
-        self.im_start_id = int(source.composite("im_start_token_id"))
-        self.user_id = int(source.composite("user_token_id"))
-        self.special_ids = [
-            int(source.composite(f"tts_{kind}_token_id")) for kind in ("bos", "eos", "pad")
-        ]
-        thinker_config = source.composite("thinker_config")
-        self.multimodal_ids = torch.tensor(
-            [thinker_config[f"{kind}_token_id"] for kind in ("audio", "image", "video")]
         )
         self.streams: dict[str, _EngineStream] = {}  # type: ignore[assignment]
         self.engine = VllmEngine.start(
@@ -102,6 +89,7 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             kv_cache_bytes=kv_cache_bytes,
+            dtype=dtype,  # bfloat16 on a GPU
             hidden_layers=[HIDDEN_LAYER_FIRST, self.accept_layer],
         )
 
