@@ -24,7 +24,9 @@ code2wav) at that many concurrent streams, once per config: the thinker on torch
 (configs/qwen3-omni-tiny.yaml) and on vLLM (configs/qwen3-omni-tiny-vllm.yaml);
 greedy, ``--new-tokens`` answer tokens, 64 talker frames. Rows: time to first audio
 (p50, p99 over streams) and answer text bytes per second (the tiny byte tokenizer:
-about one byte a token) over the run's wall time.
+about one byte a token) over the run's wall time, and how many streams admission
+shed to keep the others in real time (their first audio, if any came, is counted).
+``--context ""`` skips the decode steps.
 
 Engines run one after another on the same prompts; the figures compare within a run.
 """
@@ -151,19 +153,24 @@ async def _pipeline_run(config: Any, num_streams: int, tokens: int) -> dict[str,
         "talker.max_tokens": PIPELINE_FRAMES,
     }
     firsts: list[float] = []
-    text_bytes = 0
+    text_bytes = shed = 0
 
     async def one(index: int) -> None:
         nonlocal text_bytes
         request = omnitrio.Request(f"stream {index}: tell me about the sea", options=options)
+        nonlocal shed
         started, first = time.perf_counter(), None
-        async with pipeline.open_stream(request) as stream:
-            async for item in stream:
-                if first is None and isinstance(item, omnitrio.AudioChunk):
-                    first = time.perf_counter() - started
-                elif isinstance(item, omnitrio.TextDelta):
-                    text_bytes += len(item.text.encode())
-        firsts.append(first if first is not None else float("nan"))
+        try:
+            async with pipeline.open_stream(request) as stream:
+                async for item in stream:
+                    if first is None and isinstance(item, omnitrio.AudioChunk):
+                        first = time.perf_counter() - started
+                    elif isinstance(item, omnitrio.TextDelta):
+                        text_bytes += len(item.text.encode())
+        except omnitrio.StreamShed:
+            shed += 1  # admission stopped it to keep the others in real time
+        if first is not None:
+            firsts.append(first)
 
     async with omnitrio.open_pipeline(config) as pipeline:
         started = time.perf_counter()
@@ -177,6 +184,7 @@ async def _pipeline_run(config: Any, num_streams: int, tokens: int) -> dict[str,
         "ttfa_p99_s": round(firsts[min(len(firsts) - 1, int(0.99 * len(firsts)))], 4),
         "text_bytes_per_s": round(text_bytes / wall, 1),
         "wall_s": round(wall, 3),
+        "streams_shed": shed,
     }
 
 
@@ -218,7 +226,7 @@ def main() -> None:
         if args.checkpoint is None:
             make_tiny_checkpoint(checkpoint)
         model = _thinker(checkpoint)
-        batches = [int(b) for b in args.batch.split(",")]
+        batches = [int(b) for b in args.batch.split(",") if b] or [1]
         vllm = VllmRuns(checkpoint, max(batches))
         runs: dict[str, Run] = {
             "torch": lambda p, s: run_torch(model, p, s, gather=False),
@@ -228,7 +236,7 @@ def main() -> None:
         rows = []
         generator = torch.Generator().manual_seed(0)
         print(f"{'engine':<13}{'batch':>6}{'context':>8}{'ms/step':>9}{'tok/s':>9}  equal")
-        for context in (int(c) for c in args.context.split(",")):
+        for context in (int(c) for c in args.context.split(",") if c):
             for batch in batches:
                 prompts = torch.randint(0, 256, (batch, context), generator=generator).tolist()
                 reference: list[list[int]] | None = None

@@ -108,10 +108,10 @@ class KVSlots:
         if high - low != len(kvs) or rows != sorted(rows):
             inputs = {k: _rows(v, rows, high - low, 0, len(kvs)) for k, v in inputs.items()}
             position_ids = _rows(position_ids, rows, high - low, 1, len(kvs))
-        write = torch.tensor(lengths, device=position_ids.device)
         span = max(lengths) + 1
-        mask = None
+        mask, write = None, None
         if min(lengths) + 1 != span:  # rows of unequal length: each sees its own positions
+            write = torch.tensor(lengths, device=position_ids.device)
             positions = torch.arange(span, device=position_ids.device)
             mask = (positions[None, :] <= write[:, None]).view(high - low, 1, 1, span)
         cache = _StepCache(self, low, high, write, span)
@@ -175,8 +175,13 @@ class _StepLayer(DynamicLayer):
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         step = self.step
-        self.buffer_keys[step.slots, :, step.write] = key_states[:, :, 0]
-        self.buffer_values[step.slots, :, step.write] = value_states[:, :, 0]
+        if step.write is None:  # every row writes the same position: a plain slice
+            position = step.span - 1
+            self.buffer_keys[step.low : step.high, :, position] = key_states[:, :, 0]
+            self.buffer_values[step.low : step.high, :, position] = value_states[:, :, 0]
+        else:
+            self.buffer_keys[step.slots, :, step.write] = key_states[:, :, 0]
+            self.buffer_values[step.slots, :, step.write] = value_states[:, :, 0]
         self.keys = self.buffer_keys[step.low : step.high, :, : step.span]
         self.values = self.buffer_values[step.low : step.high, :, : step.span]
         return self.keys, self.values
@@ -189,9 +194,12 @@ class _StepLayer(DynamicLayer):
 
 
 class _StepCache(Cache):
-    def __init__(self, pool: KVSlots, low: int, high: int, write: torch.Tensor, span: int) -> None:
+    def __init__(
+        self, pool: KVSlots, low: int, high: int, write: torch.Tensor | None, span: int
+    ) -> None:
+        """``write``: each row's next position; None when every row's is ``span - 1``."""
         self.low, self.high, self.write, self.span = low, high, write, span
-        self.slots = torch.arange(low, high, device=write.device)  # the rows it writes
+        self.slots = None if write is None else torch.arange(low, high, device=write.device)
         super().__init__(
             layers=[
                 _StepLayer(keys, values, self)

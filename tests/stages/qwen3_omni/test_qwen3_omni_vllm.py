@@ -182,3 +182,35 @@ async def test_the_pipeline_with_the_thinker_on_vllm_equals_generate(checkpoint:
         ref_text, ref_codes, _ = reference_run(reference, checkpoint, prompt, 10, 24)
         assert text == ref_text, prompt
         assert frames == frames_of(ref_codes), prompt
+
+
+def test_the_stage_aborts_a_closed_stream_and_fails_a_refused_one_alone(checkpoint: Path) -> None:
+    """engine: vllm on the stage itself: open -> add, a step -> one engine step and one
+    token per stream, close mid-answer -> abort (the engine frees it at once), a
+    request vLLM refuses fails at open_stream, the others go on."""
+    from omnitrio import StreamWork
+    from stages.qwen3_omni.thinker import Qwen3OmniThinker
+    from stages.qwen3_omni.thinker_vllm import Qwen3OmniThinkerVllm
+
+    stage = Qwen3OmniThinker(
+        "thinker", model_path=str(checkpoint), engine="vllm", max_num_seqs=4, max_model_len=256
+    )
+    try:
+        assert isinstance(stage, Qwen3OmniThinkerVllm)
+        options = {"temperature": 0, "max_tokens": 30}
+        stage.open_stream("a", omnitrio.Request("first stream", options=options))
+        stage.open_stream("b", omnitrio.Request("second stream", options=options))
+        with pytest.raises(VllmRequestError):
+            stage.open_stream("long", omnitrio.Request("x" * 400, options=options))
+        work = [StreamWork("a", (), True), StreamWork("b", (), True)]
+        for _ in range(3):
+            outputs = stage.step(work)
+        assert set(outputs) == {"a", "b"}
+        assert stage.engine.unfinished() == 2
+        stage.close_stream("a")  # closed (or cancelled) mid-answer
+        assert stage.engine.unfinished() == 1
+        for _ in range(3):
+            stage.step(work[1:])
+        assert stage.streams["b"].num_answer == 6
+    finally:
+        stage.close()
