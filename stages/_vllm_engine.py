@@ -95,6 +95,7 @@ class VllmEngine:
         states each request that asks gets back."""
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         env.setdefault("OMP_NUM_THREADS", "1")  # vLLM's CPU worker ignores set_num_threads
+        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its log goes to our stderr
         process = subprocess.Popen(
             [str(engine_python()), str(WORKER)],
             stdin=subprocess.PIPE,
