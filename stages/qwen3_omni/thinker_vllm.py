@@ -142,6 +142,8 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
         sampled: dict[str, int] = {}
         prompts: dict[str, torch.Tensor] = {}
         for sid, stream in streams.items():
+            if stream.engine_done and not stream.pending:
+                stream.finished = True  # the engine ended it with no token left to give
             if stream.finished or not stream.pending:
                 continue
             token = stream.pending.pop(0)
