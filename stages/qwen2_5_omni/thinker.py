@@ -35,6 +35,7 @@ from omnitrio import (
 from stages.kit import (
     AutoregressiveStage,
     Detokenizer,
+    OptionError,
     Outbox,
     Piece,
     Sampler,
@@ -102,7 +103,15 @@ class Qwen2_5OmniThinker(AutoregressiveStage):
         emit_ids: bool = False,
         num_threads: int | None = None,
         packaging_queue: int = 8,
+        engine: str = "torch",
     ) -> None:
+        if engine != "torch":
+            # Its talker reads the thinker's hidden states at every answer token, not only
+            # the prompt's: the vLLM engine's hooks give the prompt's (issue 38).
+            raise OptionError(
+                f"stage {name!r}: engine {engine!r}: the Qwen2.5-Omni thinker runs on "
+                "engine: torch only (vLLM serves the Qwen3-Omni thinker)"
+            )
         super().__init__(name, device, num_threads=num_threads, packaging_queue=packaging_queue)
         folder = stage_folder(model_path, "thinker")
         model = load_stage_model(Qwen2_5OmniThinkerForConditionalGeneration, folder, name)

@@ -54,6 +54,16 @@ def test_a_missing_engine_environment_is_named(
         VllmEngine.start(str(tmp_path))
 
 
+def test_the_engine_param_is_checked_before_anything_loads(tmp_path: Path) -> None:
+    from stages.kit import OptionError
+    from stages.qwen3_omni.thinker import Qwen3OmniThinker
+
+    with pytest.raises(OptionError, match="engine 'sglang' is not one of torch, vllm"):
+        Qwen3OmniThinker("thinker", model_path=str(tmp_path), engine="sglang")
+    with pytest.raises(OptionError, match="max_num_seqs apply to engine: vllm only"):
+        Qwen3OmniThinker("thinker", model_path=str(tmp_path), max_num_seqs=4)
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _engine_python_or_skip()
