@@ -72,3 +72,26 @@ def test_in_the_engine_environment_torchvision_and_vllm_import() -> None:
         [str(python), "-c", code], check=True, timeout=300, capture_output=True, text=True
     )
     assert done.stdout.strip().splitlines()[-1] == "0.32.0"
+
+
+def test_the_hidden_state_hooks_refuse_a_vllm_they_were_not_checked_against() -> None:
+    """The hooks rely on vLLM 0.32.0's internals (the model runner's batch): another
+    version is refused by name before any hook is placed."""
+    try:
+        python = engine_python()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import vllm; vllm.__version__ = '0.99.0';"
+        "from _vllm_worker import _StateHooks\n"
+        "try:\n    _StateHooks(None, [0])\nexcept RuntimeError as exc:\n    print(exc)"
+    )
+    done = subprocess.run(
+        [str(python), "-c", code, str(REPO / "stages")],
+        check=True,
+        timeout=300,
+        capture_output=True,
+        text=True,
+    )
+    assert "rely on vLLM 0.32.0 internals" in done.stdout
+    assert "has vLLM 0.99.0" in done.stdout
