@@ -182,6 +182,8 @@ def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarge
             targets.append(_model_target(config, settings, name))
         elif name == "sequential":
             targets.append(lambda: open_monolithic(config, SEQUENTIAL))
+        elif name == "sglang-omni":
+            targets.append(_sglang_omni_target(config))
         elif name == "pipecat":
             try:  # an optional extra: imported only when asked for
                 from ..baselines._pipecat import open_pipecat
@@ -204,6 +206,16 @@ def _model_target(config: PipelineConfig, settings: ModelSettings, name: str) ->
     from ..baselines._vllm_omni_model import open_vllm_omni_model  # needs pyzmq, the bench extra
 
     return lambda: open_vllm_omni_model(config, settings, name)
+
+
+def _sglang_omni_target(config: PipelineConfig) -> OpenTarget:
+    """The real sglang-omni runtime, in its own environment (checked before any run)."""
+    from ..baselines._sglang_omni import open_sglang_omni, peer_python
+    from ..baselines._sglang_omni_spec import peer_spec
+
+    peer_python()  # PeerUnavailable (naming the setup command) before anything runs
+    peer_spec(config)  # and PeerConfigError for a config it cannot run
+    return lambda: open_sglang_omni(config)
 
 
 def _context(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
