@@ -165,7 +165,7 @@ async def _read_ready(process: trio.Process, log: Path) -> tuple[dict[str, Any],
             if b"\n" in buffer:
                 line, rest = buffer.split(b"\n", 1)
                 return json.loads(line), rest
-    tail = log.read_text(errors="replace")[-3000:]
+    tail = (await trio.Path(log).read_text(errors="replace"))[-3000:]
     raise TargetError(f"the sglang-omni peer did not start; its log ends:\n{tail}")
 
 

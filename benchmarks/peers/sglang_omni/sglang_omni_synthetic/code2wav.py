@@ -24,7 +24,7 @@ from sglang_omni.proto.request import StagePayload
 from sglang_omni.scheduling.message import OutgoingMessage
 from sglang_omni.scheduling.streaming_vocoder import StreamingVocoderBase
 
-from .cost import StepModel
+from .cost import StepModel, StepTrace
 
 
 @dataclass
@@ -44,7 +44,11 @@ class SyntheticCode2Wav(StreamingVocoderBase[WindowState, None]):
         self.window = max(1, window)
         self.max_replay_rows = max(1, max_replay_rows)
         self.samples = samples
-        self.last_batch = 0
+        self.trace = StepTrace("code2wav")
+
+    def stop(self) -> None:
+        super().stop()
+        self.trace.dump()
 
     def is_streaming_payload(self, payload: StagePayload) -> bool:
         del payload
@@ -54,7 +58,9 @@ class SyntheticCode2Wav(StreamingVocoderBase[WindowState, None]):
         del request_id
         return WindowState()
 
-    def validate_chunk(self, request_id: str, state: WindowState, codes: torch.Tensor) -> torch.Tensor:
+    def validate_chunk(
+        self, request_id: str, state: WindowState, codes: torch.Tensor
+    ) -> torch.Tensor:
         del request_id, state
         return codes
 
@@ -96,8 +102,8 @@ class SyntheticCode2Wav(StreamingVocoderBase[WindowState, None]):
         return group[: self.max_replay_rows]
 
     def decode_windows(self, participants: list[tuple[str, WindowState]]) -> list[OutgoingMessage]:
-        self.model.run(len(participants))
-        self.last_batch = len(participants)
+        kind = "later" if participants[0][1].emitted else "first"
+        self.trace.step(self.model, kind, len(participants))
         messages = []
         for request_id, state in participants:
             state.emitted += self.window
@@ -125,11 +131,13 @@ class SyntheticCode2Wav(StreamingVocoderBase[WindowState, None]):
             messages.extend(self.decode_windows([(request_id, state)]))
         return messages
 
-    def decode_delta(self, request_id: str, state: WindowState, *, is_final: bool) -> torch.Tensor | None:
+    def decode_delta(
+        self, request_id: str, state: WindowState, *, is_final: bool
+    ) -> torch.Tensor | None:
         del request_id, is_final
         if state.frames <= state.emitted:
             return None
-        self.model.run(1)
+        self.trace.step(self.model, "final", 1)
         state.emitted = state.frames
         state.windows += 1
         return self.audio()

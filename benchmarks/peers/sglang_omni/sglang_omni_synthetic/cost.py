@@ -9,7 +9,9 @@ the same work: see ``stages/synthetic.py`` (``step``, ``_wait_until``, ``hold_gi
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import select
 import time
 from dataclasses import dataclass
@@ -65,3 +67,27 @@ def hold_gil_for(cpu_s: float) -> None:
     deadline_s = time.thread_time() + cpu_s
     while time.thread_time() < deadline_s:
         pass
+
+
+class StepTrace:
+    """Each step of a stage (kind, rows, start, end), written as JSON when the stage stops,
+    to ``$SGLANG_OMNI_SYNTHETIC_TRACE/<stage>.json`` when that variable names a folder."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.folder = os.environ.get("SGLANG_OMNI_SYNTHETIC_TRACE")
+        self.steps: list[tuple[str, int, float, float]] = []
+
+    def step(
+        self, model: StepModel, kind: str, working: int, fresh: int = 0, words: int = 0
+    ) -> None:
+        start = time.perf_counter()
+        model.run(working, fresh, words)
+        if self.folder is not None:
+            self.steps.append((kind, working, start, time.perf_counter()))
+
+    def dump(self) -> None:
+        if self.folder is not None and self.steps:
+            path = os.path.join(self.folder, f"{self.stage}.json")
+            with open(path, "w") as out:
+                json.dump(self.steps, out)

@@ -36,7 +36,7 @@ from sglang_omni.proto.request import StagePayload
 from sglang_omni.scheduling.message import OutgoingMessage, put_messages
 from sglang_omni.scheduling.streaming_simple_scheduler import StreamingSimpleScheduler
 
-from .cost import StepModel
+from .cost import StepModel, StepTrace
 
 CODE2WAV = "code2wav"
 EPSILON = 1e-9
@@ -70,7 +70,11 @@ class SyntheticTalker(StreamingSimpleScheduler):
         self.requests: dict[str, _Request] = {}
         self.waiting: collections.deque[str] = collections.deque()
         self.active: list[str] = []
-        self.last_batch = 0
+        self.trace = StepTrace("talker_ar")
+
+    def stop(self) -> None:
+        super().stop()
+        self.trace.dump()
 
     def is_streaming_payload(self, payload: StagePayload) -> bool:
         del payload
@@ -140,8 +144,7 @@ class SyntheticTalker(StreamingSimpleScheduler):
             else:
                 batch = list(self.active)
             working = [r for r in batch if self.requests[r].owed >= 1 - EPSILON]
-        self.model.run(len(working))
-        self.last_batch = len(working)
+        self.trace.step(self.model, "prefill" if admitted else "decode", len(working))
         messages: list[OutgoingMessage] = []
         finished: list[str] = []
         with self.state_lock:

@@ -32,7 +32,7 @@ from sglang_omni.scheduling.message import OutgoingMessage, put_messages
 from sglang_omni.scheduling.simple_scheduler import SimpleScheduler
 from sglang_omni.scheduling.streaming_simple_scheduler import StreamingSimpleScheduler
 
-from .cost import StepModel
+from .cost import StepModel, StepTrace
 
 DECODE = "decode"
 TALKER = "talker_ar"
@@ -68,7 +68,11 @@ class SyntheticThinker(StreamingSimpleScheduler):
         self.waiting: collections.deque[str] = collections.deque()
         self.active: dict[str, _Request] = {}
         self.requests: dict[str, _Request] = {}
-        self.last_batch = 0
+        self.trace = StepTrace("thinker")
+
+    def stop(self) -> None:
+        super().stop()
+        self.trace.dump()
 
     def is_streaming_payload(self, payload: StagePayload) -> bool:
         del payload
@@ -97,8 +101,8 @@ class SyntheticThinker(StreamingSimpleScheduler):
                     self.active[request_id] = self.requests[request_id]
             batch = list(self.active.items())
         fresh = [r for _, r in batch if r.units == 0]
-        self.model.run(len(batch), len(fresh), sum(r.words for r in fresh))
-        self.last_batch = len(batch)
+        kind = "mixed" if fresh else "decode"
+        self.trace.step(self.model, kind, len(batch), len(fresh), sum(r.words for r in fresh))
         messages: list[OutgoingMessage] = []
         finished: list[tuple[str, _Request]] = []
         for request_id, request in batch:

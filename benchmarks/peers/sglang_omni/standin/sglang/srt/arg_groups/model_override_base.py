@@ -5,4 +5,8 @@ from types import SimpleNamespace
 
 
 def resolved_view(server_args: object) -> SimpleNamespace:
-    return SimpleNamespace(**vars(server_args)) if hasattr(server_args, "__dict__") else SimpleNamespace()
+    return (
+        SimpleNamespace(**vars(server_args))
+        if hasattr(server_args, "__dict__")
+        else SimpleNamespace()
+    )
