@@ -24,7 +24,7 @@ from sglang_omni.proto.request import StagePayload
 from sglang_omni.scheduling.message import OutgoingMessage
 from sglang_omni.scheduling.streaming_vocoder import StreamingVocoderBase
 
-from .cost import StepModel, StepTrace
+from .cost import StepModel, StepTrace, TracedStage
 
 
 @dataclass
@@ -35,7 +35,7 @@ class WindowState:
     ready_since: float | None = None
 
 
-class SyntheticCode2Wav(StreamingVocoderBase[WindowState, None]):
+class SyntheticCode2Wav(TracedStage, StreamingVocoderBase[WindowState, None]):
     def __init__(
         self, model: StepModel, window: int, max_replay_rows: int, samples: int, rate: int
     ):
@@ -45,14 +45,6 @@ class SyntheticCode2Wav(StreamingVocoderBase[WindowState, None]):
         self.max_replay_rows = max(1, max_replay_rows)
         self.samples = samples
         self.trace = StepTrace("code2wav")
-
-    def stop(self) -> None:
-        super().stop()
-        self.trace.dump()
-
-    def is_streaming_payload(self, payload: StagePayload) -> bool:
-        del payload
-        return True
 
     def create_stream_state(self, request_id: str) -> WindowState:
         del request_id

@@ -91,3 +91,18 @@ class StepTrace:
             path = os.path.join(self.folder, f"{self.stage}.json")
             with open(path, "w") as out:
                 json.dump(self.steps, out)
+
+
+class TracedStage:
+    """What the three synthetic schedulers share, mixed in before the package's base: every
+    request streams (none is a one-shot compute), and the step trace is written at stop."""
+
+    trace: StepTrace
+
+    def is_streaming_payload(self, payload: object) -> bool:
+        del payload
+        return True
+
+    def stop(self) -> None:
+        super().stop()  # type: ignore[misc]
+        self.trace.dump()

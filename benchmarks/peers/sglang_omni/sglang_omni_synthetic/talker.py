@@ -36,7 +36,7 @@ from sglang_omni.proto.request import StagePayload
 from sglang_omni.scheduling.message import OutgoingMessage, put_messages
 from sglang_omni.scheduling.streaming_simple_scheduler import StreamingSimpleScheduler
 
-from .cost import StepModel, StepTrace
+from .cost import StepModel, StepTrace, TracedStage
 
 CODE2WAV = "code2wav"
 EPSILON = 1e-9
@@ -52,7 +52,7 @@ class _Request:
     pending: list[torch.Tensor] = field(default_factory=list)  # coalesced frames
 
 
-class SyntheticTalker(StreamingSimpleScheduler):
+class SyntheticTalker(TracedStage, StreamingSimpleScheduler):
     def __init__(
         self,
         model: StepModel,
@@ -71,14 +71,6 @@ class SyntheticTalker(StreamingSimpleScheduler):
         self.waiting: collections.deque[str] = collections.deque()
         self.active: list[str] = []
         self.trace = StepTrace("talker_ar")
-
-    def stop(self) -> None:
-        super().stop()
-        self.trace.dump()
-
-    def is_streaming_payload(self, payload: StagePayload) -> bool:
-        del payload
-        return True
 
     def state(self, request_id: str) -> _Request:
         request = self.requests.get(request_id)

@@ -32,7 +32,7 @@ from sglang_omni.scheduling.message import OutgoingMessage, put_messages
 from sglang_omni.scheduling.simple_scheduler import SimpleScheduler
 from sglang_omni.scheduling.streaming_simple_scheduler import StreamingSimpleScheduler
 
-from .cost import StepModel, StepTrace
+from .cost import StepModel, StepTrace, TracedStage
 
 DECODE = "decode"
 TALKER = "talker_ar"
@@ -58,7 +58,7 @@ class _Request:
     units: int = 0
 
 
-class SyntheticThinker(StreamingSimpleScheduler):
+class SyntheticThinker(TracedStage, StreamingSimpleScheduler):
     def __init__(self, model: StepModel, max_running: int, steps_cap: int, payload_bytes: int):
         super().__init__(None)
         self.model = model
@@ -69,14 +69,6 @@ class SyntheticThinker(StreamingSimpleScheduler):
         self.active: dict[str, _Request] = {}
         self.requests: dict[str, _Request] = {}
         self.trace = StepTrace("thinker")
-
-    def stop(self) -> None:
-        super().stop()
-        self.trace.dump()
-
-    def is_streaming_payload(self, payload: StagePayload) -> bool:
-        del payload
-        return True  # every request is generated step by step, never a one-shot compute
 
     def on_streaming_new_request(self, request_id: str, payload: StagePayload) -> None:
         params = payload.request.params or {}
