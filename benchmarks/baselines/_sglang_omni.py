@@ -75,6 +75,13 @@ class SglangOmniPeer:
         self._send_lock = trio.Lock()
         self._sample_lock = trio.Lock()
 
+    def peer_report(self) -> dict[str, str]:
+        """What the report says of the peer: the package's version and the stand-in."""
+        return {
+            "package": f"sglang-omni {self.version} (its own runtime, {PEER_VENV.name} venv)",
+            "stand-in sglang modules": ", ".join(self.standin),
+        }
+
     async def _send(self, message: dict[str, Any]) -> None:
         assert self.process.stdin is not None
         async with self._send_lock:

@@ -326,11 +326,19 @@ async def bench(args: argparse.Namespace) -> None:
                         progress_out=progress,
                         repetition=repetition,
                     )
+                    _note_peer(context, target)
                 ideal_s = load.ideal_ttfa_s
                 if ideal_s is not None and target_config is not config:  # its own host time
                     ideal_s = _ideal_ttfa_s(args, target_config, load.settings.max_concurrency)
                 reports.append(report_run(run, ideal_s))
     _write(args, reports, context)
+
+
+def _note_peer(context: dict[str, Any], target: Target) -> None:
+    """A real peer's version and stand-in modules (``peer_report``), for the report."""
+    report = getattr(target, "peer_report", None)
+    if callable(report):
+        context.setdefault("peers", {})[target.name] = report()
 
 
 def _write(args: argparse.Namespace, reports: list[RunReport], context: dict[str, Any]) -> None:
@@ -367,6 +375,8 @@ def _write(args: argparse.Namespace, reports: list[RunReport], context: dict[str
             f"- most streams that keep real time: {workload['max_continuous_streams']} "
             f"(max_streams {workload['max_streams']})"
         )
+    for name, peer in context.get("peers", {}).items():
+        sections.append(f"## Peer: {name}\n\n" + "\n".join(f"- {k}: {v}" for k, v in peer.items()))
     text = "\n\n".join(sections) + "\n"
     print(text)
     if args.markdown:

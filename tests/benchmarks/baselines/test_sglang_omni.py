@@ -77,6 +77,7 @@ async def test_the_real_peer_streams_every_token_and_window_of_each_request() ->
     async with open_sglang_omni(config) as peer:
         assert peer.version == "0.1.9"
         assert "sglang.srt.platforms" in peer.standin
+        assert "sglang-omni 0.1.9" in peer.peer_report()["package"]
         run = await run_load(peer, prompts, LoadSettings(max_concurrency=count, time_limit_s=60))
     assert not run.timed_out
     frames = math.ceil(steps * 3.5)  # 56 frames: two 25-frame windows and a remainder of 6
