@@ -20,6 +20,7 @@ BASELINES = (
     "orchestrator-shape",
     "pipecat",
     "sequential",
+    "sglang-omni",
 )
 
 

@@ -182,6 +182,8 @@ def _targets(args: argparse.Namespace, config: PipelineConfig) -> list[OpenTarge
             targets.append(_model_target(config, settings, name))
         elif name == "sequential":
             targets.append(lambda: open_monolithic(config, SEQUENTIAL))
+        elif name == "sglang-omni":
+            targets.append(_sglang_omni_target(config))
         elif name == "pipecat":
             try:  # an optional extra: imported only when asked for
                 from ..baselines._pipecat import open_pipecat
@@ -204,6 +206,16 @@ def _model_target(config: PipelineConfig, settings: ModelSettings, name: str) ->
     from ..baselines._vllm_omni_model import open_vllm_omni_model  # needs pyzmq, the bench extra
 
     return lambda: open_vllm_omni_model(config, settings, name)
+
+
+def _sglang_omni_target(config: PipelineConfig) -> OpenTarget:
+    """The real sglang-omni runtime, in its own environment (checked before any run)."""
+    from ..baselines._sglang_omni import open_sglang_omni, peer_python
+    from ..baselines._sglang_omni_spec import peer_spec
+
+    peer_python()  # PeerUnavailable (naming the setup command) before anything runs
+    peer_spec(config)  # and PeerConfigError for a config it cannot run
+    return lambda: open_sglang_omni(config)
 
 
 def _context(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
@@ -314,11 +326,19 @@ async def bench(args: argparse.Namespace) -> None:
                         progress_out=progress,
                         repetition=repetition,
                     )
+                    _note_peer(context, target)
                 ideal_s = load.ideal_ttfa_s
                 if ideal_s is not None and target_config is not config:  # its own host time
                     ideal_s = _ideal_ttfa_s(args, target_config, load.settings.max_concurrency)
                 reports.append(report_run(run, ideal_s))
     _write(args, reports, context)
+
+
+def _note_peer(context: dict[str, Any], target: Target) -> None:
+    """A real peer's version and stand-in modules (``peer_report``), for the report."""
+    report = getattr(target, "peer_report", None)
+    if callable(report):
+        context.setdefault("peers", {})[target.name] = report()
 
 
 def _write(args: argparse.Namespace, reports: list[RunReport], context: dict[str, Any]) -> None:
@@ -355,6 +375,8 @@ def _write(args: argparse.Namespace, reports: list[RunReport], context: dict[str
             f"- most streams that keep real time: {workload['max_continuous_streams']} "
             f"(max_streams {workload['max_streams']})"
         )
+    for name, peer in context.get("peers", {}).items():
+        sections.append(f"## Peer: {name}\n\n" + "\n".join(f"- {k}: {v}" for k, v in peer.items()))
     text = "\n\n".join(sections) + "\n"
     print(text)
     if args.markdown:

@@ -1,0 +1,1 @@
+"""The ``sglang.srt`` names sglang-omni's runtime imports (stand-in)."""
