@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/qwen3_omni_gpu.py [--model full-size|tiny] [--device cuda]
+    .venv/bin/python -m benchmarks.qwen3_omni_gpu [--model full-size|tiny] [--device cuda]
         [--streams 1,2,8,32] [--fast-paths off,cuda-graphs] [--max-tokens 64]
         [--max-frames 128] [--json FILE]
 

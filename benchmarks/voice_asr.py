@@ -2,7 +2,7 @@
 
 Usage (from the repository root; needs `scripts/setup dev,voice`)::
 
-    python benchmarks/voice_asr.py [--checkout DIR ...] [--rounds 10] [--config FILE]
+    python -m benchmarks.voice_asr [--checkout DIR ...] [--rounds 10] [--config FILE]
 
 Each ``--checkout`` (default: this one) is an omnitrio checkout (e.g. a ``git
 archive`` of an older commit): its ASR stage is built from its own

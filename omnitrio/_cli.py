@@ -92,19 +92,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _checkout_on_path() -> None:
+    """Put the checkout's root on the import path when omnitrio runs from one (an editable
+    install): the harness lives in its ``benchmarks/`` folder, which the wheel leaves out."""
+    root = Path(__file__).resolve().parents[1]
+    if (root / "benchmarks" / "harness" / "cli.py").is_file() and str(root) not in sys.path:
+        sys.path.append(str(root))
+
+
 def _bench_harness() -> types.ModuleType | None:
     """The benchmark harness (``benchmarks/harness/cli.py``), or None, having said on
     stderr what is missing: the ``benchmarks`` package (it ships with the repository,
     not apart from it) or one of the harness's own dependencies."""
+    _checkout_on_path()
     try:
         from benchmarks.harness import cli
     except ModuleNotFoundError as exc:
         missing = exc.name or str(exc)
         if missing.split(".")[0] == "benchmarks":
             print(
-                f"omnitrio: bench needs the benchmark harness, the `benchmarks` package of "
+                f"omnitrio: bench needs the benchmark harness, the `benchmarks` folder of "
                 f"omnitrio's repository, and {missing!r} is not importable here: run it "
-                "from a checkout of the repository (scripts/setup installs both)",
+                "from an install made from a checkout of the repository (scripts/setup)",
                 file=sys.stderr,
             )
         else:
