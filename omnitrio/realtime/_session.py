@@ -63,6 +63,7 @@ from ._events import (
     ItemCreate,
     ItemDelete,
     ItemTruncate,
+    OutputAudioClear,
     ResponseCancel,
     ResponseCreate,
     SessionUpdate,
@@ -107,7 +108,22 @@ class CancelResponse:
     response_id: str
 
 
-Output = ServerEvent | StartResponse | CancelResponse | SideStageAudio | Speculate | DropSpeculation
+@dataclass(frozen=True)
+class StopPlayback:
+    """The server must stop playing the answer's audio now, where it plays it (a WebRTC
+    call: barge-in, or the client's output_audio_buffer.clear), and report what was
+    played with ``played()``. A WebSocket client plays the audio itself: ignored there."""
+
+
+Output = (
+    ServerEvent
+    | StartResponse
+    | CancelResponse
+    | SideStageAudio
+    | Speculate
+    | DropSpeculation
+    | StopPlayback
+)
 """What the session returns: events to send, and what the server must do."""
 
 
@@ -150,6 +166,11 @@ class RealtimeSession:
         return None if self._response is None else self._response.id
 
     @property
+    def active_item_id(self) -> str | None:
+        """The assistant item the active response writes (None: none yet, or IDLE)."""
+        return None if self._response is None else self._response.item_id
+
+    @property
     def listening_generation(self) -> int | None:
         """The turn detector generation SideStageAudio goes to (None: turn detection is off)."""
         return None if self._settings.turn_detection is None else self._listener.generation
@@ -168,6 +189,19 @@ class RealtimeSession:
             raise LocalProtocolError("start() was already called on this session")
         self._started = True
         return [self._session_event("session.created")]
+
+    def configure(self, session: object) -> None:
+        """Apply a session object before ``start()`` (a WebRTC call's ``session`` form
+        field, or a client secret's): as session.update would, except that a field it
+        refuses raises ``ClientEventError`` (the request that carried it is refused)."""
+        if self._started:
+            raise LocalProtocolError("configure() comes before start()")
+        event = parse_client_event({"type": "session.update", "session": session}, self.config)
+        if not isinstance(event, SessionUpdate):
+            raise LocalProtocolError("a session.update parsed as another event")
+        if event.errors:
+            raise event.errors[0]
+        self._settings = self._settings.apply(event.patch)
 
     def receive(self, frame: str | bytes) -> list[Output]:
         """Handle one WebSocket message (str: text frame, bytes: binary frame).
@@ -237,7 +271,7 @@ class RealtimeSession:
 
     def speech_started(
         self, generation: int, audio_start_ms: int
-    ) -> list[ServerEvent | CancelResponse | DropSpeculation]:
+    ) -> list[ServerEvent | CancelResponse | DropSpeculation | StopPlayback]:
         """The turn detector heard speech start: speech_started, and barge-in on an answer
         (and a speculation held is dropped: the speech goes on)."""
         detection = self._settings.turn_detection
@@ -256,12 +290,15 @@ class RealtimeSession:
             "audio_start_ms": audio_start_ms,
             "item_id": listener.item_id,
         }
-        events: list[ServerEvent | CancelResponse | DropSpeculation] = [
+        events: list[ServerEvent | CancelResponse | DropSpeculation | StopPlayback] = [
             *drops,
             ServerEvent("input_audio_buffer.speech_started", fields),
         ]
+        if not detection.interrupt_response:
+            return events
+        events.append(StopPlayback())
         response = self._response
-        if detection.interrupt_response and response and self._state == "ACTIVE":
+        if response and self._state == "ACTIVE":
             self._move("response.cancel")
             events.append(CancelResponse(response.id))
         return events
@@ -370,6 +407,36 @@ class RealtimeSession:
             self._num_errors += 1
             return [error_event(error, None)]
 
+    def hear(self, pcm16: bytes) -> list[Output]:
+        """Audio from a live input track (a WebRTC call's microphone), at the input rate:
+        appended as input_audio_buffer.append would, but never refused. A track never
+        stops, so where the buffer would pass ``max_input_audio_s`` its oldest audio
+        makes room (without turn detection the buffer holds the last minute or so)."""
+        if not self._started:
+            raise LocalProtocolError("call start() before hear()")
+        committed = sum(len(audio) for _, audio in self._committed)
+        over = len(self._buffer) + committed + len(pcm16) - self.config.max_input_audio_bytes
+        if over > 0:
+            del self._buffer[: over + over % 2]
+        try:
+            return self._append(pcm16)
+        except ClientEventError:
+            return []  # the committed audio alone fills the limit: this chunk is dropped
+
+    def played(self, item_id: str | None, played_ms: int) -> list[ServerEvent]:
+        """The server stopped playing ``item_id`` after ``played_ms`` (``StopPlayback``):
+        its transcript is cut to match, as conversation.item.truncate would cut it."""
+        if item_id is None:
+            return []
+        item = self._conversation.get(item_id)
+        response = self._response
+        writing = response is not None and response.item_id == item_id
+        if item is None or item.role != "assistant" or item.kind != "audio":
+            return []
+        audio_ms = response.audio_ms if response is not None and writing else item.audio_ms
+        outs = self._truncate(item_id, min(played_ms, audio_ms))
+        return [out for out in outs if isinstance(out, ServerEvent)]
+
     def encode(self, event: ServerEvent) -> str | bytes:
         """``event`` as a WebSocket message with a fresh ``event_id``: str (JSON) or bytes."""
         return encode_event(event, new_id("event"), self.config.framing)
@@ -425,6 +492,8 @@ class RealtimeSession:
                 return self._create_response(event)
             case ResponseCancel(response_id):
                 return self._cancel(response_id)
+            case OutputAudioClear():
+                return [StopPlayback()]
 
     def _create_item(self, event: ItemCreate) -> list[Output]:
         if event.kind == "function_call_output" and (

@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
@@ -18,9 +18,13 @@ from .._items import Request
 from .._pipeline import Pipeline
 from .._stream import Stream
 from ._api_errors import retry_after_s as retry_after_s
+from ._secrets import ClientSecrets
 from ._settings import ServerSettings
 from ._shares import ClientShares
 from ._side_stage import SideStage
+
+if TYPE_CHECKING:
+    from ._calls import Calls
 
 logger = logging.getLogger("omnitrio.server")
 
@@ -35,8 +39,18 @@ class ServerState:
     side_stage: SideStage | None = None
     """Runs server_vad turn detection when the pipeline config names a detector."""
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    calls: Calls | None = None
+    """The WebRTC calls (``serve`` opens them around the HTTP server)."""
 
     def __post_init__(self) -> None:
+        self.secrets = ClientSecrets(
+            self.settings.client_secret_s, self.settings.max_client_secrets
+        )
+        self.calls_started = Counter(
+            "omnitrio_webrtc_calls",
+            "WebRTC calls answered (POST /v1/realtime/calls).",
+            registry=self.registry,
+        )
         self.ttfa_s = Histogram(
             "omnitrio_time_to_first_audio_seconds",
             "Time from a response's start to its first audio chunk.",
