@@ -77,6 +77,7 @@ class Caller:
         self.pc = RTCPeerConnection()
         self.mic = Microphone()
         self.events: list[dict[str, Any]] = []
+        self.event_times: list[float] = []  # time.monotonic() each event arrived
         self.audio = bytearray()  # the answer, PCM16 mono 48 kHz
         self.audio_times: list[float] = []  # time.monotonic() of each frame with sound
         self.call_id: str | None = None
@@ -89,6 +90,7 @@ class Caller:
 
     def _on_message(self, message: str | bytes) -> None:
         self.events.append(json.loads(message))
+        self.event_times.append(time.monotonic())
         self._new_event.set()
 
     def _on_track(self, track: MediaStreamTrack) -> None:
@@ -145,6 +147,9 @@ class Caller:
 
     async def wait_type(self, name: str, timeout_s: float) -> dict[str, Any]:
         return await self.wait_for(lambda e: e["type"] == name, timeout_s)
+
+    def time_of(self, event: dict[str, Any]) -> float:
+        return self.event_times[next(i for i, e in enumerate(self.events) if e is event)]
 
     def types(self) -> list[str]:
         return [event["type"] for event in self.events]

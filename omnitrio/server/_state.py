@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -57,6 +57,10 @@ class ServerState:
             buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0),
             registry=self.registry,
         )
+        calls_up = Gauge(
+            "omnitrio_webrtc_calls_up", "WebRTC calls up now.", registry=self.registry
+        )
+        calls_up.set_function(lambda: 0 if self.calls is None else len(self.calls))
         self.refusals = Counter(
             "omnitrio_refusals",
             "Requests or connections refused at once (overload, draining, limits).",
