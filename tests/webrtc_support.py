@@ -110,18 +110,20 @@ class Caller:
 
     async def connect(self, session: dict[str, Any] | None = None) -> None:
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        client = openai.AsyncOpenAI(
-            base_url=f"{self.base_url}/v1", api_key=self.api_key, max_retries=0
-        )
         kwargs: dict[str, Any] = {"sdp": self.pc.localDescription.sdp}
         if session is not None:
             kwargs["session"] = session
-        raw = await client.realtime.calls.with_raw_response.create(**kwargs)
+        async with self._client() as client:
+            raw = await client.realtime.calls.with_raw_response.create(**kwargs)
         assert raw.status_code == 201, raw.status_code
         self.call_id = raw.headers["location"].rsplit("/", 1)[-1]
         answer = raw.http_response.text
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
-        await client.close()
+
+    def _client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=f"{self.base_url}/v1", api_key=self.api_key, max_retries=0
+        )
 
     def send(self, event: dict[str, Any]) -> None:
         self.channel.send(json.dumps(event))
@@ -155,12 +157,9 @@ class Caller:
         return [event["type"] for event in self.events]
 
     async def hang_up(self) -> None:
-        client = openai.AsyncOpenAI(
-            base_url=f"{self.base_url}/v1", api_key=self.api_key, max_retries=0
-        )
         assert self.call_id is not None
-        await client.realtime.calls.hangup(self.call_id)
-        await client.close()
+        async with self._client() as client:
+            await client.realtime.calls.hangup(self.call_id)
 
     async def close(self) -> None:
         self.mic.stop()

@@ -54,6 +54,9 @@ class AsyncioThread:
             if tasks:
                 gathered = asyncio.gather(*tasks, return_exceptions=True)
                 self._loop.run_until_complete(asyncio.wait_for(gathered, STOP_TIMEOUT_S))
+            # aiortc resolves candidates' names in the loop's default executor: its
+            # threads end with the loop.
+            self._loop.run_until_complete(self._loop.shutdown_default_executor())
         except Exception:
             logger.exception("the WebRTC asyncio loop failed while stopping")
         finally:

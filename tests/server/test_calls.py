@@ -5,10 +5,15 @@ chat."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 import urllib.error
 import urllib.request
+from typing import Any
 
 import numpy as np
+import openai
+import pytest
 import trio
 
 from omnitrio.server import ServerSettings, serve
@@ -24,12 +29,16 @@ TEXT_TURN = {
     "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
 }
 TURN_TIMEOUT_S = 20.0
+RELEASED_WITHIN_S = 2.0
+CALLS = 8
+"""Calls at once: 8 on CI's 2 cores, where both ends (16 peers) encode and decode
+Opus in Python; benchmarks/voice_latency.py runs more."""
 
 
 async def _server(
-    nursery: trio.Nursery, stages: list[dict[str, object]], **settings: object
+    nursery: trio.Nursery, stages: list[dict[str, object]], max_streams: int = 4, **settings: object
 ) -> str:
-    config = chain_config(stages, max_streams=4)
+    config = chain_config(stages, max_streams=max_streams)
     binds = await nursery.start(serve, config, ServerSettings(port=0, **settings))  # type: ignore[arg-type]
     return str(binds[0])
 
@@ -81,3 +90,145 @@ async def test_garbage_and_offers_without_audio_are_refused(nursery: trio.Nurser
     assert (status, b"offer_without_audio" in body) == (400, True), body
     status, body = await trio.to_thread.run_sync(_post, url, b"{}", "application/json")
     assert (status, b"invalid_content_type" in body) == (400, True), body
+
+
+async def _metric(base_url: str, name: str) -> float:
+    def read() -> float:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+        assert match is not None, name
+        return float(match.group(1))
+
+    return await trio.to_thread.run_sync(read)
+
+
+async def _until_no_calls(base_url: str, within_s: float) -> float:
+    """Seconds until no call is up (fails past ``within_s``)."""
+    start = trio.current_time()
+    with trio.fail_after(within_s):
+        while await _metric(base_url, "omnitrio_webrtc_calls_up"):  # noqa: ASYNC110 (metrics)
+            await trio.sleep(0.05)
+    return trio.current_time() - start
+
+
+async def test_keys_and_ephemeral_client_secrets(nursery: trio.Nursery) -> None:
+    """With an API key a call needs it, or a client secret the key bought (whose session
+    the call starts from); a wrong key or a made-up secret gets 401."""
+    base_url = await _server(nursery, SPEAKING, api_key="sk-right")
+
+    def secret() -> str:
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="sk-right", max_retries=0)
+        made = client.realtime.client_secrets.create(
+            expires_after={"anchor": "created_at", "seconds": 60},
+            session={"type": "realtime", "instructions": "Answer in one word."},
+        )
+        assert made.session.instructions == "Answer in one word."  # type: ignore[union-attr]
+        return made.value
+
+    ephemeral = await trio.to_thread.run_sync(secret)
+    assert ephemeral.startswith("ek_")
+
+    async def script() -> list[str]:
+        refused = []
+        for key in ("sk-wrong", "ek_made_up"):
+            caller = Caller(base_url, api_key=key)
+            try:
+                await caller.connect()
+            except openai.AuthenticationError:
+                refused.append(key)
+            finally:
+                await caller.close()
+        caller = Caller(base_url, api_key=ephemeral)
+        try:
+            await caller.connect()
+            created = await caller.wait_type("session.created", TURN_TIMEOUT_S)
+            assert created["session"]["instructions"] == "Answer in one word."
+        finally:
+            await caller.close()
+        return refused
+
+    refused = await trio.to_thread.run_sync(run_caller, script)
+    assert refused == ["sk-wrong", "ek_made_up"]
+
+
+async def test_the_session_form_field_and_its_errors(nursery: trio.Nursery) -> None:
+    base_url = await _server(nursery, SPEAKING)
+
+    async def script() -> tuple[dict[str, Any], str]:
+        caller = Caller(base_url)
+        try:
+            await caller.connect({"type": "realtime", "instructions": "Be brief."})
+            created = await caller.wait_type("session.created", TURN_TIMEOUT_S)
+        finally:
+            await caller.close()
+        bad = Caller(base_url)
+        try:
+            await bad.connect({"type": "realtime", "output_modalities": ["smell"]})
+        except openai.BadRequestError as error:
+            return created, str(error)
+        finally:
+            await bad.close()
+        raise AssertionError("a bad session object was taken")
+
+    created, error = await trio.to_thread.run_sync(run_caller, script)
+    assert created["session"]["instructions"] == "Be brief."
+    assert "session" in error
+    assert "output_modalities" in error
+
+
+async def test_hang_up_and_a_caller_gone_silent_end_their_calls(nursery: trio.Nursery) -> None:
+    base_url = await _server(nursery, SPEAKING)
+
+    async def hang_up() -> None:
+        caller = Caller(base_url)
+        try:
+            await caller.connect()
+            await caller.wait_type("session.created", TURN_TIMEOUT_S)
+            await caller.hang_up()
+            with pytest.raises(openai.NotFoundError):
+                caller.call_id = "rtc_nobody"
+                await caller.hang_up()
+        finally:
+            await caller.close()
+
+    await trio.to_thread.run_sync(run_caller, hang_up)
+    await _until_no_calls(base_url, RELEASED_WITHIN_S)
+
+    async def go_silent() -> None:
+        caller = Caller(base_url)
+        await caller.connect()
+        await caller.wait_type("session.created", TURN_TIMEOUT_S)
+        caller.mic.stop()  # no more audio, and no goodbye: a tab killed, a network lost
+
+    await trio.to_thread.run_sync(run_caller, go_silent)
+    assert await _until_no_calls(base_url, RELEASED_WITHIN_S) < RELEASED_WITHIN_S
+
+
+async def test_several_calls_at_once(nursery: trio.Nursery) -> None:
+    """CALLS calls up together, each answered on its own track (the pipeline admits
+    them all: one client, CALLS streams); all released when they hang up."""
+    base_url = await _server(nursery, SPEAKING, CALLS, max_streams_per_client=CALLS)
+
+    async def one() -> tuple[str, float]:
+        caller = Caller(base_url)
+        try:
+            await caller.connect()
+            await caller.wait_type("session.created", TURN_TIMEOUT_S)
+            caller.send(TEXT_TURN)
+            caller.send({"type": "response.create"})
+            done = await caller.wait_type("response.done", 3 * TURN_TIMEOUT_S)
+            assert done["response"]["status"] == "completed", done
+            await caller.wait_type("output_audio_buffer.stopped", TURN_TIMEOUT_S)
+            samples = np.frombuffer(bytes(caller.audio), "<i2")
+            return done["response"]["status"], float((np.abs(samples) > 200).sum()) / RATE_HZ
+        finally:
+            await caller.close()
+
+    async def script() -> list[tuple[str, float]]:
+        return list(await asyncio.gather(*(one() for _ in range(CALLS))))
+
+    results = await trio.to_thread.run_sync(run_caller, script)
+    assert all(status == "completed" for status, _ in results), results
+    assert all(seconds > 0.3 for _, seconds in results), results
+    await _until_no_calls(base_url, RELEASED_WITHIN_S)
