@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
+import threading
 import urllib.error
 import urllib.request
 from typing import Any
@@ -17,7 +19,10 @@ import pytest
 import trio
 
 from omnitrio.server import ServerSettings, serve
+from omnitrio.server._calls import CLOSE_TIMEOUT_S
 from tests.conftest import chain_config
+from tests.server.test_server_process import SYNTHETIC, start_server
+from tests.server.test_server_process import _signal_and_wait as signal_and_wait
 from tests.webrtc_support import RATE_HZ, Caller, run_caller
 
 SPEAKING = [
@@ -232,3 +237,36 @@ async def test_several_calls_at_once(nursery: trio.Nursery) -> None:
     assert all(status == "completed" for status, _ in results), results
     assert all(seconds > 0.3 for _, seconds in results), results
     await _until_no_calls(base_url, RELEASED_WITHIN_S)
+
+
+def test_sigterm_with_ten_calls_up_exits_zero_within_the_bound() -> None:
+    """``omnitrio run`` with 10 calls up: SIGTERM ends every call and the process exits 0
+    within the grace period plus the calls' close bound."""
+    process, url = start_server("--config", SYNTHETIC, "--port", "0", "--grace-period-s", "1")
+    up, leave = threading.Event(), threading.Event()
+
+    async def script() -> None:
+        callers = [Caller(url) for _ in range(10)]
+        try:
+            await asyncio.gather(*(caller.connect() for caller in callers))
+            await asyncio.gather(*(c.wait_type("session.created", TURN_TIMEOUT_S) for c in callers))
+            up.set()
+            while not leave.is_set():  # noqa: ASYNC110 (a thread's Event: nothing to await)
+                await asyncio.sleep(0.05)
+        finally:
+            for caller in callers:
+                await caller.close()
+
+    thread = threading.Thread(target=run_caller, args=(script,), daemon=True)
+    thread.start()
+    try:
+        assert up.wait(30), "the calls did not come up"
+        _, err, elapsed = signal_and_wait(process, signal.SIGTERM)
+    finally:
+        leave.set()
+        if process.poll() is None:
+            process.kill()
+        thread.join(10)
+    assert process.returncode == 0, err
+    assert "omnitrio: stopped" in err
+    assert elapsed < 1 + CLOSE_TIMEOUT_S + 1.5, elapsed  # grace + close (+ interpreter exit)
