@@ -62,7 +62,7 @@ export async function connectWebRtc({ apiKey, onEvent, onClose, audio }) {
       close,
       setMicrophone: (on) => (track.enabled = on), // off: the browser sends silence
       stats: () => inboundAudio(pc),
-      recordReply: (seconds) => record(remote, seconds),
+      recordReply: () => record(remote),
     };
   } catch (err) {
     close();
@@ -87,23 +87,26 @@ async function inboundAudio(pc) {
   return null;
 }
 
-// The next `seconds` of the answer's track, as base64 WebM/Opus (for tests and bug reports).
-function record(stream, seconds) {
-  if (!stream) return Promise.resolve("");
-  return new Promise((resolve, reject) => {
-    const recorder = new MediaRecorder(stream, { mimeType: "audio/webm;codecs=opus" });
-    const chunks = [];
-    recorder.ondataavailable = (e) => chunks.push(e.data);
-    recorder.onerror = (e) => reject(e.error);
-    recorder.onstop = async () => {
-      const bytes = new Uint8Array(await new Blob(chunks).arrayBuffer());
-      let text = "";
-      for (let i = 0; i < bytes.length; i += 0x8000) {
-        text += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
-      }
-      resolve(btoa(text));
-    };
-    recorder.start();
-    setTimeout(() => recorder.stop(), seconds * 1000);
-  });
+// Records the answer's track from now on: {stop()} resolves to base64 WebM/Opus (for
+// tests and bug reports).
+function record(stream) {
+  if (!stream) throw new Error("no answer track yet");
+  const recorder = new MediaRecorder(stream, { mimeType: "audio/webm;codecs=opus" });
+  const chunks = [];
+  recorder.ondataavailable = (e) => chunks.push(e.data);
+  recorder.start();
+  return {
+    stop: () => new Promise((resolve, reject) => {
+      recorder.onerror = (e) => reject(e.error);
+      recorder.onstop = async () => {
+        const bytes = new Uint8Array(await new Blob(chunks).arrayBuffer());
+        let text = "";
+        for (let i = 0; i < bytes.length; i += 0x8000) {
+          text += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+        }
+        resolve(btoa(text));
+      };
+      recorder.stop();
+    }),
+  };
 }
