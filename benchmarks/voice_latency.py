@@ -77,6 +77,7 @@ text delta.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import json
 import math
@@ -100,6 +101,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.voice_support import INPUT_RATE_HZ, paused_speech  # noqa: E402
+from tests.webrtc_support import Caller, run_caller  # noqa: E402
 
 CHUNK_S = 0.02
 QUESTION_SETS = {
@@ -159,6 +161,7 @@ class Turn:
 @dataclass
 class Level:
     conversations: int
+    transport: str = "websocket"
     turns: list[Turn] = field(default_factory=list)
     audio_sent_s: float = 0.0
     busy_s: dict[str, float] = field(default_factory=dict)
@@ -182,6 +185,13 @@ class Detection:
 
     kind: str = "server_vad"
     eagerness: str = "auto"  # semantic_vad's
+
+    def session(self) -> dict[str, object] | None:
+        """The session object that asks for it (None: the server's default)."""
+        if self.kind == "server_vad":
+            return None
+        asked = {"type": self.kind, "eagerness": self.eagerness}
+        return {"type": "realtime", "audio": {"input": {"turn_detection": asked}}}
 
     def update(self) -> str | None:
         """The session.update that asks for it (None: the server's default, server_vad)."""
@@ -328,6 +338,107 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
             return
 
 
+async def converse_webrtc(
+    base_url: str,
+    index: int,
+    num_turns: int,
+    voices: dict[str, tuple[bytes, float]],
+    level: Level,
+    detection: Detection,
+    listen_to_answers: bool = False,
+) -> None:
+    """One conversation as a WebRTC call (asyncio; tests/webrtc_support.py's caller): the
+    questions go out on the microphone track at real time, with silence between them."""
+    caller = Caller(base_url)
+    try:
+        await caller.connect(detection.session())
+        await caller.wait_type("session.created", TURN_TIMEOUT_S)
+        questions = list(voices)
+        for number in range(num_turns):
+            question = questions[(index + number) % len(questions)]
+            pcm16, speech_end_s = voices[question]
+            turn = Turn(index, question)
+            level.turns.append(turn)
+            seen = len(caller.events)
+            start = caller.mic.say(pcm16)
+            turn.clock_s["start"], turn.clock_s["speech_end"] = start, start + speech_end_s
+            await listen_webrtc(caller, turn, start + speech_end_s, seen, listen_to_answers)
+    finally:
+        await caller.close()
+
+
+async def listen_webrtc(
+    caller: Caller, turn: Turn, speech_end: float, seen: int, listen_to_answers: bool
+) -> None:
+    """As ``listen``, on the call's data channel; the first answer audio is the first
+    frame with sound on the remote track after speech_stopped (heard, not announced)."""
+    stopped: float | None = None
+    transcript: float | None = None
+    first_text: float | None = None
+    answer: str | None = None
+    index = seen
+    while True:
+        event, now = await caller.next_event(index, TURN_TIMEOUT_S)
+        index += 1
+        kind = event["type"]
+        if kind == "error":
+            raise RuntimeError(f"error event: {event['error']}")
+        if kind == "input_audio_buffer.speech_started":
+            answer = None
+        elif kind == "input_audio_buffer.speech_stopped":
+            if now < speech_end:
+                turn.num_splits += 1
+            else:
+                turn.end_of_speech_to_stopped_s = now - speech_end
+            turn.clock_s["stopped"] = now
+            stopped, transcript, first_text, answer = now, None, None, None
+        elif kind == "response.created" and stopped is not None:
+            answer = event["response"]["id"]
+        elif kind == "conversation.item.input_audio_transcription.completed":
+            turn.input_audio_s = float(event.get("usage", {}).get("seconds", 0.0))
+            turn.heard = str(event.get("transcript", ""))
+            transcript = now
+            if stopped is not None:
+                turn.speech_stopped_to_transcript_s = transcript - stopped
+        elif kind in ANSWER_EVENTS and (answer is None or response_id(event) != answer):
+            if kind == "response.done" and event["response"]["status"] == "cancelled":
+                turn.num_false_barge_ins += 1
+            continue
+        elif kind == "response.output_audio_transcript.delta":
+            turn.num_text_deltas += 1
+            turn.answer_text += str(event.get("delta", ""))
+            if first_text is None:
+                first_text = now
+                if transcript is not None:
+                    turn.transcript_to_first_text_s = first_text - transcript
+        elif kind == "response.done":
+            turn.status = event["response"]["status"]
+            details = event["response"].get("status_details") or {}
+            if turn.status != "completed":
+                turn.error = str(details.get("error") or details)[:200]
+                return
+            break
+    assert stopped is not None
+    async with asyncio.timeout(TURN_TIMEOUT_S):
+        # noqa: frames come on aiortc's reader task, which sets no event
+        while not (heard := [t for t in caller.audio_times if t > stopped]):  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+    first = heard[0]
+    turn.clock_s["first_audio"] = first
+    turn.end_of_speech_to_first_audio_s = first - speech_end
+    turn.speech_stopped_to_first_audio_s = first - stopped
+    if first_text is not None:
+        turn.first_text_to_first_audio_s = first - first_text
+    if listen_to_answers:
+        await caller.wait_for(
+            lambda e: (
+                e["type"] in ("output_audio_buffer.stopped", "output_audio_buffer.cleared")
+                and e.get("response_id") == answer
+            ),
+            TURN_TIMEOUT_S,
+        )
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU time a process has used, with its children waited for (espeak-ng's runs):
     utime, stime, cutime and cstime of /proc/<pid>/stat (nan where there is none)."""
@@ -366,16 +477,33 @@ async def run_level(
     chunk_s: float = CHUNK_S,
     server_pid: int = 0,
     listen_to_answers: bool = False,
+    transport: str = "websocket",
 ) -> Level:
-    level = Level(conversations)
+    level = Level(conversations, transport)
     load_before = os.getloadavg()[0]
     cpu_before = cpu_seconds(server_pid)
     before = await trio.to_thread.run_sync(busy_seconds, base_url)
     per = [turns // conversations + (i < turns % conversations) for i in range(conversations)]
     url = base_url.replace("http://", "ws://") + "/v1/realtime"
     started = time.perf_counter()
+    if transport == "webrtc":
+
+        async def calls() -> None:
+            await asyncio.gather(
+                *(
+                    converse_webrtc(
+                        base_url, i, max(1, n), voices, level, detection, listen_to_answers
+                    )
+                    for i, n in enumerate(per)
+                )
+            )
+
+        await trio.to_thread.run_sync(run_caller, calls)
+        level.audio_sent_s = conversations * (
+            time.perf_counter() - started
+        )  # the track never stops
     async with trio.open_nursery() as nursery:
-        for index, num_turns in enumerate(per):
+        for index, num_turns in enumerate(per) if transport == "websocket" else ():
             nursery.start_soon(
                 converse,
                 url,
@@ -409,15 +537,16 @@ def p50(turns: list[Turn], name: str) -> str:
 
 def breakdown(levels: list[Level]) -> str:
     lines = [
-        "| conversations | speech_stopped -> transcript | transcript -> first text "
+        "| transport | conversations | speech_stopped -> transcript | transcript -> first text "
         "| first text -> first audio | server CPU s per turn | answers run dry (s in all) "
         "| load average (start, end) |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         load = "{:.1f}, {:.1f}".format(*level.load_average)
         lines.append(
-            f"| {level.conversations} | {p50(level.turns, 'speech_stopped_to_transcript_s')} "
+            f"| {level.transport} | {level.conversations} "
+            f"| {p50(level.turns, 'speech_stopped_to_transcript_s')} "
             f"| {p50(level.turns, 'transcript_to_first_text_s')} "
             f"| {p50(level.turns, 'first_text_to_first_audio_s')} "
             f"| {level.server_cpu_s / max(1, len(level.turns)):.2f} "
@@ -429,11 +558,11 @@ def breakdown(levels: list[Level]) -> str:
 
 def report(levels: list[Level]) -> str:
     lines = [
-        "| conversations | turns | end of speech -> first audio p50 / p90 (ms) "
+        "| transport | conversations | turns | end of speech -> first audio p50 / p90 (ms) "
         "| speech_stopped -> first audio p50 / p90 (ms) | RTF vad | RTF asr | RTF llm "
         "| llm ms/delta | RTF tts | turn splits | late ends | end of speech -> speech_stopped "
         "p50 / p90 (ms) | false barge-ins | speculative answers taken / dropped |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         done = [t for t in level.turns if t.end_of_speech_to_first_audio_s is not None]
@@ -454,7 +583,7 @@ def report(levels: list[Level]) -> str:
         late = sum(w > LATE_END_S * 1000 for w in waits)
         busy = level.busy_s
         lines.append(
-            f"| {level.conversations} | {len(done)} "
+            f"| {level.transport} | {level.conversations} | {len(done)} "
             f"| {percentile(eos, 50):.0f} / {percentile(eos, 90):.0f} "
             f"| {percentile(ss, 50):.0f} / {percentile(ss, 90):.0f} "
             f"| {busy['vad'] / level.audio_sent_s:.3f} "
@@ -573,6 +702,11 @@ def main() -> None:
         "--trace", action="store_true", help="the stages' step times, at one conversation"
     )
     parser.add_argument(
+        "--transports",
+        default="websocket",
+        help="websocket, webrtc, or both (websocket,webrtc): each level on each, in turn",
+    )
+    parser.add_argument(
         "--listen",
         action="store_true",
         help="ask the next question once the answer would have played, not at response.done",
@@ -599,8 +733,10 @@ def main() -> None:
                     args.chunk_ms / 1000,
                     server.pid,
                     args.listen,
+                    transport,
                 )
                 for n in args.levels.split(",")
+                for transport in args.transports.split(",")
             ]
         finally:
             server.send_signal(signal.SIGTERM)

@@ -41,10 +41,15 @@ class Microphone(MediaStreamTrack):
         self._start: float | None = None
         self._pts = 0
 
-    def say(self, pcm16_24k: bytes) -> None:
+    def say(self, pcm16_24k: bytes) -> float:
+        """Queue speech; the time (``time.monotonic()``) its first sample goes out."""
         samples = np.frombuffer(pcm16_24k, "<i2").astype(np.float32) / 32768
         up = (np.clip(resample_float(samples, 24_000, RATE_HZ), -1, 1) * 32767).astype(np.int16)
+        ahead = self._pending.size
         self._pending = np.concatenate([self._pending, up])
+        if self._start is None:
+            return time.monotonic() + ahead / RATE_HZ
+        return self._start + (self._pts + FRAME + ahead) / RATE_HZ
 
     @property
     def talking(self) -> bool:
@@ -149,6 +154,14 @@ class Caller:
 
     async def wait_type(self, name: str, timeout_s: float) -> dict[str, Any]:
         return await self.wait_for(lambda e: e["type"] == name, timeout_s)
+
+    async def next_event(self, index: int, timeout_s: float) -> tuple[dict[str, Any], float]:
+        """The ``index``-th event (waiting for it) and when it arrived."""
+        async with asyncio.timeout(timeout_s):
+            while len(self.events) <= index:
+                self._new_event.clear()
+                await self._new_event.wait()
+        return self.events[index], self.event_times[index]
 
     def time_of(self, event: dict[str, Any]) -> float:
         return self.event_times[next(i for i, e in enumerate(self.events) if e is event)]
