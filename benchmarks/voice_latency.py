@@ -420,7 +420,7 @@ async def listen_webrtc(
             break
     assert stopped is not None
     async with asyncio.timeout(TURN_TIMEOUT_S):
-        # noqa: frames come on aiortc's reader task, which sets no event
+        # The frames come on aiortc's reader task, which sets no event: look every 5 ms.
         while not (heard := [t for t in caller.audio_times if t > stopped]):  # noqa: ASYNC110
             await asyncio.sleep(0.005)
     first = heard[0]
@@ -530,6 +530,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+def ratio(part: float, whole: float) -> float:
+    """``part / whole``, nan where ``whole`` is 0 (over WebRTC the answer's audio is
+    heard, not counted: its real-time factors are not shown)."""
+    return part / whole if whole else math.nan
+
+
 def p50(turns: list[Turn], name: str) -> str:
     values = [getattr(t, name) * 1000 for t in turns if getattr(t, name) is not None]
     return f"{percentile(values, 50):.0f}" if values else "-"
@@ -586,11 +592,11 @@ def report(levels: list[Level]) -> str:
             f"| {level.transport} | {level.conversations} | {len(done)} "
             f"| {percentile(eos, 50):.0f} / {percentile(eos, 90):.0f} "
             f"| {percentile(ss, 50):.0f} / {percentile(ss, 90):.0f} "
-            f"| {busy['vad'] / level.audio_sent_s:.3f} "
-            f"| {busy.get('asr', math.nan) / input_s:.3f} "
-            f"| {busy.get('llm', math.nan) / answer_s:.3f} "
-            f"| {busy.get('llm', math.nan) / deltas * 1000:.1f} "
-            f"| {busy.get('tts', math.nan) / answer_s:.3f} "
+            f"| {ratio(busy['vad'], level.audio_sent_s):.3f} "
+            f"| {ratio(busy.get('asr', math.nan), input_s):.3f} "
+            f"| {ratio(busy.get('llm', math.nan), answer_s):.3f} "
+            f"| {ratio(busy.get('llm', math.nan), deltas) * 1000:.1f} "
+            f"| {ratio(busy.get('tts', math.nan), answer_s):.3f} "
             f"| {sum(t.num_splits for t in level.turns)} | {late} "
             f"| {percentile(waits, 50):.0f} / {percentile(waits, 90):.0f} "
             f"| {sum(t.num_false_barge_ins for t in level.turns)} "
@@ -744,6 +750,9 @@ def main() -> None:
             if args.server_log:
                 shutil.copyfile(log, args.server_log)
             log_text = log.read_text(errors="replace")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([asdict(level) for level in levels], indent=1))
     if args.listen:
         print("Pacing: each next question after the answer has played (--listen).\n")
     print(report(levels))
@@ -753,9 +762,6 @@ def main() -> None:
         if args.trace and level.conversations == 1:
             attach_trace(level, log_text)
             print(f"\nThe answer's steps (--trace):\n\n{trace_report(level)}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([asdict(level) for level in levels], indent=1))
     statuses = {t.status for level in levels for t in level.turns}
     if statuses != {"completed"}:
         errors = {t.error for level in levels for t in level.turns if t.status != "completed"}

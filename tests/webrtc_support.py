@@ -25,9 +25,12 @@ from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
 from omnitrio import resample_float
+from omnitrio.webrtc._peer import set_prefetch
 
 RATE_HZ = 48_000
 FRAME = 960  # 20 ms
+SOUND_LEVEL = 16
+"""A received frame with a sample above this has sound (Opus decodes silence to ~0)."""
 
 
 class Microphone(MediaStreamTrack):
@@ -99,6 +102,11 @@ class Caller:
         self._new_event.set()
 
     def _on_track(self, track: MediaStreamTrack) -> None:
+        # A browser's jitter buffer adapts (~20-40 ms on loopback); aiortc's holds 80 ms
+        # unless told: as the server does, hear each frame once the next is in.
+        for transceiver in self.pc.getTransceivers():
+            if transceiver.receiver.track is track:
+                set_prefetch(transceiver.receiver, 1)
         self._reader = asyncio.ensure_future(self._read(track))
 
     async def _read(self, track: MediaStreamTrack) -> None:
@@ -107,7 +115,7 @@ class Caller:
                 frame = await track.recv()
                 samples = frame.to_ndarray().reshape(-1, len(frame.layout.channels)).mean(axis=1)
                 pcm = samples.astype("<i2")
-                if np.abs(pcm).max(initial=0) > 64:
+                if np.abs(pcm).max(initial=0) > SOUND_LEVEL:
                     self.audio_times.append(time.monotonic())
                 self.audio += pcm.tobytes()
         except MediaStreamError:

@@ -24,7 +24,8 @@ send in any OPEN state: session.update (applies to the next response),
 input_audio_buffer.append / commit / clear, conversation.item.create.
 
 With server_vad turn detection (see _turns.py) the server also reports the
-detector's findings through ``speech_started`` / ``speech_stopped``; a turn
+detector's findings through ``speech_started`` / ``speech_stopped`` (those methods
+live in _vad_turns.py, a room of their own shared by both transports); a turn
 that ends while a response is still ACTIVE or CANCELLING starts its response
 from ``finish()``. At a pause the detector reports (``speech_paused``) the session
 holds a speculation: the request the turn's response would get, which the server
@@ -44,10 +45,8 @@ or ``receive`` while NEW, is the server's bug: ``LocalProtocolError``.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 from .._items import AudioInput, JsonValue, Request, VisibleItem
 from ..tools import arguments_json
@@ -70,14 +69,15 @@ from ._events import (
     client_event_id,
     parse_client_event,
 )
+from ._outputs import CancelResponse, Output, ResponseState, StartResponse, StopPlayback
 from ._response import STATUSES, ActiveResponse, Status
-from ._server_events import ServerEvent, error_event, new_id, safe_text
+from ._server_events import ServerEvent, error_event, new_id
 from ._settings import Settings, SettingsPatch, default_settings
 from ._shapes import item_events, session_object
-from ._speculation import DropSpeculation, Speculate, SpeculationState
-from ._turns import END_PADDING_MS, IDLE_KEEP_MS, SideStageAudio, TurnDetectionState
+from ._speculation import DropSpeculation, SpeculationState
+from ._turns import IDLE_KEEP_MS, SideStageAudio, TurnDetectionState
+from ._vad_turns import ServerVadTurns
 
-ResponseState = Literal["IDLE", "ACTIVE", "CANCELLING"]
 # (state, trigger) -> next state. A trigger missing for a state is refused there.
 _TRANSITIONS: Mapping[tuple[ResponseState, str], ResponseState] = {
     ("IDLE", "response.create"): "ACTIVE",
@@ -88,43 +88,6 @@ _TRANSITIONS: Mapping[tuple[ResponseState, str], ResponseState] = {
     ("CANCELLING", "response.cancel"): "CANCELLING",  # already under way: no reply
     ("CANCELLING", "finish"): "IDLE",
 }
-
-
-@dataclass(frozen=True)
-class StartResponse:
-    """The server must open a pipeline stream for ``request`` and feed its items to output()."""
-
-    response_id: str
-    request: Request
-    speculation_id: str | None = None
-    """The speculation (``Speculate``) whose items are this response's: its request is
-    equal, so the server sends what it kept and reads on from its stream."""
-
-
-@dataclass(frozen=True)
-class CancelResponse:
-    """The server must cancel that response's pipeline stream, then call finish()."""
-
-    response_id: str
-
-
-@dataclass(frozen=True)
-class StopPlayback:
-    """The server must stop playing the answer's audio now, where it plays it (a WebRTC
-    call: barge-in, or the client's output_audio_buffer.clear), and report what was
-    played with ``played()``. A WebSocket client plays the audio itself: ignored there."""
-
-
-Output = (
-    ServerEvent
-    | StartResponse
-    | CancelResponse
-    | SideStageAudio
-    | Speculate
-    | DropSpeculation
-    | StopPlayback
-)
-"""What the session returns: events to send, and what the server must do."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +103,7 @@ class SessionStatistics:
     active_response_id: str | None
 
 
-class RealtimeSession:
+class RealtimeSession(ServerVadTurns):
     """One Realtime WebSocket connection's protocol state. See the module docstring."""
 
     def __init__(self, config: SessionConfig) -> None:
@@ -268,133 +231,6 @@ class RealtimeSession:
             self._listener.response_pending = False
             events += self._auto_response()
         return events
-
-    def speech_started(
-        self, generation: int, audio_start_ms: int
-    ) -> list[ServerEvent | CancelResponse | DropSpeculation | StopPlayback]:
-        """The turn detector heard speech start: speech_started, and barge-in on an answer
-        (and a speculation held is dropped: the speech goes on)."""
-        detection = self._settings.turn_detection
-        listener = self._listener
-        drops = self._speculation.drop()
-        if detection is None or generation != listener.generation or listener.in_speech:
-            return [*drops]  # about audio from before turn_detection changed
-        listener.in_speech, listener.response_pending = True, False
-        listener.item_id = new_id("item")
-        rate = self.config.input_sample_rate_hz
-        buffer_start = listener.num_heard - len(self._buffer) // 2
-        drop = audio_start_ms * rate // 1000 - buffer_start
-        if drop > 0:
-            del self._buffer[: 2 * drop]
-        fields: dict[str, JsonValue] = {
-            "audio_start_ms": audio_start_ms,
-            "item_id": listener.item_id,
-        }
-        events: list[ServerEvent | CancelResponse | DropSpeculation | StopPlayback] = [
-            *drops,
-            ServerEvent("input_audio_buffer.speech_started", fields),
-        ]
-        if not detection.interrupt_response:
-            return events
-        events.append(StopPlayback())
-        response = self._response
-        if response and self._state == "ACTIVE":
-            self._move("response.cancel")
-            events.append(CancelResponse(response.id))
-        return events
-
-    def speech_stopped(
-        self, generation: int, audio_end_ms: int
-    ) -> list[ServerEvent | StartResponse | DropSpeculation]:
-        """The turn detector heard speech end: speech_stopped, commit, and the response."""
-        detection = self._settings.turn_detection
-        listener = self._listener
-        if detection is None or generation != listener.generation or not listener.in_speech:
-            return []
-        listener.in_speech = False
-        item_id = listener.item_id or new_id("item")
-        fields: dict[str, JsonValue] = {"audio_end_ms": audio_end_ms, "item_id": item_id}
-        events: list[ServerEvent | StartResponse | DropSpeculation] = [
-            ServerEvent("input_audio_buffer.speech_stopped", fields)
-        ]
-        turn_bytes = self._turn_bytes(audio_end_ms)
-        if not turn_bytes:
-            return events
-        try:
-            events += self._commit(item_id, turn_bytes)
-        except ClientEventError as error:
-            self._num_errors += 1
-            return [*events, error_event(error, None)]
-        if detection.create_response:
-            if self._response is None:
-                events += self._auto_response()
-            else:
-                listener.response_pending = True
-        return events
-
-    def speculate(self, generation: int, audio_end_ms: int) -> Request | None:
-        """The request the turn's response would get if the turn ended at ``audio_end_ms``
-        (the detector heard a pause there), or None when a turn ending now would not
-        start a response at once. Changes nothing (``speech_paused`` holds it).
-        """
-        detection = self._settings.turn_detection
-        listener = self._listener
-        if (
-            detection is None
-            or not detection.create_response
-            or generation != listener.generation
-            or not listener.in_speech
-            or self._transition("response.create") is None
-        ):
-            return None
-        turn_bytes = self._end_padding_bytes(audio_end_ms)
-        if not 0 < turn_bytes <= len(self._buffer):
-            return None  # the audio up to the turn's end has not all arrived
-        committed = b"".join(pcm16 for _, pcm16 in self._committed)
-        return self._request(self._settings, committed + bytes(self._buffer[:turn_bytes]))
-
-    def speech_paused(
-        self, generation: int, audio_end_ms: int
-    ) -> list[Speculate | DropSpeculation]:
-        """The turn detector heard a pause after speech ending at ``audio_end_ms``: the
-        speculation held before is dropped, and the request a turn ending there would
-        get is held as the new one (``Speculate``), when it would start a response at
-        once. The server may run it now; a response takes it over only if its request
-        is equal (see _speculation.py), and nothing of it is sent before that."""
-        request = self.speculate(generation, audio_end_ms)
-        if request is None:
-            return list(self._speculation.drop())
-        return self._speculation.hold(request)
-
-    def speech_resumed(self) -> list[DropSpeculation]:
-        """The turn detector heard speech come back after a pause: drop the speculation."""
-        return self._speculation.drop()
-
-    def turn_detection_failed(
-        self, generation: int, why: str
-    ) -> list[ServerEvent | DropSpeculation]:
-        """The turn detector failed: turn detection goes off (the client commits by hand
-        from now on) and the client gets a ``server_error`` saying so."""
-        if self._settings.turn_detection is None or generation != self._listener.generation:
-            return []
-        self._settings = dataclasses.replace(self._settings, turn_detection=None)
-        self._listener.restart()
-        message = (
-            f"turn detection failed ({why}) and is now off for this session; "
-            "commit the input audio and send response.create"
-        )
-        error: dict[str, JsonValue] = {
-            "type": "server_error",
-            "code": "turn_detection_failed",
-            "message": safe_text(message),
-            "param": None,
-            "event_id": None,
-        }
-        return [
-            *self._speculation.drop(),
-            ServerEvent("error", {"error": error}),
-            self._session_event("session.updated"),
-        ]
 
     def _auto_response(self) -> list[ServerEvent | StartResponse | DropSpeculation]:
         try:
@@ -593,17 +429,6 @@ class RealtimeSession:
             keep_bytes = 2 * (keep_ms * self.config.input_sample_rate_hz // 1000)
             del self._buffer[:-keep_bytes]
         return [SideStageAudio(pcm16, listener.generation, detection.options())]
-
-    def _turn_bytes(self, audio_end_ms: int) -> int:
-        """How many bytes of the buffer a turn whose speech ends at ``audio_end_ms`` commits:
-        up to ``END_PADDING_MS`` past the end; later audio stays for the next turn."""
-        return min(len(self._buffer), self._end_padding_bytes(audio_end_ms))
-
-    def _end_padding_bytes(self, audio_end_ms: int) -> int:
-        """Bytes of the buffer from its start to ``END_PADDING_MS`` past ``audio_end_ms``."""
-        rate = self.config.input_sample_rate_hz
-        buffer_start = self._listener.num_heard - len(self._buffer) // 2
-        return max(0, 2 * ((audio_end_ms + END_PADDING_MS) * rate // 1000 - buffer_start))
 
     def _commit(
         self, item_id: str | None = None, num_bytes: int | None = None

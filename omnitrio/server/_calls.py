@@ -82,6 +82,7 @@ class Calls:
             settings.webrtc_playout_s,
             realtime.config.input_sample_rate_hz,
             settings.webrtc_media_timeout_s,
+            settings.webrtc_input_prefetch_frames,
         )
         try:
             with trio.fail_after(ANSWER_TIMEOUT_S):

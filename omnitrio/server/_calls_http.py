@@ -16,7 +16,7 @@ import json
 from quart import Response, request
 
 from ._api_errors import Refused
-from ._calls import session_shown
+from ._calls import Calls, session_shown
 from ._guard import bearer_token
 from ._http_errors import error_response, respond
 from ._secrets import ClientSecret
@@ -37,12 +37,13 @@ def call_secret(state: ServerState) -> ClientSecret | None:
 
 
 async def create_call(state: ServerState, beta: bool) -> Response:
-    if state.calls is None:
+    calls = state.calls
+    if not isinstance(calls, Calls):
         return error_response(503, "the server is not taking calls", "calls_unavailable")
     try:
         offer, session = await _offer_and_session()
         secret = call_secret(state)
-        call_id, answer = await state.calls.create(
+        call_id, answer = await calls.create(
             offer,
             session,
             beta,
@@ -93,7 +94,8 @@ def _text(data: bytes, param: str) -> str:
 
 
 async def hang_up(state: ServerState, call_id: str) -> Response:
-    if state.calls is None or not state.calls.hang_up(call_id):
+    calls = state.calls
+    if not isinstance(calls, Calls) or not calls.hang_up(call_id):
         return error_response(404, f"no call {call_id[:64]!r} is up", "call_not_found")
     return Response("", status=200)
 

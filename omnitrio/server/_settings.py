@@ -85,6 +85,10 @@ class ServerSettings:
     webrtc_media_timeout_s: float = 1.5
     """A connected call whose caller sent no audio for this long is released: the peer
     went away without a word (browsers send silence, not nothing, while muted)."""
+    webrtc_input_prefetch_frames: int = 1
+    """Received audio frames a call's microphone is held for before the first is heard
+    (20 ms each). aiortc's own is 4 (a fixed 80 ms on every turn's end); 1 drops a
+    packet that comes after its successor, which a loopback or LAN never does."""
     webrtc_playout_s: float = 10.0
     """The answer's audio a call holds ahead of what it has played: past this a response
     waits (its stream's credits run out), as for a slow WebSocket reader."""
@@ -131,6 +135,7 @@ class ServerSettings:
             "max_queued_per_client",
             "max_checking_threads",
             "max_calls",
+            "webrtc_input_prefetch_frames",
             "client_secret_s",
             "max_client_secrets",
         ):

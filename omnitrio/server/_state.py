@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sized
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
@@ -23,9 +23,6 @@ from ._settings import ServerSettings
 from ._shares import ClientShares
 from ._side_stage import SideStage
 
-if TYPE_CHECKING:
-    from ._calls import Calls
-
 logger = logging.getLogger("omnitrio.server")
 
 Busy = Literal["draining", "overloaded"]
@@ -39,8 +36,9 @@ class ServerState:
     side_stage: SideStage | None = None
     """Runs server_vad turn detection when the pipeline config names a detector."""
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-    calls: Calls | None = None
-    """The WebRTC calls (``serve`` opens them around the HTTP server)."""
+    calls: Sized | None = None
+    """The WebRTC calls (``serve`` opens them around the HTTP server: a ``_calls.Calls``,
+    which this module does not import, as it imports this one)."""
 
     def __post_init__(self) -> None:
         self.secrets = ClientSecrets(
@@ -57,9 +55,7 @@ class ServerState:
             buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0),
             registry=self.registry,
         )
-        calls_up = Gauge(
-            "omnitrio_webrtc_calls_up", "WebRTC calls up now.", registry=self.registry
-        )
+        calls_up = Gauge("omnitrio_webrtc_calls_up", "WebRTC calls up now.", registry=self.registry)
         calls_up.set_function(lambda: 0 if self.calls is None else len(self.calls))
         self.refusals = Counter(
             "omnitrio_refusals",

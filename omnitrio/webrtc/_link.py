@@ -40,6 +40,7 @@ class CallLink:
         playout_capacity_s: float,
         input_rate_hz: int,
         media_timeout_s: float,
+        input_prefetch_frames: int = 1,
     ) -> None:
         self._bridge = bridge
         self._media_timeout_s = media_timeout_s
@@ -47,7 +48,7 @@ class CallLink:
         self._space = trio.Event()
         capacity = max(1, int(playout_capacity_s * TRACK_RATE_HZ))
         self.playout = Playout(capacity, self._wake_from_thread)
-        self.peer = Peer(self.playout)
+        self.peer = Peer(self.playout, input_prefetch_frames)
         self._input_rate_hz = input_rate_hz
         self._in: StreamResampler | None = None
         self._out: dict[str, StreamResampler] = {}  # item id -> its audio's resampler

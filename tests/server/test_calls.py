@@ -13,10 +13,12 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+import httpx
 import numpy as np
 import openai
 import pytest
 import trio
+from aiortc import RTCSessionDescription
 
 from omnitrio.server import ServerSettings, serve
 from omnitrio.server._calls import CLOSE_TIMEOUT_S
@@ -270,3 +272,57 @@ def test_sigterm_with_ten_calls_up_exits_zero_within_the_bound() -> None:
     assert process.returncode == 0, err
     assert "omnitrio: stopped" in err
     assert elapsed < 1 + CLOSE_TIMEOUT_S + 1.5, elapsed  # grace + close (+ interpreter exit)
+
+
+async def test_the_playout_holds_the_answer_back_to_real_time(nursery: trio.Nursery) -> None:
+    """An answer made far faster than real time waits for the track (backpressure): with
+    0.5 s of playout, 3 s of audio cannot all be taken before ~2.5 s have played."""
+    long_answer = [
+        {"steps": 30, "service_time_ms": 1.0},
+        {"outputs_per_input": 0, "visible": "audio", "audio_samples": 1600},
+    ]
+    base_url = await _server(nursery, long_answer, webrtc_playout_s=0.5)
+
+    async def script() -> float:
+        caller = Caller(base_url)
+        try:
+            await caller.connect()
+            await caller.wait_type("session.created", TURN_TIMEOUT_S)
+            caller.send(TEXT_TURN)
+            caller.send({"type": "response.create"})
+            started = await caller.wait_type("output_audio_buffer.started", TURN_TIMEOUT_S)
+            done = await caller.wait_type("response.done", TURN_TIMEOUT_S)
+            return caller.time_of(done) - caller.time_of(started)
+        finally:
+            await caller.close()
+
+    held_s = await trio.to_thread.run_sync(run_caller, script)
+    assert held_s > 3.0 - 0.5 - 0.3, held_s
+
+
+async def test_the_beta_form_takes_an_sdp_body(nursery: trio.Nursery) -> None:
+    """``POST /v1/realtime?model=...`` with the offer as an application/sdp body."""
+    base_url = await _server(nursery, SPEAKING)
+
+    async def script() -> tuple[int, str, str]:
+        caller = Caller(base_url)
+        try:
+            await caller.pc.setLocalDescription(await caller.pc.createOffer())
+            async with httpx.AsyncClient() as http:
+                response = await http.post(
+                    f"{base_url}/v1/realtime?model=whatever",
+                    content=caller.pc.localDescription.sdp,
+                    headers={"Content-Type": "application/sdp"},
+                )
+            answer = response.text
+            await caller.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+            created = await caller.wait_type("session.created", TURN_TIMEOUT_S)
+            location = response.headers["location"]
+            return response.status_code, location, created["type"]
+        finally:
+            await caller.close()
+
+    status, location, first = await trio.to_thread.run_sync(run_caller, script)
+    assert status == 201
+    assert location.startswith("/v1/realtime/calls/rtc_")
+    assert first == "session.created"
