@@ -92,6 +92,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import trio
@@ -277,64 +278,88 @@ def response_id(event: dict[str, object]) -> object:
     return response.get("id") if isinstance(response, dict) else event.get("response_id")
 
 
-async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end: float) -> None:
+@dataclass
+class TurnEvents:
+    """Where a turn stands as its events come (both transports): when speech_stopped,
+    the transcript and the answer's first text came, and which response answers it."""
+
     stopped: float | None = None
     transcript: float | None = None
     first_text: float | None = None
-    played_from = 0.0  # when a client playing the answer would have started it
-    answer: str | None = None  # the response id of the turn's answer
-    while True:
-        event = json.loads(await ws.get_message())
+    answer: str | None = None
+
+    def take(
+        self, turn: Turn, event: dict[str, Any], now: float, speech_end: float, clock: float
+    ) -> bool:
+        """Note ``event`` (at ``now``; ``clock``: time.monotonic()); True when it is of
+        a response to part of the question, which the caller skips."""
         kind = event["type"]
-        now = trio.current_time()
         if kind == "error":
             raise RuntimeError(f"error event: {event['error']}")
         if kind == "input_audio_buffer.speech_started":
-            answer = None  # a response under way now is to part of the question
+            self.answer = None  # a response under way now is to part of the question
         elif kind == "input_audio_buffer.speech_stopped":
             if now < speech_end:
                 turn.num_splits += 1
             else:
                 turn.end_of_speech_to_stopped_s = now - speech_end
-            turn.clock_s["stopped"] = time.monotonic()
-            stopped, transcript, first_text, answer = now, None, None, None
-        elif kind == "response.created" and stopped is not None:
-            answer = event["response"]["id"]
+            turn.clock_s["stopped"] = clock
+            self.stopped, self.transcript, self.first_text, self.answer = now, None, None, None
+        elif kind == "response.created" and self.stopped is not None:
+            self.answer = event["response"]["id"]
         elif kind == "conversation.item.input_audio_transcription.completed":
             turn.input_audio_s = float(event.get("usage", {}).get("seconds", 0.0))
             turn.heard = str(event.get("transcript", ""))
-            transcript = now
-            if stopped is not None:
-                turn.speech_stopped_to_transcript_s = transcript - stopped
-        elif kind in ANSWER_EVENTS and (answer is None or response_id(event) != answer):
+            self.transcript = now
+            if self.stopped is not None:
+                turn.speech_stopped_to_transcript_s = now - self.stopped
+        elif kind in ANSWER_EVENTS and (self.answer is None or response_id(event) != self.answer):
             if kind == "response.done" and event["response"]["status"] == "cancelled":
                 turn.num_false_barge_ins += 1
-            continue  # a response to part of the question
-        elif kind == "response.output_audio.delta":
-            if turn.end_of_speech_to_first_audio_s is None:
-                played_from = now
-                turn.clock_s["first_audio"] = time.monotonic()
-                turn.end_of_speech_to_first_audio_s = now - speech_end
-                if stopped is not None:
-                    turn.speech_stopped_to_first_audio_s = now - stopped
-                if first_text is not None:
-                    turn.first_text_to_first_audio_s = now - first_text
-            played_from, dry_s = run_dry(played_from, turn.answer_audio_s, now)
-            turn.underrun_s += dry_s
-            turn.answer_audio_s += len(base64.b64decode(event["delta"])) / 2 / INPUT_RATE_HZ
+            return True
         elif kind == "response.output_audio_transcript.delta":
             turn.num_text_deltas += 1
             turn.answer_text += str(event.get("delta", ""))
-            if first_text is None:
-                first_text = now
-                if transcript is not None:
-                    turn.transcript_to_first_text_s = first_text - transcript
+            if self.first_text is None:
+                self.first_text = now
+                if self.transcript is not None:
+                    turn.transcript_to_first_text_s = now - self.transcript
+        return False
+
+    def first_audio(self, turn: Turn, now: float, speech_end: float, clock: float) -> None:
+        turn.clock_s["first_audio"] = clock
+        turn.end_of_speech_to_first_audio_s = now - speech_end
+        if self.stopped is not None:
+            turn.speech_stopped_to_first_audio_s = now - self.stopped
+        if self.first_text is not None:
+            turn.first_text_to_first_audio_s = now - self.first_text
+
+    def done(self, turn: Turn, event: dict[str, Any]) -> None:
+        turn.status = event["response"]["status"]
+        details = event["response"].get("status_details") or {}
+        if turn.status != "completed":
+            turn.error = str(details.get("error") or details)[:200]
+
+
+async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end: float) -> None:
+    seen = TurnEvents()
+    played_from = 0.0  # when a client playing the answer would have started it
+    while True:
+        event = json.loads(await ws.get_message())
+        kind = event["type"]
+        now = trio.current_time()
+        if seen.take(turn, event, now, speech_end, time.monotonic()):
+            continue
+        if kind == "response.output_audio.delta":
+            if turn.end_of_speech_to_first_audio_s is None:
+                played_from = now
+                seen.first_audio(turn, now, speech_end, time.monotonic())
+            played_from, dry_s = run_dry(played_from, turn.answer_audio_s, now)
+            turn.underrun_s += dry_s
+            turn.answer_audio_s += len(base64.b64decode(event["delta"])) / 2 / INPUT_RATE_HZ
         elif kind == "response.done":
             turn.played_until = played_from + turn.answer_audio_s
-            turn.status = event["response"]["status"]
-            details = event["response"].get("status_details") or {}
-            if turn.status != "completed":
-                turn.error = str(details.get("error") or details)[:200]
+            seen.done(turn, event)
             return
 
 
@@ -368,72 +393,32 @@ async def converse_webrtc(
 
 
 async def listen_webrtc(
-    caller: Caller, turn: Turn, speech_end: float, seen: int, listen_to_answers: bool
+    caller: Caller, turn: Turn, speech_end: float, seen_events: int, listen_to_answers: bool
 ) -> None:
     """As ``listen``, on the call's data channel; the first answer audio is the first
     frame with sound on the remote track after speech_stopped (heard, not announced)."""
-    stopped: float | None = None
-    transcript: float | None = None
-    first_text: float | None = None
-    answer: str | None = None
-    index = seen
+    seen = TurnEvents()
+    index = seen_events
     while True:
         event, now = await caller.next_event(index, TURN_TIMEOUT_S)
         index += 1
-        kind = event["type"]
-        if kind == "error":
-            raise RuntimeError(f"error event: {event['error']}")
-        if kind == "input_audio_buffer.speech_started":
-            answer = None
-        elif kind == "input_audio_buffer.speech_stopped":
-            if now < speech_end:
-                turn.num_splits += 1
-            else:
-                turn.end_of_speech_to_stopped_s = now - speech_end
-            turn.clock_s["stopped"] = now
-            stopped, transcript, first_text, answer = now, None, None, None
-        elif kind == "response.created" and stopped is not None:
-            answer = event["response"]["id"]
-        elif kind == "conversation.item.input_audio_transcription.completed":
-            turn.input_audio_s = float(event.get("usage", {}).get("seconds", 0.0))
-            turn.heard = str(event.get("transcript", ""))
-            transcript = now
-            if stopped is not None:
-                turn.speech_stopped_to_transcript_s = transcript - stopped
-        elif kind in ANSWER_EVENTS and (answer is None or response_id(event) != answer):
-            if kind == "response.done" and event["response"]["status"] == "cancelled":
-                turn.num_false_barge_ins += 1
-            continue
-        elif kind == "response.output_audio_transcript.delta":
-            turn.num_text_deltas += 1
-            turn.answer_text += str(event.get("delta", ""))
-            if first_text is None:
-                first_text = now
-                if transcript is not None:
-                    turn.transcript_to_first_text_s = first_text - transcript
-        elif kind == "response.done":
-            turn.status = event["response"]["status"]
-            details = event["response"].get("status_details") or {}
+        if not seen.take(turn, event, now, speech_end, now) and event["type"] == "response.done":
+            seen.done(turn, event)
             if turn.status != "completed":
-                turn.error = str(details.get("error") or details)[:200]
                 return
             break
+    stopped = seen.stopped
     assert stopped is not None
     async with asyncio.timeout(TURN_TIMEOUT_S):
         # The frames come on aiortc's reader task, which sets no event: look every 5 ms.
         while not (heard := [t for t in caller.audio_times if t > stopped]):  # noqa: ASYNC110
             await asyncio.sleep(0.005)
-    first = heard[0]
-    turn.clock_s["first_audio"] = first
-    turn.end_of_speech_to_first_audio_s = first - speech_end
-    turn.speech_stopped_to_first_audio_s = first - stopped
-    if first_text is not None:
-        turn.first_text_to_first_audio_s = first - first_text
+    seen.first_audio(turn, heard[0], speech_end, heard[0])
     if listen_to_answers:
         await caller.wait_for(
             lambda e: (
                 e["type"] in ("output_audio_buffer.stopped", "output_audio_buffer.cleared")
-                and e.get("response_id") == answer
+                and e.get("response_id") == seen.answer
             ),
             TURN_TIMEOUT_S,
         )
