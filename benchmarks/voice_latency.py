@@ -77,6 +77,7 @@ text delta.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import json
 import math
@@ -91,6 +92,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import trio
@@ -100,6 +102,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.voice_support import INPUT_RATE_HZ, paused_speech  # noqa: E402
+from tests.webrtc_support import Caller, run_caller  # noqa: E402
 
 CHUNK_S = 0.02
 QUESTION_SETS = {
@@ -159,6 +162,7 @@ class Turn:
 @dataclass
 class Level:
     conversations: int
+    transport: str = "websocket"
     turns: list[Turn] = field(default_factory=list)
     audio_sent_s: float = 0.0
     busy_s: dict[str, float] = field(default_factory=dict)
@@ -182,6 +186,13 @@ class Detection:
 
     kind: str = "server_vad"
     eagerness: str = "auto"  # semantic_vad's
+
+    def session(self) -> dict[str, object] | None:
+        """The session object that asks for it (None: the server's default)."""
+        if self.kind == "server_vad":
+            return None
+        asked = {"type": self.kind, "eagerness": self.eagerness}
+        return {"type": "realtime", "audio": {"input": {"turn_detection": asked}}}
 
     def update(self) -> str | None:
         """The session.update that asks for it (None: the server's default, server_vad)."""
@@ -267,65 +278,150 @@ def response_id(event: dict[str, object]) -> object:
     return response.get("id") if isinstance(response, dict) else event.get("response_id")
 
 
-async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end: float) -> None:
+@dataclass
+class TurnEvents:
+    """Where a turn stands as its events come (both transports): when speech_stopped,
+    the transcript and the answer's first text came, and which response answers it."""
+
     stopped: float | None = None
     transcript: float | None = None
     first_text: float | None = None
-    played_from = 0.0  # when a client playing the answer would have started it
-    answer: str | None = None  # the response id of the turn's answer
-    while True:
-        event = json.loads(await ws.get_message())
+    answer: str | None = None
+
+    def take(
+        self, turn: Turn, event: dict[str, Any], now: float, speech_end: float, clock: float
+    ) -> bool:
+        """Note ``event`` (at ``now``; ``clock``: time.monotonic()); True when it is of
+        a response to part of the question, which the caller skips."""
         kind = event["type"]
-        now = trio.current_time()
         if kind == "error":
             raise RuntimeError(f"error event: {event['error']}")
         if kind == "input_audio_buffer.speech_started":
-            answer = None  # a response under way now is to part of the question
+            self.answer = None  # a response under way now is to part of the question
         elif kind == "input_audio_buffer.speech_stopped":
             if now < speech_end:
                 turn.num_splits += 1
             else:
                 turn.end_of_speech_to_stopped_s = now - speech_end
-            turn.clock_s["stopped"] = time.monotonic()
-            stopped, transcript, first_text, answer = now, None, None, None
-        elif kind == "response.created" and stopped is not None:
-            answer = event["response"]["id"]
+            turn.clock_s["stopped"] = clock
+            self.stopped, self.transcript, self.first_text, self.answer = now, None, None, None
+        elif kind == "response.created" and self.stopped is not None:
+            self.answer = event["response"]["id"]
         elif kind == "conversation.item.input_audio_transcription.completed":
             turn.input_audio_s = float(event.get("usage", {}).get("seconds", 0.0))
             turn.heard = str(event.get("transcript", ""))
-            transcript = now
-            if stopped is not None:
-                turn.speech_stopped_to_transcript_s = transcript - stopped
-        elif kind in ANSWER_EVENTS and (answer is None or response_id(event) != answer):
+            self.transcript = now
+            if self.stopped is not None:
+                turn.speech_stopped_to_transcript_s = now - self.stopped
+        elif kind in ANSWER_EVENTS and (self.answer is None or response_id(event) != self.answer):
             if kind == "response.done" and event["response"]["status"] == "cancelled":
                 turn.num_false_barge_ins += 1
-            continue  # a response to part of the question
-        elif kind == "response.output_audio.delta":
-            if turn.end_of_speech_to_first_audio_s is None:
-                played_from = now
-                turn.clock_s["first_audio"] = time.monotonic()
-                turn.end_of_speech_to_first_audio_s = now - speech_end
-                if stopped is not None:
-                    turn.speech_stopped_to_first_audio_s = now - stopped
-                if first_text is not None:
-                    turn.first_text_to_first_audio_s = now - first_text
-            played_from, dry_s = run_dry(played_from, turn.answer_audio_s, now)
-            turn.underrun_s += dry_s
-            turn.answer_audio_s += len(base64.b64decode(event["delta"])) / 2 / INPUT_RATE_HZ
+            return True
         elif kind == "response.output_audio_transcript.delta":
             turn.num_text_deltas += 1
             turn.answer_text += str(event.get("delta", ""))
-            if first_text is None:
-                first_text = now
-                if transcript is not None:
-                    turn.transcript_to_first_text_s = first_text - transcript
+            if self.first_text is None:
+                self.first_text = now
+                if self.transcript is not None:
+                    turn.transcript_to_first_text_s = now - self.transcript
+        return False
+
+    def first_audio(self, turn: Turn, now: float, speech_end: float, clock: float) -> None:
+        turn.clock_s["first_audio"] = clock
+        turn.end_of_speech_to_first_audio_s = now - speech_end
+        if self.stopped is not None:
+            turn.speech_stopped_to_first_audio_s = now - self.stopped
+        if self.first_text is not None:
+            turn.first_text_to_first_audio_s = now - self.first_text
+
+    def done(self, turn: Turn, event: dict[str, Any]) -> None:
+        turn.status = event["response"]["status"]
+        details = event["response"].get("status_details") or {}
+        if turn.status != "completed":
+            turn.error = str(details.get("error") or details)[:200]
+
+
+async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end: float) -> None:
+    seen = TurnEvents()
+    played_from = 0.0  # when a client playing the answer would have started it
+    while True:
+        event = json.loads(await ws.get_message())
+        kind = event["type"]
+        now = trio.current_time()
+        if seen.take(turn, event, now, speech_end, time.monotonic()):
+            continue
+        if kind == "response.output_audio.delta":
+            if turn.end_of_speech_to_first_audio_s is None:
+                played_from = now
+                seen.first_audio(turn, now, speech_end, time.monotonic())
+            played_from, dry_s = run_dry(played_from, turn.answer_audio_s, now)
+            turn.underrun_s += dry_s
+            turn.answer_audio_s += len(base64.b64decode(event["delta"])) / 2 / INPUT_RATE_HZ
         elif kind == "response.done":
             turn.played_until = played_from + turn.answer_audio_s
-            turn.status = event["response"]["status"]
-            details = event["response"].get("status_details") or {}
-            if turn.status != "completed":
-                turn.error = str(details.get("error") or details)[:200]
+            seen.done(turn, event)
             return
+
+
+async def converse_webrtc(
+    base_url: str,
+    index: int,
+    num_turns: int,
+    voices: dict[str, tuple[bytes, float]],
+    level: Level,
+    detection: Detection,
+    listen_to_answers: bool = False,
+) -> None:
+    """One conversation as a WebRTC call (asyncio; tests/webrtc_support.py's caller): the
+    questions go out on the microphone track at real time, with silence between them."""
+    caller = Caller(base_url)
+    try:
+        await caller.connect(detection.session())
+        await caller.wait_type("session.created", TURN_TIMEOUT_S)
+        questions = list(voices)
+        for number in range(num_turns):
+            question = questions[(index + number) % len(questions)]
+            pcm16, speech_end_s = voices[question]
+            turn = Turn(index, question)
+            level.turns.append(turn)
+            seen = len(caller.events)
+            start = caller.mic.say(pcm16)
+            turn.clock_s["start"], turn.clock_s["speech_end"] = start, start + speech_end_s
+            await listen_webrtc(caller, turn, start + speech_end_s, seen, listen_to_answers)
+    finally:
+        await caller.close()
+
+
+async def listen_webrtc(
+    caller: Caller, turn: Turn, speech_end: float, seen_events: int, listen_to_answers: bool
+) -> None:
+    """As ``listen``, on the call's data channel; the first answer audio is the first
+    frame with sound on the remote track after speech_stopped (heard, not announced)."""
+    seen = TurnEvents()
+    index = seen_events
+    while True:
+        event, now = await caller.next_event(index, TURN_TIMEOUT_S)
+        index += 1
+        if not seen.take(turn, event, now, speech_end, now) and event["type"] == "response.done":
+            seen.done(turn, event)
+            if turn.status != "completed":
+                return
+            break
+    stopped = seen.stopped
+    assert stopped is not None
+    async with asyncio.timeout(TURN_TIMEOUT_S):
+        # The frames come on aiortc's reader task, which sets no event: look every 5 ms.
+        while not (heard := [t for t in caller.audio_times if t > stopped]):  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+    seen.first_audio(turn, heard[0], speech_end, heard[0])
+    if listen_to_answers:
+        await caller.wait_for(
+            lambda e: (
+                e["type"] in ("output_audio_buffer.stopped", "output_audio_buffer.cleared")
+                and e.get("response_id") == seen.answer
+            ),
+            TURN_TIMEOUT_S,
+        )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -366,16 +462,33 @@ async def run_level(
     chunk_s: float = CHUNK_S,
     server_pid: int = 0,
     listen_to_answers: bool = False,
+    transport: str = "websocket",
 ) -> Level:
-    level = Level(conversations)
+    level = Level(conversations, transport)
     load_before = os.getloadavg()[0]
     cpu_before = cpu_seconds(server_pid)
     before = await trio.to_thread.run_sync(busy_seconds, base_url)
     per = [turns // conversations + (i < turns % conversations) for i in range(conversations)]
     url = base_url.replace("http://", "ws://") + "/v1/realtime"
     started = time.perf_counter()
+    if transport == "webrtc":
+
+        async def calls() -> None:
+            await asyncio.gather(
+                *(
+                    converse_webrtc(
+                        base_url, i, max(1, n), voices, level, detection, listen_to_answers
+                    )
+                    for i, n in enumerate(per)
+                )
+            )
+
+        await trio.to_thread.run_sync(run_caller, calls)
+        level.audio_sent_s = conversations * (
+            time.perf_counter() - started
+        )  # the track never stops
     async with trio.open_nursery() as nursery:
-        for index, num_turns in enumerate(per):
+        for index, num_turns in enumerate(per) if transport == "websocket" else ():
             nursery.start_soon(
                 converse,
                 url,
@@ -402,6 +515,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+def ratio(part: float, whole: float) -> float:
+    """``part / whole``, nan where ``whole`` is 0 (over WebRTC the answer's audio is
+    heard, not counted: its real-time factors are not shown)."""
+    return part / whole if whole else math.nan
+
+
 def p50(turns: list[Turn], name: str) -> str:
     values = [getattr(t, name) * 1000 for t in turns if getattr(t, name) is not None]
     return f"{percentile(values, 50):.0f}" if values else "-"
@@ -409,15 +528,16 @@ def p50(turns: list[Turn], name: str) -> str:
 
 def breakdown(levels: list[Level]) -> str:
     lines = [
-        "| conversations | speech_stopped -> transcript | transcript -> first text "
+        "| transport | conversations | speech_stopped -> transcript | transcript -> first text "
         "| first text -> first audio | server CPU s per turn | answers run dry (s in all) "
         "| load average (start, end) |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         load = "{:.1f}, {:.1f}".format(*level.load_average)
         lines.append(
-            f"| {level.conversations} | {p50(level.turns, 'speech_stopped_to_transcript_s')} "
+            f"| {level.transport} | {level.conversations} "
+            f"| {p50(level.turns, 'speech_stopped_to_transcript_s')} "
             f"| {p50(level.turns, 'transcript_to_first_text_s')} "
             f"| {p50(level.turns, 'first_text_to_first_audio_s')} "
             f"| {level.server_cpu_s / max(1, len(level.turns)):.2f} "
@@ -429,11 +549,11 @@ def breakdown(levels: list[Level]) -> str:
 
 def report(levels: list[Level]) -> str:
     lines = [
-        "| conversations | turns | end of speech -> first audio p50 / p90 (ms) "
+        "| transport | conversations | turns | end of speech -> first audio p50 / p90 (ms) "
         "| speech_stopped -> first audio p50 / p90 (ms) | RTF vad | RTF asr | RTF llm "
         "| llm ms/delta | RTF tts | turn splits | late ends | end of speech -> speech_stopped "
         "p50 / p90 (ms) | false barge-ins | speculative answers taken / dropped |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         done = [t for t in level.turns if t.end_of_speech_to_first_audio_s is not None]
@@ -454,14 +574,14 @@ def report(levels: list[Level]) -> str:
         late = sum(w > LATE_END_S * 1000 for w in waits)
         busy = level.busy_s
         lines.append(
-            f"| {level.conversations} | {len(done)} "
+            f"| {level.transport} | {level.conversations} | {len(done)} "
             f"| {percentile(eos, 50):.0f} / {percentile(eos, 90):.0f} "
             f"| {percentile(ss, 50):.0f} / {percentile(ss, 90):.0f} "
-            f"| {busy['vad'] / level.audio_sent_s:.3f} "
-            f"| {busy.get('asr', math.nan) / input_s:.3f} "
-            f"| {busy.get('llm', math.nan) / answer_s:.3f} "
-            f"| {busy.get('llm', math.nan) / deltas * 1000:.1f} "
-            f"| {busy.get('tts', math.nan) / answer_s:.3f} "
+            f"| {ratio(busy['vad'], level.audio_sent_s):.3f} "
+            f"| {ratio(busy.get('asr', math.nan), input_s):.3f} "
+            f"| {ratio(busy.get('llm', math.nan), answer_s):.3f} "
+            f"| {ratio(busy.get('llm', math.nan), deltas) * 1000:.1f} "
+            f"| {ratio(busy.get('tts', math.nan), answer_s):.3f} "
             f"| {sum(t.num_splits for t in level.turns)} | {late} "
             f"| {percentile(waits, 50):.0f} / {percentile(waits, 90):.0f} "
             f"| {sum(t.num_false_barge_ins for t in level.turns)} "
@@ -573,6 +693,11 @@ def main() -> None:
         "--trace", action="store_true", help="the stages' step times, at one conversation"
     )
     parser.add_argument(
+        "--transports",
+        default="websocket",
+        help="websocket, webrtc, or both (websocket,webrtc): each level on each, in turn",
+    )
+    parser.add_argument(
         "--listen",
         action="store_true",
         help="ask the next question once the answer would have played, not at response.done",
@@ -599,8 +724,10 @@ def main() -> None:
                     args.chunk_ms / 1000,
                     server.pid,
                     args.listen,
+                    transport,
                 )
                 for n in args.levels.split(",")
+                for transport in args.transports.split(",")
             ]
         finally:
             server.send_signal(signal.SIGTERM)
@@ -608,6 +735,9 @@ def main() -> None:
             if args.server_log:
                 shutil.copyfile(log, args.server_log)
             log_text = log.read_text(errors="replace")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([asdict(level) for level in levels], indent=1))
     if args.listen:
         print("Pacing: each next question after the answer has played (--listen).\n")
     print(report(levels))
@@ -617,9 +747,6 @@ def main() -> None:
         if args.trace and level.conversations == 1:
             attach_trace(level, log_text)
             print(f"\nThe answer's steps (--trace):\n\n{trace_report(level)}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([asdict(level) for level in levels], indent=1))
     statuses = {t.status for level in levels for t in level.turns}
     if statuses != {"completed"}:
         errors = {t.error for level in levels for t in level.turns if t.status != "completed"}

@@ -53,6 +53,7 @@ MIRROR = {
     "runtime": "omnitrio",
     "server": "omnitrio/server",
     "realtime": "omnitrio/realtime",
+    "webrtc": "omnitrio/webrtc",
     "stages": "stages",
     "stages/qwen2_5_omni": "stages/qwen2_5_omni",
     "stages/qwen3_omni": "stages/qwen3_omni",

@@ -67,6 +67,9 @@ class SessionConfig:
     """The pipeline's speech-recognition stage, as sessions name it (None: it has none)."""
     voices: tuple[str, ...] = ()
     """The voice names a session may choose; empty: any (the pipeline decides)."""
+    webrtc: bool = False
+    """The session's audio travels on WebRTC tracks (``POST /v1/realtime/calls``): the
+    server plays the answer, so ``output_audio_buffer.clear`` is the client's to send."""
 
     def __post_init__(self) -> None:
         if self.framing not in ("json", "msgpack"):

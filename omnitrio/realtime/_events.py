@@ -76,6 +76,11 @@ class ResponseCancel:
     response_id: str | None  # None: whichever response is active
 
 
+@dataclass(frozen=True)
+class OutputAudioClear:
+    """WebRTC only: stop the answer's audio now (what was played stays, the rest is cut)."""
+
+
 ClientEvent = (
     SessionUpdate
     | AudioAppend
@@ -86,13 +91,16 @@ ClientEvent = (
     | ItemDelete
     | ResponseCreate
     | ResponseCancel
+    | OutputAudioClear
 )
 
 # Events of the SDK's client event unions that omnitrio refuses, and why.
 UNSUPPORTED_EVENTS: Mapping[str, str] = MappingProxyType(
     {
         "conversation.item.retrieve": "conversation items cannot be retrieved (audio is not kept)",
-        "output_audio_buffer.clear": "it is for WebRTC/SIP; send response.cancel to stop a reply",
+        "output_audio_buffer.clear": (
+            "it is for WebRTC calls (POST /v1/realtime/calls); send response.cancel to stop a reply"
+        ),
         "transcription_session.update": "transcription sessions are not available",
     }
 )
@@ -284,6 +292,8 @@ def parse_client_event(message: object, config: SessionConfig) -> ClientEvent:
             param="event_id",
         )
     parser = _PARSERS.get(name)
+    if name == "output_audio_buffer.clear" and config.webrtc:
+        parser = lambda fields, config: OutputAudioClear()  # noqa: E731
     if parser is None:
         if name in UNSUPPORTED_EVENTS:
             raise ClientEventError(

@@ -24,7 +24,8 @@ send in any OPEN state: session.update (applies to the next response),
 input_audio_buffer.append / commit / clear, conversation.item.create.
 
 With server_vad turn detection (see _turns.py) the server also reports the
-detector's findings through ``speech_started`` / ``speech_stopped``; a turn
+detector's findings through ``speech_started`` / ``speech_stopped`` (those methods
+live in _vad_turns.py, a room of their own shared by both transports); a turn
 that ends while a response is still ACTIVE or CANCELLING starts its response
 from ``finish()``. At a pause the detector reports (``speech_paused``) the session
 holds a speculation: the request the turn's response would get, which the server
@@ -44,10 +45,8 @@ or ``receive`` while NEW, is the server's bug: ``LocalProtocolError``.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 from .._items import AudioInput, JsonValue, Request, VisibleItem
 from ..tools import arguments_json
@@ -63,20 +62,22 @@ from ._events import (
     ItemCreate,
     ItemDelete,
     ItemTruncate,
+    OutputAudioClear,
     ResponseCancel,
     ResponseCreate,
     SessionUpdate,
     client_event_id,
     parse_client_event,
 )
+from ._outputs import CancelResponse, Output, ResponseState, StartResponse, StopPlayback
 from ._response import STATUSES, ActiveResponse, Status
-from ._server_events import ServerEvent, error_event, new_id, safe_text
+from ._server_events import ServerEvent, error_event, new_id
 from ._settings import Settings, SettingsPatch, default_settings
 from ._shapes import item_events, session_object
-from ._speculation import DropSpeculation, Speculate, SpeculationState
-from ._turns import END_PADDING_MS, IDLE_KEEP_MS, SideStageAudio, TurnDetectionState
+from ._speculation import DropSpeculation, SpeculationState
+from ._turns import IDLE_KEEP_MS, SideStageAudio, TurnDetectionState
+from ._vad_turns import ServerVadTurns
 
-ResponseState = Literal["IDLE", "ACTIVE", "CANCELLING"]
 # (state, trigger) -> next state. A trigger missing for a state is refused there.
 _TRANSITIONS: Mapping[tuple[ResponseState, str], ResponseState] = {
     ("IDLE", "response.create"): "ACTIVE",
@@ -87,28 +88,6 @@ _TRANSITIONS: Mapping[tuple[ResponseState, str], ResponseState] = {
     ("CANCELLING", "response.cancel"): "CANCELLING",  # already under way: no reply
     ("CANCELLING", "finish"): "IDLE",
 }
-
-
-@dataclass(frozen=True)
-class StartResponse:
-    """The server must open a pipeline stream for ``request`` and feed its items to output()."""
-
-    response_id: str
-    request: Request
-    speculation_id: str | None = None
-    """The speculation (``Speculate``) whose items are this response's: its request is
-    equal, so the server sends what it kept and reads on from its stream."""
-
-
-@dataclass(frozen=True)
-class CancelResponse:
-    """The server must cancel that response's pipeline stream, then call finish()."""
-
-    response_id: str
-
-
-Output = ServerEvent | StartResponse | CancelResponse | SideStageAudio | Speculate | DropSpeculation
-"""What the session returns: events to send, and what the server must do."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +103,7 @@ class SessionStatistics:
     active_response_id: str | None
 
 
-class RealtimeSession:
+class RealtimeSession(ServerVadTurns):
     """One Realtime WebSocket connection's protocol state. See the module docstring."""
 
     def __init__(self, config: SessionConfig) -> None:
@@ -150,6 +129,11 @@ class RealtimeSession:
         return None if self._response is None else self._response.id
 
     @property
+    def active_item_id(self) -> str | None:
+        """The assistant item the active response writes (None: none yet, or IDLE)."""
+        return None if self._response is None else self._response.item_id
+
+    @property
     def listening_generation(self) -> int | None:
         """The turn detector generation SideStageAudio goes to (None: turn detection is off)."""
         return None if self._settings.turn_detection is None else self._listener.generation
@@ -168,6 +152,19 @@ class RealtimeSession:
             raise LocalProtocolError("start() was already called on this session")
         self._started = True
         return [self._session_event("session.created")]
+
+    def configure(self, session: object) -> None:
+        """Apply a session object before ``start()`` (a WebRTC call's ``session`` form
+        field, or a client secret's): as session.update would, except that a field it
+        refuses raises ``ClientEventError`` (the request that carried it is refused)."""
+        if self._started:
+            raise LocalProtocolError("configure() comes before start()")
+        event = parse_client_event({"type": "session.update", "session": session}, self.config)
+        if not isinstance(event, SessionUpdate):
+            raise LocalProtocolError("a session.update parsed as another event")
+        if event.errors:
+            raise event.errors[0]
+        self._settings = self._settings.apply(event.patch)
 
     def receive(self, frame: str | bytes) -> list[Output]:
         """Handle one WebSocket message (str: text frame, bytes: binary frame).
@@ -235,130 +232,6 @@ class RealtimeSession:
             events += self._auto_response()
         return events
 
-    def speech_started(
-        self, generation: int, audio_start_ms: int
-    ) -> list[ServerEvent | CancelResponse | DropSpeculation]:
-        """The turn detector heard speech start: speech_started, and barge-in on an answer
-        (and a speculation held is dropped: the speech goes on)."""
-        detection = self._settings.turn_detection
-        listener = self._listener
-        drops = self._speculation.drop()
-        if detection is None or generation != listener.generation or listener.in_speech:
-            return [*drops]  # about audio from before turn_detection changed
-        listener.in_speech, listener.response_pending = True, False
-        listener.item_id = new_id("item")
-        rate = self.config.input_sample_rate_hz
-        buffer_start = listener.num_heard - len(self._buffer) // 2
-        drop = audio_start_ms * rate // 1000 - buffer_start
-        if drop > 0:
-            del self._buffer[: 2 * drop]
-        fields: dict[str, JsonValue] = {
-            "audio_start_ms": audio_start_ms,
-            "item_id": listener.item_id,
-        }
-        events: list[ServerEvent | CancelResponse | DropSpeculation] = [
-            *drops,
-            ServerEvent("input_audio_buffer.speech_started", fields),
-        ]
-        response = self._response
-        if detection.interrupt_response and response and self._state == "ACTIVE":
-            self._move("response.cancel")
-            events.append(CancelResponse(response.id))
-        return events
-
-    def speech_stopped(
-        self, generation: int, audio_end_ms: int
-    ) -> list[ServerEvent | StartResponse | DropSpeculation]:
-        """The turn detector heard speech end: speech_stopped, commit, and the response."""
-        detection = self._settings.turn_detection
-        listener = self._listener
-        if detection is None or generation != listener.generation or not listener.in_speech:
-            return []
-        listener.in_speech = False
-        item_id = listener.item_id or new_id("item")
-        fields: dict[str, JsonValue] = {"audio_end_ms": audio_end_ms, "item_id": item_id}
-        events: list[ServerEvent | StartResponse | DropSpeculation] = [
-            ServerEvent("input_audio_buffer.speech_stopped", fields)
-        ]
-        turn_bytes = self._turn_bytes(audio_end_ms)
-        if not turn_bytes:
-            return events
-        try:
-            events += self._commit(item_id, turn_bytes)
-        except ClientEventError as error:
-            self._num_errors += 1
-            return [*events, error_event(error, None)]
-        if detection.create_response:
-            if self._response is None:
-                events += self._auto_response()
-            else:
-                listener.response_pending = True
-        return events
-
-    def speculate(self, generation: int, audio_end_ms: int) -> Request | None:
-        """The request the turn's response would get if the turn ended at ``audio_end_ms``
-        (the detector heard a pause there), or None when a turn ending now would not
-        start a response at once. Changes nothing (``speech_paused`` holds it).
-        """
-        detection = self._settings.turn_detection
-        listener = self._listener
-        if (
-            detection is None
-            or not detection.create_response
-            or generation != listener.generation
-            or not listener.in_speech
-            or self._transition("response.create") is None
-        ):
-            return None
-        turn_bytes = self._end_padding_bytes(audio_end_ms)
-        if not 0 < turn_bytes <= len(self._buffer):
-            return None  # the audio up to the turn's end has not all arrived
-        committed = b"".join(pcm16 for _, pcm16 in self._committed)
-        return self._request(self._settings, committed + bytes(self._buffer[:turn_bytes]))
-
-    def speech_paused(
-        self, generation: int, audio_end_ms: int
-    ) -> list[Speculate | DropSpeculation]:
-        """The turn detector heard a pause after speech ending at ``audio_end_ms``: the
-        speculation held before is dropped, and the request a turn ending there would
-        get is held as the new one (``Speculate``), when it would start a response at
-        once. The server may run it now; a response takes it over only if its request
-        is equal (see _speculation.py), and nothing of it is sent before that."""
-        request = self.speculate(generation, audio_end_ms)
-        if request is None:
-            return list(self._speculation.drop())
-        return self._speculation.hold(request)
-
-    def speech_resumed(self) -> list[DropSpeculation]:
-        """The turn detector heard speech come back after a pause: drop the speculation."""
-        return self._speculation.drop()
-
-    def turn_detection_failed(
-        self, generation: int, why: str
-    ) -> list[ServerEvent | DropSpeculation]:
-        """The turn detector failed: turn detection goes off (the client commits by hand
-        from now on) and the client gets a ``server_error`` saying so."""
-        if self._settings.turn_detection is None or generation != self._listener.generation:
-            return []
-        self._settings = dataclasses.replace(self._settings, turn_detection=None)
-        self._listener.restart()
-        message = (
-            f"turn detection failed ({why}) and is now off for this session; "
-            "commit the input audio and send response.create"
-        )
-        error: dict[str, JsonValue] = {
-            "type": "server_error",
-            "code": "turn_detection_failed",
-            "message": safe_text(message),
-            "param": None,
-            "event_id": None,
-        }
-        return [
-            *self._speculation.drop(),
-            ServerEvent("error", {"error": error}),
-            self._session_event("session.updated"),
-        ]
-
     def _auto_response(self) -> list[ServerEvent | StartResponse | DropSpeculation]:
         try:
             return [
@@ -369,6 +242,36 @@ class RealtimeSession:
         except ClientEventError as error:
             self._num_errors += 1
             return [error_event(error, None)]
+
+    def hear(self, pcm16: bytes) -> list[Output]:
+        """Audio from a live input track (a WebRTC call's microphone), at the input rate:
+        appended as input_audio_buffer.append would, but never refused. A track never
+        stops, so where the buffer would pass ``max_input_audio_s`` its oldest audio
+        makes room (without turn detection the buffer holds the last minute or so)."""
+        if not self._started:
+            raise LocalProtocolError("call start() before hear()")
+        committed = sum(len(audio) for _, audio in self._committed)
+        over = len(self._buffer) + committed + len(pcm16) - self.config.max_input_audio_bytes
+        if over > 0:
+            del self._buffer[: over + over % 2]
+        try:
+            return self._append(pcm16)
+        except ClientEventError:
+            return []  # the committed audio alone fills the limit: this chunk is dropped
+
+    def played(self, item_id: str | None, played_ms: int) -> list[ServerEvent]:
+        """The server stopped playing ``item_id`` after ``played_ms`` (``StopPlayback``):
+        its transcript is cut to match, as conversation.item.truncate would cut it."""
+        if item_id is None:
+            return []
+        item = self._conversation.get(item_id)
+        response = self._response
+        writing = response is not None and response.item_id == item_id
+        if item is None or item.role != "assistant" or item.kind != "audio":
+            return []
+        audio_ms = response.audio_ms if response is not None and writing else item.audio_ms
+        outs = self._truncate(item_id, min(played_ms, audio_ms))
+        return [out for out in outs if isinstance(out, ServerEvent)]
 
     def encode(self, event: ServerEvent) -> str | bytes:
         """``event`` as a WebSocket message with a fresh ``event_id``: str (JSON) or bytes."""
@@ -425,6 +328,8 @@ class RealtimeSession:
                 return self._create_response(event)
             case ResponseCancel(response_id):
                 return self._cancel(response_id)
+            case OutputAudioClear():
+                return [StopPlayback()]
 
     def _create_item(self, event: ItemCreate) -> list[Output]:
         if event.kind == "function_call_output" and (
@@ -524,17 +429,6 @@ class RealtimeSession:
             keep_bytes = 2 * (keep_ms * self.config.input_sample_rate_hz // 1000)
             del self._buffer[:-keep_bytes]
         return [SideStageAudio(pcm16, listener.generation, detection.options())]
-
-    def _turn_bytes(self, audio_end_ms: int) -> int:
-        """How many bytes of the buffer a turn whose speech ends at ``audio_end_ms`` commits:
-        up to ``END_PADDING_MS`` past the end; later audio stays for the next turn."""
-        return min(len(self._buffer), self._end_padding_bytes(audio_end_ms))
-
-    def _end_padding_bytes(self, audio_end_ms: int) -> int:
-        """Bytes of the buffer from its start to ``END_PADDING_MS`` past ``audio_end_ms``."""
-        rate = self.config.input_sample_rate_hz
-        buffer_start = self._listener.num_heard - len(self._buffer) // 2
-        return max(0, 2 * ((audio_end_ms + END_PADDING_MS) * rate // 1000 - buffer_start))
 
     def _commit(
         self, item_id: str | None = None, num_bytes: int | None = None

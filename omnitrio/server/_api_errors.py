@@ -87,3 +87,13 @@ def stream_error_chunk(exc: OmnitrioError) -> bytes:
     200, is sent by then)."""
     error = {"error": {"message": str(exc), "type": "server_error"}}
     return f"data: {json.dumps(error)}\n\n".encode()
+
+
+@dataclass(frozen=True)
+class Refused(ApiError, Exception):
+    """An ``ApiError`` raised: where the refusal is found deep in a request's handling
+    (a WebRTC call's offer, a client secret) and answered at its top."""
+
+    @classmethod
+    def of(cls, error: ApiError) -> Refused:
+        return cls(error.status, error.message, error.code, error.param, error.retry_after_s)

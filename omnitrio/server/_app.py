@@ -12,6 +12,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ..realtime import RealtimeSession, select_subprotocol
+from ._calls_http import call_secret, create_call, create_client_secret, hang_up
 from ._capabilities import pipeline_voices
 from ._guard import host_ok, key_ok, origin_ok
 from ._http_errors import error_response
@@ -48,7 +49,7 @@ def create_app(state: ServerState) -> QuartTrio:
             return None
         if not origin_ok(settings, request.headers):
             return error_response(403, "cross-origin requests are not allowed", "forbidden_origin")
-        if not key_ok(settings, request.headers, []):
+        if not key_ok(settings, request.headers, []) and call_secret(state) is None:
             return error_response(401, "invalid or missing API key", "invalid_api_key")
         return None
 
@@ -128,6 +129,23 @@ def create_app(state: ServerState) -> QuartTrio:
         limit = settings.max_message_bytes
         message = f"the request body is over the limit of {limit} bytes (max_message_bytes)"
         return error_response(413, message, "request_too_large")
+
+    # WebRTC calls (_calls_http.py): OpenAI's Realtime API over a peer connection.
+    @app.post("/v1/realtime/calls")
+    async def realtime_call() -> Response:
+        return await create_call(state, beta=False)
+
+    @app.post("/v1/realtime")
+    async def realtime_call_beta() -> Response:  # the beta form: ?model=..., an SDP body
+        return await create_call(state, beta=True)
+
+    @app.post("/v1/realtime/calls/<call_id>/hangup")
+    async def realtime_hang_up(call_id: str) -> Response:
+        return await hang_up(state, call_id)
+
+    @app.post("/v1/realtime/client_secrets")
+    async def realtime_client_secret() -> Response:
+        return await create_client_secret(state)
 
     @app.websocket("/v1/realtime")
     async def realtime() -> Response | None:

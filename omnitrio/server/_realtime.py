@@ -27,9 +27,9 @@ import logging
 from collections.abc import AsyncIterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Protocol
 
 import trio
-from quart import Websocket
 
 from .._errors import OmnitrioError, Overloaded, StreamShed
 from .._items import AudioChunk, Request, VisibleItem
@@ -44,6 +44,7 @@ from ..realtime import (
     SideStageAudio,
     Speculate,
     StartResponse,
+    StopPlayback,
     new_id,
 )
 from ..tools import remember_verdicts
@@ -81,15 +82,52 @@ class _Speculation:
     error: OmnitrioError | None = None  # what ended the stream, if not its end
 
 
+class Transport(Protocol):
+    """Where a session's events travel: the WebSocket (quart's), or a WebRTC call's
+    data channel (omnitrio/webrtc/_link.py). ``receive`` raises when the peer has gone."""
+
+    async def receive(self) -> str | bytes | None: ...
+
+    async def send(self, data: str | bytes) -> None: ...
+
+    async def close(self, code: int, reason: str = "") -> None: ...
+
+
+class Media(Protocol):
+    """The audio of a WebRTC call, which the server plays and hears itself (a WebSocket
+    client sends and plays PCM in events instead)."""
+
+    async def heard(self) -> bytes: ...
+
+    async def play(self, item_id: str, pcm16: bytes, rate_hz: int) -> None: ...
+
+    async def end_item(self, item_id: str) -> None: ...
+
+    def stop_playing(self) -> tuple[str | None, int]: ...
+
+    async def wait_played_out(self) -> None: ...
+
+
+AUDIO_DELTAS = frozenset({"response.output_audio.delta", "response.audio.delta"})
+"""On a WebRTC call the answer's audio goes out on the track, not in these events."""
+
+
 class RealtimeConnection:
-    """One accepted Realtime WebSocket connection."""
+    """One accepted Realtime connection: a WebSocket, or a WebRTC call (``media``)."""
 
     def __init__(
-        self, state: ServerState, ws: Websocket, session: RealtimeSession, client: str
+        self,
+        state: ServerState,
+        ws: Transport,
+        session: RealtimeSession,
+        client: str,
+        media: Media | None = None,
     ) -> None:
         self._state = state
         self._client = client  # whose share its responses count in (``_shares.py``)
         self._ws = ws
+        self._media = media
+        self._playing: dict[str, str] = {}  # WebRTC: item id -> the response it is of
         self._session = session
         self._send, self._outbound = trio.open_memory_channel[ServerEvent](
             state.settings.outbound_capacity
@@ -108,6 +146,8 @@ class RealtimeConnection:
                     nursery.start_soon(self._write)
                     for event in self._session.start():
                         await self._queue(event)
+                    if self._media is not None:
+                        nursery.start_soon(self._hear, nursery, self._media)
                     await self._read(nursery)
                     nursery.cancel_scope.cancel()
         except* _ClientTooSlow:
@@ -133,6 +173,22 @@ class RealtimeConnection:
             # quart hands an empty binary frame over as None; it is still a frame.
             await self._dispatch(nursery, self._session.receive(b"" if frame is None else frame))
 
+    async def _hear(self, nursery: trio.Nursery, media: Media) -> None:
+        """A WebRTC call's microphone, into the session as it comes."""
+        while True:
+            await self._dispatch(nursery, self._session.hear(await media.heard()))
+
+    async def _stop_playback(self, media: Media) -> None:
+        """Barge-in, or output_audio_buffer.clear: the track goes silent now, and the
+        item's transcript is cut to what went out."""
+        item_id, played_ms = media.stop_playing()
+        if item_id is None:
+            return
+        response_id = self._playing.pop(item_id, None)
+        await self._queue(ServerEvent("output_audio_buffer.cleared", {"response_id": response_id}))
+        for event in self._session.played(item_id, played_ms):
+            await self._queue(event)
+
     async def _dispatch(self, nursery: trio.Nursery, outs: Sequence[Output]) -> None:
         """Do what the session asks: send events, start or cancel responses, listen."""
         for out in outs:
@@ -148,6 +204,8 @@ class RealtimeConnection:
                 self._speculate(nursery, out)
             elif isinstance(out, DropSpeculation):
                 self._drop_speculation(out.speculation_id)
+            elif isinstance(out, StopPlayback) and self._media is not None:
+                await self._stop_playback(self._media)
         detector = self._detector
         if detector is not None and detector.generation != self._session.listening_generation:
             detector.close()  # turn detection was switched off or restarted: free it now
@@ -310,6 +368,9 @@ class RealtimeConnection:
         if reading.cancelled_caught:
             status = "cancelled"
         log.done(status)
+        item_id = self._session.active_item_id
+        if self._media is not None and item_id in self._playing:
+            nursery.start_soon(self._played_out, item_id, self._media)
         finished = self._session.finish(rid, status, error, retry_after_s=retry_s)  # type: ignore[arg-type]
         await self._dispatch(nursery, finished)
 
@@ -321,8 +382,36 @@ class RealtimeConnection:
             if isinstance(item, AudioChunk):
                 log.audio()
                 item = AudioChunk(resample_pcm16(item.pcm16, item.sample_rate_hz, rate_hz), rate_hz)
-            for event in self._session.output(rid, item):
+            events = self._session.output(rid, item)
+            if self._media is not None and isinstance(item, AudioChunk) and events:
+                events = await self._play(rid, item, events, self._media)
+            for event in events:
                 await self._queue(event)
+
+    async def _play(
+        self, rid: str, chunk: AudioChunk, events: list[ServerEvent], media: Media
+    ) -> list[ServerEvent]:
+        """A WebRTC call: the chunk goes to the track (waiting while the playout is
+        full); its events go out without the audio."""
+        item_id = self._session.active_item_id
+        if item_id is None:
+            return events
+        if item_id not in self._playing:
+            self._playing[item_id] = rid
+            await self._queue(ServerEvent("output_audio_buffer.started", {"response_id": rid}))
+        await media.play(item_id, chunk.pcm16, chunk.sample_rate_hz)
+        return [event for event in events if event.type not in AUDIO_DELTAS]
+
+    async def _played_out(self, item_id: str, media: Media) -> None:
+        """output_audio_buffer.stopped once a finished answer's audio has all gone out
+        (not after a barge-in cut it: output_audio_buffer.cleared said so)."""
+        await media.end_item(item_id)
+        await media.wait_played_out()
+        response_id = self._playing.pop(item_id, None)
+        if response_id is not None:
+            await self._queue(
+                ServerEvent("output_audio_buffer.stopped", {"response_id": response_id})
+            )
 
     async def _close(self, code: int, reason: str) -> None:
         logger.info("closing realtime connection: %s (%d)", reason, code)
@@ -331,7 +420,9 @@ class RealtimeConnection:
             await self._ws.close(code, reason)
 
 
-def session_config(state: ServerState, framing: Framing, beta: bool) -> SessionConfig:
+def session_config(
+    state: ServerState, framing: Framing, beta: bool, *, webrtc: bool = False
+) -> SessionConfig:
     settings = state.settings
     return SessionConfig(
         session_id=new_id("sess"),
@@ -347,4 +438,5 @@ def session_config(state: ServerState, framing: Framing, beta: bool) -> SessionC
         server_vad=state.side_stage is not None,
         transcription_model=transcription_model(state.pipeline.config),
         voices=pipeline_voices(state.pipeline.config).names,
+        webrtc=webrtc,
     )

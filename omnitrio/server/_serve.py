@@ -26,6 +26,7 @@ from .._config import PipelineConfig
 from .._listen import listen_socket
 from .._pipeline import open_pipeline
 from ._app import create_app
+from ._calls import open_calls
 from ._connections import ATTRIBUTE as CONNECTIONS_ATTRIBUTE
 from ._connections import ConnectionSlots, refuse
 from ._h2c import ATTRIBUTE as H2C_ATTRIBUTE
@@ -173,10 +174,15 @@ async def serve(
                 app = wrap_app(create_app(state), hyper.wsgi_max_body_size, "asgi")
                 listening_sockets = Sockets([], list(listening), [])
                 serve_http = partial(worker_serve, app, hyper, sockets=listening_sockets)
-                async with trio.open_nursery() as server:  # ends before the pipeline does
-                    binds = await server.start(partial(serve_http, shutdown_trigger=stop.wait))
-                    task_status.started(binds)
-                    started = True
+                # WebRTC calls outlive the requests that made them: they end (each within
+                # its close timeout) once the HTTP server has stopped, before the pipeline.
+                async with open_calls(state) as calls:
+                    state.calls = calls
+                    async with trio.open_nursery() as server:  # ends before the pipeline does
+                        serving = partial(serve_http, shutdown_trigger=stop.wait)
+                        binds = await server.start(serving)
+                        task_status.started(binds)
+                        started = True
             outer.cancel_scope.cancel()
     if not started:
         task_status.started([])

@@ -76,6 +76,27 @@ class ServerSettings:
     h2 stack buffers whole responses for a peer that keeps its flow-control window shut,
     which the per-write send deadline cannot see (``docs/reliability.md``)."""
     web_dir: str = field(default_factory=lambda: default_web_dir())
+    # WebRTC calls (POST /v1/realtime/calls; omnitrio/server/_calls.py).
+    max_calls: int = 64
+    """WebRTC calls up at once; one more is refused (503). Each holds a session, a
+    peer connection and its UDP socket, as a WebSocket connection holds its session."""
+    webrtc_connect_timeout_s: float = 10.0
+    """A call whose peer has not connected (ICE, DTLS, the data channel) by then is released."""
+    webrtc_media_timeout_s: float = 1.5
+    """A connected call whose caller sent no audio for this long is released: the peer
+    went away without a word (browsers send silence, not nothing, while muted)."""
+    webrtc_input_prefetch_frames: int = 1
+    """Received audio frames a call's microphone is held for before the first is heard
+    (20 ms each). aiortc's own is 4 (a fixed 80 ms on every turn's end); 1 drops a
+    packet that comes after its successor, which a loopback or LAN never does."""
+    webrtc_playout_s: float = 10.0
+    """The answer's audio a call holds ahead of what it has played: past this a response
+    waits (its stream's credits run out), as for a slow WebSocket reader."""
+    client_secret_s: int = 600
+    """An ephemeral client secret's default lifetime (``expires_after.seconds`` overrides:
+    10 s to 2 h)."""
+    max_client_secrets: int = 10_000
+    """Unexpired client secrets held at once; one more is refused (429)."""
 
     def __post_init__(self) -> None:
         if self.api_key is None and not _is_loopback(self.host):
@@ -91,6 +112,9 @@ class ServerSettings:
             "close_linger_s",
             "max_input_audio_s",
             "max_session_s",
+            "webrtc_connect_timeout_s",
+            "webrtc_media_timeout_s",
+            "webrtc_playout_s",
         ):
             if not 0 < getattr(self, name) < math.inf:  # NaN fails too
                 raise SettingsError(
@@ -110,6 +134,10 @@ class ServerSettings:
             "max_output_tokens",
             "max_queued_per_client",
             "max_checking_threads",
+            "max_calls",
+            "webrtc_input_prefetch_frames",
+            "client_secret_s",
+            "max_client_secrets",
         ):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be at least 1, not {getattr(self, name)}")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sized
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -18,6 +18,7 @@ from .._items import Request
 from .._pipeline import Pipeline
 from .._stream import Stream
 from ._api_errors import retry_after_s as retry_after_s
+from ._secrets import ClientSecrets
 from ._settings import ServerSettings
 from ._shares import ClientShares
 from ._side_stage import SideStage
@@ -35,14 +36,27 @@ class ServerState:
     side_stage: SideStage | None = None
     """Runs server_vad turn detection when the pipeline config names a detector."""
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    calls: Sized | None = None
+    """The WebRTC calls (``serve`` opens them around the HTTP server: a ``_calls.Calls``,
+    which this module does not import, as it imports this one)."""
 
     def __post_init__(self) -> None:
+        self.secrets = ClientSecrets(
+            self.settings.client_secret_s, self.settings.max_client_secrets
+        )
+        self.calls_started = Counter(
+            "omnitrio_webrtc_calls",
+            "WebRTC calls answered (POST /v1/realtime/calls).",
+            registry=self.registry,
+        )
         self.ttfa_s = Histogram(
             "omnitrio_time_to_first_audio_seconds",
             "Time from a response's start to its first audio chunk.",
             buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0),
             registry=self.registry,
         )
+        calls_up = Gauge("omnitrio_webrtc_calls_up", "WebRTC calls up now.", registry=self.registry)
+        calls_up.set_function(lambda: 0 if self.calls is None else len(self.calls))
         self.refusals = Counter(
             "omnitrio_refusals",
             "Requests or connections refused at once (overload, draining, limits).",

@@ -53,7 +53,7 @@ def test_a_detected_turn_is_committed_and_answered() -> None:
     session = vad_session()
     [listen] = append(session, RATE_HZ)  # 1 s
     outs = session.speech_started(listen.generation, 200)
-    assert types(outs) == ["input_audio_buffer.speech_started"]
+    assert types(outs) == ["input_audio_buffer.speech_started", "StopPlayback"]
     item_id = outs[0].fields["item_id"]
     append(session, RATE_HZ)
     outs = session.speech_stopped(listen.generation, 1500)
@@ -135,8 +135,9 @@ def test_speech_during_an_answer_cancels_it_and_answers_the_new_turn() -> None:
     assert isinstance(first, StartResponse)
     append(session, RATE_HZ)
     outs = session.speech_started(listen.generation, 1200)
-    assert types(outs) == ["input_audio_buffer.speech_started", "CancelResponse"]
-    assert outs[1] == CancelResponse(first.response_id)
+    # The answer stops playing where the server plays it (WebRTC), and is cancelled.
+    assert types(outs) == ["input_audio_buffer.speech_started", "StopPlayback", "CancelResponse"]
+    assert outs[2] == CancelResponse(first.response_id)
     # The new turn ends before the cancelled answer is finished: its response waits ...
     outs = session.speech_stopped(listen.generation, 1800)
     assert "StartResponse" not in types(outs)
@@ -241,3 +242,24 @@ def test_the_sdk_parses_the_turn_events(dialect: Dialect) -> None:
         if isinstance(event, ServerEvent):
             message = wire(session, event)
             models[message["type"]].model_validate(message)
+
+
+def test_a_live_track_is_heard_and_never_refused() -> None:
+    """WebRTC: the microphone goes in with hear(); without turn detection the buffer
+    keeps the most recent max_input_audio_s instead of refusing the track's audio."""
+    session = RealtimeSession(SessionConfig("s", "voice", max_input_audio_s=1.0, webrtc=True))
+    session.start()
+    for _ in range(30):  # 3 s of 100 ms frames into a 1 s buffer
+        assert session.hear(pcm(RATE_HZ // 10)) == []
+    assert session.statistics().input_audio_buffered_s == 1.0
+    assert session.statistics().num_errors == 0
+
+
+def test_output_audio_buffer_clear_is_for_webrtc_sessions() -> None:
+    webrtc = RealtimeSession(SessionConfig("s", "voice", webrtc=True))
+    webrtc.start()
+    assert types(send(webrtc, {"type": "output_audio_buffer.clear"})) == ["StopPlayback"]
+    websocket = RealtimeSession(SessionConfig("s", "voice"))
+    websocket.start()
+    [error] = send(websocket, {"type": "output_audio_buffer.clear"})
+    assert error.fields["error"]["code"] == "unsupported_event_type"  # type: ignore[index]

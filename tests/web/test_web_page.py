@@ -131,7 +131,7 @@ def test_voice_chat_page(tmp_path: Path, chromium: Path, server_url: str) -> Non
                 lambda msg: page_errors.append(msg.text) if msg.type == "error" else None,
             )
 
-            page.goto(f"{server_url}/")
+            page.goto(f"{server_url}/?transport=websocket")  # this test is of the WebSocket path
             assert page.text_content("#hint") == "Press Connect to start."
             page.click("#connect")
             page.wait_for_function("window.omnitrio.state === 'connected'")

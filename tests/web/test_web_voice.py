@@ -109,7 +109,9 @@ def test_hands_free_spoken_turn_in_the_browser(
             page_errors: list[str] = []
             page.on("pageerror", lambda error: page_errors.append(str(error)))
             page.add_init_script(RAW_MICROPHONE)
-            page.goto(f"{default_server}/")
+            page.goto(
+                f"{default_server}/?transport=websocket"
+            )  # this test is of the WebSocket path
             page.click("#connect")
             page.wait_for_function("window.omnitrio.state === 'connected'")
             page.wait_for_function("window.omnitrio.serverVad")

@@ -1,11 +1,15 @@
-// omnitrio voice chat: a small client of the OpenAI-compatible Realtime WebSocket API.
-// Text and push-to-talk turns go up as Realtime events; the reply's audio deltas are
-// played gaplessly (player.js) and its transcript streams into the page. Where the
-// server detects turns itself (server_vad), "Hands-free" streams the microphone and the
-// server decides when a turn ends, answers it, and stops the answer when we talk over it.
+// omnitrio voice chat: a small client of the OpenAI-compatible Realtime API.
+// It connects over WebRTC (webrtc.js: the microphone and the answer as tracks, the events
+// on a data channel), and over the Realtime WebSocket when WebRTC fails (or with
+// ?transport=websocket): then the microphone goes up as input_audio_buffer.append events
+// and the reply's audio deltas are played gaplessly (player.js). Either way the transcript
+// streams into the page. Where the server detects turns itself (server_vad), "Hands-free"
+// streams the microphone and the server decides when a turn ends, answers it, and stops
+// the answer when we talk over it.
 
 import { base64ToFloat32, openMicrophone, pcm16ToBase64 } from "./audio.js";
 import { createPlayer } from "./player.js";
+import { connectWebRtc } from "./webrtc.js";
 
 const INPUT_RATE_HZ = 24000; // the server expects PCM16 mono at 24 kHz
 const SEND_INTERVAL_MS = 100; // how often recorded audio goes up as input_audio_buffer.append
@@ -33,7 +37,11 @@ const omnitrio = (window.omnitrio = {
   keepAudio: false, // tests set it: audio sent and received is kept (base64 PCM16)
   sentAudio: [], replyAudio: [], userTranscripts: [],
   truncatedAtMs: [], // audio_end_ms of each conversation.item.truncate sent on barge-in
+  transport: null, // "webrtc" or "websocket" once connected
+  fallbackReason: null, // why WebRTC was not used, when the page fell back to the WebSocket
+  rtc: null, // the WebRTC call (webrtc.js), while connected over WebRTC
 });
+const WANT_WEBRTC = new URLSearchParams(location.search).get("transport") !== "websocket";
 
 // The assistant item whose audio is playing, and how much of it was heard: on barge-in
 // the page sends conversation.item.truncate, so the conversation keeps what was heard.
@@ -49,7 +57,9 @@ const player = createPlayer({
 });
 omnitrio.playback = player.kind;
 
-let ws = null;
+let ws = null; // the connection: a WebSocket, or a WebRTC call (omnitrio.rtc) with its send/close
+let rtcPlaying = false; // WebRTC: the server is playing an answer on the track
+let rtcTalkStartedAt = null; // WebRTC push-to-talk: when the microphone was opened
 let outputRateHz = 24000; // replaced by session.created's session.audio.output.format.rate
 // The server runs one response at a time. `reply` is ours from our response.create to
 // its response.done: {eventId of the create, id (from response.created), cancelled}.
@@ -97,7 +107,7 @@ function hint(state) {
 }
 
 function updateStop() {
-  ui.stop.disabled = !(omnitrio.responding || player.busy());
+  ui.stop.disabled = !(omnitrio.responding || playing());
 }
 
 function showError(message) {
@@ -118,15 +128,41 @@ function addLine(role, text) {
 
 // ---------------------------------------------------------------- connection
 
-function connect() {
+async function connect() {
   const key = ui.apiKey.value.trim();
+  player.ensure(); // create the AudioContext inside this click, so autoplay allows it
+  if (WANT_WEBRTC) {
+    const pending = { close() {} };
+    ws = pending; // connecting: the button reads Disconnect
+    setState("connecting", "WebRTC");
+    try {
+      const call = await connectWebRtc({
+        apiKey: key, onEvent: handle, audio: $("answer-audio"),
+        onClose: (why) => { if (ws === call) { showError(why); hangUp("closed", why); } },
+      });
+      if (ws !== pending) return call.close(); // the user left meanwhile
+      call.setMicrophone(false); // push-to-talk until Talk or Hands-free
+      ws = call;
+      omnitrio.rtc = call;
+      omnitrio.transport = "webrtc";
+      return;
+    } catch (err) {
+      if (ws !== pending) return;
+      ws = null;
+      omnitrio.fallbackReason = err.message;
+    }
+  }
+  connectWebSocket(key);
+}
+
+function connectWebSocket(key) {
   // Browsers cannot set headers on a WebSocket: the key travels as a subprotocol.
   const protocols = key ? ["realtime", `openai-insecure-api-key.${key}`] : ["realtime"];
   const scheme = location.protocol === "https:" ? "wss" : "ws";
-  player.ensure(); // create the AudioContext inside this click, so autoplay allows it
   const socket = new WebSocket(`${scheme}://${location.host}/v1/realtime`, protocols);
   ws = socket;
-  setState("connecting");
+  omnitrio.transport = "websocket";
+  setState("connecting", "WebSocket");
   socket.onmessage = (message) => {
     if (typeof message.data === "string") handle(JSON.parse(message.data));
   };
@@ -157,13 +193,26 @@ function hangUp(state, detail) {
   omnitrio.responding = false;
   spokenWaiting.length = 0;
   spokenLines.clear();
-  if (socket && socket.readyState <= WebSocket.OPEN) socket.close(1000, "bye");
+  rtcPlaying = false;
+  omnitrio.rtc = null;
+  if (socket instanceof WebSocket) {
+    if (socket.readyState <= WebSocket.OPEN) socket.close(1000, "bye");
+  } else if (socket) {
+    socket.close();
+  }
   setState(state, detail);
 }
 
 function send(event) {
-  if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(event));
+  if (ws instanceof WebSocket) {
+    if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(event));
+  } else if (ws) {
+    ws.send(event);
+  }
 }
+
+const overWebRtc = () => omnitrio.transport === "webrtc" && omnitrio.rtc !== null;
+const playing = () => (overWebRtc() ? rtcPlaying : player.busy());
 
 function requestResponse() {
   bargeIn();
@@ -199,8 +248,16 @@ function bargeIn() {
   stopPlaying();
 }
 
-// Silence the reply and tell the server how much of its audio was heard.
+// Silence the reply and tell the server how much of its audio was heard. Over WebRTC the
+// server plays the reply: it cuts its track and truncates to what it played.
 function stopPlaying() {
+  if (overWebRtc()) {
+    if (rtcPlaying) send({ type: "output_audio_buffer.clear", event_id: `evt_page_${++numSent}` });
+    rtcPlaying = false;
+    heard = null;
+    updateStop();
+    return;
+  }
   if (heard && player.busy()) {
     const audioEndMs = Math.floor(heard.seconds * 1000);
     omnitrio.truncatedAtMs.push(audioEndMs);
@@ -266,7 +323,27 @@ function onTextDelta(event) {
   omnitrio.transcript += event.delta;
 }
 
+// WebRTC: the server says when the reply's audio starts and stops on the track.
+function onPlaybackStarted() {
+  rtcPlaying = true;
+  if (turnStartedAt !== null) {
+    const ms = Math.round(performance.now() - turnStartedAt);
+    omnitrio.firstAudioMs.push(ms);
+    ui.latency.textContent = `first audio: ${ms} ms`;
+    turnStartedAt = null;
+  }
+  updateStop();
+}
+
+function onPlaybackEnded() {
+  rtcPlaying = false;
+  updateStop();
+}
+
 const handlers = {
+  "output_audio_buffer.started": onPlaybackStarted,
+  "output_audio_buffer.stopped": onPlaybackEnded,
+  "output_audio_buffer.cleared": onPlaybackEnded,
   "session.created": onSession,
   "session.updated": onSession,
   "response.created": (e) => {
@@ -357,6 +434,18 @@ function spokeFor(seconds) {
 
 async function startRecording({ bargeIn: interrupt = true } = {}) {
   if (interrupt) bargeIn(); // talking over the reply interrupts it
+  if (overWebRtc()) {
+    // The microphone is the call's track: open it. Push-to-talk starts a fresh buffer.
+    if (!omnitrio.handsFree) send({ type: "input_audio_buffer.clear" });
+    omnitrio.rtc.setMicrophone(true);
+    rtcTalkStartedAt = performance.now();
+    mic = { close: () => Math.round(((performance.now() - rtcTalkStartedAt) / 1000) * INPUT_RATE_HZ) };
+    omnitrio.recording = true;
+    if (omnitrio.handsFree) return setState(omnitrio.state);
+    ui.talk.setAttribute("aria-pressed", "true");
+    ui.talk.textContent = "● Recording… click to send";
+    return;
+  }
   micStarting = true;
   try {
     const opened = await openMicrophone({
@@ -384,6 +473,7 @@ function stopRecording({ commit }) {
   if (!mic) return;
   const samples = mic.close(); // sends what is left
   mic = null;
+  if (overWebRtc()) omnitrio.rtc.setMicrophone(false);
   omnitrio.recording = false;
   ui.talk.setAttribute("aria-pressed", "false");
   ui.talk.textContent = "Talk";
@@ -405,7 +495,7 @@ function stopRecording({ commit }) {
 ui.connectForm.addEventListener("submit", (e) => {
   e.preventDefault();
   if (ws) hangUp("closed", "by you");
-  else connect();
+  else connect().catch((err) => showError(`could not connect: ${err.message}`));
 });
 
 ui.textForm.addEventListener("submit", (e) => {
