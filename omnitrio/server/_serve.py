@@ -173,7 +173,8 @@ async def serve(
                 app = wrap_app(create_app(state), hyper.wsgi_max_body_size, "asgi")
                 listening_sockets = Sockets([], list(listening), [])
                 serve_http = partial(worker_serve, app, hyper, sockets=listening_sockets)
-                async with trio.open_nursery() as server:  # ends before the pipeline does
+                # ends before the pipeline does; then the shares' decoder processes
+                async with state.shares, trio.open_nursery() as server:
                     binds = await server.start(partial(serve_http, shutdown_trigger=stop.wait))
                     task_status.started(binds)
                     started = True
