@@ -105,7 +105,7 @@ class PiperTts:
         first_phrase_max_words: int = 24,
         first_phrase_min_words: int | None = None,
         espeak_timeout_s: float = 5.0,
-        max_phoneme_ids: int = 1200,
+        max_phoneme_ids: int = 600,
         num_threads: int = 1,
         first_chunk_frames: int | None = None,
         first_part_words: int | None = None,

@@ -20,6 +20,7 @@ from stages.voice.phonemes import (
     espeak_text,
     phoneme_ids,
 )
+from stages.voice.phrases import PhraseSplitter
 from stages.voice.tts import PiperTts
 
 GREETING = "Good morning to you."
@@ -139,3 +140,15 @@ def test_no_espeak_is_left_waiting_after_close() -> None:
     assert len(_espeak_children()) == 1  # the next phrase's, started
     espeak.close()
     assert not _espeak_children()
+
+
+def test_a_long_word_is_cut_into_phrases_of_bounded_characters() -> None:
+    """Round 3, row 5 (the phrase half): one "word" of 700 emoji, a token at a time."""
+    splitter = PhraseSplitter()
+    phrases = [p for _ in range(700) for p in splitter.feed("\U0001f600")]
+    rest = splitter.flush()
+    assert rest is not None
+    assert [len(p) for p in phrases] == [splitter.max_chars] * 2
+    assert len(rest) == 700 - 2 * splitter.max_chars
+    words = PhraseSplitter(max_chars=30).feed("one two three four five six seven eight. ")
+    assert [len(p) <= 30 for p in words] == [True, True]  # cut at a space within the limit
