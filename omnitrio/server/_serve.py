@@ -27,7 +27,7 @@ from .._listen import listen_socket
 from .._pipeline import open_pipeline
 from ._app import create_app
 from ._connections import ATTRIBUTE as CONNECTIONS_ATTRIBUTE
-from ._connections import ConnectionSlots, refuse
+from ._connections import ConnectionSlots, peer_of, refuse
 from ._h2c import ATTRIBUTE as H2C_ATTRIBUTE
 from ._h2c import H11WithoutH2c
 from ._settings import ServerSettings, effective_max_connections
@@ -59,15 +59,17 @@ class _ContainedTCPServer(TCPServer):
 
     async def run(self) -> None:
         slots: ConnectionSlots = getattr(self.config, CONNECTIONS_ATTRIBUTE)
-        if not slots.take():
-            await refuse(self.stream, slots.max_connections)
+        client = peer_of(self.stream)
+        refusal = slots.take_for(client)
+        if refusal is not None:
+            await refuse(self.stream, refusal)
             return
         try:
             await super().run()
         except Exception:
             logger.warning("a connection failed inside the HTTP server; dropped it", exc_info=True)
         finally:
-            slots.give_back()
+            slots.give_back_for(client)
 
     async def _read_data(self) -> None:
         await super()._read_data()
@@ -229,5 +231,8 @@ def _hypercorn_config(settings: ServerSettings, writes: _WriteDeadlines) -> Conf
     setattr(config, WRITES_ATTRIBUTE, writes)
     setattr(config, LINGER_ATTRIBUTE, settings.close_linger_s)
     setattr(config, H2C_ATTRIBUTE, settings.h2c)
-    setattr(config, CONNECTIONS_ATTRIBUTE, ConnectionSlots(effective_max_connections(settings)))
+    slots = ConnectionSlots(
+        effective_max_connections(settings), settings.max_connections_per_client
+    )
+    setattr(config, CONNECTIONS_ATTRIBUTE, slots)
     return config
