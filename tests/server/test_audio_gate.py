@@ -24,16 +24,29 @@ LIMITS = DecodeLimits(8000, 96000, 60.0)
 RATE_HZ = 24000
 
 
-def encoded(container: str, codec: str, rate_hz: int = RATE_HZ) -> bytes:
-    """One second of a tone in ``container`` / ``codec``, encoded by PyAV."""
+def encoded(
+    container: str,
+    codec: str,
+    rate_hz: int = RATE_HZ,
+    *,
+    layout: str = "mono",
+    samples: np.ndarray | None = None,
+    repeat: int = 1,
+) -> bytes:
+    """``samples`` (packed PCM16, [1, N x channels]; by default one second of a tone)
+    ``repeat`` times over, in ``container`` / ``codec``, encoded by PyAV."""
+    if samples is None:
+        samples = (np.sin(np.arange(rate_hz) / 10) * 8000).astype(np.int16)[None, :]
     out = io.BytesIO()
     with av.open(out, "w", format=container) as muxer:
         stream = muxer.add_stream(codec, rate=rate_hz)
-        stream.layout = "mono"
-        tone = (np.sin(np.arange(rate_hz) / 10) * 8000).astype(np.int16)[None, :]
-        frame = av.AudioFrame.from_ndarray(tone, format="s16", layout="mono")
-        frame.sample_rate = rate_hz
-        for packet in [*stream.encode(frame), *stream.encode(None)]:
+        stream.layout = layout
+        for _ in range(repeat):
+            frame = av.AudioFrame.from_ndarray(samples, format="s16", layout=layout)
+            frame.sample_rate = rate_hz
+            for packet in stream.encode(frame):
+                muxer.mux(packet)
+        for packet in stream.encode(None):
             muxer.mux(packet)
     return out.getvalue()
 

@@ -23,6 +23,7 @@ from omnitrio.server._audio_gate import UNSUPPORTED, DecodeLimits
 from omnitrio.server._decoders import DecoderPool, DecodeTimeout
 from omnitrio.server._shares import ClientShares
 from omnitrio.server._transcribe import DECODE_RATE_HZ, UndecodableAudio, decode_audio
+from tests.server.test_audio_gate import encoded
 from tests.voice_support import VOICE_CONFIG, needs_voice
 
 SETTINGS = ServerSettings()
@@ -118,19 +119,8 @@ async def test_a_decode_past_its_time_is_refused_and_its_worker_killed() -> None
 
 def _flac_bomb(minutes: int) -> bytes:
     """``minutes`` of 96 kHz 7.1 silence as FLAC: ~245 KB for ten minutes."""
-    rate_hz, out = 96000, io.BytesIO()
-    with av.open(out, "w", format="flac") as muxer:
-        stream = muxer.add_stream("flac", rate=rate_hz)
-        stream.layout = "7.1"
-        second = np.zeros((1, rate_hz * 8), np.int16)  # packed: [1, samples x channels]
-        for _ in range(60 * minutes):
-            frame = av.AudioFrame.from_ndarray(second, format="s16", layout="7.1")
-            frame.sample_rate = rate_hz
-            for packet in stream.encode(frame):
-                muxer.mux(packet)
-        for packet in stream.encode(None):
-            muxer.mux(packet)
-    return out.getvalue()
+    second = np.zeros((1, 96000 * 8), np.int16)  # packed: [1, samples x channels]
+    return encoded("flac", "flac", 96000, layout="7.1", samples=second, repeat=60 * minutes)
 
 
 @needs_voice
