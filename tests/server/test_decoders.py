@@ -32,7 +32,15 @@ SECOND = wav_bytes(b"\x00\x10" * 16000, 16000)
 
 
 def _children() -> list[psutil.Process]:
-    return psutil.Process().children(recursive=True)
+    """This process's decoder workers (other tests' children left out)."""
+    workers = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if any(arg.endswith("_audio_gate.py") for arg in child.cmdline()):
+                workers.append(child)
+        except psutil.NoSuchProcess:  # ended meanwhile
+            continue
+    return workers
 
 
 def _udp_ports() -> set[int]:

@@ -27,8 +27,30 @@ GREETING = "Good morning to you."
 CRASH = "W." * 100  # espeak-ng 1.51: "stack smashing detected", SIGABRT
 
 
+_BEFORE: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _espeaks_before() -> None:
+    """The espeak-ng processes other tests' voices hold (each its next phrase's)."""
+    _BEFORE.clear()
+    _BEFORE.update(p.pid for p in _espeaks())
+
+
+def _espeaks() -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if child.name().startswith("espeak"):
+                found.append(child)
+        except psutil.NoSuchProcess:  # ended meanwhile
+            continue
+    return found
+
+
 def _espeak_children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children() if p.name().startswith("espeak")]
+    """The espeak-ng processes started since the test began and still running."""
+    return [p for p in _espeaks() if p.pid not in _BEFORE]
 
 
 def _alone(text: str) -> str:
