@@ -14,6 +14,7 @@ Run: ``python benchmarks/reliability/boundary_costs.py``; prints one JSON object
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import select
@@ -21,13 +22,13 @@ import statistics
 import subprocess
 import sys
 import time
+import wave
 from collections.abc import Callable
 from pathlib import Path
 
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from omnitrio.server._audio import wav_bytes
 from omnitrio.server._audio_gate import DecodeLimits, decode
 from omnitrio.server._decoders import DecoderPool
 from stages.voice.phonemes import Espeak
@@ -108,8 +109,13 @@ def phonemizer() -> dict[str, object]:
 
 
 def _tone_wav(seconds: float) -> bytes:
-    rate_hz = 24000
-    return wav_bytes(b"\x00\x10\x00\xf0" * int(rate_hz * seconds / 2), rate_hz)
+    rate_hz, buffer = 24000, io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate_hz)
+        wav.writeframes(b"\x00\x10\x00\xf0" * int(rate_hz * seconds / 2))
+    return buffer.getvalue()
 
 
 async def _decoder() -> dict[str, object]:
