@@ -138,6 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
             allowed_origins=tuple(args.allow_origin or ()),
             grace_period_s=args.grace_period_s,
             max_streams_per_client=args.max_streams_per_client,
+            max_connections_per_client=args.max_connections_per_client,
         )
         config = _configured(args)
         return _serve_on(config, settings, sock)
@@ -236,6 +237,11 @@ def _parser() -> argparse.ArgumentParser:
         "--max-streams-per-client",
         type=int,
         help="streams one client (connection address) may hold; default half of max_streams",
+    )
+    run.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        help="connections one client (address) may hold; default 1/16 of max_connections, >= 8",
     )
     prompt = commands.add_parser("prompt", help="run a pipeline on prompts and print its output")
     prompt.add_argument(

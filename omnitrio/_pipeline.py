@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from types import MappingProxyType
@@ -37,6 +38,10 @@ logger = logging.getLogger(__name__)
 
 SIDE_INPUT_CAPACITY = 256
 """Inputs one side stream may have waiting for its stage (~5 s of 20 ms audio chunks)."""
+SIDE_INPUT_MAX_BYTES = 10 * 48_000
+"""Bytes one side stream may have waiting: 10 s of the Realtime session's PCM16 (24 kHz)."""
+SIDE_ITEM_MAX_BYTES = 9_600
+"""The most one side input holds (longer bytes are queued in pieces): 0.2 s of it."""
 
 
 class SideStream:
@@ -45,6 +50,14 @@ class SideStream:
     The side stage (the turn detector) is not on the chain: the caller feeds the
     stream's input edge itself and reads its client link. Made by
     ``Pipeline.open_side_stream``; ``close()`` frees it on the stage at its next turn.
+
+    Bytes inputs (PCM16 audio) are bounded by their size, not only by their number: one
+    longer than ``SIDE_ITEM_MAX_BYTES`` is queued as pieces of at most that (cut at an
+    even offset, a whole sample), so a stage that takes a few inputs a step
+    (``max_inputs_per_step``) scores a bounded amount a step; and at most
+    ``SIDE_INPUT_MAX_BYTES`` wait per stream, past which inputs are dropped (a session
+    appending megabyte frames as fast as it could held the detector's step past its
+    watchdog, and a gigabyte).
     """
 
     def __init__(self, state: StreamState, in_link: Link) -> None:
@@ -53,19 +66,50 @@ class SideStream:
         self._state = state
         self._inbox = in_link
         self.num_dropped = 0
+        self._sizes: deque[tuple[int, int]] = deque()  # (put index, bytes) not yet taken
+        self._queued_bytes = 0
 
     def append(self, item: object) -> bool:
         """Queue one input for the stage's next step. Never blocks: if the stage is
-        ``SIDE_INPUT_CAPACITY`` inputs behind, the input is dropped (logged) and this
-        returns False. Inputs after the stream ended are ignored."""
+        ``SIDE_INPUT_CAPACITY`` inputs or ``SIDE_INPUT_MAX_BYTES`` behind, the input is
+        dropped (logged) and this returns False. Inputs after the stream ended are
+        ignored."""
         if self._inbox.discarded:
             return False
+        if not isinstance(item, bytes):
+            return self._put(item, 0)
+        self._forget_taken()
+        if self._queued_bytes + len(item) > SIDE_INPUT_MAX_BYTES:
+            return self._drop()
+        step = SIDE_ITEM_MAX_BYTES
+        pieces = [item[start : start + step] for start in range(0, len(item), step)] or [item]
+        if self._inbox.free < len(pieces):
+            return self._drop()
+        return all([self._put(piece, len(piece)) for piece in pieces])
+
+    def _put(self, item: object, num_bytes: int) -> bool:
         if self._inbox.free < 1:
-            self.num_dropped += 1
-            logger.warning("side stage is behind; dropped an input", extra={"stream": self.id})
-            return False
+            return self._drop()
+        self._sizes.append((self._inbox.num_put, num_bytes))
+        self._queued_bytes += num_bytes
         self._inbox.put((item,))
         return True
+
+    def _drop(self) -> bool:
+        self.num_dropped += 1
+        logger.warning("side stage is behind; dropped an input", extra={"stream": self.id})
+        return False
+
+    def _forget_taken(self) -> None:
+        taken = self._inbox.num_taken
+        while self._sizes and self._sizes[0][0] < taken:
+            self._queued_bytes -= self._sizes.popleft()[1]
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of input waiting for the stage."""
+        self._forget_taken()
+        return self._queued_bytes
 
     def close(self) -> None:
         """Stop it (idempotent); the stage frees it at its next turn."""

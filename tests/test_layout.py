@@ -501,6 +501,10 @@ BENCHMARK_PRIVATE_IMPORTS = {
     # The micro-benchmark measures the floor of a stage's worker-thread crossing, the
     # runtime's own WorkerThread: an internal by nature, not a user's API.
     ("benchmarks/runtime_micro.py", "omnitrio._worker"),
+    # What the upload trust boundary costs a request: its decoder processes against the
+    # same decode in process, internals by nature (issue 42).
+    ("benchmarks/reliability/boundary_costs.py", "omnitrio.server._audio_gate"),
+    ("benchmarks/reliability/boundary_costs.py", "omnitrio.server._decoders"),
 }
 
 

@@ -7,9 +7,10 @@ limit (64 KiB read can be 64 MiB inflated). Two wsproto extensions close that
 gap; each sees every frame of the connection as it is parsed:
 
 - ``MessageLimit`` is never negotiated: it claims no RSV bit and sends no header.
-  It adds up the payload lengths that the frame headers of a message declare and
-  refuses the message as soon as they pass the limit, before any of that frame's
-  payload is kept.
+  It adds up the payload lengths that the frame headers of a message declare, and
+  counts its frames (a message of endless empty continuation frames cost a parse each
+  and never grew: ``FRAME_COST_BYTES``), and refuses the message as soon as either
+  passes its limit, before any of that frame's payload is kept.
 - ``BoundedDeflate`` is wsproto's permessage-deflate with its inbound side
   replaced: it inflates at most one byte past the limit per message, so a bomb
   costs at most ``max_message_bytes + 1`` bytes before it is refused.
@@ -32,6 +33,10 @@ from wsproto.frame_protocol import CloseReason, FrameDecoder, FrameProtocol, Opc
 _NO_RSV_BITS = RsvBits(False, False, False)
 # RFC 7692 7.2.1: the four bytes a sender strips from the end of each compressed message.
 _DEFLATE_TAIL = b"\x00\x00\xff\xff"
+FRAME_COST_BYTES = 128
+"""A message may have one data frame per this many bytes of its limit (or ``MIN_FRAMES``):
+8,192 for 1 MiB, so an honest client's 4 KiB fragments fit 32 times over."""
+MIN_FRAMES = 64
 
 
 def compressed_size_bound(size: int) -> int:
@@ -44,7 +49,8 @@ def compressed_size_bound(size: int) -> int:
 
 
 class MessageLimit(Extension):
-    """Refuses a message whose frame headers declare more than ``max_message_bytes``.
+    """Refuses a message whose frame headers declare more than ``max_message_bytes``,
+    or that has more than ``max_frames`` data frames.
 
     Never offered, never negotiated: it only watches. A compressed message may
     declare up to ``compressed_size_bound(max_message_bytes)`` on the wire; its
@@ -59,6 +65,8 @@ class MessageLimit(Extension):
         self.max_message_bytes = max_message_bytes
         self.refused = False
         self._wire_bytes = 0  # declared payload bytes of the message so far
+        self._num_frames = 0  # data frames of the message so far
+        self.max_frames = max(MIN_FRAMES, max_message_bytes // FRAME_COST_BYTES)
         self._compressed = False
         self._data_frame = False
 
@@ -81,8 +89,11 @@ class MessageLimit(Extension):
         self._data_frame = not opcode.iscontrol()  # control frames: 125 bytes at most
         if self._data_frame:
             if opcode is not Opcode.CONTINUATION:  # the first frame of a message
-                self._wire_bytes, self._compressed = 0, rsv.rsv1
+                self._wire_bytes, self._compressed, self._num_frames = 0, rsv.rsv1, 0
             self._wire_bytes += payload_length
+            self._num_frames += 1
+            if self._num_frames > self.max_frames:
+                self.refused = True
             if self._compressed:
                 allowed = compressed_size_bound(self.max_message_bytes)
             else:

@@ -28,7 +28,7 @@ from .._pipeline import open_pipeline
 from ._app import create_app
 from ._calls import open_calls
 from ._connections import ATTRIBUTE as CONNECTIONS_ATTRIBUTE
-from ._connections import ConnectionSlots, refuse
+from ._connections import ConnectionSlots, peer_of, refuse
 from ._h2c import ATTRIBUTE as H2C_ATTRIBUTE
 from ._h2c import H11WithoutH2c
 from ._settings import ServerSettings, effective_max_connections
@@ -60,15 +60,17 @@ class _ContainedTCPServer(TCPServer):
 
     async def run(self) -> None:
         slots: ConnectionSlots = getattr(self.config, CONNECTIONS_ATTRIBUTE)
-        if not slots.take():
-            await refuse(self.stream, slots.max_connections)
+        client = peer_of(self.stream)
+        refusal = slots.take_for(client)
+        if refusal is not None:
+            await refuse(self.stream, refusal)
             return
         try:
             await super().run()
         except Exception:
             logger.warning("a connection failed inside the HTTP server; dropped it", exc_info=True)
         finally:
-            slots.give_back()
+            slots.give_back_for(client)
 
     async def _read_data(self) -> None:
         await super()._read_data()
@@ -175,8 +177,9 @@ async def serve(
                 listening_sockets = Sockets([], list(listening), [])
                 serve_http = partial(worker_serve, app, hyper, sockets=listening_sockets)
                 # WebRTC calls outlive the requests that made them: they end (each within
-                # its close timeout) once the HTTP server has stopped, before the pipeline.
-                async with open_calls(state) as calls:
+                # its close timeout) once the HTTP server has stopped, before the pipeline;
+                # then the shares' decoder processes end.
+                async with state.shares, open_calls(state) as calls:
                     state.calls = calls
                     async with trio.open_nursery() as server:  # ends before the pipeline does
                         serving = partial(serve_http, shutdown_trigger=stop.wait)
@@ -234,5 +237,8 @@ def _hypercorn_config(settings: ServerSettings, writes: _WriteDeadlines) -> Conf
     setattr(config, WRITES_ATTRIBUTE, writes)
     setattr(config, LINGER_ATTRIBUTE, settings.close_linger_s)
     setattr(config, H2C_ATTRIBUTE, settings.h2c)
-    setattr(config, CONNECTIONS_ATTRIBUTE, ConnectionSlots(effective_max_connections(settings)))
+    slots = ConnectionSlots(
+        effective_max_connections(settings), settings.max_connections_per_client
+    )
+    setattr(config, CONNECTIONS_ATTRIBUTE, slots)
     return config

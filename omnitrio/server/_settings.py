@@ -71,6 +71,9 @@ class ServerSettings:
     parsing, tool schema compilation, audio decoding run off the event loop)."""
     max_checking_threads: int = 2
     """Threads that check requests off the event loop, taken in arrival order."""
+    max_connections_per_client: int | None = None
+    """Open connections one client (connection address) may hold; None: a sixteenth of
+    ``max_connections`` (at least 8). One more is answered 429 naming it."""
     h2c: bool = False
     """HTTP/2 over cleartext (prior knowledge or ``Upgrade: h2c``). Off by default: the
     h2 stack buffers whole responses for a peer that keeps its flow-control window shut,
@@ -142,6 +145,11 @@ class ServerSettings:
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be at least 1, not {getattr(self, name)}")
 
+        if self.max_connections_per_client is not None and self.max_connections_per_client < 1:
+            raise SettingsError(
+                "max_connections_per_client must be at least 1 (or None), "
+                f"not {self.max_connections_per_client}"
+            )
         if self.max_streams_per_client is not None and self.max_streams_per_client < 1:
             raise SettingsError(
                 f"max_streams_per_client must be at least 1 (or None), "

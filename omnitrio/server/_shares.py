@@ -16,7 +16,9 @@ Two things are shared:
   in, the threads that check them off the event loop (parsing a body, compiling its
   tools' schemas, decoding its audio). Past it: 429 naming the setting. The threads are
   ``max_checking_threads`` at most, taken in arrival order, and one client runs on half
-  of them at most, so the others always find threads that no one client holds.
+  of them at most, so the others always find threads that no one client holds. Audio
+  is decoded in as many worker processes instead (``_decoders.py``), which a timeout or
+  a cancellation kills, so no upload holds a thread or the server's shutdown.
 
 ``/metrics`` reports the limits, the most any client holds, and the refusals by reason
 (``client_streams``, ``client_queued``).
@@ -25,13 +27,18 @@ Two things are shared:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import TypeVar
 
 import trio
 
 from .._errors import OmnitrioError
+from ._audio_gate import DecodeLimits
+from ._decoders import DecoderPool
+
+DECODE_TIMEOUT_S = 20.0
+"""How long one upload may take to decode (its worker process is killed past it)."""
 
 T = TypeVar("T")
 
@@ -72,6 +79,13 @@ class ClientShares:
         self._lots: dict[str, trio.lowlevel.ParkingLot] = {}  # clients waiting to queue
         self._running: dict[str, trio.CapacityLimiter] = {}  # each client's share of threads
         self._threads_per_client = max(1, max_threads // 2)
+        self.decoders = DecoderPool(max_threads, DECODE_TIMEOUT_S)
+
+    async def __aenter__(self) -> ClientShares:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.decoders.aclose()  # the idle ones: a busy one is killed by its cancel
 
     def check_stream(self, client: str) -> None:
         """Raise ``ShareExceeded`` if ``client`` cannot open one more stream now."""
@@ -93,6 +107,18 @@ class ClientShares:
 
         Past ``max_queued``: ``ShareExceeded``, or with ``wait`` (a WebSocket, which
         can simply stop reading) wait until one of the client's checks is done."""
+        async with self._queued(client, wait):
+            return await trio.to_thread.run_sync(work, limiter=self.threads)
+
+    async def decode(self, client: str, data: bytes, demuxer: str, limits: DecodeLimits) -> bytes:
+        """``data`` decoded in one of the decoder processes (``_decoders.py``), counted
+        as one of ``client``'s queued checks (``ShareExceeded`` past ``max_queued``).
+        Cancellable: cancelling it kills the decode."""
+        async with self._queued(client, wait=False):
+            return await self.decoders.decode(data, demuxer, limits)
+
+    @asynccontextmanager
+    async def _queued(self, client: str, wait: bool) -> AsyncIterator[None]:
         while self.queued[client] >= self.max_queued:
             if not wait:
                 raise ShareExceeded(
@@ -109,8 +135,8 @@ class ClientShares:
         if own is None:
             own = self._running[client] = trio.CapacityLimiter(self._threads_per_client)
         try:
-            async with own:  # one client runs on at most half the threads
-                return await trio.to_thread.run_sync(work, limiter=self.threads)
+            async with own:  # one client runs on at most half the threads (and decoders)
+                yield
         finally:
             self._drop(self.queued, client)
             if client not in self.queued:

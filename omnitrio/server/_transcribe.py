@@ -3,8 +3,9 @@
 ``prepare_transcription`` turns the form fields into a checked ``TranscriptionForm``
 or raises ``BadRequest`` naming the field (a ``language`` other than the one the
 pipeline's speech-recognition stage transcribes, ``timestamp_granularities`` without
-``verbose_json``). ``decode_audio`` turns the upload, any audio FFmpeg reads, into
-the mono PCM16 the stream carries. ``transcription_body`` turns the stage's
+``verbose_json``). ``decode_audio`` turns the upload, one of the formats the API
+promises (``_audio_gate.py``), into the mono PCM16 the stream carries, in a decoder
+process (``_decoders.py``). ``transcription_body`` turns the stage's
 transcripts into the response body in the asked ``response_format``. The endpoint
 (_transcriptions.py) only moves the bytes. Tested without a server
 (tests/server/test_transcribe.py).
@@ -12,60 +13,49 @@ transcripts into the response body in the asked ``response_format``. The endpoin
 
 from __future__ import annotations
 
-import io
-import itertools
+import importlib.util
 import json
 from typing import Any
 
-from ._audio import InputAudioError, check_input_audio, resample_pcm16
+from ._audio_gate import OUT_RATE_HZ, DecodeLimits, UnsupportedAudio, sniff_demuxer
 from ._requests import BadRequest, TranscriptionForm, parse_form
 from ._settings import ServerSettings
+from ._shares import ClientShares
 
-DECODE_RATE_HZ = 16000
+DECODE_RATE_HZ = OUT_RATE_HZ
 
 
 class UndecodableAudio(ValueError):
-    """The upload is not audio FFmpeg can read."""
+    """The upload is not audio the server takes (``_audio_gate.py`` says which)."""
 
 
 class NoDecoder(RuntimeError):
     """This install has no audio decoder (PyAV comes with the voice extra)."""
 
 
-def decode_audio(data: bytes, settings: ServerSettings) -> bytes:
-    """Any audio file FFmpeg reads, as mono PCM16 at ``DECODE_RATE_HZ``, within the
-    server's input-audio limits (``check_input_audio``: the rate, and the duration,
-    checked as it decodes so a long file is refused before it is all decoded). The
-    rate change is omnitrio's one resampler (soxr), as for every other upload."""
+async def decode_audio(
+    data: bytes, settings: ServerSettings, shares: ClientShares, client: str, filename: str | None
+) -> bytes:
+    """An upload in one of the formats the API promises (``_audio_gate.py``: decided
+    from its bytes; raw PCM16 at 24 kHz when its name ends in ``.pcm``), as mono PCM16
+    at ``DECODE_RATE_HZ``, within the server's input-audio limits (checked as it
+    decodes, so a long file is refused before it is all decoded). Decoded in one of
+    the server's decoder processes, counted in ``client``'s share (``ShareExceeded``);
+    cancelling this kills the decode. ``UndecodableAudio`` names what is wrong and
+    nothing of the server's files."""
+    if importlib.util.find_spec("av") is None:  # installed with faster-whisper
+        raise NoDecoder("decoding uploads needs PyAV: install omnitrio's voice extra")
+    declared_pcm = (filename or "").lower().endswith(".pcm")
+    limits = DecodeLimits(
+        settings.min_input_sample_rate_hz,
+        settings.max_input_sample_rate_hz,
+        settings.max_input_audio_s,
+    )
     try:
-        import av  # installed with faster-whisper (the voice extra)
-    except ImportError:
-        raise NoDecoder("decoding uploads needs PyAV: install omnitrio's voice extra") from None
-
-    pcm = bytearray()
-    try:
-        with av.open(io.BytesIO(data), mode="r") as container:
-            if not container.streams.audio:
-                raise UndecodableAudio("the file has no audio stream")
-            audio = container.streams.audio[0]
-            # A stream FFmpeg found no codec for (a WAV of 0 bits per sample) has no rate.
-            rate_hz = int(getattr(audio, "rate", 0) or 0)
-            if rate_hz <= 0:
-                raise UndecodableAudio("the file's audio stream has no codec FFmpeg can decode")
-            check_input_audio(0, rate_hz, settings)
-            to_mono_s16 = av.AudioResampler(format="s16", layout="mono", rate=rate_hz)
-            frames = itertools.chain(container.decode(audio), [None])
-            for frame in frames:
-                for out in to_mono_s16.resample(frame):
-                    pcm += out.to_ndarray().tobytes()
-                check_input_audio(len(pcm) // 2, rate_hz, settings)
-    except (av.FFmpegError, ValueError) as exc:  # FFmpegError: not audio at all
-        if isinstance(exc, InputAudioError):
-            raise
-        raise UndecodableAudio(f"cannot decode the file as audio ({exc})") from None
-    if not pcm:
-        raise UndecodableAudio("the file holds no audio samples")
-    return resample_pcm16(bytes(pcm), rate_hz, DECODE_RATE_HZ)
+        demuxer = sniff_demuxer(data, declared_pcm=declared_pcm)
+        return await shares.decode(client, data, demuxer, limits)
+    except UnsupportedAudio as exc:
+        raise UndecodableAudio(str(exc)) from None
 
 
 def prepare_transcription(fields: dict[str, object], language: str) -> TranscriptionForm:

@@ -18,7 +18,6 @@ empty text, which a client cannot tell from silence.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from quart import Response
@@ -64,9 +63,9 @@ async def transcriptions(state: ServerState, form: Any, files: Any, client: str)
         fields = prepare_transcription(form_fields(form), language)
     except BadRequest as exc:
         return bad_request(exc)
-    try:  # off the event loop: decoding a whole file takes a while
-        pcm16 = await state.shares.off_loop(
-            client, partial(decode_audio, upload.read(), state.settings)
+    try:  # in a decoder process (_decoders.py): a whole file takes a while
+        pcm16 = await decode_audio(
+            upload.read(), state.settings, state.shares, client, upload.filename
         )
     except ShareExceeded as exc:
         return over_share(state, exc)

@@ -12,6 +12,11 @@ word, never leaving fewer than two words — because Piper speaks each phrase on
 its own and a cut inside a tight word group ("France | is Paris") blurs the
 words either side of the join. Whatever is left is spoken when the text ends.
 
+A phrase is also at most ``max_chars`` characters, however few its words: a
+"word" of 700 emoji (each named by espeak-ng) was one phrase of ~11k phonemes,
+one Piper call of gigabytes; it is cut after the last space within the limit, or
+at the limit inside a word (tts.py caps the phonemes of what is left).
+
 With ``first_part_words`` (K), the first phrase's first K words are also offered on
 their own as soon as they are known (``first_part``), while the phrase is still being
 written: the TTS speaks their start from a pass over them and goes on across the join
@@ -85,6 +90,7 @@ class PhraseSplitter:
     first_max_words: int = 24
     first_min_words: int | None = None  # None: the first phrase waits for first_max_words
     first_part_words: int | None = None  # None: the first phrase is offered only whole
+    max_chars: int = 240  # a phrase, at most: a long "word" (emoji, a URL) is cut too
     _text: str = field(default="", repr=False)
     _num_phrases: int = field(default=0, repr=False)
     _part_offered: bool = field(default=False, repr=False)
@@ -142,11 +148,18 @@ class PhraseSplitter:
                 if word.group().strip().lower() in BOUNDARY_WORDS:
                     return word.start()  # the boundary word opens the next phrase
         if len(words) < limit:
-            return None
+            return self._cut_for_chars()
         for index in range(limit - 1, shortest - 1, -1):
             if words[index].group().strip().lower() in BOUNDARY_WORDS:
                 return words[index].start()  # the boundary word opens the next phrase
         return words[limit - 1].end()
+
+    def _cut_for_chars(self) -> int | None:
+        """Past ``max_chars``: after the last space within them, or at them."""
+        if len(self._text) <= self.max_chars:
+            return None
+        space = self._text.rfind(" ", 0, self.max_chars)
+        return space + 1 if space > 0 else self.max_chars
 
 
 def is_abbreviation(word: str) -> bool:

@@ -6,8 +6,11 @@ as Piper names it) select another.
 The answer's text arrives from the LLM a token at a time (``TextPiece``). The
 stage cuts it into phrases (phrases.py) and synthesises each as soon as it is
 complete, so the first phrase plays while the LLM is still writing the rest.
-Phonemes come from one long-lived espeak-ng process (phonemes.py: it is GPL,
-so it stays out of process). The streams of a batch are synthesised one after another
+Phonemes come from espeak-ng, one process per phrase (phonemes.py: it is GPL, and a
+C parser of client text, so it stays out of process and shares nothing between
+requests); a phrase it fails on fails only its own stream, not the step's batch, and a
+phrase's Piper input is at most ``max_phoneme_ids`` (a "word" of emoji is cut there).
+The streams of a batch are synthesised one after another
 (Piper's ONNX graph returns no per-item lengths, so a padded batch could not be cut
 back apart), so a step is kept short where an answer's first audio may be waiting: a
 step that speaks some answer's first phrase speaks no other answer's later phrase, and
@@ -52,7 +55,7 @@ from .first_audio import FIRST_AUDIO
 from .llm_weights import default_cache_dir
 from .payloads import TextPiece
 from .pcm import Floats, float_to_pcm16
-from .phonemes import Espeak, VoiceSymbols, phoneme_ids
+from .phonemes import Espeak, PhonemizerError, VoiceSymbols, phoneme_ids
 from .phrases import PhraseSplitter
 from .trace import mark
 from .tts_join import FirstPhraseJoin, SplitState
@@ -102,6 +105,7 @@ class PiperTts:
         first_phrase_max_words: int = 24,
         first_phrase_min_words: int | None = None,
         espeak_timeout_s: float = 5.0,
+        max_phoneme_ids: int = 600,
         num_threads: int = 1,
         first_chunk_frames: int | None = None,
         first_part_words: int | None = None,
@@ -117,6 +121,9 @@ class PiperTts:
         self.symbols = VoiceSymbols.from_json(config)
         self.sample_rate_hz = self.symbols.sample_rate_hz
         self._espeak = Espeak(self.symbols.espeak_voice, espeak_timeout_s)
+        if max_phoneme_ids < 8:
+            raise ValueError(f"max_phoneme_ids must be at least 8, got {max_phoneme_ids}")
+        self.max_phoneme_ids = max_phoneme_ids  # one phrase's Piper input, at most
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = num_threads
         options.inter_op_num_threads = 1
@@ -191,7 +198,16 @@ class PiperTts:
         waiting = [w.stream_id for w in batch if self._later_due(self.streams[w.stream_id])]
         # Else one later phrase: the answer whose audio runs out first (the others next).
         later = None if first or not waiting else min(waiting, key=self._runs_out)
-        return {w.stream_id: self._speak(w.stream_id, later=w.stream_id == later) for w in batch}
+        return {
+            w.stream_id: self._speak_or_fail(w.stream_id, later=w.stream_id == later) for w in batch
+        }
+
+    def _speak_or_fail(self, stream_id: str, *, later: bool) -> StreamOutput:
+        """``_speak``; a phrase espeak-ng fails on fails only its own stream."""
+        try:
+            return self._speak(stream_id, later=later)
+        except PhonemizerError as exc:
+            return StreamOutput(error=exc)
 
     def _runs_out(self, stream_id: str) -> float:
         return self.streams[stream_id].runs_out
@@ -321,7 +337,8 @@ class PiperTts:
     def _inputs(self, text: str, *, noise: bool = True) -> tuple[np.ndarray, Floats]:
         """The phrase's phoneme ids ([1, N]) and the voice's scales."""
         symbols = self.symbols
-        ids = np.array([phoneme_ids(self._espeak.ipa(text), symbols)], dtype=np.int64)
+        ipa = self._espeak.ipa(text)
+        ids = np.array([phoneme_ids(ipa, symbols, self.max_phoneme_ids)], dtype=np.int64)
         scales = np.array(
             [symbols.noise_scale * noise, symbols.length_scale, symbols.noise_w * noise],
             dtype=np.float32,

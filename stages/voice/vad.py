@@ -163,7 +163,8 @@ class SileroVad:
             raise ValueError(f"input_sample_rate_hz must be an integer, got {rate!r}")
         return WindowGate(rate) if rate in GATED_RATES_HZ else None
 
-    max_inputs_per_step: int | None = None
+    max_inputs_per_step: int | None = 10  # a step scores ~2 s of a stream at most (its
+    # inputs are at most 0.2 s each: omnitrio's SideStream cuts longer ones)
     max_payloads_per_step = 0
     max_visible_per_step: int
 

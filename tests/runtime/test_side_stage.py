@@ -106,3 +106,35 @@ async def test_a_pipeline_without_a_side_stage_says_so() -> None:
         assert pipeline.side_stage is None
         with pytest.raises(LookupError, match="no side stage"):
             pipeline.open_side_stream(Request())
+
+
+async def test_a_flood_of_megabyte_frames_is_bounded_by_bytes_and_cut_into_pieces() -> None:
+    """Round 3, row 6: one session appending 1 MiB frames as fast as it could held the
+    detector's step (all of it scored at once) past its watchdog, and a gigabyte."""
+    from omnitrio._pipeline import SIDE_INPUT_MAX_BYTES, SIDE_ITEM_MAX_BYTES
+
+    async with omnitrio.open_pipeline(_config()) as pipeline:
+        flood = pipeline.open_side_stream(Request())
+        other = pipeline.open_side_stream(Request())
+        accepted = sum(flood.append(b"\x01\x00" * (1 << 19)) for _ in range(30))  # 30 MiB
+        assert accepted == 0  # each frame alone is past the bytes bound: dropped whole
+        assert flood.num_dropped == 30
+        frame = b"\x01\x00" * (SIDE_ITEM_MAX_BYTES * 3 // 2)  # three pieces
+        while flood.append(frame):
+            assert flood.queued_bytes <= SIDE_INPUT_MAX_BYTES
+        assert flood.queued_bytes <= SIDE_INPUT_MAX_BYTES
+        assert other.append(b"\x02\x00" * 160)  # another session is not held back
+        lengths = []
+        with trio.fail_after(10):
+            async for event in other.stream:
+                lengths.append(event.data["len"])
+                break
+            async for event in flood.stream:
+                lengths.append(event.data["len"])
+                if len(lengths) == 4:
+                    break
+        assert lengths == [320, SIDE_ITEM_MAX_BYTES, SIDE_ITEM_MAX_BYTES, SIDE_ITEM_MAX_BYTES]
+        for side in (flood, other):
+            side.close()
+            await side.stream.aclose()
+        assert pipeline.statistics().side_stage.num_open_streams == 0  # type: ignore[union-attr]

@@ -10,7 +10,13 @@ import zlib
 from wsproto.connection import Connection
 from wsproto.events import CloseConnection, Event, Message, Ping
 
-from omnitrio.server._frame_limits import MessageLimit, compressed_size_bound, limited_connection
+from omnitrio.server._frame_limits import (
+    FRAME_COST_BYTES,
+    MIN_FRAMES,
+    MessageLimit,
+    compressed_size_bound,
+    limited_connection,
+)
 from tests.server.test_frame_limits import BINARY, CLOSE, CONTINUATION, TEXT, RawWebSocket
 
 LIMIT = 1000
@@ -129,3 +135,22 @@ def test_a_compressed_frame_declaring_more_than_deflate_could_need_is_refused() 
         connection = limited_connection(limit, b"permessage-deflate")
         _parse(connection, frame(TEXT, b"", rsv1=True, declared_length=declared))
         assert limit.refused == refused
+
+
+def test_endless_empty_continuation_frames_count_toward_the_limit() -> None:
+    """Round 3, row 9: a text message of 0-byte continuation frames was never refused."""
+    limit = MessageLimit(LIMIT)
+    connection = limited_connection(limit, None)
+    empty = frame(CONTINUATION, b"", fin=False)
+    assert limit.max_frames == max(MIN_FRAMES, LIMIT // FRAME_COST_BYTES)
+    allowed = limit.max_frames - 1  # the first frame is one
+    events = _parse(connection, frame(TEXT, b"", fin=False) + empty * allowed)
+    assert "".join(map(str, _payloads(events))) == ""
+    assert not limit.refused
+    _parse(connection, empty)
+    assert limit.refused  # one more: refused, and the stream sends close 1009
+    honest = MessageLimit(LIMIT)  # a message in a few fragments still passes
+    fragments = frame(TEXT, b"a" * 200, fin=False) + frame(CONTINUATION, b"b" * 200)
+    events = _parse(limited_connection(honest, None), fragments)
+    assert "".join(map(str, _payloads(events))) == "a" * 200 + "b" * 200
+    assert not honest.refused

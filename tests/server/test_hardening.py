@@ -353,3 +353,42 @@ def test_a_second_signal_ends_the_grace_period_and_exit_is_still_zero(
     assert process.returncode == 0, err
     assert "omnitrio: stopped" in err
     assert elapsed < 10, elapsed  # not the 60 s grace period
+
+
+async def test_one_client_holds_at_most_its_share_of_the_connections(
+    nursery: trio.Nursery,
+) -> None:
+    # Attack (issue 42 #8): one client holding 1,000 idle Realtime sessions refused every
+    # other client (503, /health 503). Now its connections past its share get a 429
+    # naming the setting, and another address still gets in.
+    port = await _server(nursery, max_connections=12, max_connections_per_client=4)
+
+    def fill_then_ask() -> tuple[bytes, int, int]:
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)]
+        time.sleep(0.3)
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
+                refusal = extra.makefile("rb").read()  # the server closes it after the 429
+            other_address = ("127.0.0.1", port)
+            source = ("127.0.0.2", 0)  # another client: another address
+            with socket.create_connection(
+                other_address, timeout=10, source_address=source
+            ) as other:
+                request = (
+                    f"GET /health HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nconnection: close\r\n\r\n"
+                )
+                other.sendall(request.encode())
+                other_status = int(other.makefile("rb").readline().split()[1])
+        finally:
+            for sock in idle:
+                sock.close()
+        time.sleep(0.3)
+        return refusal, other_status, http_request(port, "GET", "/health")[0]
+
+    refusal, other_status, health = await trio.to_thread.run_sync(fill_then_ask)
+    assert refusal.startswith(b"HTTP/1.1 429")
+    assert b"too_many_connections" in refusal
+    assert b"max_connections_per_client=4" in refusal
+    assert b"retry-after: 1" in refusal
+    assert other_status == 200  # another client (address) is served meanwhile
+    assert health == 200  # and the first one again, once it closed its connections

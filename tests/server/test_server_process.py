@@ -67,6 +67,8 @@ def test_signal_with_streams_open_exits_zero_within_the_grace_period(
         "1",
         "--max-streams-per-client",  # one client here fills the pipeline
         "64",
+        "--max-connections-per-client",  # with 64 connections
+        "128",
         env={"TMPDIR": str(server_tmp)},
     )
     readers: list[threading.Thread] = []

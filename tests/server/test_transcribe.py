@@ -11,6 +11,7 @@ from werkzeug.datastructures import MultiDict
 from omnitrio.server import ServerSettings
 from omnitrio.server._audio import wav_bytes
 from omnitrio.server._requests import BadRequest, TranscriptionForm
+from omnitrio.server._shares import ClientShares
 from omnitrio.server._transcribe import (
     DECODE_RATE_HZ,
     UndecodableAudio,
@@ -70,10 +71,15 @@ def test_the_body_in_each_format() -> None:
     assert json.loads(body)["segments"] == []
 
 
-def test_an_upload_is_decoded_to_the_streams_rate() -> None:
+async def test_an_upload_is_decoded_to_the_streams_rate() -> None:
     pytest.importorskip("av")
-    settings = ServerSettings()
-    pcm16 = decode_audio(wav_bytes(b"\x00\x10" * 24000, 24000), settings)  # 1 s at 24 kHz
-    assert abs(len(pcm16) // 2 - DECODE_RATE_HZ) <= 32
-    with pytest.raises(UndecodableAudio):
-        decode_audio(b"not audio at all", settings)
+    settings, shares = ServerSettings(), ClientShares(4, 2, 2)
+    try:  # 1 s at 24 kHz
+        pcm16 = await decode_audio(
+            wav_bytes(b"\x00\x10" * 24000, 24000), settings, shares, "c", None
+        )
+        assert abs(len(pcm16) // 2 - DECODE_RATE_HZ) <= 32
+        with pytest.raises(UndecodableAudio):
+            await decode_audio(b"not audio at all", settings, shares, "c", None)
+    finally:
+        await shares.decoders.aclose()

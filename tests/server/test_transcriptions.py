@@ -3,18 +3,17 @@ WAV and MP3 uploads (decoded by PyAV), the json, text and verbose_json formats."
 
 from __future__ import annotations
 
-import io
 import wave
 from pathlib import Path
 from typing import Any
 
-import av
 import numpy as np
 import openai
 import pytest
 import trio
 
 from omnitrio.server import ServerSettings, serve
+from tests.server.test_audio_gate import encoded
 from tests.voice_support import INPUT_RATE_HZ, VOICE_CONFIG, needs_voice, spoken, word_error_rate
 
 pytestmark = [needs_voice, pytest.mark.usefixtures("voice_weights")]
@@ -25,18 +24,7 @@ SYNTHETIC_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "synthetic.
 
 def _mp3(pcm16: bytes, rate_hz: int) -> bytes:
     """``pcm16`` encoded as MP3 by PyAV (FFmpeg's LAME)."""
-    out = io.BytesIO()
-    with av.open(out, "w", format="mp3") as container:
-        stream = container.add_stream("mp3", rate=rate_hz)
-        stream.layout = "mono"
-        samples = np.frombuffer(pcm16, dtype=np.int16)[None, :]
-        frame = av.AudioFrame.from_ndarray(samples, format="s16", layout="mono")
-        frame.sample_rate = rate_hz
-        for packet in stream.encode(frame):
-            container.mux(packet)
-        for packet in stream.encode(None):
-            container.mux(packet)
-    return out.getvalue()
+    return encoded("mp3", "mp3", rate_hz, samples=np.frombuffer(pcm16, dtype=np.int16)[None, :])
 
 
 async def test_transcriptions_of_wav_and_mp3_in_every_format(
