@@ -431,7 +431,10 @@ class StageActor:
         """The streams to step, by ``pick_batch``; stepped streams, and ready ones left
         out for want of credit, go to the back of ``slots`` (least recently stepped
         first), and the latter leave the actor's wake-up on the channel that is short."""
-        decision = pick_batch(self._candidates(), self.spec.max_batch_size, self.scheduling)
+        now_s = time.perf_counter()
+        decision = pick_batch(
+            self._candidates(now_s), self.spec.max_batch_size, self.scheduling, now_s
+        )
         slots = self.slots
         self._skipped = bool(decision.skipped)
         if decision.skipped:
@@ -446,14 +449,13 @@ class StageActor:
             picked.append(slot)
         return tuple(picked)
 
-    def _candidates(self) -> Iterator[Candidate]:
+    def _candidates(self, now_s: float) -> Iterator[Candidate]:
         """Streams with work, least recently planned first (``slots`` is kept in that order).
 
         A stream whose last round is still out is planned again on what trio knows
         (the runner skips it if that step said otherwise); one that does not fit a
         second time is left for after its round is back, not counted as skipped.
         """
-        now_s = time.perf_counter()
         self.num_behind_now = 0
         for slot in self.slots.values():
             if not slot.steppable or not self._has_work(slot):
@@ -465,7 +467,7 @@ class StageActor:
                 if deadline_s < now_s:
                     self.num_behind_now += 1
                     self.counters.num_behind_deadline += 1
-                yield Candidate(slot.id, True, fits, deadline_s)
+                yield Candidate(slot.id, True, fits, deadline_s, not slot.num_steps)
 
     @staticmethod
     def _has_work(slot: Slot) -> bool:
