@@ -235,11 +235,15 @@ class StageActor:
     # ----- streams coming and going -------------------------------------------------
 
     def add(self, stream: StreamState, in_link: Link | None, out_link: Link | None) -> None:
-        """A new stream: its state is opened on the stage in the next round."""
+        """A new stream: its state is opened on the stage in the next round (the first
+        stage's), or in the round that takes its first input (a later stage's: no round,
+        and no wake-up of its thread, while the first stage takes the stream's first
+        step, the first-audio path)."""
         slot = Slot(stream, in_link, out_link, worked_at_s=time.perf_counter())
         self.slots[stream.id] = slot
         self._lifecycle[stream.id] = slot
-        self.wakeup.set()
+        if in_link is None:
+            self.wakeup.set()
 
     def drop(self, stream_id: str) -> None:
         """The stream ended (failed or cancelled): free it in the next round."""
@@ -414,6 +418,8 @@ class StageActor:
         for sid, slot in list(lifecycle.items()):
             if slot.in_flight:
                 continue
+            if slot.phase is Phase.NEW and slot.in_link is not None and not self._has_work(slot):
+                continue  # opened with its first input
             del lifecycle[sid]
             if slot.phase is Phase.NEW:
                 slot.on(Event.PLAN_OPEN)
