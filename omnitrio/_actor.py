@@ -268,8 +268,9 @@ class StageActor:
         ]
 
     def offer(self) -> None:
-        """Upstream just put payloads on this stage's incoming edges: plan now, from
-        upstream's apply, so the work is queued before upstream delivers to clients."""
+        """Upstream just put payloads on this stage's incoming edges (or, at the first
+        stage, a stream was admitted): plan now, from upstream's apply (or from
+        admission), so the work is queued before upstream delivers to clients."""
         if self._serving and self._hang is None:
             self._advance()
         else:
