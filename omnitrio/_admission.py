@@ -2,7 +2,15 @@
 
 The rule (``docs/design.md``, "Admission"): a new stream is admitted only while,
 with it, every stage's learned realtime factor (``_headroom.StepModel``) for its
-*active* streams plus the new one is at least ``1 + realtime_margin``;
+*active* streams plus the new one is at least ``needed``: ``1 + realtime_margin``
+times ``A / (A + B)``, ``A`` the mean audio of the streams that completed with audio
+(before any did: ``1 + realtime_margin``), ``B`` the configured client buffer
+(``pipeline.client_buffer_s``). A stream that makes ``A`` seconds of audio at ``f``
+x real time ends ``A x (1/f - 1)`` behind its playback; a client that buffers ``B``
+absorbs that while it is at most ``B``, so a stage falls behind only below
+``A / (A + B)``: short answers tolerate a stage somewhat slower than real time (a
+closed loop at the limit, whose prefills take a share of the first stage's time),
+long ones do not (the factor tends to ``1 + realtime_margin``);
 ``max_streams`` stays a hard cap, and the first stream is always admitted. A
 stream is active at a stage while it has work there or had some within the last
 ``ACTIVE_WINDOW_S`` (or was added there that recently): a stream the stage holds
@@ -27,13 +35,15 @@ Then the active streams beyond what it keeps at ``1 + realtime_margin`` are shed
 at once, lowest ``priority`` request option first, then newest first; a stream
 whose client holds more than ``SHED_HORIZON_S`` of audio beyond its buffer is not
 projected to miss its deadline and is kept before any other. Each fails with
-``StreamShed``; failing a stream drops it at every stage at once. The retry hint of
-a refusal is the expected time until a live stream ends: the mean lifetime of
-completed streams over the number live.
+``StreamShed``; failing a stream drops it at every stage at once. The shedding
+threshold is scaled by the same ``A / (A + B)``. The retry hint of a
+refusal is the time until a slot frees: the mean lifetime of completed streams less
+the age of the oldest live stream (the next to end), at least ``MIN_RETRY_AFTER_S``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -58,6 +68,8 @@ BUSY_HALF_LIFE_S = 1.0
 """Half-life of the past in a stage's busy fraction."""
 SHED_HORIZON_S = 2.0
 """A stream with more audio than this beyond its deadline is not projected to miss it."""
+AUDIO_KEEP = 0.9
+"""Weight of the past in the mean audio of completed streams (per completion)."""
 
 
 @dataclass(slots=True)
@@ -81,19 +93,41 @@ def priority_of(request: Request) -> float:
 class Admission:
     """The supervisor's admission and shedding decisions (trio thread only)."""
 
-    def __init__(self, max_streams: int, realtime_margin: float, *, headroom: bool) -> None:
+    def __init__(
+        self,
+        max_streams: int,
+        realtime_margin: float,
+        *,
+        headroom: bool,
+        client_buffer_s: float = 0.25,
+    ) -> None:
         self.max_streams = max_streams
         self.realtime_margin = realtime_margin
+        self.client_buffer_s = client_buffer_s
         self.headroom = headroom
         self.num_refused_headroom = 0
         self.num_shed = 0
         self._mean_lifetime_s: float | None = None
+        self._mean_audio_s: float | None = None
         self._watches: dict[str, _Watch] = {}
+
+    @property
+    def length_factor(self) -> float:
+        """``A / (A + client_buffer_s)`` (1 before any stream completed with audio): the
+        realtime factor below which a stream of the usual length ends further behind
+        than its client buffers."""
+        audio_s = self._mean_audio_s
+        return 1.0 if audio_s is None else audio_s / (audio_s + self.client_buffer_s)
+
+    @property
+    def needed(self) -> float:
+        """The realtime factor admission keeps for every active stream."""
+        return (1.0 + self.realtime_margin) * self.length_factor
 
     @property
     def shed_below(self) -> float:
         """The realtime factor under which a stage may shed (hysteresis below admission's)."""
-        return 1.0 - SHED_MARGINS * self.realtime_margin
+        return (1.0 - SHED_MARGINS * self.realtime_margin) * self.length_factor
 
     def refusal(
         self,
@@ -102,15 +136,17 @@ class Admission:
         models: Iterable[tuple[str, StepModel]],
         audio_s: float,
         num_active: Mapping[str, int] | Callable[[str], int] | None = None,
+        oldest_age_s: float | None = None,
     ) -> Overloaded | None:
         """Why one more stream must be refused now, or None to admit it. ``num_active``:
         each stage's active streams, by name (default: all ``num_live`` at every stage);
-        asked only of a stage that would refuse with all of them charged."""
+        asked only of a stage that would refuse with all of them charged.
+        ``oldest_age_s``: how long the oldest live stream has run (the retry hint)."""
         if num_open >= self.max_streams:
-            return Overloaded(self.max_streams, self.retry_after_s(num_live))
+            return Overloaded(self.max_streams, self.retry_after_s(num_live, oldest_age_s))
         if not self.headroom or num_live == 0:
             return None
-        needed = 1.0 + self.realtime_margin
+        needed = self.needed
         for name, model in models:
             count = num_live + 1
             factor = model.realtime_factor(count, audio_s)
@@ -121,23 +157,34 @@ class Admission:
             if factor < needed:
                 problem = (
                     f"with {count} active streams stage {name!r} would make {factor:.2f} s of "
-                    f"audio per second for each (pipeline.realtime_margin asks for {needed:.2f})"
+                    f"audio per second for each (pipeline.realtime_margin and answers of "
+                    f"{self._mean_audio_s or math.inf:.1f} s ask for {needed:.2f})"
                 )
-                return Overloaded(self.max_streams, self.retry_after_s(num_live), problem)
+                retry_s = self.retry_after_s(num_live, oldest_age_s)
+                return Overloaded(self.max_streams, retry_s, problem)
         return None
 
-    def retry_after_s(self, num_live: int) -> float | None:
-        """Expected time until one of ``num_live`` streams ends (None: nothing measured)."""
-        if self._mean_lifetime_s is None:
+    def retry_after_s(self, num_live: int, oldest_age_s: float | None = None) -> float | None:
+        """When a slot frees (None: nothing measured): the mean lifetime of completed
+        streams less ``oldest_age_s``, the oldest live stream's age; without it, the
+        expected time until one of ``num_live`` streams ends."""
+        mean = self._mean_lifetime_s
+        if mean is None:
             return None
-        estimate = self._mean_lifetime_s / max(num_live, 1)
+        estimate = mean - oldest_age_s if oldest_age_s is not None else mean / max(num_live, 1)
         return min(max(estimate, MIN_RETRY_AFTER_S), MAX_RETRY_AFTER_S)
 
-    def completed(self, lifetime_s: float) -> None:
+    def completed(self, lifetime_s: float, audio_s: float = 0.0) -> None:
+        """A stream completed after ``lifetime_s`` with ``audio_s`` of audio."""
         mean = self._mean_lifetime_s
         self._mean_lifetime_s = (
             lifetime_s if mean is None else mean * LIFETIME_KEEP + lifetime_s * (1 - LIFETIME_KEEP)
         )
+        if audio_s > 0:
+            audio = self._mean_audio_s
+            self._mean_audio_s = (
+                audio_s if audio is None else audio * AUDIO_KEEP + audio_s * (1 - AUDIO_KEEP)
+            )
 
     def behind(self, model: StepModel, num_active: int, audio_s: float) -> bool:
         """The stage's factor for ``num_active`` streams is below ``shed_below`` now
@@ -197,7 +244,7 @@ class Admission:
         ``SHED_HORIZON_S`` ahead of its deadline is kept first (it will not miss it)."""
         num_live = len(live)
         factor = model.realtime_factor(num_live, audio_s)
-        needed = 1.0 + self.realtime_margin  # as admission would: the kept streams catch up
+        needed = self.needed  # as admission would: the kept streams catch up
         keep = max(1, model.realtime_streams(audio_s, needed, num_live))
         problem = (
             f"stage {stage!r} slowed to {factor:.2f} s of audio per second for each of "

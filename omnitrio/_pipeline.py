@@ -101,7 +101,10 @@ class Pipeline:
             Playback(section.client_buffer_s, section.first_audio_budget_s),
         )
         self._admission = Admission(
-            section.max_streams, section.realtime_margin, headroom=section.admission == "headroom"
+            section.max_streams,
+            section.realtime_margin,
+            headroom=section.admission == "headroom",
+            client_buffer_s=section.client_buffer_s,
         )
         for actor in actors:
             actor.on_round = self._after_round
@@ -132,13 +135,16 @@ class Pipeline:
         """The ``Overloaded`` that ``open_stream`` would raise now (with its retry hint),
         or None if a stream would be admitted. Counts nothing. Each stage is charged
         its active streams (``StageActor.active_streams``) plus the new one."""
-        num_open = len(self._streams)
+        streams = self._streams
+        num_open = len(streams)
+        oldest = next(iter(streams.values()), None)  # admitted first (dicts keep order)
         return self._admission.refusal(
             num_open - self._num_ended,
             num_open,
             ((a.name, a.step_model) for a in self._actors),
             self._delivery.audio_s_put,
             self._num_active,
+            None if oldest is None else time.perf_counter() - oldest.admitted_at_s,
         )
 
     def _num_active(self, stage: str) -> int:
@@ -249,7 +255,7 @@ class Pipeline:
         if stream.ending:
             self._num_ended -= 1
         else:
-            self._admission.completed(time.perf_counter() - stream.admitted_at_s)
+            self._admission.completed(time.perf_counter() - stream.admitted_at_s, stream.audio_s)
             for actor in self._actors:
                 actor.step_model.completed(stream.num_steps_at.get(actor.name, 0), stream.audio_s)
         outcome = "failed" if stream.failure else "cancelled" if stream.cancelled else "completed"
