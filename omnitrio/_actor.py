@@ -238,7 +238,9 @@ class StageActor:
         """A new stream: its state is opened on the stage in the next round (the first
         stage's), or in the round that takes its first input (a later stage's: no round,
         and no wake-up of its thread, while the first stage takes the stream's first
-        step, the first-audio path)."""
+        step, the first-audio path). The first stage plans once the admitting task
+        yields, not from here: a burst of admissions then shares one round (one
+        batched prefill) instead of the first one or two going out alone."""
         slot = Slot(stream, in_link, out_link, worked_at_s=time.perf_counter())
         self.slots[stream.id] = slot
         self._lifecycle[stream.id] = slot
@@ -268,9 +270,8 @@ class StageActor:
         ]
 
     def offer(self) -> None:
-        """Upstream just put payloads on this stage's incoming edges (or, at the first
-        stage, a stream was admitted): plan now, from upstream's apply (or from
-        admission), so the work is queued before upstream delivers to clients."""
+        """Upstream just put payloads on this stage's incoming edges: plan now, from
+        upstream's apply, so the work is queued before upstream delivers to clients."""
         if self._serving and self._hang is None:
             self._advance()
         else:

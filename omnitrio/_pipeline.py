@@ -214,7 +214,6 @@ class Pipeline:
             in_link = links[index - 1] if index > 0 else None
             out_link = links[index] if index < len(links) else None
             actor.add(stream, in_link, out_link)
-        actors[0].offer()  # its first round now, not after a trio task switch
         return stream
 
     @trio.lowlevel.enable_ki_protection
