@@ -43,7 +43,6 @@ the age of the oldest live stream (the next to end), at least ``MIN_RETRY_AFTER_
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -155,10 +154,12 @@ class Admission:
                 count = 1 + min(num_live, num_live if active is None else active)
                 factor = model.realtime_factor(count, audio_s)
             if factor < needed:
+                audio = self._mean_audio_s
+                asks = "" if audio is None else f" and answers of {audio:.1f} s"
                 problem = (
                     f"with {count} active streams stage {name!r} would make {factor:.2f} s of "
-                    f"audio per second for each (pipeline.realtime_margin and answers of "
-                    f"{self._mean_audio_s or math.inf:.1f} s ask for {needed:.2f})"
+                    f"audio per second for each (pipeline.realtime_margin{asks} ask for "
+                    f"{needed:.2f})"
                 )
                 retry_s = self.retry_after_s(num_live, oldest_age_s)
                 return Overloaded(self.max_streams, retry_s, problem)
