@@ -36,11 +36,9 @@ from types import MappingProxyType
 import outcome
 import trio
 
-from ._admission import ACTIVE_WINDOW_S
 from ._config import StageSpec
 from ._contract import ProtocolError
 from ._errors import StageCall, StageError
-from ._headroom import StepModel
 from ._items import AudioChunk
 from ._link import Link, Wakeup
 from ._placement import StageLost, place
@@ -50,6 +48,7 @@ from ._slot import HOLDING, Event, Phase, Slot
 from ._stage import StepLimits, StreamOutput, StreamWork
 from ._statistics import StageStatistics
 from ._stream import StreamState
+from .admission import ACTIVE_WINDOW_S, StepModel
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,6 @@ from types import MappingProxyType
 import trio
 
 from ._actor import StageActor, stage_statistics
-from ._admission import ACTIVE_WINDOW_S, Admission, priority_of
 from ._config import PipelineConfig, StageSpec, check_stage_limits, load_config, uses_ray
 from ._errors import Overloaded, PipelineClosed
 from ._items import Request
@@ -32,6 +31,7 @@ from ._link import Link
 from ._scheduler import Playback
 from ._statistics import PipelineStatistics
 from ._stream import DeliveryCounters, Stream, StreamHooks, StreamState
+from .admission import ACTIVE_WINDOW_S, Admission, priority_of
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class Pipeline:
         """Admit a stream and yield its handle; leaving the block cancels it if still running.
 
         Raises ``Overloaded`` at once (no queueing) when ``max_streams`` streams
-        are open or a stage has no real-time headroom for one more (``_admission.py``),
+        are open or a stage has no real-time headroom for one more (``omnitrio/admission/``),
         and ``PipelineClosed`` once the pipeline is shutting down. The request option
         ``priority`` (a number, default 0) orders shedding: lowest first.
         Leaving the block waits until every stage has freed the stream (the steps
@@ -152,32 +152,21 @@ class Pipeline:
         return len(actor.active_streams(time.perf_counter(), ACTIVE_WINDOW_S))
 
     def _after_round(self, actor: StageActor) -> None:
-        """A stage applied a round: if its factor for its active streams has stayed below
-        the shedding threshold, it is busy and streams there are past their playback
-        deadlines, shed the active streams beyond what it keeps (``Admission.should_shed``;
-        shedding a stream idle or finished here would not help it)."""
+        """A stage applied a round: admission may shed streams there
+        (``Admission.after_round``)."""
         admission = self._admission
         if not admission.headroom:
             return
-        now_s = time.perf_counter()
-        audio_s = self._delivery.audio_s_put
-        model = actor.step_model
-        num_active = len(actor.slots)  # at most: not behind with all, not with fewer
-        active: list[StreamState] | None = None
-        if admission.behind(model, num_active, audio_s):
-            active = actor.active_streams(now_s, ACTIVE_WINDOW_S)
-            num_active = len(active)
-        if admission.should_shed(
+        admission.after_round(
             actor.name,
-            model,
-            num_active,
-            audio_s,
-            now_s=now_s,
+            actor.step_model,
+            len(actor.slots),
+            actor.active_streams,
+            self._delivery.audio_s_put,
+            now_s=time.perf_counter(),
             busy_s=actor.counters.busy_s,
             num_late=actor.num_behind_now,
-        ):
-            assert active is not None  # should_shed is only true when behind
-            admission.shed(actor.name, model, active, audio_s, now_s)
+        )
 
     @property
     def side_stage(self) -> str | None:

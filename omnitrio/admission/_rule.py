@@ -1,7 +1,7 @@
 """Admission by real-time headroom, and shedding when a stage falls behind.
 
 The rule (``docs/design.md``, "Admission"): a new stream is admitted only while,
-with it, every stage's learned realtime factor (``_headroom.StepModel``) for its
+with it, every stage's learned realtime factor (``StepModel``, ``_headroom.py``) for its
 *active* streams plus the new one is at least ``needed``: ``1 + realtime_margin``
 times ``A / (A + B)``, ``A`` the mean audio of the streams that completed with audio
 (before any did: ``1 + realtime_margin``), ``B`` the configured client buffer
@@ -46,10 +46,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ._errors import Overloaded, StreamShed
+from .._errors import Overloaded, StreamShed
+from .._items import Request
+from .._stream import StreamState
 from ._headroom import StepModel
-from ._items import Request
-from ._stream import StreamState
 
 LIFETIME_KEEP = 0.9
 """Weight of the past in the mean lifetime of completed streams (per completion)."""
@@ -194,6 +194,35 @@ class Admission:
         if not self.headroom or num_active <= 1 or not model.settled:
             return False
         return model.realtime_factor(num_active, audio_s) < self.shed_below
+
+    def after_round(
+        self,
+        stage: str,
+        model: StepModel,
+        num_held: int,
+        active_streams: Callable[[float, float], list[StreamState]],
+        audio_s: float,
+        *,
+        now_s: float,
+        busy_s: float,
+        num_late: int,
+    ) -> None:
+        """``stage`` applied a round at ``now_s`` (it holds ``num_held`` streams;
+        ``active_streams(now_s, ACTIVE_WINDOW_S)`` lists its active ones): if its factor
+        for its active streams has stayed below the shedding threshold, it is busy and
+        streams there are past their playback deadlines, shed the active streams beyond
+        what it keeps (``should_shed``; shedding a stream idle or finished here would not
+        help it)."""
+        num_active = num_held  # at most: not behind with all, not with fewer
+        active: list[StreamState] | None = None
+        if self.behind(model, num_active, audio_s):
+            active = active_streams(now_s, ACTIVE_WINDOW_S)
+            num_active = len(active)
+        if self.should_shed(
+            stage, model, num_active, audio_s, now_s=now_s, busy_s=busy_s, num_late=num_late
+        ):
+            assert active is not None  # should_shed is only true when behind
+            self.shed(stage, model, active, audio_s, now_s)
 
     def should_shed(
         self,

@@ -7,10 +7,10 @@ import math
 import pytest
 
 import omnitrio
-from omnitrio._admission import Admission, priority_of
-from omnitrio._headroom import MIN_STEPS, StepModel, StreamFlow, _Line
 from omnitrio._link import Link
 from omnitrio._stream import DeliveryCounters, StreamHooks, StreamState
+from omnitrio.admission._headroom import MIN_STEPS, StepModel, StreamFlow, _Line
+from omnitrio.admission._rule import Admission, priority_of
 
 
 def learned(
