@@ -105,6 +105,7 @@ class Pipeline:
             section.realtime_margin,
             headroom=section.admission == "headroom",
             client_buffer_s=section.client_buffer_s,
+            busy=section.admission == "busy",
         )
         for actor in actors:
             actor.on_round = self._after_round
@@ -138,13 +139,15 @@ class Pipeline:
         streams = self._streams
         num_open = len(streams)
         oldest = next(iter(streams.values()), None)  # admitted first (dicts keep order)
+        now_s = time.perf_counter()
         return self._admission.refusal(
             num_open - self._num_ended,
             num_open,
             ((a.name, a.step_model) for a in self._actors),
             self._delivery.audio_s_put,
             self._num_active,
-            None if oldest is None else time.perf_counter() - oldest.admitted_at_s,
+            None if oldest is None else now_s - oldest.admitted_at_s,
+            now_s,
         )
 
     def _num_active(self, stage: str) -> int:
@@ -155,7 +158,7 @@ class Pipeline:
         """A stage applied a round: admission may shed streams there
         (``Admission.after_round``)."""
         admission = self._admission
-        if not admission.headroom:
+        if not (admission.headroom or admission.busy):
             return
         admission.after_round(
             actor.name,

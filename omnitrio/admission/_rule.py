@@ -44,12 +44,12 @@ the age of the oldest live stream (the next to end), at least ``MIN_RETRY_AFTER_
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 from .._errors import Overloaded, StreamShed
 from .._items import Request
 from .._stream import StreamState
 from ._headroom import StepModel
+from ._utilisation import BusyWatch, projected_busy
 
 LIFETIME_KEEP = 0.9
 """Weight of the past in the mean lifetime of completed streams (per completion)."""
@@ -63,22 +63,10 @@ SHED_AFTER_S = 0.25
 """How long a stage's factor must stay below the shedding threshold before it sheds."""
 MIN_BUSY_FRACTION = 0.5
 """A stage busier than this share of the wall time (lately) may shed."""
-BUSY_HALF_LIFE_S = 1.0
-"""Half-life of the past in a stage's busy fraction."""
 SHED_HORIZON_S = 2.0
 """A stream with more audio than this beyond its deadline is not projected to miss it."""
 AUDIO_KEEP = 0.9
 """Weight of the past in the mean audio of completed streams (per completion)."""
-
-
-@dataclass(slots=True)
-class _Watch:
-    """One stage's shedding state, updated after each round it applies."""
-
-    at_s: float
-    busy_s: float
-    busy_fraction: float = 0.0
-    below_since_s: float | None = None
 
 
 def priority_of(request: Request) -> float:
@@ -99,16 +87,20 @@ class Admission:
         *,
         headroom: bool,
         client_buffer_s: float = 0.25,
+        busy: bool = False,
     ) -> None:
         self.max_streams = max_streams
         self.realtime_margin = realtime_margin
         self.client_buffer_s = client_buffer_s
         self.headroom = headroom
+        self.busy = busy
+        """Admit by each stage's busy fraction (``_utilisation.py``), not its step-time
+        model's realtime factor; shed nothing (``admission: busy``)."""
         self.num_refused_headroom = 0
         self.num_shed = 0
         self._mean_lifetime_s: float | None = None
         self._mean_audio_s: float | None = None
-        self._watches: dict[str, _Watch] = {}
+        self._watches: dict[str, BusyWatch] = {}
 
     @property
     def length_factor(self) -> float:
@@ -136,14 +128,20 @@ class Admission:
         audio_s: float,
         num_active: Mapping[str, int] | Callable[[str], int] | None = None,
         oldest_age_s: float | None = None,
+        now_s: float | None = None,
     ) -> Overloaded | None:
         """Why one more stream must be refused now, or None to admit it. ``num_active``:
         each stage's active streams, by name (default: all ``num_live`` at every stage);
         asked only of a stage that would refuse with all of them charged.
-        ``oldest_age_s``: how long the oldest live stream has run (the retry hint)."""
+        ``oldest_age_s``: how long the oldest live stream has run (the retry hint);
+        ``now_s`` (perf_counter s): when, for ``busy`` admission."""
         if num_open >= self.max_streams:
             return Overloaded(self.max_streams, self.retry_after_s(num_live, oldest_age_s))
-        if not self.headroom or num_live == 0:
+        if num_live == 0:
+            return None
+        if self.busy:
+            return self._busy_refusal(num_live, models, num_active, oldest_age_s, now_s)
+        if not self.headroom:
             return None
         needed = self.needed
         for name, model in models:
@@ -163,6 +161,38 @@ class Admission:
                 )
                 retry_s = self.retry_after_s(num_live, oldest_age_s)
                 return Overloaded(self.max_streams, retry_s, problem)
+        return None
+
+    def _busy_refusal(
+        self,
+        num_live: int,
+        models: Iterable[tuple[str, StepModel]],
+        num_active: Mapping[str, int] | Callable[[str], int] | None,
+        oldest_age_s: float | None,
+        now_s: float | None,
+    ) -> Overloaded | None:
+        """``busy`` admission: refused while, with one more stream, some stage would be
+        busy more than ``1 / (1 + realtime_margin)`` of the time."""
+        limit = 1.0 / (1.0 + self.realtime_margin)
+        for name, _ in models:
+            watch = self._watches.get(name)
+            if watch is None:  # no round applied yet: no opinion
+                continue
+            fraction = watch.busy_fraction if now_s is None else watch.fraction_at(now_s)
+            active = num_live
+            if num_active is not None:
+                found = num_active(name) if callable(num_active) else num_active.get(name)
+                active = num_live if found is None else min(num_live, found)
+            projected = projected_busy(fraction, active)
+            if projected > limit:
+                problem = (
+                    f"with {active + 1} active streams stage {name!r} would be busy "
+                    f"{projected:.0%} of the time (pipeline.realtime_margin asks for at "
+                    f"most {limit:.0%})"
+                )
+                return Overloaded(
+                    self.max_streams, self.retry_after_s(num_live, oldest_age_s), problem
+                )
         return None
 
     def retry_after_s(self, num_live: int, oldest_age_s: float | None = None) -> float | None:
@@ -212,7 +242,10 @@ class Admission:
         for its active streams has stayed below the shedding threshold, it is busy and
         streams there are past their playback deadlines, shed the active streams beyond
         what it keeps (``should_shed``; shedding a stream idle or finished here would not
-        help it)."""
+        help it). ``busy`` admission: only the stage's busy fraction is kept."""
+        if self.busy:
+            self._watch(stage, now_s, busy_s)
+            return
         num_active = num_held  # at most: not behind with all, not with fewer
         active: list[StreamState] | None = None
         if self.behind(model, num_active, audio_s):
@@ -238,15 +271,7 @@ class Admission:
         """After a round ``stage`` applied at ``now_s`` (``busy_s``: its stage's busy time
         so far; ``num_late``: streams it planned past their deadlines): shed now? Updates
         the stage's watch, so call it after every round."""
-        watch = self._watches.get(stage)
-        if watch is None:
-            watch = self._watches[stage] = _Watch(now_s, busy_s)
-        elapsed_s = now_s - watch.at_s
-        if elapsed_s > 0:
-            recent = min(1.0, max(0.0, (busy_s - watch.busy_s) / elapsed_s))
-            keep = 0.5 ** (elapsed_s / BUSY_HALF_LIFE_S)
-            watch.busy_fraction = watch.busy_fraction * keep + recent * (1 - keep)
-            watch.at_s, watch.busy_s = now_s, busy_s
+        watch = self._watch(stage, now_s, busy_s)
         if not self.behind(model, num_active, audio_s):
             watch.below_since_s = None
             return False
@@ -260,6 +285,14 @@ class Admission:
             return False
         watch.below_since_s = None  # the next shed waits as long again
         return True
+
+    def _watch(self, stage: str, now_s: float, busy_s: float) -> BusyWatch:
+        """``stage``'s watch, brought up to ``now_s`` (its busy time so far ``busy_s``)."""
+        watch = self._watches.get(stage)
+        if watch is None:
+            watch = self._watches[stage] = BusyWatch(now_s, busy_s)
+        watch.update(now_s, busy_s)
+        return watch
 
     def shed(
         self,
