@@ -11,6 +11,7 @@ from omnitrio.admission._headroom import StepModel
 from omnitrio.admission._rule import Admission
 from omnitrio.admission._utilisation import BUSY_HALF_LIFE_S, BusyWatch, projected_busy
 from tests.conftest import chain_config
+from tests.runtime.admission.test_admission import STAGES as ADMISSION_STAGES
 
 
 def _watched(admission: Admission, stage: str, fraction: float, seconds: float) -> float:
@@ -65,18 +66,9 @@ def test_busy_admission_admits_while_every_stage_has_room_and_sheds_nothing() ->
     assert admission.num_shed == 0  # rounds of a stage "behind" shed nothing in busy mode
 
 
-# b makes 20 ms of audio per stream-step at 1 ms + 19 ms per stream in the batch, and its
-# client reads at once: with one stream it is busy all the time (but for the hops).
-STAGES = [
-    {"steps": 100_000, "visible_every": 0},
-    {
-        "outputs_per_input": 0,
-        "visible": "audio",
-        "audio_samples": 320,
-        "service_time_ms": 1.0,
-        "per_stream_ms": 19.0,
-    },
-]
+# test_admission.py's chain, b at 1 ms + 19 ms per stream in the batch for 20 ms of audio,
+# its client reading at once: with one stream b is busy all the time (but for the hops).
+STAGES = [ADMISSION_STAGES[0], {**ADMISSION_STAGES[1], "per_stream_ms": 19.0}]
 
 
 async def test_a_real_pipeline_refuses_once_a_stage_would_be_busy_all_the_time() -> None:
