@@ -36,11 +36,9 @@ from types import MappingProxyType
 import outcome
 import trio
 
-from ._admission import ACTIVE_WINDOW_S
 from ._config import StageSpec
 from ._contract import ProtocolError
 from ._errors import StageCall, StageError
-from ._headroom import StepModel
 from ._items import AudioChunk
 from ._link import Link, Wakeup
 from ._placement import StageLost, place
@@ -50,6 +48,7 @@ from ._slot import HOLDING, Event, Phase, Slot
 from ._stage import StepLimits, StreamOutput, StreamWork
 from ._statistics import StageStatistics
 from ._stream import StreamState
+from .admission import ACTIVE_WINDOW_S, StepModel
 
 logger = logging.getLogger(__name__)
 
@@ -235,11 +234,17 @@ class StageActor:
     # ----- streams coming and going -------------------------------------------------
 
     def add(self, stream: StreamState, in_link: Link | None, out_link: Link | None) -> None:
-        """A new stream: its state is opened on the stage in the next round."""
+        """A new stream: its state is opened on the stage in the next round (the first
+        stage's), or in the round that takes its first input (a later stage's: no round,
+        and no wake-up of its thread, while the first stage takes the stream's first
+        step, the first-audio path). The first stage plans once the admitting task
+        yields, not from here: a burst of admissions then shares one round (one
+        batched prefill) instead of the first one or two going out alone."""
         slot = Slot(stream, in_link, out_link, worked_at_s=time.perf_counter())
         self.slots[stream.id] = slot
         self._lifecycle[stream.id] = slot
-        self.wakeup.set()
+        if in_link is None:
+            self.wakeup.set()
 
     def drop(self, stream_id: str) -> None:
         """The stream ended (failed or cancelled): free it in the next round."""
@@ -414,6 +419,8 @@ class StageActor:
         for sid, slot in list(lifecycle.items()):
             if slot.in_flight:
                 continue
+            if slot.phase is Phase.NEW and slot.in_link is not None and not self._has_work(slot):
+                continue  # opened with its first input
             del lifecycle[sid]
             if slot.phase is Phase.NEW:
                 slot.on(Event.PLAN_OPEN)
@@ -431,7 +438,10 @@ class StageActor:
         """The streams to step, by ``pick_batch``; stepped streams, and ready ones left
         out for want of credit, go to the back of ``slots`` (least recently stepped
         first), and the latter leave the actor's wake-up on the channel that is short."""
-        decision = pick_batch(self._candidates(), self.spec.max_batch_size, self.scheduling)
+        now_s = time.perf_counter()
+        decision = pick_batch(
+            self._candidates(now_s), self.spec.max_batch_size, self.scheduling, now_s
+        )
         slots = self.slots
         self._skipped = bool(decision.skipped)
         if decision.skipped:
@@ -446,14 +456,13 @@ class StageActor:
             picked.append(slot)
         return tuple(picked)
 
-    def _candidates(self) -> Iterator[Candidate]:
+    def _candidates(self, now_s: float) -> Iterator[Candidate]:
         """Streams with work, least recently planned first (``slots`` is kept in that order).
 
         A stream whose last round is still out is planned again on what trio knows
         (the runner skips it if that step said otherwise); one that does not fit a
         second time is left for after its round is back, not counted as skipped.
         """
-        now_s = time.perf_counter()
         self.num_behind_now = 0
         for slot in self.slots.values():
             if not slot.steppable or not self._has_work(slot):
@@ -465,7 +474,7 @@ class StageActor:
                 if deadline_s < now_s:
                     self.num_behind_now += 1
                     self.counters.num_behind_deadline += 1
-                yield Candidate(slot.id, True, fits, deadline_s)
+                yield Candidate(slot.id, True, fits, deadline_s, not slot.num_steps)
 
     @staticmethod
     def _has_work(slot: Slot) -> bool:

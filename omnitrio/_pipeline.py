@@ -25,7 +25,6 @@ from types import MappingProxyType
 import trio
 
 from ._actor import StageActor, stage_statistics
-from ._admission import ACTIVE_WINDOW_S, Admission, priority_of
 from ._config import PipelineConfig, StageSpec, check_stage_limits, load_config, uses_ray
 from ._errors import Overloaded, PipelineClosed
 from ._items import Request
@@ -33,6 +32,7 @@ from ._link import Link
 from ._scheduler import Playback
 from ._statistics import PipelineStatistics
 from ._stream import DeliveryCounters, Stream, StreamHooks, StreamState
+from .admission import ACTIVE_WINDOW_S, Admission, priority_of
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,11 @@ class Pipeline:
             Playback(section.client_buffer_s, section.first_audio_budget_s),
         )
         self._admission = Admission(
-            section.max_streams, section.realtime_margin, headroom=section.admission == "headroom"
+            section.max_streams,
+            section.realtime_margin,
+            headroom=section.admission == "headroom",
+            client_buffer_s=section.client_buffer_s,
+            busy=section.admission == "busy",
         )
         for actor in actors:
             actor.on_round = self._after_round
@@ -155,7 +159,7 @@ class Pipeline:
         """Admit a stream and yield its handle; leaving the block cancels it if still running.
 
         Raises ``Overloaded`` at once (no queueing) when ``max_streams`` streams
-        are open or a stage has no real-time headroom for one more (``_admission.py``),
+        are open or a stage has no real-time headroom for one more (``omnitrio/admission/``),
         and ``PipelineClosed`` once the pipeline is shutting down. The request option
         ``priority`` (a number, default 0) orders shedding: lowest first.
         Leaving the block waits until every stage has freed the stream (the steps
@@ -176,13 +180,18 @@ class Pipeline:
         """The ``Overloaded`` that ``open_stream`` would raise now (with its retry hint),
         or None if a stream would be admitted. Counts nothing. Each stage is charged
         its active streams (``StageActor.active_streams``) plus the new one."""
-        num_open = len(self._streams)
+        streams = self._streams
+        num_open = len(streams)
+        oldest = next(iter(streams.values()), None)  # admitted first (dicts keep order)
+        now_s = time.perf_counter()
         return self._admission.refusal(
             num_open - self._num_ended,
             num_open,
             ((a.name, a.step_model) for a in self._actors),
             self._delivery.audio_s_put,
             self._num_active,
+            None if oldest is None else now_s - oldest.admitted_at_s,
+            now_s,
         )
 
     def _num_active(self, stage: str) -> int:
@@ -190,32 +199,21 @@ class Pipeline:
         return len(actor.active_streams(time.perf_counter(), ACTIVE_WINDOW_S))
 
     def _after_round(self, actor: StageActor) -> None:
-        """A stage applied a round: if its factor for its active streams has stayed below
-        the shedding threshold, it is busy and streams there are past their playback
-        deadlines, shed the active streams beyond what it keeps (``Admission.should_shed``;
-        shedding a stream idle or finished here would not help it)."""
+        """A stage applied a round: admission may shed streams there
+        (``Admission.after_round``)."""
         admission = self._admission
-        if not admission.headroom:
+        if not (admission.headroom or admission.busy):
             return
-        now_s = time.perf_counter()
-        audio_s = self._delivery.audio_s_put
-        model = actor.step_model
-        num_active = len(actor.slots)  # at most: not behind with all, not with fewer
-        active: list[StreamState] | None = None
-        if admission.behind(model, num_active, audio_s):
-            active = actor.active_streams(now_s, ACTIVE_WINDOW_S)
-            num_active = len(active)
-        if admission.should_shed(
+        admission.after_round(
             actor.name,
-            model,
-            num_active,
-            audio_s,
-            now_s=now_s,
+            actor.step_model,
+            len(actor.slots),
+            actor.active_streams,
+            self._delivery.audio_s_put,
+            now_s=time.perf_counter(),
             busy_s=actor.counters.busy_s,
             num_late=actor.num_behind_now,
-        ):
-            assert active is not None  # should_shed is only true when behind
-            admission.shed(actor.name, model, active, audio_s, now_s)
+        )
 
     @property
     def side_stage(self) -> str | None:
@@ -292,7 +290,7 @@ class Pipeline:
         if stream.ending:
             self._num_ended -= 1
         else:
-            self._admission.completed(time.perf_counter() - stream.admitted_at_s)
+            self._admission.completed(time.perf_counter() - stream.admitted_at_s, stream.audio_s)
             for actor in self._actors:
                 actor.step_model.completed(stream.num_steps_at.get(actor.name, 0), stream.audio_s)
         outcome = "failed" if stream.failure else "cancelled" if stream.cancelled else "completed"

@@ -12,9 +12,18 @@ first chunk's delivery time plus the seconds of audio delivered since), less
 the configured client buffer; before its first audio, its admission time plus
 the first-audio budget (so streams that have no audio yet, text-only ones
 included, are ordered by age). When more streams are ready than a batch holds,
-the batch takes the earliest deadlines: a stream far ahead of its deadline
-gives its place to one that is behind. Ties keep the given order (least
-recently stepped first).
+the batch takes the most urgent: a stream far ahead of its deadline gives its
+place to one that is behind. Two rules keep a late stream from starving the
+others (seed 001's head-of-line blocking, through the scheduler):
+
+- a stream's *first step at the stage* is the most urgent there is (its first
+  item is what its client waits for, and it costs one step);
+- a deadline already past counts as *now*: streams that are late share the
+  steps (ties keep the given order, least recently stepped first) instead of the
+  latest one taking every step until its backlog is gone.
+
+So a newcomer waits at most for the rounds already out, whatever the batch size
+and whatever backlog another stream has.
 
 **Round robin** (``scheduling: round_robin``, the runtime before deadlines):
 candidates in the given order, least recently stepped first, read lazily, so
@@ -24,6 +33,7 @@ the scan stops once the batch is full.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -58,6 +68,8 @@ class Candidate(NamedTuple):
     has_work: bool
     fits: bool
     deadline_s: float = 0.0
+    first: bool = False
+    """Its first step at this stage (the most urgent of all)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,17 +79,15 @@ class Decision:
     """Streams with work that did not fit (round robin: those seen before the batch filled)."""
 
 
-def _deadline(candidate: Candidate) -> float:
-    return candidate.deadline_s
-
-
 def pick_batch(
     candidates: Iterable[Candidate],
     max_batch_size: int,
     scheduling: Scheduling = "round_robin",
+    now_s: float = -math.inf,
 ) -> Decision:
-    """Up to ``max_batch_size`` candidates that have work and fit: the earliest deadlines
-    (``deadline``) or the first in the given order (``round_robin``). The batch lists
+    """Up to ``max_batch_size`` candidates that have work and fit: the most urgent
+    (``deadline``: first steps, then the earliest deadlines, one past ``now_s`` counting
+    as ``now_s``) or the first in the given order (``round_robin``). The batch lists
     them in the given order."""
     if scheduling == "round_robin":
         return _first_that_fit(candidates, max_batch_size)
@@ -91,7 +101,14 @@ def pick_batch(
         else:
             skipped.append(candidate.stream_id)
     if len(ready) > max_batch_size:
-        chosen = {id(c) for c in heapq.nsmallest(max_batch_size, ready, key=_deadline)}
+
+        def urgency(candidate: Candidate) -> float:
+            if candidate.first:
+                return -math.inf
+            deadline_s = candidate.deadline_s
+            return now_s if deadline_s < now_s else deadline_s
+
+        chosen = {id(c) for c in heapq.nsmallest(max_batch_size, ready, key=urgency)}
         ready = [c for c in ready if id(c) in chosen]
     return Decision(tuple(c.stream_id for c in ready), tuple(skipped))
 

@@ -35,9 +35,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from ._headroom import StreamFlow
 from ._link import Link
 from ._stream import StreamState
+from .admission import StreamFlow
 
 
 class Phase(enum.Enum):
@@ -125,7 +125,7 @@ class Slot:
     """Its steps and audio since its first audio (the yield before any completion)."""
     worked_at_s: float = 0.0
     """When a plan last saw it with work (perf_counter s; at first, when it was added):
-    a stream idle here longer than ``_admission.ACTIVE_WINDOW_S`` is not charged a step."""
+    a stream idle here longer than ``admission.ACTIVE_WINDOW_S`` is not charged a step."""
 
     @property
     def id(self) -> str:

@@ -9,7 +9,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ._headroom import StepModelStatistics
+
+@dataclass(frozen=True)
+class StepModelStatistics:
+    """A stage's learned step-time model (``StageStatistics.step_model``)."""
+
+    num_steps: int
+    intercept_s: float
+    per_stream_s: float
+    scale: float
+    """Recent steps' time over what steps of their kind took (1.3: 30 % slower than learned)."""
+    audio_s_per_stream_step: float
+    """Seconds of audio one stream-step at this stage yields (0 before any audio)."""
+    realtime_streams: int
+    """The most streams this stage keeps in real time now (0: no opinion yet)."""
+    first_step_share: float = 0.0
+    """Share of its time spent on streams' first steps beyond a plain step (prefills)."""
 
 
 @dataclass(frozen=True)
@@ -51,12 +66,12 @@ class StageStatistics:
     pid: int | None = None
     """The process id of the stage's Ray actor (``placement: ray``); None for a thread."""
     step_model: StepModelStatistics | None = None
-    """The stage's step-time model, learned online from its own steps (``_headroom.py``):
-    what admission by headroom and shedding decide by."""
+    """The stage's step-time model, learned online from its own steps
+    (``admission/_headroom.py``): what admission by headroom and shedding decide by."""
     num_behind_deadline: int = 0
     """Ready streams seen by a plan after their playback deadline (summed over plans)."""
     num_active_streams: int = 0
-    """Live streams with work here lately (``_admission.ACTIVE_WINDOW_S``), or in a round
+    """Live streams with work here lately (``admission.ACTIVE_WINDOW_S``), or in a round
     out: those admission by headroom charges this stage a step per round for."""
 
 

@@ -51,6 +51,7 @@ def test_the_runtime_and_its_command_line_load_no_torch() -> None:
 # *_support.py helpers) and this file, which is about the whole tree.
 MIRROR = {
     "runtime": "omnitrio",
+    "runtime/admission": "omnitrio/admission",  # admission and headroom, one room
     "server": "omnitrio/server",
     "realtime": "omnitrio/realtime",
     "webrtc": "omnitrio/webrtc",

@@ -89,6 +89,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--open-loop-s", type=float, default=20.0, help="open loop: seconds of arrivals per run"
     )
     load.add_argument("--repeat", type=int, default=1, help="runs of each load and target")
+    load.add_argument(
+        "--find-limit",
+        metavar="CAPS",
+        help="sweep fixed caps (e.g. 48,56,60,64) for the true real-time limit, then "
+        "headroom admission against it (closed loop, in-process; _limit.py)",
+    )
     load.add_argument("--request-rate", type=float, default=math.inf, help="req/s (inf: all)")
     load.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1: Poisson)")
     load.add_argument("--seed", type=int, default=0)

@@ -298,6 +298,11 @@ async def bench(args: argparse.Namespace) -> None:
     host_ms = _host_ms(args)
     if len(host_ms) == 1:
         config = with_host_ms(config, host_ms[0])
+    if args.find_limit:  # the true real-time limit against headroom (_limit.py)
+        from ._limit import find_limit, limit_table
+
+        print(limit_table(await find_limit(args, config)))
+        return
     context = _context(args, config)
     loads = _loads(args, context)
     progress = None if args.no_progress else default_progress_stream()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
+import pytest
 import trio
 
 import omnitrio
@@ -137,3 +138,47 @@ async def test_edge_payloads_never_reach_a_client() -> None:
     assert stats.num_payloads_routed == 30 * 2 + 60  # a -> b, then b -> c
     assert stats.num_items_delivered == len(items) == 30 + 60 + 60
     assert stats.num_payloads_to_client == 0
+
+
+BACKLOG_UNITS = 10_000
+
+
+@pytest.mark.parametrize("max_batch_size", [1, 2, 32])
+async def test_a_newcomer_is_not_queued_behind_a_late_streams_backlog(max_batch_size: int) -> None:
+    # Deadline-first without starvation: ``flood``'s source stage puts thousands of
+    # payloads on b's edge, and flood is older (its deadline earlier) and soon late. A
+    # newcomer's first step at b is still the most urgent there is, so it waits only for
+    # b's rounds already out (two), however small the batch, not for flood's backlog.
+    config = chain_config(
+        [
+            {"steps": BACKLOG_UNITS, "visible_every": 0},
+            {"service_time_ms": 2.0, "outputs_per_input": 0},
+        ],
+        edge_capacity=2 * BACKLOG_UNITS,
+        client_capacity=64,
+        max_batch_size=max_batch_size,
+    )
+    async with (
+        omnitrio.open_pipeline(config) as pipeline,
+        pipeline.open_stream("flood") as flood,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(collect, flood)  # flood's client keeps reading
+        with trio.fail_after(60):
+            while _queue_depth(pipeline, "b", flood.id) < 2000:  # noqa: ASYNC110 - no event marks a statistic
+                await trio.sleep(0.01)
+        before = pipeline.statistics().stages
+        request = omnitrio.Request("quick", options={"steps": 3})
+        async with pipeline.open_stream(request) as quick:
+            with trio.fail_after(10):
+                await quick.receive()
+            after = pipeline.statistics().stages
+            backlog = after["b"].queue_depth[flood.id]
+        nursery.cancel_scope.cancel()
+    # At b quick goes in the first round planned after it is there: behind the round
+    # running and the one queued behind it (two of flood's steps), then its own step;
+    # b may finish one more of flood's while quick's step at a runs (3-4 seen; behind
+    # the backlog it would be thousands).
+    b_steps = after["b"].num_steps - before["b"].num_steps
+    assert b_steps <= 4, (b_steps, backlog)
+    assert backlog >= 1000  # flood's backlog was still there: quick did not wait it out

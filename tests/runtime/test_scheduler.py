@@ -63,3 +63,22 @@ def test_playback_deadline_is_first_audio_plus_audio_less_the_buffer() -> None:
     assert playback.deadline_s(10.0, 10.5, 2.0) == 10.5 + 2.0 - 0.25
     # streams with no audio (text-only) are ordered by age
     assert playback.deadline_s(1.0, None, 0.0) < playback.deadline_s(2.0, None, 0.0)
+
+
+def test_deadline_a_first_step_comes_before_any_deadline() -> None:
+    # A newcomer's first step at the stage is the most urgent there is: its client waits
+    # for its first item, behind nobody's backlog, whatever the batch size.
+    late = d("late", 1.0)
+    newcomer = Candidate("new", True, True, 50.0, first=True)
+    assert pick_batch([late, newcomer], 1, "deadline", now_s=10.0).batch == ("new",)
+    assert pick_batch([late, newcomer], 2, "deadline", now_s=10.0).batch == ("late", "new")
+
+
+def test_deadline_late_streams_share_the_steps_instead_of_the_latest_taking_all() -> None:
+    # Past deadlines count as now: the latest stream gains nothing by being later, so
+    # late streams keep the given order (least recently stepped first) among themselves.
+    candidates = [d("b", 3.0), d("a", 1.0), d("ahead", 20.0)]
+    assert pick_batch(candidates, 1, "deadline", now_s=10.0).batch == ("b",)
+    assert pick_batch(candidates, 2, "deadline", now_s=10.0).batch == ("b", "a")
+    # Before they are late, the earlier deadline goes first.
+    assert pick_batch(candidates, 1, "deadline", now_s=0.0).batch == ("a",)

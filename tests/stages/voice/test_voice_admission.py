@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import omnitrio
-from omnitrio._admission import Admission
-from omnitrio._headroom import StepModel
+from omnitrio.admission._headroom import StepModel
+from omnitrio.admission._rule import Admission
 
 VOICE_CHAT = Path(__file__).resolve().parents[3] / "configs" / "voice-chat.yaml"
 

@@ -46,6 +46,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .._statistics import StepModelStatistics
+
 SHAPE_HALF_LIFE_STEPS = 2000.0
 """Half-life of a step in the fitted lines."""
 SCALE_HALF_LIFE_STEPS = 24.0
@@ -111,23 +113,6 @@ class StreamFlow:
     mark_audio_s: float = 0.0
     steps: int = 0
     audio_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class StepModelStatistics:
-    """A stage's learned step-time model (``StageStatistics.step_model``)."""
-
-    num_steps: int
-    intercept_s: float
-    per_stream_s: float
-    scale: float
-    """Recent steps' time over what steps of their kind took (1.3: 30 % slower than learned)."""
-    audio_s_per_stream_step: float
-    """Seconds of audio one stream-step at this stage yields (0 before any audio)."""
-    realtime_streams: int
-    """The most streams this stage keeps in real time now (0: no opinion yet)."""
-    first_step_share: float = 0.0
-    """Share of its time spent on streams' first steps beyond a plain step (prefills)."""
 
 
 class StepModel:

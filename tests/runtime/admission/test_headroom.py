@@ -7,10 +7,10 @@ import math
 import pytest
 
 import omnitrio
-from omnitrio._admission import Admission, priority_of
-from omnitrio._headroom import MIN_STEPS, StepModel, StreamFlow, _Line
 from omnitrio._link import Link
 from omnitrio._stream import DeliveryCounters, StreamHooks, StreamState
+from omnitrio.admission._headroom import MIN_STEPS, StepModel, StreamFlow, _Line
+from omnitrio.admission._rule import Admission, priority_of
 
 
 def learned(
@@ -81,6 +81,41 @@ def test_admission_refuses_the_stream_that_would_break_real_time_with_a_hint() -
     capped = Admission(2, 0.05, headroom=True).refusal(1, 2, [], audio_s)
     assert capped is not None
     assert capped.problem is None
+
+
+def test_short_answers_tolerate_what_their_client_buffers_long_ones_do_not() -> None:
+    # A stream of A s of audio at f x real time ends A (1/f - 1) behind its playback:
+    # admission keeps f >= (1 + margin) A / (A + client_buffer_s) once answers complete.
+    model = learned(0.008, 0.00015, max_batch_size=256)
+    audio_s = model.num_stream_steps * 0.02
+    admission = Admission(256, 0.05, headroom=True, client_buffer_s=0.25)
+    assert admission.needed == pytest.approx(1.05)  # nothing completed: the margin alone
+    before = model.realtime_streams(audio_s, admission.needed, 256)
+    for _ in range(50):
+        admission.completed(1.0, 0.64)  # 32 frames of 20 ms
+    assert admission.needed == pytest.approx(1.05 * 0.64 / (0.64 + 0.25))
+    after = model.realtime_streams(audio_s, admission.needed, 256)
+    assert after > before
+    assert admission.refusal(after - 1, after - 1, [("thinker", model)], audio_s) is None
+    assert admission.refusal(after, after, [("thinker", model)], audio_s) is not None
+    # Shedding's hysteresis is scaled alike, below admission's threshold.
+    assert admission.shed_below == pytest.approx(0.9 * 0.64 / 0.89)
+    assert admission.shed_below < admission.needed
+    # Long answers: the threshold tends to the margin again.
+    for _ in range(200):
+        admission.completed(60.0, 50.0)
+    assert 1.0 < admission.needed < 1.05
+
+
+def test_the_retry_hint_is_the_time_until_the_oldest_stream_ends() -> None:
+    admission = Admission(4, 0.05, headroom=True)
+    admission.completed(2.0)
+    refusal = admission.refusal(4, 4, [], 10.0, oldest_age_s=1.5)
+    assert refusal is not None
+    assert refusal.retry_after_s == pytest.approx(0.5)  # mean lifetime 2 s, oldest at 1.5 s
+    overdue = admission.refusal(4, 4, [], 10.0, oldest_age_s=3.0)
+    assert overdue is not None
+    assert overdue.retry_after_s == pytest.approx(0.05)  # past its mean: the floor
 
 
 def _streams(count: int, priorities: dict[int, float]) -> list[StreamState]:

@@ -1,0 +1,147 @@
+"""``omnitrio bench --find-limit``: a pipeline's true real-time limit, by sweep, and what
+admission by headroom admits against it.
+
+The *true limit* is the largest fixed cap at which every stream stays continuous:
+for each cap in the sweep, omnitrio runs with ``admission: max_streams`` at that cap
+and a closed loop of that many clients (each sends its next request when the last
+one ends), and the cap passes when every request completed and every completed one
+was continuous (``_metrics``: no underrun over ``CONTINUITY_THRESHOLD_S``). Then
+omnitrio runs with ``admission: headroom`` (``max_streams`` raised to the largest cap
+swept, so only headroom refuses) under a closed loop of that many clients, and
+reports the streams it admitted (the open streams sampled during the run: median and
+peak) against the limit, with its continuity. Open-loop arrivals are not swept here
+(``--load-fractions`` runs them at fixed rates).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from omnitrio import PipelineConfig
+
+from ._inprocess import open_pipeline_target
+from ._report import report_run
+from ._runner import LoadSettings, RunResult, default_progress_stream, run_load
+from ._target import Prompt
+
+
+@dataclass(frozen=True)
+class CapRun:
+    """One closed-loop run: ``cap`` clients against ``admission`` (and its cap)."""
+
+    cap: int
+    admission: str
+    num_completed: int
+    num_failed: int
+    num_refused: int
+    continuity_rate: float | None
+    requests_per_s: float
+    open_streams_p50: float | None
+    open_streams_max: int | None
+
+    @property
+    def continuous(self) -> bool:
+        """Every request completed, and every one with audio played without a gap."""
+        return (
+            self.num_failed == 0
+            and self.num_refused == 0
+            and (self.continuity_rate is None or self.continuity_rate >= 1.0)
+        )
+
+
+def _with_admission(config: PipelineConfig, admission: str, cap: int) -> PipelineConfig:
+    section = config.pipeline.model_copy(update={"admission": admission, "max_streams": cap})
+    return config.model_copy(update={"pipeline": section})
+
+
+def _cap_run(run: RunResult, cap: int, admission: str) -> CapRun:
+    aggregates = report_run(run, None).aggregates
+    counts = [s.open_streams for s in run.samples if s.open_streams is not None]
+    return CapRun(
+        cap=cap,
+        admission=admission,
+        num_completed=aggregates.num_completed,
+        num_failed=aggregates.num_failed,
+        num_refused=aggregates.num_refused,
+        continuity_rate=aggregates.continuity_rate,
+        requests_per_s=aggregates.throughput.requests_per_s,
+        open_streams_p50=statistics.median(counts) if counts else None,
+        open_streams_max=max(counts) if counts else None,
+    )
+
+
+async def _closed_loop(
+    config: PipelineConfig,
+    admission: str,
+    cap: int,
+    clients: int,
+    prompts: Sequence[Prompt],
+    args: argparse.Namespace,
+) -> CapRun:
+    settings = LoadSettings(max_concurrency=clients, time_limit_s=args.time_limit_s)
+    progress = None if args.no_progress else default_progress_stream()
+    name = f"omnitrio {admission} cap={cap}"
+    async with open_pipeline_target(_with_admission(config, admission, cap), name) as target:
+        run = await run_load(target, prompts, settings, progress_out=progress)
+    return _cap_run(run, cap, admission)
+
+
+def true_limit(runs: Sequence[CapRun]) -> int | None:
+    """The largest cap whose fixed-cap run kept every stream continuous (None: none did)."""
+    passed = [run.cap for run in runs if run.admission == "max_streams" and run.continuous]
+    return max(passed) if passed else None
+
+
+async def find_limit(args: argparse.Namespace, config: PipelineConfig) -> list[CapRun]:
+    """Sweep ``args.find_limit``'s caps with ``max_streams``, then headroom at the largest."""
+    from .cli import make_prompts  # here: cli imports this module
+
+    caps = sorted({int(cap) for cap in args.find_limit.split(",")})
+    if not caps or caps[0] < 1:
+        raise ValueError(f"--find-limit: give caps of at least 1, got {args.find_limit!r}")
+    runs: list[CapRun] = []
+    for cap in caps:
+        count = args.num_prompts or 4 * cap
+        prompts = make_prompts(count, args.input_len, args.output_len, args.seed, args.option)
+        runs.append(await _closed_loop(config, "max_streams", cap, cap, prompts, args))
+    top = caps[-1]
+    count = args.num_prompts or 4 * top
+    prompts = make_prompts(count, args.input_len, args.output_len, args.seed, args.option)
+    runs.append(await _closed_loop(config, "headroom", top, top, prompts, args))
+    return runs
+
+
+def limit_table(runs: Sequence[CapRun]) -> str:
+    """The sweep, then the headroom run against the true limit, as markdown."""
+    rows = [
+        "| admission | cap | clients | ok/fail/refused | continuity | req/s "
+        "| open streams p50 / max |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        continuity = "-" if run.continuity_rate is None else f"{run.continuity_rate:.1%}"
+        rows.append(
+            f"| {run.admission} | {run.cap} | {run.cap} | {run.num_completed}/{run.num_failed}/"
+            f"{run.num_refused} | {continuity} | {run.requests_per_s:.1f} | "
+            f"{run.open_streams_p50 if run.open_streams_p50 is not None else '-'} / "
+            f"{run.open_streams_max if run.open_streams_max is not None else '-'} |"
+        )
+    limit = true_limit(runs)
+    headroom = [run for run in runs if run.admission == "headroom"]
+    lines = ["\n".join(rows), ""]
+    if limit is None:
+        lines.append("- true real-time limit: no cap swept kept every stream continuous")
+    else:
+        lines.append(f"- true real-time limit (largest continuous cap swept): {limit}")
+    for run in headroom:
+        admitted = run.open_streams_max
+        share = "" if limit is None or admitted is None else f" ({admitted / limit:.0%} of it)"
+        lines.append(
+            f"- headroom admitted at most {admitted} streams{share}, median "
+            f"{run.open_streams_p50}; continuity "
+            f"{'-' if run.continuity_rate is None else f'{run.continuity_rate:.1%}'}"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,15 @@
+"""Admission and headroom, one room: whether a new stream is admitted, when admitted
+streams are shed, and the per-stage step-time model both decide by.
+
+The pipeline's one entry point is ``Admission`` (``refusal`` before a stream is
+admitted, ``after_round`` after a stage applied a round, ``completed`` when a stream
+ends); each stage actor feeds its own ``StepModel``. ``docs/design.md``, "Admission".
+"""
+
+from ._headroom import StepModel as StepModel
+from ._headroom import StreamFlow as StreamFlow
+from ._rule import ACTIVE_WINDOW_S as ACTIVE_WINDOW_S
+from ._rule import Admission as Admission
+from ._rule import priority_of as priority_of
+
+__all__ = ["ACTIVE_WINDOW_S", "Admission", "StepModel", "StreamFlow", "priority_of"]

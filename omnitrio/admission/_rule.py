@@ -1,0 +1,324 @@
+"""Admission by real-time headroom, and shedding when a stage falls behind.
+
+The rule (``docs/design.md``, "Admission"): a new stream is admitted only while,
+with it, every stage's learned realtime factor (``StepModel``, ``_headroom.py``) for its
+*active* streams plus the new one is at least ``needed``: ``1 + realtime_margin``
+times ``A / (A + B)``, ``A`` the mean audio of the streams that completed with audio
+(before any did: ``1 + realtime_margin``), ``B`` the configured client buffer
+(``pipeline.client_buffer_s``). A stream that makes ``A`` seconds of audio at ``f``
+x real time ends ``A x (1/f - 1)`` behind its playback; a client that buffers ``B``
+absorbs that while it is at most ``B``, so a stage falls behind only below
+``A / (A + B)``: short answers tolerate a stage somewhat slower than real time (a
+closed loop at the limit, whose prefills take a share of the first stage's time),
+long ones do not (the factor tends to ``1 + realtime_margin``);
+``max_streams`` stays a hard cap, and the first stream is always admitted. A
+stream is active at a stage while it has work there or had some within the last
+``ACTIVE_WINDOW_S`` (or was added there that recently): a stream the stage holds
+idle (a voice chat's TTS between answers) costs it no step per round, so it is
+not charged one.
+
+Once streams are admitted the runtime protects them, but only from a real,
+sustained slowdown, never from the model's noise (a few slow steps dip the fast
+``scale`` for a fraction of a second). A stage
+sheds after a round it applies only when all of these hold (``should_shed``):
+
+- **hysteresis**: its factor for its active streams is below
+  ``1 - SHED_MARGINS * realtime_margin`` (0.9 with the default margin), clearly
+  below the ``1 + realtime_margin`` admission keeps, and its audio yield is
+  learned from completed streams;
+- **persistence**: it has stayed below that on every round for ``SHED_AFTER_S``;
+- **saturation**: the stage was busy at least ``MIN_BUSY_FRACTION`` of the wall
+  time lately (an idle stage is not what makes streams late);
+- **lateness**: a stream it planned in that round was past its playback deadline.
+
+Then the active streams beyond what it keeps at ``1 + realtime_margin`` are shed
+at once, lowest ``priority`` request option first, then newest first; a stream
+whose client holds more than ``SHED_HORIZON_S`` of audio beyond its buffer is not
+projected to miss its deadline and is kept before any other. Each fails with
+``StreamShed``; failing a stream drops it at every stage at once. The shedding
+threshold is scaled by the same ``A / (A + B)``. The retry hint of a
+refusal is the time until a slot frees: the mean lifetime of completed streams less
+the age of the oldest live stream (the next to end), at least ``MIN_RETRY_AFTER_S``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from .._errors import Overloaded, StreamShed
+from .._items import Request
+from .._stream import StreamState
+from ._headroom import StepModel
+from ._utilisation import BusyWatch, projected_busy
+
+LIFETIME_KEEP = 0.9
+"""Weight of the past in the mean lifetime of completed streams (per completion)."""
+MIN_RETRY_AFTER_S = 0.05
+MAX_RETRY_AFTER_S = 60.0
+ACTIVE_WINDOW_S = 0.5
+"""A stream with no work at a stage for this long is idle there (not charged a step)."""
+SHED_MARGINS = 2.0
+"""Shedding waits for the factor to fall this many ``realtime_margin``s below 1."""
+SHED_AFTER_S = 0.25
+"""How long a stage's factor must stay below the shedding threshold before it sheds."""
+MIN_BUSY_FRACTION = 0.5
+"""A stage busier than this share of the wall time (lately) may shed."""
+SHED_HORIZON_S = 2.0
+"""A stream with more audio than this beyond its deadline is not projected to miss it."""
+AUDIO_KEEP = 0.9
+"""Weight of the past in the mean audio of completed streams (per completion)."""
+
+
+def priority_of(request: Request) -> float:
+    """The request's ``priority`` knob (higher is shed later; default 0)."""
+    value = request.options.knobs.get("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"request option priority must be a number, not {value!r}")
+    return float(value)
+
+
+class Admission:
+    """The supervisor's admission and shedding decisions (trio thread only)."""
+
+    def __init__(
+        self,
+        max_streams: int,
+        realtime_margin: float,
+        *,
+        headroom: bool,
+        client_buffer_s: float = 0.25,
+        busy: bool = False,
+    ) -> None:
+        self.max_streams = max_streams
+        self.realtime_margin = realtime_margin
+        self.client_buffer_s = client_buffer_s
+        self.headroom = headroom
+        self.busy = busy
+        """Admit by each stage's busy fraction (``_utilisation.py``), not its step-time
+        model's realtime factor; shed nothing (``admission: busy``)."""
+        self.num_refused_headroom = 0
+        self.num_shed = 0
+        self._mean_lifetime_s: float | None = None
+        self._mean_audio_s: float | None = None
+        self._watches: dict[str, BusyWatch] = {}
+
+    @property
+    def length_factor(self) -> float:
+        """``A / (A + client_buffer_s)`` (1 before any stream completed with audio): the
+        realtime factor below which a stream of the usual length ends further behind
+        than its client buffers."""
+        audio_s = self._mean_audio_s
+        return 1.0 if audio_s is None else audio_s / (audio_s + self.client_buffer_s)
+
+    @property
+    def needed(self) -> float:
+        """The realtime factor admission keeps for every active stream."""
+        return (1.0 + self.realtime_margin) * self.length_factor
+
+    @property
+    def shed_below(self) -> float:
+        """The realtime factor under which a stage may shed (hysteresis below admission's)."""
+        return (1.0 - SHED_MARGINS * self.realtime_margin) * self.length_factor
+
+    def refusal(
+        self,
+        num_live: int,
+        num_open: int,
+        models: Iterable[tuple[str, StepModel]],
+        audio_s: float,
+        num_active: Mapping[str, int] | Callable[[str], int] | None = None,
+        oldest_age_s: float | None = None,
+        now_s: float | None = None,
+    ) -> Overloaded | None:
+        """Why one more stream must be refused now, or None to admit it. ``num_active``:
+        each stage's active streams, by name (default: all ``num_live`` at every stage);
+        asked only of a stage that would refuse with all of them charged.
+        ``oldest_age_s``: how long the oldest live stream has run (the retry hint);
+        ``now_s`` (perf_counter s): when, for ``busy`` admission."""
+        if num_open >= self.max_streams:
+            return Overloaded(self.max_streams, self.retry_after_s(num_live, oldest_age_s))
+        if num_live == 0:
+            return None
+        if self.busy:
+            return self._busy_refusal(num_live, models, num_active, oldest_age_s, now_s)
+        if not self.headroom:
+            return None
+        needed = self.needed
+        for name, model in models:
+            count = num_live + 1
+            factor = model.realtime_factor(count, audio_s)
+            if factor < needed and num_active is not None:  # fewer may be active there
+                active = num_active(name) if callable(num_active) else num_active.get(name)
+                count = 1 + min(num_live, num_live if active is None else active)
+                factor = model.realtime_factor(count, audio_s)
+            if factor < needed:
+                audio = self._mean_audio_s
+                asks = "" if audio is None else f" and answers of {audio:.1f} s"
+                problem = (
+                    f"with {count} active streams stage {name!r} would make {factor:.2f} s of "
+                    f"audio per second for each (pipeline.realtime_margin{asks} ask for "
+                    f"{needed:.2f})"
+                )
+                retry_s = self.retry_after_s(num_live, oldest_age_s)
+                return Overloaded(self.max_streams, retry_s, problem)
+        return None
+
+    def _busy_refusal(
+        self,
+        num_live: int,
+        models: Iterable[tuple[str, StepModel]],
+        num_active: Mapping[str, int] | Callable[[str], int] | None,
+        oldest_age_s: float | None,
+        now_s: float | None,
+    ) -> Overloaded | None:
+        """``busy`` admission: refused while, with one more stream, some stage would be
+        busy more than ``1 / (1 + realtime_margin)`` of the time."""
+        limit = 1.0 / (1.0 + self.realtime_margin)
+        for name, _ in models:
+            watch = self._watches.get(name)
+            if watch is None:  # no round applied yet: no opinion
+                continue
+            fraction = watch.busy_fraction if now_s is None else watch.fraction_at(now_s)
+            active = num_live
+            if num_active is not None:
+                found = num_active(name) if callable(num_active) else num_active.get(name)
+                active = num_live if found is None else min(num_live, found)
+            projected = projected_busy(fraction, active)
+            if projected > limit:
+                problem = (
+                    f"with {active + 1} active streams stage {name!r} would be busy "
+                    f"{projected:.0%} of the time (pipeline.realtime_margin asks for at "
+                    f"most {limit:.0%})"
+                )
+                return Overloaded(
+                    self.max_streams, self.retry_after_s(num_live, oldest_age_s), problem
+                )
+        return None
+
+    def retry_after_s(self, num_live: int, oldest_age_s: float | None = None) -> float | None:
+        """When a slot frees (None: nothing measured): the mean lifetime of completed
+        streams less ``oldest_age_s``, the oldest live stream's age; without it, the
+        expected time until one of ``num_live`` streams ends."""
+        mean = self._mean_lifetime_s
+        if mean is None:
+            return None
+        estimate = mean - oldest_age_s if oldest_age_s is not None else mean / max(num_live, 1)
+        return min(max(estimate, MIN_RETRY_AFTER_S), MAX_RETRY_AFTER_S)
+
+    def completed(self, lifetime_s: float, audio_s: float = 0.0) -> None:
+        """A stream completed after ``lifetime_s`` with ``audio_s`` of audio."""
+        mean = self._mean_lifetime_s
+        self._mean_lifetime_s = (
+            lifetime_s if mean is None else mean * LIFETIME_KEEP + lifetime_s * (1 - LIFETIME_KEEP)
+        )
+        if audio_s > 0:
+            audio = self._mean_audio_s
+            self._mean_audio_s = (
+                audio_s if audio is None else audio * AUDIO_KEEP + audio_s * (1 - AUDIO_KEEP)
+            )
+
+    def behind(self, model: StepModel, num_active: int, audio_s: float) -> bool:
+        """The stage's factor for ``num_active`` streams is below ``shed_below`` now
+        (its yield learned from completed streams). Instantaneous: ``should_shed``
+        asks for it to persist."""
+        if not self.headroom or num_active <= 1 or not model.settled:
+            return False
+        return model.realtime_factor(num_active, audio_s) < self.shed_below
+
+    def after_round(
+        self,
+        stage: str,
+        model: StepModel,
+        num_held: int,
+        active_streams: Callable[[float, float], list[StreamState]],
+        audio_s: float,
+        *,
+        now_s: float,
+        busy_s: float,
+        num_late: int,
+    ) -> None:
+        """``stage`` applied a round at ``now_s`` (it holds ``num_held`` streams;
+        ``active_streams(now_s, ACTIVE_WINDOW_S)`` lists its active ones): if its factor
+        for its active streams has stayed below the shedding threshold, it is busy and
+        streams there are past their playback deadlines, shed the active streams beyond
+        what it keeps (``should_shed``; shedding a stream idle or finished here would not
+        help it). ``busy`` admission: only the stage's busy fraction is kept."""
+        if self.busy:
+            self._watch(stage, now_s, busy_s)
+            return
+        num_active = num_held  # at most: not behind with all, not with fewer
+        active: list[StreamState] | None = None
+        if self.behind(model, num_active, audio_s):
+            active = active_streams(now_s, ACTIVE_WINDOW_S)
+            num_active = len(active)
+        if self.should_shed(
+            stage, model, num_active, audio_s, now_s=now_s, busy_s=busy_s, num_late=num_late
+        ):
+            assert active is not None  # should_shed is only true when behind
+            self.shed(stage, model, active, audio_s, now_s)
+
+    def should_shed(
+        self,
+        stage: str,
+        model: StepModel,
+        num_active: int,
+        audio_s: float,
+        *,
+        now_s: float,
+        busy_s: float,
+        num_late: int,
+    ) -> bool:
+        """After a round ``stage`` applied at ``now_s`` (``busy_s``: its stage's busy time
+        so far; ``num_late``: streams it planned past their deadlines): shed now? Updates
+        the stage's watch, so call it after every round."""
+        watch = self._watch(stage, now_s, busy_s)
+        if not self.behind(model, num_active, audio_s):
+            watch.below_since_s = None
+            return False
+        if watch.below_since_s is None:
+            watch.below_since_s = now_s
+        if (
+            now_s - watch.below_since_s < SHED_AFTER_S
+            or watch.busy_fraction < MIN_BUSY_FRACTION
+            or not num_late
+        ):
+            return False
+        watch.below_since_s = None  # the next shed waits as long again
+        return True
+
+    def _watch(self, stage: str, now_s: float, busy_s: float) -> BusyWatch:
+        """``stage``'s watch, brought up to ``now_s`` (its busy time so far ``busy_s``)."""
+        watch = self._watches.get(stage)
+        if watch is None:
+            watch = self._watches[stage] = BusyWatch(now_s, busy_s)
+        watch.update(now_s, busy_s)
+        return watch
+
+    def shed(
+        self,
+        stage: str,
+        model: StepModel,
+        live: Sequence[StreamState],
+        audio_s: float,
+        now_s: float | None = None,
+    ) -> None:
+        """Fail the ``live`` (active) streams beyond those ``stage`` keeps in real time:
+        lowest priority first, then newest first; with ``now_s``, a stream more than
+        ``SHED_HORIZON_S`` ahead of its deadline is kept first (it will not miss it)."""
+        num_live = len(live)
+        factor = model.realtime_factor(num_live, audio_s)
+        needed = self.needed  # as admission would: the kept streams catch up
+        keep = max(1, model.realtime_streams(audio_s, needed, num_live))
+        problem = (
+            f"stage {stage!r} slowed to {factor:.2f} s of audio per second for each of "
+            f"{num_live} streams; it keeps {keep} in real time"
+        )
+        horizon_s = None if now_s is None else now_s + SHED_HORIZON_S
+
+        def order(stream: StreamState) -> tuple[bool, float, float]:
+            safe = horizon_s is not None and stream.deadline_s > horizon_s
+            return (not safe, -stream.priority, stream.admitted_at_s)
+
+        for stream in sorted(live, key=order)[keep:]:  # safe, highest priority, oldest kept
+            self.num_shed += 1
+            stream.fail(StreamShed(stream.id, stage, problem))

@@ -1,0 +1,44 @@
+"""``omnitrio bench --find-limit``: the sweep runs on a real pipeline and reports the
+true limit against headroom (no timing thresholds: the figures are the benchmark's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.harness._limit import CapRun, true_limit
+from omnitrio._cli import main
+from tests.benchmarks.harness.test_bench_smoke import FAST
+
+
+def _run(cap: int, admission: str, *, failed: int = 0, continuity: float | None = 1.0) -> CapRun:
+    return CapRun(cap, admission, 4 - failed, failed, 0, continuity, 1.0, None, None)
+
+
+def test_the_true_limit_is_the_largest_cap_that_kept_every_stream_continuous() -> None:
+    runs = [
+        _run(2, "max_streams"),
+        _run(4, "max_streams"),
+        _run(6, "max_streams", continuity=0.75),  # one stream ran dry
+        _run(8, "max_streams", failed=1),
+        _run(8, "headroom"),  # headroom's own run never sets the limit
+    ]
+    assert true_limit(runs) == 4
+    assert true_limit(runs[2:]) is None
+
+
+def test_find_limit_sweeps_fixed_caps_then_headroom(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "fast.yaml"
+    config.write_text(FAST)
+    argv = ["--config", str(config), "--find-limit", "2,1", "--num-prompts", "4"]
+    options = ["--output-len", "8", "--input-len", "4", "--no-progress"]
+    assert main(["--log-level", "WARNING", "bench", *argv, *options]) == 0
+    out = capsys.readouterr().out
+    assert "| max_streams | 1 | 1 | 4/0/0 |" in out
+    assert "| max_streams | 2 | 2 | 4/0/0 |" in out
+    assert "| headroom | 2 | 2 | 4/0/0 |" in out
+    assert "true real-time limit" in out
+    assert "headroom admitted at most" in out
