@@ -153,8 +153,11 @@ class StageActor:
     # ----- lifecycle ----------------------------------------------------------------
 
     @trio.lowlevel.enable_ki_protection
-    def statistics(self, audio_s_delivered: float = 0.0, cap: int = 0) -> StageStatistics:
-        """A frozen snapshot of this stage. Cheap; never blocks."""
+    def statistics(
+        self, audio_s_delivered: float = 0.0, cap: int = 0, factor: float = 1.0
+    ) -> StageStatistics:
+        """A frozen snapshot of this stage (``factor``: the realtime factor its model's
+        ``realtime_streams`` counts at). Cheap; never blocks."""
         c = self.counters
         return StageStatistics(
             name=self.name,
@@ -179,7 +182,7 @@ class StageActor:
             model=MappingProxyType(self._placement.model_statistics()),
             num_payload_bytes_relayed=self._placement.num_payload_bytes_relayed,
             pid=self._placement.pid,
-            step_model=self.step_model.statistics(audio_s_delivered, cap),
+            step_model=self.step_model.statistics(audio_s_delivered, cap, factor),
             num_behind_deadline=c.num_behind_deadline,
             num_active_streams=len(self.active_streams(time.perf_counter(), ACTIVE_WINDOW_S)),
         )
@@ -746,8 +749,11 @@ class StageActor:
 
 
 def stage_statistics(
-    actors: Mapping[str, StageActor], audio_s_delivered: float = 0.0, cap: int = 0
+    actors: Mapping[str, StageActor],
+    audio_s_delivered: float = 0.0,
+    cap: int = 0,
+    factor: float = 1.0,
 ) -> Mapping[str, StageStatistics]:
     return MappingProxyType(
-        {name: actor.statistics(audio_s_delivered, cap) for name, actor in actors.items()}
+        {name: actor.statistics(audio_s_delivered, cap, factor) for name, actor in actors.items()}
     )

@@ -61,6 +61,10 @@ class PipelineSection(_Strict):
     realtime_margin: float = pydantic.Field(default=0.05, ge=0, le=10, allow_inf_nan=False)
     """Admission by headroom keeps every stream at least ``1 + realtime_margin`` x real
     time (audio seconds made per second)."""
+    warmup_streams: int | None = pydantic.Field(default=None, ge=1)
+    """Admission by headroom: the most streams admitted before any stage's step-time
+    model is ready (a burst at start, ``omnitrio/admission/_guards.py``). None: one batch
+    of the first stage (its ``max_batch_size``), within ``max_streams``."""
 
 
 class RayResources(_Strict):

@@ -150,6 +150,7 @@ class Pipeline:
             headroom=section.admission == "headroom",
             client_buffer_s=section.client_buffer_s,
             busy=section.admission == "busy",
+            warmup_streams=section.warmup_streams,
         )
         for actor in actors:
             actor.on_round = self._after_round
@@ -192,7 +193,12 @@ class Pipeline:
             self._num_active,
             None if oldest is None else now_s - oldest.admitted_at_s,
             now_s,
+            self._most_lag_s,
         )
+
+    def _most_lag_s(self) -> float:
+        """The largest lag of a live stream at its latest audio (``StreamState.lag_s``)."""
+        return max((s.lag_s for s in self._streams.values() if not s.ending), default=0.0)
 
     def _num_active(self, stage: str) -> int:
         actor = self._by_name[stage]
@@ -307,7 +313,8 @@ class Pipeline:
         actors = self._actors
         audio_s = self._delivery.audio_s_put
         cap = self.config.pipeline.max_streams
-        stages = stage_statistics({a.name: a for a in actors}, audio_s, cap)
+        needed = self._admission.needed  # what admission asks: realtime_streams counts at it
+        stages = stage_statistics({a.name: a for a in actors}, audio_s, cap, needed)
         return PipelineStatistics(
             stages=stages,
             streams=MappingProxyType({s.id: s.statistics() for s in self._streams.values()}),

@@ -22,7 +22,9 @@ class StepModelStatistics:
     audio_s_per_stream_step: float
     """Seconds of audio one stream-step at this stage yields (0 before any audio)."""
     realtime_streams: int
-    """The most streams this stage keeps in real time now (0: no opinion yet)."""
+    """The most streams this stage keeps in real time now, at the realtime factor
+    admission asks (``Admission.needed``: the margin, and answers short enough for the
+    client buffer to absorb a factor below 1); 0: no opinion yet."""
     first_step_share: float = 0.0
     """Share of its time spent on streams' first steps beyond a plain step (prefills)."""
 

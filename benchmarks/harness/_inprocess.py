@@ -36,7 +36,7 @@ class PipelineTarget:
                         timeline.audio_chunk(item.duration_s)
                         await timeline.consume(item.duration_s)
         except Overloaded as exc:
-            raise Refused(str(exc)) from exc
+            raise Refused(str(exc), exc.retry_after_s) from exc
         except OmnitrioError as exc:
             raise TargetError(str(exc)) from exc
 

@@ -2,7 +2,8 @@
 
 Waiting here is pacing, not polling for data: requests are sent at their
 scheduled times (``trio.sleep_until``), a refused request is retried after
-``retry_after_s`` (as a client honouring ``Retry-After`` would; its times still
+the target's retry hint (``Overloaded.retry_after_s``, as a client honouring
+``Retry-After`` would), or ``retry_after_s`` where it gave none (its times still
 count from the first attempt), and the target is sampled every
 ``sample_interval_s``. The whole run is bounded by ``time_limit_s``.
 """
@@ -49,6 +50,13 @@ class RunResult:
     samples: tuple[Sample, ...]
     timed_out: bool
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at start, end
+
+
+def retry_delay_s(refusal: Refused, settings: LoadSettings) -> float:
+    """How long a refused client waits: the target's hint where it gave one (the time
+    until a slot frees), else ``settings.retry_after_s``."""
+    hint = refusal.retry_after_s
+    return settings.retry_after_s if hint is None else hint
 
 
 class Progress:
@@ -170,14 +178,14 @@ async def _one(
                 attempt_s = time.perf_counter() if num_refusals else timeline.sent_s
                 try:
                     await target.request(prompt, timeline)
-                except Refused:
+                except Refused as refusal:
                     num_refusals += 1
                     if refused_after_s is None:
                         refused_after_s = time.perf_counter() - timeline.sent_s
                     if not settings.retry:
                         outcome, error = "refused", "refused (not retried)"
                         break
-                    await trio.sleep(settings.retry_after_s)
+                    await trio.sleep(retry_delay_s(refusal, settings))
                     continue
                 except TargetError as exc:
                     outcome, error = "failed", str(exc)

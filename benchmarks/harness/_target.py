@@ -19,7 +19,12 @@ from ._record import AudioArrival
 
 
 class Refused(Exception):
-    """The target is full (``Overloaded``, HTTP 503, close 1013); the client may retry."""
+    """The target is full (``Overloaded``, HTTP 503, close 1013); the client may retry,
+    after ``retry_after_s`` where the target said when (None: it did not)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class TargetError(Exception):

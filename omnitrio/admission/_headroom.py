@@ -52,7 +52,7 @@ SHAPE_HALF_LIFE_STEPS = 2000.0
 """Half-life of a step in the fitted lines."""
 SCALE_HALF_LIFE_STEPS = 24.0
 """Half-life of a step in ``scale`` (at 20 ms a step: about half a second)."""
-MIN_STEPS = 32
+MIN_STEPS = 8
 """Steps a stage takes before its model has an opinion."""
 MIN_AUDIO_S = 0.5
 """Audio delivered (seconds, pipeline-wide) before any model has an opinion."""
@@ -81,6 +81,9 @@ class _Line:
         self._w = self._wb = self._wbb = self._wt = self._wbt = 0.0
         self.intercept_s = 0.0
         self.per_stream_s = 0.0
+        self.mean_b = 0.0
+        self.identified = False
+        """Its steps' batch sizes vary enough to fit a slope (else it is their mean time)."""
 
     def add(self, batch_size: int, step_s: float) -> None:
         b, k = float(batch_size), _SHAPE_KEEP
@@ -91,12 +94,21 @@ class _Line:
         self._wbt = self._wbt * k + b * step_s
         mean_b, mean_t = self._wb / self._w, self._wt / self._w
         var_b = self._wbb / self._w - mean_b * mean_b
-        slope = (self._wbt / self._w - mean_b * mean_t) / var_b if var_b > 0.25 else 0.0
+        self.mean_b, self.identified = mean_b, var_b > 0.25
+        slope = (self._wbt / self._w - mean_b * mean_t) / var_b if self.identified else 0.0
         self.per_stream_s = max(0.0, slope)
         self.intercept_s = max(0.0, mean_t - self.per_stream_s * mean_b)
 
     def __call__(self, batch_size: int) -> float:
         return self.intercept_s + self.per_stream_s * batch_size
+
+    def beyond(self, batch_size: int) -> float:
+        """A step of ``batch_size``; past the batch sizes seen, with no slope fitted (a
+        first wave in lockstep), charged all per stream: the most it may cost, so
+        admission past what was seen ramps up rather than leaps."""
+        if self.identified or batch_size <= self.mean_b or self.mean_b <= 0:
+            return self(batch_size)
+        return self(batch_size) * batch_size / self.mean_b
 
     @property
     def fitted(self) -> bool:
@@ -169,7 +181,7 @@ class StepModel:
         batch = self.max_batch_size
         steps = math.ceil(num_streams / batch)
         line = self._plain if self._plain.fitted else self._first
-        plain_s = steps * self.scale * line(min(num_streams, batch))
+        plain_s = steps * self.scale * line.beyond(min(num_streams, batch))
         return plain_s / (1.0 - self.first_step_share)
 
     def stepped(self, flow: StreamFlow, num_steps: int, audio_s: float) -> None:
@@ -231,7 +243,11 @@ class StepModel:
             best = n
         return best
 
-    def statistics(self, audio_s_delivered: float, cap: int) -> StepModelStatistics:
+    def statistics(
+        self, audio_s_delivered: float, cap: int, factor: float = 1.0
+    ) -> StepModelStatistics:
+        """A snapshot; ``realtime_streams`` counts the streams kept at ``factor`` (the
+        pipeline passes what admission asks, ``Admission.needed``)."""
         ready = self.ready(audio_s_delivered)
         return StepModelStatistics(
             num_steps=self.num_steps,
@@ -240,5 +256,5 @@ class StepModel:
             scale=self.scale,
             first_step_share=self.first_step_share,
             audio_s_per_stream_step=self.audio_s_per_stream_step(audio_s_delivered),
-            realtime_streams=self.realtime_streams(audio_s_delivered, 1.0, cap) if ready else 0,
+            realtime_streams=self.realtime_streams(audio_s_delivered, factor, cap) if ready else 0,
         )

@@ -11,10 +11,13 @@ absorbs that while it is at most ``B``, so a stage falls behind only below
 ``A / (A + B)``: short answers tolerate a stage somewhat slower than real time (a
 closed loop at the limit, whose prefills take a share of the first stage's time),
 long ones do not (the factor tends to ``1 + realtime_margin``);
-``max_streams`` stays a hard cap, and the first stream is always admitted. A
-stream is active at a stage while it has work there or had some within the last
-``ACTIVE_WINDOW_S`` (or was added there that recently): a stream the stage holds
-idle (a voice chat's TTS between answers) costs it no step per round, so it is
+``max_streams`` stays a hard cap, and the first stream is always admitted. Two guards
+cover what the models cannot see (``_guards.py``): before any model is ready a first
+wave is admitted up to ``warmup_streams`` (one batch of the first stage), and while
+a live stream is behind its playback by more than half the client buffer nothing is
+admitted. A stream is active at a stage while it has work there or had some within
+the last ``ACTIVE_WINDOW_S`` (or was added there that recently): a stream the stage
+holds idle (a voice chat's TTS between answers) costs it no step per round, so it is
 not charged one.
 
 Once streams are admitted the runtime protects them, but only from a real,
@@ -48,6 +51,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from .._errors import Overloaded, StreamShed
 from .._items import Request
 from .._stream import StreamState
+from ._guards import LATE_SHARE, late_over_s, warmup_window
 from ._headroom import StepModel
 from ._utilisation import BusyWatch, projected_busy
 
@@ -88,8 +92,10 @@ class Admission:
         headroom: bool,
         client_buffer_s: float = 0.25,
         busy: bool = False,
+        warmup_streams: int | None = None,
     ) -> None:
         self.max_streams = max_streams
+        self.warmup_streams = warmup_streams
         self.realtime_margin = realtime_margin
         self.client_buffer_s = client_buffer_s
         self.headroom = headroom
@@ -129,12 +135,14 @@ class Admission:
         num_active: Mapping[str, int] | Callable[[str], int] | None = None,
         oldest_age_s: float | None = None,
         now_s: float | None = None,
+        most_lag_s: Callable[[], float] | None = None,
     ) -> Overloaded | None:
         """Why one more stream must be refused now, or None to admit it. ``num_active``:
         each stage's active streams, by name (default: all ``num_live`` at every stage);
         asked only of a stage that would refuse with all of them charged.
         ``oldest_age_s``: how long the oldest live stream has run (the retry hint);
-        ``now_s`` (perf_counter s): when, for ``busy`` admission."""
+        ``now_s`` (perf_counter s): when, for ``busy`` admission; ``most_lag_s``: the
+        largest lag of a live stream (``_guards.py``), asked last."""
         if num_open >= self.max_streams:
             return Overloaded(self.max_streams, self.retry_after_s(num_live, oldest_age_s))
         if num_live == 0:
@@ -143,6 +151,35 @@ class Admission:
             return self._busy_refusal(num_live, models, num_active, oldest_age_s, now_s)
         if not self.headroom:
             return None
+        models = list(models)
+        window = warmup_window(models, self.max_streams, audio_s, self.warmup_streams)
+        if window is not None and num_live >= window:
+            problem = (
+                f"no stage has a step-time model yet and {num_live} streams are live "
+                f"(pipeline.warmup_streams; by default one batch of stage {models[0][0]!r})"
+            )
+            return Overloaded(self.max_streams, self.retry_after_s(num_live, oldest_age_s), problem)
+        refusal = self._model_refusal(num_live, models, audio_s, num_active, oldest_age_s)
+        if refusal is None and most_lag_s is not None:
+            lag_s = most_lag_s()
+            if lag_s > late_over_s(self.client_buffer_s):
+                problem = (
+                    f"a live stream's audio came {lag_s:.2f} s after its client ran out "
+                    f"(over {LATE_SHARE:.0%} of pipeline.client_buffer_s)"
+                )
+                retry_s = self.retry_after_s(num_live, oldest_age_s)
+                return Overloaded(self.max_streams, retry_s, problem)
+        return refusal
+
+    def _model_refusal(
+        self,
+        num_live: int,
+        models: Iterable[tuple[str, StepModel]],
+        audio_s: float,
+        num_active: Mapping[str, int] | Callable[[str], int] | None,
+        oldest_age_s: float | None,
+    ) -> Overloaded | None:
+        """Headroom's refusal by the stages' step-time models (the module's rule)."""
         needed = self.needed
         for name, model in models:
             count = num_live + 1

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness._limit import CapRun, true_limit
+from benchmarks.harness._limit import CapRun, buffered_stall_s, true_limit
+from benchmarks.harness._record import AudioArrival
+from benchmarks.harness._runner import LoadSettings, retry_delay_s
+from benchmarks.harness._target import Refused
 from omnitrio._cli import main
 from tests.benchmarks.harness.test_bench_smoke import FAST
 
@@ -42,3 +45,25 @@ def test_find_limit_sweeps_fixed_caps_then_headroom(
     assert "| headroom | 2 | 2 | 4/0/0 |" in out
     assert "true real-time limit" in out
     assert "headroom admitted at most" in out
+
+
+def test_a_buffering_player_waits_only_where_the_lag_passes_its_buffer() -> None:
+    # 80 ms chunks every 100 ms (0.8x): the gaps rule sees 20 ms stalls; a player that
+    # buffers 0.25 s first waits only once the lag passes it.
+    chunks = [AudioArrival(0.1 * i, 0.08) for i in range(10)]
+    assert buffered_stall_s(chunks, 0.25) == 0.0  # 10 chunks: 0.18 s behind at the end
+    longer = [AudioArrival(0.1 * i, 0.08) for i in range(20)]
+    assert buffered_stall_s(longer, 0.25) == pytest.approx(0.38 - 0.25)
+    assert buffered_stall_s([], 0.25) == 0.0
+    runs = [
+        CapRun(2, "max_streams", 4, 0, 0, 1.0, 1.0, None, None, buffered_rate=1.0),
+        CapRun(4, "max_streams", 4, 0, 0, 1.0, 1.0, None, None, buffered_rate=0.5),
+    ]
+    assert true_limit(runs) == 4
+    assert true_limit(runs, buffered=True) == 2
+
+
+def test_a_refused_client_waits_as_long_as_the_target_said() -> None:
+    settings = LoadSettings(max_concurrency=1, retry_after_s=0.05)
+    assert retry_delay_s(Refused("full", 0.7), settings) == 0.7
+    assert retry_delay_s(Refused("full"), settings) == 0.05

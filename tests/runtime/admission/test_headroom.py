@@ -17,7 +17,7 @@ def learned(
     intercept_s: float,
     per_stream_s: float,
     max_batch_size: int = 64,
-    num_steps: int = 4 * MIN_STEPS,
+    num_steps: int = 128,
 ) -> StepModel:
     model = StepModel(max_batch_size)
     for i in range(num_steps):
@@ -399,3 +399,16 @@ def test_prefills_are_a_share_of_the_stage_time_not_a_cost_per_stream() -> None:
     assert stats.first_step_share == pytest.approx(prefill_s / total_s, rel=0.02)
     assert model.round_s(6) == pytest.approx((0.008 + 0.0009) / (1 - prefill_s / total_s), rel=0.02)
     assert model.round_s(6) < 0.8 * old(6)
+
+
+def test_with_one_batch_size_seen_a_larger_batch_is_charged_all_per_stream() -> None:
+    # No slope can be fitted to steps of one size (a first wave in lockstep): the
+    # model charges the step to its streams, so admission past it ramps, never leaps.
+    model = StepModel(128)
+    for _ in range(4 * MIN_STEPS):
+        model.observe(32, 0.008 + 0.0006 * 32)
+    assert model.round_s(32) == pytest.approx(0.0272)
+    assert model.round_s(64) == pytest.approx(2 * 0.0272)  # true line: 0.0464
+    # Once batches vary, the line is fitted.
+    fitted = learned(0.008, 0.0006, max_batch_size=128)
+    assert fitted.round_s(64) == pytest.approx(0.008 + 0.0006 * 64, rel=1e-4)
