@@ -63,8 +63,8 @@ class PipelineSection(_Strict):
     time (audio seconds made per second)."""
     warmup_streams: int | None = pydantic.Field(default=None, ge=1)
     """Admission by headroom: the most streams admitted before any stage's step-time
-    model is ready (a burst at start, ``omnitrio/admission/_guards.py``). None: one batch
-    of the first stage (its ``max_batch_size``), within ``max_streams``."""
+    model is ready (a burst at start, ``omnitrio/admission/_guards.py``); None: up to
+    ``max_streams``, blind."""
 
 
 class RayResources(_Strict):

@@ -1,14 +1,16 @@
 """Two guards beside the stages' step-time models, for what those models cannot see.
 
-- **Warm-up.** Before any stage's model has an opinion (``StepModel.ready``: its first
-  steps and the pipeline's first audio), nothing is known of what a stream costs. A
-  first wave that arrives at once is admitted up to ``pipeline.warmup_streams``, by
-  default one batch of the first stage (its ``max_batch_size``: what an engine takes
-  in one batched prefill), within ``max_streams``; the rest are refused until a model
-  is ready. Before, such a wave was admitted blind up to ``max_streams``. Where a
-  first stage cannot keep one whole batch in real time, a smaller ``warmup_streams``
-  keeps the first wave within the limit, at the cost of the first wave's admission
-  wait: nothing tells the two apart before the first audio.
+- **Warm-up** (``pipeline.warmup_streams``, opt-in). Before any stage's model has an
+  opinion (``StepModel.ready``: its first steps and the pipeline's first audio),
+  nothing is known of what a stream costs, and a first wave that arrives at once is
+  admitted blind up to ``max_streams``. With ``warmup_streams`` set, it is admitted up
+  to that many; the rest are refused until a model is ready, a stream completed or
+  ``WARMUP_MAX_S`` passed (a pipeline that makes no audio has no model to wait for).
+  Nothing tells a first stage that keeps a whole batch in real time from one that
+  does not before the first audio, so this is the operator's: a small window keeps a
+  first wave within the limit at the cost of its admission wait (on
+  ``bench-omni.yaml`` half a batch cost a closed loop of 64 a 0.6 s ramp; TTFA p99
+  3.5x), one batch costs a pipeline that keeps a batch nothing.
 - **Lateness.** Each stage's model is its own; none sees what the stages do to one
   another (windows of several stages falling due at once, host time that holds the
   GIL on shared cores). What they miss shows at the client: a stream's *lag* at an
@@ -26,21 +28,40 @@ from ._headroom import StepModel
 
 LATE_SHARE = 0.5
 """A live stream this share of ``client_buffer_s`` behind its playback stops admission."""
+WARMUP_MAX_S = 2.0
+"""The longest warm-up (s) after the first admission it judged."""
 
 
-def warmup_window(
-    models: Sequence[tuple[str, StepModel]],
-    max_streams: int,
-    audio_s: float,
-    warmup_streams: int | None = None,
-) -> int | None:
-    """The most live streams admitted while no stage's model is ready (None: some is,
-    or there are no stages): ``warmup_streams``, by default one batch of the first
-    stage; within ``max_streams`` either way."""
-    if not models or any(model.ready(audio_s) for _, model in models):
-        return None
-    window = models[0][1].max_batch_size if warmup_streams is None else warmup_streams
-    return max(1, min(max_streams, window))
+class Warmup:
+    """The warm-up's window. It is over for good once some stage's model is ready, a
+    stream completed (the models have what they will get: a pipeline that makes no
+    audio never readies them), or ``WARMUP_MAX_S`` after the first admission it judged."""
+
+    def __init__(self, warmup_streams: int | None = None) -> None:
+        self.warmup_streams = warmup_streams
+        self.over = False
+        self._started_s: float | None = None
+
+    def window(
+        self,
+        models: Sequence[tuple[str, StepModel]],
+        max_streams: int,
+        audio_s: float,
+        now_s: float | None = None,
+    ) -> int | None:
+        """The most live streams admitted now (None: no warm-up is set, it is over, or
+        there are no stages): ``warmup_streams``, within ``max_streams``."""
+        if self.warmup_streams is None:
+            return None
+        if not self.over and now_s is not None:
+            if self._started_s is None:
+                self._started_s = now_s
+            self.over = now_s - self._started_s > WARMUP_MAX_S
+        if not models or any(model.ready(audio_s) for _, model in models):
+            self.over = True
+        if self.over:
+            return None
+        return min(max_streams, self.warmup_streams)
 
 
 def late_over_s(client_buffer_s: float) -> float:

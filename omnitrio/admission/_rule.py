@@ -13,7 +13,7 @@ closed loop at the limit, whose prefills take a share of the first stage's time)
 long ones do not (the factor tends to ``1 + realtime_margin``);
 ``max_streams`` stays a hard cap, and the first stream is always admitted. Two guards
 cover what the models cannot see (``_guards.py``): before any model is ready a first
-wave is admitted up to ``warmup_streams`` (one batch of the first stage), and while
+wave is admitted up to ``warmup_streams`` where that is set, and while
 a live stream is behind its playback by more than half the client buffer nothing is
 admitted. A stream is active at a stage while it has work there or had some within
 the last ``ACTIVE_WINDOW_S`` (or was added there that recently): a stream the stage
@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from .._errors import Overloaded, StreamShed
 from .._items import Request
 from .._stream import StreamState
-from ._guards import LATE_SHARE, late_over_s, warmup_window
+from ._guards import LATE_SHARE, Warmup, late_over_s
 from ._headroom import StepModel
 from ._utilisation import BusyWatch, projected_busy
 
@@ -95,7 +95,7 @@ class Admission:
         warmup_streams: int | None = None,
     ) -> None:
         self.max_streams = max_streams
-        self.warmup_streams = warmup_streams
+        self.warmup = Warmup(warmup_streams)
         self.realtime_margin = realtime_margin
         self.client_buffer_s = client_buffer_s
         self.headroom = headroom
@@ -152,11 +152,11 @@ class Admission:
         if not self.headroom:
             return None
         models = list(models)
-        window = warmup_window(models, self.max_streams, audio_s, self.warmup_streams)
+        window = self.warmup.window(models, self.max_streams, audio_s, now_s)
         if window is not None and num_live >= window:
             problem = (
                 f"no stage has a step-time model yet and {num_live} streams are live "
-                f"(pipeline.warmup_streams; by default one batch of stage {models[0][0]!r})"
+                "(pipeline.warmup_streams)"
             )
             return Overloaded(self.max_streams, self.retry_after_s(num_live, oldest_age_s), problem)
         refusal = self._model_refusal(num_live, models, audio_s, num_active, oldest_age_s)
@@ -244,6 +244,7 @@ class Admission:
 
     def completed(self, lifetime_s: float, audio_s: float = 0.0) -> None:
         """A stream completed after ``lifetime_s`` with ``audio_s`` of audio."""
+        self.warmup.over = True
         mean = self._mean_lifetime_s
         self._mean_lifetime_s = (
             lifetime_s if mean is None else mean * LIFETIME_KEEP + lifetime_s * (1 - LIFETIME_KEEP)

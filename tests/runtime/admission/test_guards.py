@@ -12,7 +12,7 @@ import trio
 import omnitrio
 from omnitrio._link import Link
 from omnitrio._stream import DeliveryCounters, StreamHooks, StreamState
-from omnitrio.admission._guards import LATE_SHARE, warmup_window
+from omnitrio.admission._guards import LATE_SHARE, WARMUP_MAX_S, Warmup
 from omnitrio.admission._headroom import StepModel
 from omnitrio.admission._rule import Admission
 from tests.conftest import chain_config
@@ -20,27 +20,40 @@ from tests.runtime.admission.test_admission import STAGES
 from tests.runtime.admission.test_headroom import learned
 
 
-def test_before_any_model_is_ready_a_first_wave_gets_one_batch_of_the_first_stage() -> None:
+def test_before_any_model_is_ready_a_first_wave_gets_warmup_streams() -> None:
     models = [("thinker", StepModel(32)), ("talker", StepModel(64))]
-    admission = Admission(256, 0.05, headroom=True)
-    assert warmup_window(models, 256, 0.0) == 32
+    admission = Admission(256, 0.05, headroom=True, warmup_streams=32)
+    assert Warmup(32).window(models, 256, 0.0) == 32
     assert admission.refusal(31, 31, models, 0.0) is None
     refusal = admission.refusal(32, 32, models, 0.0)
     assert refusal is not None
     assert refusal.problem is not None
     assert "no stage has a step-time model yet" in refusal.problem
-    assert "'thinker'" in refusal.problem
-    # pipeline.warmup_streams sets it; max_streams bounds it either way.
-    assert Admission(256, 0.05, headroom=True, warmup_streams=4).refusal(4, 4, models, 0.0)
-    assert warmup_window(models, 16, 0.0) == 16
-    assert warmup_window(models, 256, 0.0, 8) == 8
-    # Once some stage's model has an opinion, it decides.
+    assert "warmup_streams" in refusal.problem
+    # max_streams bounds it; unset (the default), a first wave is admitted blind.
+    assert Warmup(32).window(models, 16, 0.0) == 16
+    assert Warmup().window(models, 256, 0.0) is None
+    assert Admission(256, 0.05, headroom=True).refusal(100, 100, models, 0.0) is None
+    # Once some stage's model has an opinion, it decides, for good.
     ready = learned(0.001, 0.0001)
     audio_s = ready.num_stream_steps * 0.02
-    assert warmup_window([("thinker", ready), models[1]], 256, audio_s) is None
     assert admission.refusal(32, 32, [("thinker", ready), models[1]], audio_s) is None
-    # max_streams and busy admission have no warm-up.
-    assert Admission(256, 0.05, headroom=False).refusal(100, 100, models, 0.0) is None
+    assert admission.refusal(32, 32, models, 0.0) is None
+    # max_streams admission has no warm-up.
+    admits = Admission(256, 0.05, headroom=False, warmup_streams=32)
+    assert admits.refusal(100, 100, models, 0.0) is None
+
+
+def test_the_warm_up_ends_with_a_completion_or_its_time_for_a_pipeline_without_audio() -> None:
+    models = [("llm", StepModel(4))]
+    completed = Admission(256, 0.05, headroom=True, warmup_streams=4)
+    assert completed.refusal(4, 4, models, 0.0) is not None
+    completed.completed(1.0)  # a text answer: no audio, no model will be ready
+    assert completed.refusal(4, 4, models, 0.0) is None
+    timed = Admission(256, 0.05, headroom=True, warmup_streams=4)
+    assert timed.refusal(4, 4, models, 0.0, now_s=10.0) is not None
+    assert timed.refusal(4, 4, models, 0.0, now_s=10.0 + WARMUP_MAX_S / 2) is not None
+    assert timed.refusal(4, 4, models, 0.0, now_s=10.1 + WARMUP_MAX_S) is None
 
 
 def test_no_stream_is_admitted_while_a_live_stream_is_behind_its_playback() -> None:
