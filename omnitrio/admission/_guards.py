@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from ._headroom import StepModel
 
-LATE_SHARE = 0.5
+LATE_SHARE = 1.0
 """A live stream this share of ``client_buffer_s`` behind its playback stops admission."""
 WARMUP_MAX_S = 2.0
 """The longest warm-up (s) after the first admission it judged."""
@@ -63,7 +63,30 @@ class Warmup:
             return None
         return min(max_streams, self.warmup_streams)
 
+    def problem(
+        self,
+        models: Sequence[tuple[str, StepModel]],
+        max_streams: int,
+        audio_s: float,
+        num_live: int,
+        now_s: float | None = None,
+    ) -> str | None:
+        """Why one more stream is refused during the warm-up (None: it is not)."""
+        window = self.window(models, max_streams, audio_s, now_s)
+        if window is None or num_live < window:
+            return None
+        return (
+            f"no stage has a step-time model yet and {num_live} streams are live "
+            "(pipeline.warmup_streams)"
+        )
 
-def late_over_s(client_buffer_s: float) -> float:
-    """A live stream's lag (s) above which no stream is admitted."""
-    return LATE_SHARE * client_buffer_s
+
+def lateness_problem(most_lag_s: float, client_buffer_s: float) -> str | None:
+    """Why one more stream is refused while the live streams' largest lag is
+    ``most_lag_s`` (None: it is not)."""
+    if most_lag_s <= LATE_SHARE * client_buffer_s:
+        return None
+    return (
+        f"a live stream's audio came {most_lag_s:.2f} s after its client ran out "
+        f"(over {LATE_SHARE:.0%} of pipeline.client_buffer_s)"
+    )

@@ -52,7 +52,7 @@ SHAPE_HALF_LIFE_STEPS = 2000.0
 """Half-life of a step in the fitted lines."""
 SCALE_HALF_LIFE_STEPS = 24.0
 """Half-life of a step in ``scale`` (at 20 ms a step: about half a second)."""
-MIN_STEPS = 8
+MIN_STEPS = 32
 """Steps a stage takes before its model has an opinion."""
 MIN_AUDIO_S = 0.5
 """Audio delivered (seconds, pipeline-wide) before any model has an opinion."""

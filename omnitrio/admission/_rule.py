@@ -14,7 +14,7 @@ long ones do not (the factor tends to ``1 + realtime_margin``);
 ``max_streams`` stays a hard cap, and the first stream is always admitted. Two guards
 cover what the models cannot see (``_guards.py``): before any model is ready a first
 wave is admitted up to ``warmup_streams`` where that is set, and while
-a live stream is behind its playback by more than half the client buffer nothing is
+a live stream is further behind its playback than its client buffers, nothing is
 admitted. A stream is active at a stage while it has work there or had some within
 the last ``ACTIVE_WINDOW_S`` (or was added there that recently): a stream the stage
 holds idle (a voice chat's TTS between answers) costs it no step per round, so it is
@@ -46,14 +46,14 @@ the age of the oldest live stream (the next to end), at least ``MIN_RETRY_AFTER_
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from .._errors import Overloaded, StreamShed
 from .._items import Request
 from .._stream import StreamState
-from ._guards import LATE_SHARE, Warmup, late_over_s
+from ._guards import Warmup, lateness_problem
 from ._headroom import StepModel
-from ._utilisation import BusyWatch, projected_busy
+from ._utilisation import ActiveCounts, BusyWatch, active_at, busy_problem
 
 LIFETIME_KEEP = 0.9
 """Weight of the past in the mean lifetime of completed streams (per completion)."""
@@ -132,7 +132,7 @@ class Admission:
         num_open: int,
         models: Iterable[tuple[str, StepModel]],
         audio_s: float,
-        num_active: Mapping[str, int] | Callable[[str], int] | None = None,
+        num_active: ActiveCounts | None = None,
         oldest_age_s: float | None = None,
         now_s: float | None = None,
         most_lag_s: Callable[[], float] | None = None,
@@ -148,87 +148,42 @@ class Admission:
         if num_live == 0:
             return None
         if self.busy:
-            return self._busy_refusal(num_live, models, num_active, oldest_age_s, now_s)
-        if not self.headroom:
+            limit = 1.0 / (1.0 + self.realtime_margin)
+            problem = busy_problem(self._watches, models, num_live, num_active, limit, now_s)
+        elif self.headroom:
+            models = list(models)
+            problem = self.warmup.problem(models, self.max_streams, audio_s, num_live, now_s)
+            problem = problem or self._model_problem(num_live, models, audio_s, num_active)
+            if problem is None and most_lag_s is not None:
+                problem = lateness_problem(most_lag_s(), self.client_buffer_s)
+        else:
+            problem = None
+        if problem is None:
             return None
-        models = list(models)
-        window = self.warmup.window(models, self.max_streams, audio_s, now_s)
-        if window is not None and num_live >= window:
-            problem = (
-                f"no stage has a step-time model yet and {num_live} streams are live "
-                "(pipeline.warmup_streams)"
-            )
-            return Overloaded(self.max_streams, self.retry_after_s(num_live, oldest_age_s), problem)
-        refusal = self._model_refusal(num_live, models, audio_s, num_active, oldest_age_s)
-        if refusal is None and most_lag_s is not None:
-            lag_s = most_lag_s()
-            if lag_s > late_over_s(self.client_buffer_s):
-                problem = (
-                    f"a live stream's audio came {lag_s:.2f} s after its client ran out "
-                    f"(over {LATE_SHARE:.0%} of pipeline.client_buffer_s)"
-                )
-                retry_s = self.retry_after_s(num_live, oldest_age_s)
-                return Overloaded(self.max_streams, retry_s, problem)
-        return refusal
+        return Overloaded(self.max_streams, self.retry_after_s(num_live, oldest_age_s), problem)
 
-    def _model_refusal(
+    def _model_problem(
         self,
         num_live: int,
         models: Iterable[tuple[str, StepModel]],
         audio_s: float,
-        num_active: Mapping[str, int] | Callable[[str], int] | None,
-        oldest_age_s: float | None,
-    ) -> Overloaded | None:
+        num_active: ActiveCounts | None,
+    ) -> str | None:
         """Headroom's refusal by the stages' step-time models (the module's rule)."""
         needed = self.needed
         for name, model in models:
             count = num_live + 1
             factor = model.realtime_factor(count, audio_s)
             if factor < needed and num_active is not None:  # fewer may be active there
-                active = num_active(name) if callable(num_active) else num_active.get(name)
-                count = 1 + min(num_live, num_live if active is None else active)
+                count = 1 + active_at(num_active, name, num_live)
                 factor = model.realtime_factor(count, audio_s)
             if factor < needed:
                 audio = self._mean_audio_s
                 asks = "" if audio is None else f" and answers of {audio:.1f} s"
-                problem = (
+                return (
                     f"with {count} active streams stage {name!r} would make {factor:.2f} s of "
                     f"audio per second for each (pipeline.realtime_margin{asks} ask for "
                     f"{needed:.2f})"
-                )
-                retry_s = self.retry_after_s(num_live, oldest_age_s)
-                return Overloaded(self.max_streams, retry_s, problem)
-        return None
-
-    def _busy_refusal(
-        self,
-        num_live: int,
-        models: Iterable[tuple[str, StepModel]],
-        num_active: Mapping[str, int] | Callable[[str], int] | None,
-        oldest_age_s: float | None,
-        now_s: float | None,
-    ) -> Overloaded | None:
-        """``busy`` admission: refused while, with one more stream, some stage would be
-        busy more than ``1 / (1 + realtime_margin)`` of the time."""
-        limit = 1.0 / (1.0 + self.realtime_margin)
-        for name, _ in models:
-            watch = self._watches.get(name)
-            if watch is None:  # no round applied yet: no opinion
-                continue
-            fraction = watch.busy_fraction if now_s is None else watch.fraction_at(now_s)
-            active = num_live
-            if num_active is not None:
-                found = num_active(name) if callable(num_active) else num_active.get(name)
-                active = num_live if found is None else min(num_live, found)
-            projected = projected_busy(fraction, active)
-            if projected > limit:
-                problem = (
-                    f"with {active + 1} active streams stage {name!r} would be busy "
-                    f"{projected:.0%} of the time (pipeline.realtime_margin asks for at "
-                    f"most {limit:.0%})"
-                )
-                return Overloaded(
-                    self.max_streams, self.retry_after_s(num_live, oldest_age_s), problem
                 )
         return None
 

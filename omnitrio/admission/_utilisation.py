@@ -13,7 +13,13 @@ would be busy more than ``1 / (1 + realtime_margin)`` of the time:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+
+from ._headroom import StepModel
+
+ActiveCounts = Mapping[str, int] | Callable[[str], int]
+"""Each stage's active streams, by name (a mapping, or asked of a function)."""
 
 BUSY_HALF_LIFE_S = 1.0
 """Half-life of the past in a stage's busy fraction."""
@@ -50,3 +56,35 @@ def projected_busy(busy_fraction: float, num_active: int) -> float:
     if num_active <= 0:
         return busy_fraction
     return busy_fraction * (num_active + 1) / num_active
+
+
+def active_at(num_active: ActiveCounts, stage: str, num_live: int) -> int:
+    """``stage``'s active streams, at most ``num_live`` (all of them where unknown)."""
+    found = num_active(stage) if callable(num_active) else num_active.get(stage)
+    return num_live if found is None else min(num_live, found)
+
+
+def busy_problem(
+    watches: Mapping[str, BusyWatch],
+    models: Iterable[tuple[str, StepModel]],
+    num_live: int,
+    num_active: ActiveCounts | None,
+    limit: float,
+    now_s: float | None,
+) -> str | None:
+    """``busy`` admission: why one more stream is refused (None: admit it). Refused
+    while, with it, some stage would be busy more than ``limit`` of the time."""
+    for name, _ in models:
+        watch = watches.get(name)
+        if watch is None:  # no round applied yet: no opinion
+            continue
+        fraction = watch.busy_fraction if now_s is None else watch.fraction_at(now_s)
+        active = num_live if num_active is None else active_at(num_active, name, num_live)
+        projected = projected_busy(fraction, active)
+        if projected > limit:
+            return (
+                f"with {active + 1} active streams stage {name!r} would be busy "
+                f"{projected:.0%} of the time (pipeline.realtime_margin asks for at "
+                f"most {limit:.0%})"
+            )
+    return None
