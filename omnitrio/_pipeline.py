@@ -154,6 +154,7 @@ class Pipeline:
         )
         for actor in actors:
             actor.on_round = self._after_round
+            actor.step_model.ramp = section.warmup_streams is not None
 
     @asynccontextmanager
     async def open_stream(self, request: Request | str) -> AsyncIterator[Stream]:

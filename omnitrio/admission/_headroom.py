@@ -105,7 +105,7 @@ class _Line:
     def beyond(self, batch_size: int) -> float:
         """A step of ``batch_size``; past the batch sizes seen, with no slope fitted (a
         first wave in lockstep), charged all per stream: the most it may cost, so
-        admission past what was seen ramps up rather than leaps."""
+        admission past what was seen ramps up rather than leaps (``StepModel.ramp``)."""
         if self.identified or batch_size <= self.mean_b or self.mean_b <= 0:
             return self(batch_size)
         return self(batch_size) * batch_size / self.mean_b
@@ -132,6 +132,11 @@ class StepModel:
 
     def __init__(self, max_batch_size: int) -> None:
         self.max_batch_size = max_batch_size
+        self.ramp = False
+        """Past the batch sizes seen with no slope fitted, charge a step all per stream
+        (``_Line.beyond``; the pipeline sets it with ``warmup_streams``: after a first
+        wave in lockstep admission ramps up, where otherwise it would admit up to a
+        whole batch at the first wave's step time)."""
         self.num_steps = 0
         self.num_stream_steps = 0
         self._plain = _Line()  # steps that take no stream's first step here
@@ -181,7 +186,8 @@ class StepModel:
         batch = self.max_batch_size
         steps = math.ceil(num_streams / batch)
         line = self._plain if self._plain.fitted else self._first
-        plain_s = steps * self.scale * line.beyond(min(num_streams, batch))
+        size = min(num_streams, batch)
+        plain_s = steps * self.scale * (line.beyond(size) if self.ramp else line(size))
         return plain_s / (1.0 - self.first_step_share)
 
     def stepped(self, flow: StreamFlow, num_steps: int, audio_s: float) -> None:
