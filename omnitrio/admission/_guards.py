@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from ._headroom import StepModel
 
-LATE_SHARE = 1.0
+LATE_SHARE = 0.5
 """A live stream this share of ``client_buffer_s`` behind its playback stops admission."""
 WARMUP_MAX_S = 2.0
 """The longest warm-up (s) after the first admission it judged."""

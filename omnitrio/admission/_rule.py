@@ -14,8 +14,8 @@ long ones do not (the factor tends to ``1 + realtime_margin``);
 ``max_streams`` stays a hard cap, and the first stream is always admitted. Two guards
 cover what the models cannot see (``_guards.py``): before any model is ready a first
 wave is admitted up to ``warmup_streams`` where that is set, and while
-a live stream is further behind its playback than its client buffers, nothing is
-admitted. A stream is active at a stage while it has work there or had some within
+a live stream is behind its playback by more than half its client buffer, nothing
+is admitted. A stream is active at a stage while it has work there or had some within
 the last ``ACTIVE_WINDOW_S`` (or was added there that recently): a stream the stage
 holds idle (a voice chat's TTS between answers) costs it no step per round, so it is
 not charged one.
