@@ -34,6 +34,7 @@ from round3_clients import (  # type: ignore[import-not-found]
 )
 
 VOICE = "voice-chat.yaml"
+SECOND_ATTACKER = "127.0.0.3"
 STORY = (
     "The old lighthouse stood on the rocks at the edge of the bay. Every night the keeper "
     "climbed the stairs and lit the lamp. Ships passing in the dark saw the light and "
@@ -159,25 +160,40 @@ def attack_vad_flood(checkout: Path, fd_limit: int) -> str:
 
 
 def attack_long_transcriptions(checkout: Path, fd_limit: int) -> str:
-    def attack(server: Server, clip: bytes) -> str:
+    """Four transcriptions of a ~55 s story at once (two from each of two addresses: a
+    client's share of queued checks is 2); the normal client: a 1 s transcription."""
+    server = Server(checkout, config_name=VOICE)
+    try:
+        status, clip = speech(server.port, "Hello there.")
         status, story = speech(server.port, STORY)
         if status != 200:
             return f"no story: {status}"
         statuses: Counter[int | None] = Counter()
 
-        def long_one() -> None:
-            statuses[transcribe(server.port, story, "story.mp3", ATTACKER)[0]] += 1
+        def long_one(source: str) -> None:
+            statuses[transcribe(server.port, story, "story.mp3", source)[0]] += 1
 
-        started = time.perf_counter()
-        threads = [threading.Thread(target=long_one) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        took = time.perf_counter() - started
-        return f"4 x a {len(story) // 1000} KB mp3 story: {dict(statuses)} in {took:.1f} s"
+        def attack() -> str:
+            started = time.perf_counter()
+            threads = [
+                threading.Thread(target=long_one, args=(source,))
+                for source in (ATTACKER, ATTACKER, SECOND_ATTACKER, SECOND_ATTACKER)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            took = time.perf_counter() - started
+            return f"4 x a {len(story) // 1000} KB mp3 story: {dict(statuses)} in {took:.1f} s"
 
-    return _voice(checkout, attack)
+        def normal() -> float | None:
+            started = time.perf_counter()
+            ok = transcribe(server.port, clip, "a.mp3")[0] == 200
+            return time.perf_counter() - started if ok else None
+
+        return str(judge(server, attack, normal))
+    finally:
+        server.stop()
 
 
 def attack_big_prompt(checkout: Path, fd_limit: int) -> str:
