@@ -9,14 +9,18 @@ import json
 import os
 import socket
 import statistics
-import struct
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from attacks import Server, http  # type: ignore[import-not-found]
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the helper shared with tests/
+from tests.server.test_frame_limits import RawWebSocket
 
 ATTACKER = "127.0.0.2"
 BOUNDARY = "b0undary"
@@ -80,16 +84,8 @@ def ws_connect(
 
 
 def frame(payload: bytes, opcode: int = 1, fin: bool = True) -> bytes:
-    """A client frame, masked with a zero key (the payload as it is)."""
-    length = len(payload)
-    first = (0x80 if fin else 0) | opcode
-    if length < 126:
-        head = struct.pack("!BB", first, 0x80 | length)
-    elif length < 1 << 16:
-        head = struct.pack("!BBH", first, 0x80 | 126, length)
-    else:
-        head = struct.pack("!BBQ", first, 0x80 | 127, length)
-    return head + b"\0\0\0\0" + payload
+    """A client frame, masked with a zero key (the tests' own)."""
+    return bytes(RawWebSocket.frame(opcode, payload, fin=fin))
 
 
 def chat_normal(port: int) -> float | None:
