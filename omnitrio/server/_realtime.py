@@ -187,7 +187,10 @@ class RealtimeConnection:
                 await self._close(CLOSE_TRY_AGAIN_LATER, reason)
                 return
             refusal = None if frame is None else totals.refusal(frame, self._session.config)
-            if refusal is not None:  # past the client's total (_client_totals.py)
+            if refusal is not None:  # past the client's total (_client_totals.py) ...
+                totals.update(self._session.held_bytes())  # ... unless a response used some
+                refusal = totals.refusal(frame, self._session.config)  # type: ignore[arg-type]
+            if refusal is not None:
                 await self._queue(refusal)
                 continue
             if may_carry_tools(frame):  # compile its tools off the loop first (_precheck.py)
