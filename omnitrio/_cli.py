@@ -139,9 +139,20 @@ def _serve(args: argparse.Namespace) -> int:
             grace_period_s=args.grace_period_s,
             max_streams_per_client=args.max_streams_per_client,
             max_connections_per_client=args.max_connections_per_client,
+            **_client_totals(args),
         )
         config = _configured(args)
         return _serve_on(config, settings, sock)
+
+
+def _client_totals(args: argparse.Namespace) -> dict[str, object]:
+    """The per-client totals' flags that were given (the settings' defaults otherwise)."""
+    given = {
+        "max_sessions_per_key": args.max_sessions_per_key,
+        "max_client_held_bytes": args.max_client_held_bytes,
+        "decode_timeout_s": args.decode_timeout_s,
+    }
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def _serve_on(config: PipelineConfig, settings: ServerSettings, sock: socket.socket) -> int:
@@ -242,6 +253,21 @@ def _parser() -> argparse.ArgumentParser:
         "--max-connections-per-client",
         type=int,
         help="connections one client (address) may hold; default 1/16 of max_connections, >= 8",
+    )
+    run.add_argument(
+        "--max-sessions-per-key",
+        type=int,
+        help="Realtime sessions open at once with one API key; default: not counted by key",
+    )
+    run.add_argument(
+        "--max-client-held-bytes",
+        type=int,
+        help="input one client's Realtime sessions may hold together (default 32 MiB)",
+    )
+    run.add_argument(
+        "--decode-timeout-s",
+        type=float,
+        help="an uploaded audio file's decode is stopped past this (default 20 s)",
     )
     prompt = commands.add_parser("prompt", help="run a pipeline on prompts and print its output")
     prompt.add_argument(

@@ -39,6 +39,8 @@ small         Realtime 48 KB of "1,2," in one string, audio_end_ms 1e308, a tran
 auth          (with an API key) ``bearer KEY`` and a bare key
 max-tokens    16 streaming chats asking max_tokens 10**9 (endless pipeline) held 10 s, then
               16 at the cap (4096): the server's RSS idle, at its peak, after
+r3-*          issue 42's eleven (round3_attacks.py), each beside a normal client, with the
+              server's RSS, /health and a SIGTERM during a second run of the attack
 """
 
 from __future__ import annotations
@@ -80,9 +82,10 @@ class Server:
         fd_limit: int | None = None,
         endless: bool = False,
         grace_period_s: float = 2.0,
+        config_name: str = "synthetic.yaml",
     ):
-        config = Path(tempfile.mkdtemp()) / "synthetic.yaml"
-        text = (checkout / "configs" / "synthetic.yaml").read_text()
+        config = Path(tempfile.mkdtemp()) / config_name
+        text = (checkout / "configs" / config_name).read_text()
         if endless:  # answers that never end by themselves
             text = text.replace("steps: 24", "steps: 100000")
         config.write_text(text)
@@ -602,8 +605,9 @@ ATTACKS: dict[str, Callable[[Path, int], str]] = {
 def _isolation_attacks() -> dict[str, Callable[[Path, int], str]]:
     from isolation_attacks import ISOLATION_ATTACKS  # issue 27's, beside normal clients
     from max_tokens_attack import attack_max_tokens
+    from round3_attacks import ROUND3_ATTACKS  # issue 42's
 
-    return {**ISOLATION_ATTACKS, "max-tokens": attack_max_tokens}
+    return {**ISOLATION_ATTACKS, "max-tokens": attack_max_tokens, **ROUND3_ATTACKS}
 
 
 def main() -> int:

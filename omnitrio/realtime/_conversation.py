@@ -74,6 +74,11 @@ class Conversation:
             )
 
     @property
+    def num_bytes(self) -> int:
+        """The conversation's text, in bytes (as its limit counts it)."""
+        return self._num_bytes
+
+    @property
     def is_full(self) -> bool:
         return len(self._items) >= self._max_items or self._num_bytes >= self._max_bytes
 

@@ -37,6 +37,7 @@ ErrorCode = Literal[
     "duplicate_item_id",
     "conversation_too_large",
     "item_in_progress",
+    "client_memory_full",
 ]
 
 MAX_ECHO_CHARS = 64

@@ -290,6 +290,13 @@ class RealtimeSession(ServerVadTurns):
             active_response_id=self.active_response_id,
         )
 
+    def held_bytes(self) -> int:
+        """What the session holds of its client's input: audio appended or committed,
+        conversation text, instructions (the server's per-client total, issue 42)."""
+        committed = sum(len(pcm16) for _, pcm16 in self._committed)
+        instructions = len(self._settings.instructions)  # characters: no copy per frame
+        return len(self._buffer) + committed + self._conversation.num_bytes + instructions
+
     def _require_response(self, response_id: str, call: str) -> ActiveResponse:
         allowed = self._transition(call) is not None
         if not allowed or self._response is None or self._response.id != response_id:

@@ -13,6 +13,10 @@ One client (a peer address, as in ``_shares.py``) holds at most
 least 8): one address holding 1,000 idle Realtime sessions refused every other client.
 One more from it is answered ``429`` (``too_many_connections``, naming the setting,
 ``retry-after``) and closed, and the others still find room.
+
+``on_crowded`` is told when the server comes to hold ``CROWDED_FRACTION`` of its
+connections and when it is back to ``CALM_FRACTION``: meanwhile idle sessions are
+closed sooner (``_idle_sessions.py``).
 """
 
 from __future__ import annotations
@@ -20,9 +24,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 from collections import Counter
+from collections.abc import Callable
 
 import trio
+
+from ._idle_sessions import CALM_FRACTION, CROWDED_FRACTION
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +55,9 @@ class ConnectionSlots:
         self.num_refused = 0
         self.num_refused_client = 0
         self.per_client: Counter[str] = Counter()
+        self.crowded_at = max(1, math.ceil(max_connections * CROWDED_FRACTION))
+        self.calm_at = min(self.crowded_at - 1, math.floor(max_connections * CALM_FRACTION))
+        self.on_crowded: Callable[[bool], None] | None = None
 
     def take_for(self, client: str) -> bytes | None:
         """Take a slot for a new connection from ``client``; None when taken, else the
@@ -86,10 +97,14 @@ class ConnectionSlots:
             self.num_refused += 1
             return False
         self.open += 1
+        if self.open == self.crowded_at and self.on_crowded is not None:
+            self.on_crowded(True)
         return True
 
     def give_back(self) -> None:
         self.open -= 1
+        if self.open == self.calm_at and self.on_crowded is not None:
+            self.on_crowded(False)
 
 
 def refusal_bytes(max_connections: int) -> bytes:

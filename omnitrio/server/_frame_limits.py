@@ -64,6 +64,7 @@ class MessageLimit(Extension):
     def __init__(self, max_message_bytes: int) -> None:
         self.max_message_bytes = max_message_bytes
         self.refused = False
+        self.flooded = False  # refused for its number of frames
         self._wire_bytes = 0  # declared payload bytes of the message so far
         self._num_frames = 0  # data frames of the message so far
         self.max_frames = max(MIN_FRAMES, max_message_bytes // FRAME_COST_BYTES)
@@ -93,7 +94,7 @@ class MessageLimit(Extension):
             self._wire_bytes += payload_length
             self._num_frames += 1
             if self._num_frames > self.max_frames:
-                self.refused = True
+                self.refused = self.flooded = True
             if self._compressed:
                 allowed = compressed_size_bound(self.max_message_bytes)
             else:

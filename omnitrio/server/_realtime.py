@@ -50,6 +50,7 @@ from ..realtime import (
 from ..tools import remember_verdicts
 from ._audio import resample_pcm16
 from ._capabilities import pipeline_voices, transcription_model
+from ._client_totals import SessionRefused, SessionTotals
 from ._precheck import may_carry_tools, tool_verdicts
 from ._shares import ShareExceeded
 from ._side_stage import SessionSideStream
@@ -135,11 +136,20 @@ class RealtimeConnection:
         self._responses: dict[str, trio.CancelScope] = {}
         self._detector: SessionSideStream | None = None
         self._speculation: _Speculation | None = None
+        self._totals: SessionTotals | None = None  # its part in the client's totals
 
     async def run(self) -> None:
         """Serve until the client leaves, the session limit passes or the client stalls."""
         settings = self._state.settings
         too_slow = False
+        # A WebSocket session holds the server's key (checked before it was accepted);
+        # a WebRTC call's credential is checked by the calls endpoint, not counted here.
+        key = settings.api_key if self._media is None else None
+        try:
+            self._totals = self._state.totals.open_session(self._client, key)
+        except SessionRefused as refused:
+            await self._refuse_session(refused)
+            return
         try:
             with trio.move_on_after(settings.max_session_s) as session_limit:
                 async with trio.open_nursery() as nursery:
@@ -153,6 +163,7 @@ class RealtimeConnection:
         except* _ClientTooSlow:
             too_slow = True
         finally:
+            self._totals.close()
             if self._detector is not None:
                 self._detector.close()
         if too_slow:
@@ -163,8 +174,25 @@ class RealtimeConnection:
             await self._close(1008, f"session length limit of {settings.max_session_s} s reached")
 
     async def _read(self, nursery: trio.Nursery) -> None:
+        idle, totals = self._state.idle_sessions, self._totals
+        assert totals is not None
         while True:
-            frame = await self._ws.receive()
+            with idle.waiting() as waiting:
+                frame = await self._ws.receive()
+            if waiting.cancelled_caught:  # idle on a crowded server (_idle_sessions.py)
+                if self._media is not None or self._responses:
+                    continue  # a call's media, or an answer, is still going
+                idle.num_closed += 1
+                reason = f"idle {idle.crowded_idle_s:g} s while the server is near its limit"
+                await self._close(CLOSE_TRY_AGAIN_LATER, reason)
+                return
+            refusal = None if frame is None else totals.refusal(frame, self._session.config)
+            if refusal is not None:  # past the client's total (_client_totals.py) ...
+                totals.update(self._session.held_bytes())  # ... unless a response used some
+                refusal = totals.refusal(frame, self._session.config)  # type: ignore[arg-type]
+            if refusal is not None:
+                await self._queue(refusal)
+                continue
             if may_carry_tools(frame):  # compile its tools off the loop first (_precheck.py)
                 assert frame is not None
                 check = partial(tool_verdicts, frame, self._session.config)
@@ -172,11 +200,14 @@ class RealtimeConnection:
                 remember_verdicts(await shares.off_loop(self._client, check, wait=True))
             # quart hands an empty binary frame over as None; it is still a frame.
             await self._dispatch(nursery, self._session.receive(b"" if frame is None else frame))
+            totals.update(self._session.held_bytes())
 
     async def _hear(self, nursery: trio.Nursery, media: Media) -> None:
         """A WebRTC call's microphone, into the session as it comes."""
         while True:
             await self._dispatch(nursery, self._session.hear(await media.heard()))
+            if self._totals is not None:
+                self._totals.update(self._session.held_bytes())
 
     async def _stop_playback(self, media: Media) -> None:
         """Barge-in, or output_audio_buffer.clear: the track goes silent now, and the
@@ -412,6 +443,20 @@ class RealtimeConnection:
             await self._queue(
                 ServerEvent("output_audio_buffer.stopped", {"response_id": response_id})
             )
+
+    async def _refuse_session(self, refused: SessionRefused) -> None:
+        """A session past a per-client total: an ``error`` event saying which, then 1013."""
+        error = {
+            "type": "rate_limit_error",
+            "code": "too_many_sessions",
+            "message": str(refused),
+            "param": None,
+            "event_id": None,
+            "retry_after_s": refused.retry_after_s,
+        }
+        with trio.move_on_after(self._state.settings.send_timeout_s):
+            await self._ws.send(self._session.encode(ServerEvent("error", {"error": error})))
+        await self._close(CLOSE_TRY_AGAIN_LATER, "too many sessions for this API key; retry later")
 
     async def _close(self, code: int, reason: str) -> None:
         logger.info("closing realtime connection: %s (%d)", reason, code)

@@ -172,6 +172,7 @@ async def serve(
             outer.start_soon(on_signal)
             async with open_pipeline(config) as pipeline:
                 state = ServerState(pipeline, settings, side_stage=SideStage.of(pipeline))
+                getattr(hyper, CONNECTIONS_ATTRIBUTE).on_crowded = state.idle_sessions.set_crowded
                 states.append(state)
                 app = wrap_app(create_app(state), hyper.wsgi_max_body_size, "asgi")
                 listening_sockets = Sockets([], list(listening), [])

@@ -74,6 +74,17 @@ class ServerSettings:
     max_connections_per_client: int | None = None
     """Open connections one client (connection address) may hold; None: a sixteenth of
     ``max_connections`` (at least 8). One more is answered 429 naming it."""
+    # Per-client totals across sessions (omnitrio/server/_client_totals.py, _idle_sessions.py).
+    max_client_held_bytes: int = 32 << 20
+    """What one client's Realtime sessions may hold of its input together (audio, items,
+    instructions); an event that would add past it is refused (``client_memory_full``)."""
+    max_sessions_per_key: int | None = None
+    """Realtime WebSocket sessions open at once with one API key; None: not counted by key
+    (the server's one key is usually shared by every backend holding it). One more: 1013."""
+    crowded_idle_s: float = 30.0
+    """While the server holds 90 % of its connections, a session idle this long is closed."""
+    decode_timeout_s: float = 20.0
+    """An uploaded file's decode (its own process) that takes longer is stopped and refused."""
     h2c: bool = False
     """HTTP/2 over cleartext (prior knowledge or ``Upgrade: h2c``). Off by default: the
     h2 stack buffers whole responses for a peer that keeps its flow-control window shut,
@@ -118,6 +129,8 @@ class ServerSettings:
             "webrtc_connect_timeout_s",
             "webrtc_media_timeout_s",
             "webrtc_playout_s",
+            "crowded_idle_s",
+            "decode_timeout_s",
         ):
             if not 0 < getattr(self, name) < math.inf:  # NaN fails too
                 raise SettingsError(
@@ -141,6 +154,7 @@ class ServerSettings:
             "webrtc_input_prefetch_frames",
             "client_secret_s",
             "max_client_secrets",
+            "max_client_held_bytes",
         ):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be at least 1, not {getattr(self, name)}")
@@ -149,6 +163,11 @@ class ServerSettings:
             raise SettingsError(
                 "max_connections_per_client must be at least 1 (or None), "
                 f"not {self.max_connections_per_client}"
+            )
+        if self.max_sessions_per_key is not None and self.max_sessions_per_key < 1:
+            raise SettingsError(
+                "max_sessions_per_key must be at least 1 (or None), "
+                f"not {self.max_sessions_per_key}"
             )
         if self.max_streams_per_client is not None and self.max_streams_per_client < 1:
             raise SettingsError(

@@ -38,7 +38,8 @@ from ._audio_gate import DecodeLimits
 from ._decoders import DecoderPool
 
 DECODE_TIMEOUT_S = 20.0
-"""How long one upload may take to decode (its worker process is killed past it)."""
+"""How long one upload may take to decode by default (its worker process is killed past
+it): ``ServerSettings.decode_timeout_s``."""
 
 T = TypeVar("T")
 
@@ -70,7 +71,13 @@ class ShareExceeded(OmnitrioError):
 class ClientShares:
     """Per-client counts of open streams and queued checks, with their limits."""
 
-    def __init__(self, max_streams: int, max_queued: int, max_threads: int) -> None:
+    def __init__(
+        self,
+        max_streams: int,
+        max_queued: int,
+        max_threads: int,
+        decode_timeout_s: float = DECODE_TIMEOUT_S,
+    ) -> None:
         self.max_streams = max_streams
         self.max_queued = max_queued
         self.streams: Counter[str] = Counter()
@@ -79,7 +86,7 @@ class ClientShares:
         self._lots: dict[str, trio.lowlevel.ParkingLot] = {}  # clients waiting to queue
         self._running: dict[str, trio.CapacityLimiter] = {}  # each client's share of threads
         self._threads_per_client = max(1, max_threads // 2)
-        self.decoders = DecoderPool(max_threads, DECODE_TIMEOUT_S)
+        self.decoders = DecoderPool(max_threads, decode_timeout_s)
 
     async def __aenter__(self) -> ClientShares:
         return self

@@ -18,6 +18,8 @@ from .._items import Request
 from .._pipeline import Pipeline
 from .._stream import Stream
 from ._api_errors import retry_after_s as retry_after_s
+from ._client_totals import ClientTotals
+from ._idle_sessions import IdleSessions
 from ._secrets import ClientSecrets
 from ._settings import ServerSettings
 from ._shares import ClientShares
@@ -81,7 +83,10 @@ class ServerState:
             settings.streams_per_client(self.pipeline.config.pipeline.max_streams),
             settings.max_queued_per_client,
             settings.max_checking_threads,
+            settings.decode_timeout_s,
         )
+        self.totals = ClientTotals(settings.max_client_held_bytes, settings.max_sessions_per_key)
+        self.idle_sessions = IdleSessions(settings.crowded_idle_s)
         self.registry.register(_SharesCollector(self.shares))
         self.registry.register(_PipelineCollector(self.pipeline))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and the like

@@ -107,6 +107,8 @@ class LimitedWSStream(WSStream):
         for event in self.connection.events():
             if self._limit.refused:
                 await self._refuse()
+                if self._parser_stopped:
+                    return  # a flood of frames: the rest is discarded unread
             if isinstance(event, Message):
                 if self.connection.state is not ConnectionState.OPEN:
                     continue  # we sent a close frame: nothing more reaches the app
@@ -139,6 +141,10 @@ class LimitedWSStream(WSStream):
     async def _refuse(self) -> None:
         if self._linger is not None:
             return  # refused already
+        # A message of too many frames: what the peer sends on is discarded unread while
+        # the connection lingers (its close reply too): an endless flood of empty frames
+        # parsed one by one held the event loop for the whole linger (issue 42).
+        self._parser_stopped = self._limit.flooded
         limit = self._limit.max_message_bytes
         logger.info("refused a WebSocket message over %d bytes from %s", limit, _peer(self.client))
         reason = f"message over the limit of {limit} bytes"

@@ -114,9 +114,8 @@ async def test_a_cancelled_decode_kills_its_worker_at_once() -> None:
 
 async def test_a_decode_past_its_time_is_refused_and_its_worker_killed() -> None:
     big = wav_bytes(b"\x00\x10" * 96000 * 60, 96000)
-    pool = DecoderPool(1, timeout_s=0.01)
-    shares = ClientShares(4, 1, 2)
-    shares.decoders = pool
+    shares = ClientShares(4, 1, 2, decode_timeout_s=0.01)  # ServerSettings.decode_timeout_s
+    pool = shares.decoders
     with pytest.raises(DecodeTimeout, match=r"took over 0\.01 s"):
         await shares.decode("slow", big, "wav", LIMITS)
     assert pool.num_killed == 1

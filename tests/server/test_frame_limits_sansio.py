@@ -149,8 +149,10 @@ def test_endless_empty_continuation_frames_count_toward_the_limit() -> None:
     assert not limit.refused
     _parse(connection, empty)
     assert limit.refused  # one more: refused, and the stream sends close 1009
+    assert limit.flooded  # ... and reads no more of it (_ws_stream.py)
     honest = MessageLimit(LIMIT)  # a message in a few fragments still passes
     fragments = frame(TEXT, b"a" * 200, fin=False) + frame(CONTINUATION, b"b" * 200)
     events = _parse(limited_connection(honest, None), fragments)
     assert "".join(map(str, _payloads(events))) == "a" * 200 + "b" * 200
     assert not honest.refused
+    assert not honest.flooded

@@ -197,7 +197,10 @@ def test_non_loopback_bind_needs_a_key() -> None:
 
 
 @pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan])
-@pytest.mark.parametrize("name", ["grace_period_s", "send_timeout_s", "close_linger_s"])
+@pytest.mark.parametrize(
+    "name",
+    ["grace_period_s", "send_timeout_s", "close_linger_s", "crowded_idle_s", "decode_timeout_s"],
+)
 def test_time_settings_must_be_positive_and_finite(name: str, value: float) -> None:
     with pytest.raises(SettingsError, match=f"{name} must be positive and finite"):
         ServerSettings(**{name: value})  # type: ignore[arg-type]

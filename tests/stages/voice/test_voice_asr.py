@@ -1,0 +1,131 @@
+"""The ASR stage transcribes a long utterance in chunks (stages/voice/asr.py): each cut
+where the speech is quiet, the transcript whole at the end, and a short request served
+between another's chunks instead of behind its whole audio (issue 42, attack 7)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+
+import omnitrio
+from omnitrio import AudioInput, Event, Request, StreamWork
+from tests.voice_support import INPUT_RATE_HZ, needs_voice, spoken, word_error_rate
+
+STORY = (
+    "The old lighthouse stood on the rocks at the edge of the bay. "
+    "Every night the keeper climbed the stairs and lit the lamp. "
+    "Ships passing in the dark saw the light and turned away from the reef. "
+    "One winter a great storm came from the north. "
+    "The waves were taller than the houses in the village. "
+    "The keeper stayed at his post for three days without sleep. "
+    "On the fourth morning the sea was calm again."
+)
+QUESTION = "What do cats like to eat?"
+
+
+def test_a_chunk_ends_at_the_quietest_point_near_its_limit() -> None:
+    from stages.voice.asr import next_cut
+
+    samples = np.ones(1500, np.float32)
+    samples[870:890] = 0.0  # a pause inside the last 200 samples of the first 1,000
+    samples[500:520] = 0.0  # one before them is not looked at
+    assert next_cut(samples, 0, 1000, 200, 20) == 870 + 10
+    # what is left fits: the chunk is the rest
+    assert next_cut(samples, 880, 1000, 200, 20) == 1500
+    # no quiet anywhere: some cut in the searched span, never past the limit
+    assert 800 <= next_cut(np.ones(5000, np.float32), 0, 1000, 200, 20) <= 1000
+    # a search span no longer than the window cuts at the limit
+    assert next_cut(np.ones(5000, np.float32), 0, 1000, 20, 20) == 1000
+
+
+def test_max_chunk_s_below_a_second_is_refused_naming_it() -> None:
+    from stages.voice.asr import _AsrStage
+
+    with pytest.raises(ValueError, match="max_chunk_s"):
+        _AsrStage("asr", max_chunk_s=0.5)
+
+
+def _story_pcm16(tmp_path: Path) -> bytes:
+    """The story read sentence by sentence (Piper), ~24 s at 24 kHz."""
+    sentences = re.split(r"(?<=\.) ", STORY)
+    return b"".join(
+        spoken(s, tmp_path / f"story{n}.wav", silence_after_s=0.15) for n, s in enumerate(sentences)
+    )
+
+
+@needs_voice
+def test_a_long_utterance_is_heard_chunk_by_chunk_and_whole(tmp_path: Path) -> None:
+    from stages.voice.asr import MoonshineAsr
+
+    stage = MoonshineAsr("asr", num_threads=2, decoder_num_threads=1)
+    pcm16 = _story_pcm16(tmp_path)
+    seconds = len(pcm16) / 2 / INPUT_RATE_HZ
+    assert seconds > 20
+    stage.open_stream("s", Request(audio=AudioInput(pcm16, INPUT_RATE_HZ)))
+    steps = 0
+    while True:
+        steps += 1
+        output = stage.step([StreamWork("s", (), True)])["s"]
+        if output.done:
+            break
+        assert output.more
+        assert not output.payloads
+        assert not output.visible
+    stage.close_stream("s")
+    assert steps >= 5  # 5 s at most a step
+    (event,) = output.visible
+    assert isinstance(event, Event)
+    heard = str(event.data["text"])
+    assert word_error_rate(STORY, heard) < 0.1, heard
+    stage.close()
+
+
+def _asr_config() -> omnitrio.PipelineConfig:
+    return omnitrio.parse_config(
+        {
+            "pipeline": {"name": "asr", "max_streams": 8},
+            "stages": [
+                {
+                    "name": "asr",
+                    "impl": "stages.voice.asr:MoonshineAsr",
+                    "max_batch_size": 1,
+                    "params": {"num_threads": 2, "decoder_num_threads": 1},
+                }
+            ],
+        }
+    )
+
+
+@needs_voice
+async def test_a_short_transcription_is_not_behind_four_long_ones(tmp_path: Path) -> None:
+    """Four ~24 s transcriptions start together, then a 2 s one: the short one's
+    transcript comes before any long one's (it waits for chunks, not whole utterances),
+    and every transcript is right."""
+    story = _story_pcm16(tmp_path)
+    question = spoken(QUESTION, tmp_path / "q.wav", silence_after_s=0.3)
+    finished: list[str] = []
+    heard: dict[str, str] = {}
+
+    async def transcribe(pipeline: omnitrio.Pipeline, name: str, pcm16: bytes) -> None:
+        request = Request(audio=AudioInput(pcm16, INPUT_RATE_HZ), options={"task": "transcribe"})
+        async with pipeline.open_stream(request) as stream:
+            async for item in stream:
+                if isinstance(item, Event) and item.name == "transcript":
+                    heard[name] = str(item.data["text"])
+        finished.append(name)
+
+    async with omnitrio.open_pipeline(_asr_config()) as pipeline:
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                for n in range(4):
+                    nursery.start_soon(transcribe, pipeline, f"long{n}", story)
+                await trio.sleep(0.05)  # the long ones are in first
+                nursery.start_soon(transcribe, pipeline, "short", question)
+    assert finished[0] == "short", finished
+    assert word_error_rate(QUESTION, heard["short"]) == 0.0, heard["short"]
+    for n in range(4):
+        assert word_error_rate(STORY, heard[f"long{n}"]) < 0.1, heard[f"long{n}"]
