@@ -43,7 +43,7 @@ from stages.kit import (
     load_embedding,
 )
 
-from .thinker import Qwen3OmniThinker, _Stream
+from .thinker import Qwen3OmniThinker, _Stream, constructor_signature
 from .weights import ModelSource
 
 HIDDEN_LAYER_FIRST = 0
@@ -72,7 +72,10 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
         max_model_len: int = 4096,
         kv_cache_bytes: int = 1 << 30,
         dtype: str = "float32",
+        engine: str = "vllm",
     ) -> None:
+        if engine != "vllm":
+            raise OptionError(f"stage {name!r}: this is the thinker on engine: vllm, not {engine}")
         AutoregressiveStage.__init__(
             self, name, device, num_threads=num_threads, packaging_queue=packaging_queue
         )
@@ -181,3 +184,6 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
             "num_active_streams": len(self.streams),
             "engine_start_s": self.engine.start_s,
         }
+
+
+Qwen3OmniThinkerVllm.__signature__ = constructor_signature(Qwen3OmniThinkerVllm)

@@ -64,6 +64,27 @@ def test_the_engine_param_is_checked_before_anything_loads(tmp_path: Path) -> No
         Qwen3OmniThinker("thinker", model_path=str(tmp_path), max_num_seqs=4)
 
 
+def test_the_engine_picks_the_class_and_the_constructor_keeps_its_signature() -> None:
+    """``engine: vllm`` makes a Qwen3OmniThinkerVllm (``__new__``); ``inspect.signature``
+    still shows the constructor's params, which the config checks and --model-path read."""
+    import inspect
+
+    from omnitrio._overrides import _takes_model_path
+    from stages.qwen3_omni.thinker import Qwen3OmniThinker
+    from stages.qwen3_omni.thinker_vllm import Qwen3OmniThinkerVllm
+
+    params = inspect.signature(Qwen3OmniThinker).parameters
+    assert {"model_path", "engine", "max_tokens"} <= set(params)
+    assert "self" not in params
+    assert "max_num_seqs" in inspect.signature(Qwen3OmniThinkerVllm).parameters
+    config = omnitrio.load_config(VLLM_CONFIG)
+    assert _takes_model_path(config)["thinker"] == "qwen3-omni"
+    assert Qwen3OmniThinker.__new__(Qwen3OmniThinker, "t", engine="vllm").__class__ is (
+        Qwen3OmniThinkerVllm
+    )
+    assert type(Qwen3OmniThinker.__new__(Qwen3OmniThinker, "t")) is Qwen3OmniThinker
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _engine_python_or_skip()
