@@ -21,6 +21,10 @@ engine returns them once per request through forward hooks on vLLM's decoder lay
 (``stages/_vllm_worker.py``, checked against vLLM 0.32.0's internals). Token
 embeddings come from the checkpoint's embedding matrix, loaded alone.
 
+Sampling is vLLM's: ``temperature``, ``top_p``, ``top_k``, ``seed`` and
+``repetition_penalty`` (over the prompt's and the answer's tokens, as transformers'
+``generate`` and the torch thinker apply it).
+
 Audio input is not routed to vLLM yet: such a request fails with an ``OptionError``
 naming ``engine: torch`` as the way to serve it.
 """
@@ -100,11 +104,6 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
 
     def open_stream(self, stream_id: str, request: Request) -> None:
         params = SamplingParams.from_options(self.defaults, request.options, self.name)
-        if params.repetition_penalty != 1.0:
-            raise OptionError(
-                f"stage {self.name!r}: repetition_penalty on engine: vllm is not wired; "
-                "use engine: torch"
-            )
         ids, features = self._prompt(request)
         if features:
             raise OptionError(
@@ -118,6 +117,7 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k,
+            repetition_penalty=params.repetition_penalty,  # over prompt and answer, as generate's
             seed=params.seed,
             stop_token_ids=sorted(self.eos_ids),
             prompt_states=True,

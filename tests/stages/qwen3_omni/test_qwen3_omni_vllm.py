@@ -148,6 +148,25 @@ def test_greedy_tokens_of_batched_streams_equal_generate(engine: VllmEngine, thi
     assert engine.unfinished() == 0
 
 
+def test_repetition_penalty_equals_generate(engine: VllmEngine, thinker) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's repetition penalty counts the prompt's tokens and the answer's, as generate's."""
+    prompts = _prompts()
+    result = _run(engine, prompts, max_tokens=16, repetition_penalty=1.5)
+    plain = _run(engine, prompts, max_tokens=16)
+    assert result["tokens"] != plain["tokens"]  # the penalty changed the answers
+    for index, prompt in enumerate(prompts):
+        ids = torch.tensor([prompt])
+        expected = thinker.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=16,
+            min_new_tokens=16,
+            do_sample=False,
+            repetition_penalty=1.5,
+        )[0, len(prompt) :].tolist()
+        assert result["tokens"][str(index)] == expected, f"stream {index}"
+
+
 def test_prompt_hidden_states_equal_transformers(engine: VllmEngine, thinker) -> None:  # type: ignore[no-untyped-def]
     prompts = _prompts()
     result = _run(engine, prompts, max_tokens=2, prompt_states=True)
