@@ -78,6 +78,7 @@ class VllmEngine:
         self.process = process
         self.start_s = 0.0
         self.lock = threading.Lock()
+        self.num_unfinished = 0  # requests the engine held after the last step or abort
 
     @classmethod
     def start(
@@ -153,11 +154,12 @@ class VllmEngine:
 
     def abort(self, request_ids: list[str]) -> None:
         if request_ids:
-            self._call("abort", request_ids)
+            self.num_unfinished = int(self._call("abort", request_ids))
 
     def step(self) -> list[EngineOutput]:
         outputs = []
-        for request_id, new, finished, reason, states in self._call("step"):
+        results, self.num_unfinished = self._call("step")
+        for request_id, new, finished, reason, states in results:
             array = None
             if states is not None:
                 shape, raw = states

@@ -183,6 +183,10 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
             **self.clock.snapshot(self.packager),
             "num_active_streams": len(self.streams),
             "engine_start_s": self.engine.start_s,
+            # The engine's own count after its last step or abort (no call from here:
+            # statistics are read from trio and must not wait for a step).
+            "engine_requests": self.engine.num_unfinished,
+            "engine_buffered_tokens": sum(len(s.pending) for s in list(self.streams.values())),
         }
 
 
