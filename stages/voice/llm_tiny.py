@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from stages._tiny_tokenizer import build_byte_tokenizer
+from stages.kit import build_byte_tokenizer
 
 SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>")
 WORDS = ("system", "user", "assistant")
