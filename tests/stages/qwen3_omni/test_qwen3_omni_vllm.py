@@ -132,10 +132,9 @@ def _run(engine: VllmEngine, prompts: list[list[int]], max_tokens: int, **add: o
     return {"tokens": tokens, "states": states}
 
 
-def test_greedy_tokens_of_batched_streams_equal_generate(engine: VllmEngine, thinker) -> None:  # type: ignore[no-untyped-def]
-    prompts = _prompts()
-    result = _run(engine, prompts, max_tokens=16)
-    for index, prompt in enumerate(prompts):
+def _assert_equal_generate(thinker, tokens: dict[str, list[int]], **sampling: float) -> None:  # type: ignore[no-untyped-def]
+    """Each of ``_prompts()``'s 16 greedy tokens equal transformers' generate's."""
+    for index, prompt in enumerate(_prompts()):
         ids = torch.tensor([prompt])
         expected = thinker.generate(
             input_ids=ids,
@@ -143,28 +142,23 @@ def test_greedy_tokens_of_batched_streams_equal_generate(engine: VllmEngine, thi
             max_new_tokens=16,
             min_new_tokens=16,
             do_sample=False,
+            **sampling,
         )[0, len(prompt) :].tolist()
-        assert result["tokens"][str(index)] == expected, f"stream {index}"
+        assert tokens[str(index)] == expected, f"stream {index}"
+
+
+def test_greedy_tokens_of_batched_streams_equal_generate(engine: VllmEngine, thinker) -> None:  # type: ignore[no-untyped-def]
+    result = _run(engine, _prompts(), max_tokens=16)
+    _assert_equal_generate(thinker, result["tokens"])
     assert engine.unfinished() == 0
 
 
 def test_repetition_penalty_equals_generate(engine: VllmEngine, thinker) -> None:  # type: ignore[no-untyped-def]
     """vLLM's repetition penalty counts the prompt's tokens and the answer's, as generate's."""
-    prompts = _prompts()
-    result = _run(engine, prompts, max_tokens=16, repetition_penalty=1.5)
-    plain = _run(engine, prompts, max_tokens=16)
+    result = _run(engine, _prompts(), max_tokens=16, repetition_penalty=1.5)
+    plain = _run(engine, _prompts(), max_tokens=16)
     assert result["tokens"] != plain["tokens"]  # the penalty changed the answers
-    for index, prompt in enumerate(prompts):
-        ids = torch.tensor([prompt])
-        expected = thinker.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=16,
-            min_new_tokens=16,
-            do_sample=False,
-            repetition_penalty=1.5,
-        )[0, len(prompt) :].tolist()
-        assert result["tokens"][str(index)] == expected, f"stream {index}"
+    _assert_equal_generate(thinker, result["tokens"], repetition_penalty=1.5)
 
 
 def test_prompt_hidden_states_equal_transformers(engine: VllmEngine, thinker) -> None:  # type: ignore[no-untyped-def]

@@ -30,6 +30,7 @@ torch = pytest.importorskip("torch")
 from omnitrio._overrides import with_model_path  # noqa: E402
 from stages.qwen3_omni.tiny import make_tiny_checkpoint  # noqa: E402
 from tests.conftest import collect, texts  # noqa: E402
+from tests.runtime.test_errors import _outcome  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "qwen3-omni-tiny-vllm.yaml"
 GREEDY = {"temperature": 0, "talker.temperature": 0}
@@ -67,19 +68,6 @@ def _engine_processes() -> list[int]:
 
 def _request(text: str, max_tokens: int) -> omnitrio.Request:
     return omnitrio.Request(text, options={**GREEDY, "max_tokens": max_tokens})
-
-
-async def _outcome(
-    pipeline: omnitrio.Pipeline, request: omnitrio.Request
-) -> tuple[list[omnitrio.VisibleItem], omnitrio.StageError | None]:
-    items: list[omnitrio.VisibleItem] = []
-    async with pipeline.open_stream(request) as stream:
-        try:
-            async for item in stream:
-                items.append(item)
-        except omnitrio.StageError as exc:
-            return items, exc
-    return items, None
 
 
 async def test_cancel_and_refusal_fail_one_stream_and_the_engine_frees_it(
