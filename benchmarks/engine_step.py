@@ -29,6 +29,8 @@ shed to keep the others in real time (their first audio, if any came, is counted
 ``--context ""`` skips the decode steps.
 
 Engines run one after another on the same prompts; the figures compare within a run.
+``--repeats N``: N runs per row, the engines alternating, each row the median of its
+runs' medians (the range beside it): on a shared machine the load drifts between runs.
 """
 
 from __future__ import annotations
@@ -218,6 +220,9 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=pathlib.Path, default=None)
     parser.add_argument("--json", type=pathlib.Path, default=None)
     parser.add_argument("--pipeline", default="", help="stream counts, e.g. 1,8,32")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs per row, engines alternating: the median"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     engines = args.engines.split(",")
@@ -240,15 +245,21 @@ def main() -> None:
             for batch in batches:
                 prompts = torch.randint(0, 256, (batch, context), generator=generator).tolist()
                 reference: list[list[int]] | None = None
+                medians: dict[str, list[float]] = {engine: [] for engine in engines}
+                equals: dict[str, int | None] = {}
+                for _ in range(args.repeats):  # engines alternate: load drifts hit all alike
+                    for engine in engines:
+                        times, tokens = runs[engine](prompts, args.new_tokens)
+                        tokens = [t[: args.new_tokens + 1] for t in tokens]
+                        if engine == "torch":
+                            reference = tokens
+                        equal = None
+                        if reference is not None:
+                            equal = sum(a == b for a, b in zip(tokens, reference, strict=True))
+                        equals[engine] = equal if equals.get(engine, equal) == equal else None
+                        medians[engine].append(statistics.median(times) * 1e3)
                 for engine in engines:
-                    times, tokens = runs[engine](prompts, args.new_tokens)
-                    tokens = [t[: args.new_tokens + 1] for t in tokens]
-                    if engine == "torch":
-                        reference = tokens
-                    equal = None
-                    if reference is not None:
-                        equal = sum(a == b for a, b in zip(tokens, reference, strict=True))
-                    median_ms = statistics.median(times) * 1e3
+                    median_ms, equal = statistics.median(medians[engine]), equals[engine]
                     row = {
                         "engine": engine,
                         "batch": batch,
@@ -257,11 +268,13 @@ def main() -> None:
                         "tokens_per_s": round(batch / median_ms * 1e3, 1),
                         "tokens_equal_torch": equal,
                         "steps_timed": len(times),
+                        "run_medians_ms": [round(m, 3) for m in medians[engine]],
                     }
                     rows.append(row)
                     print(
                         f"{engine:<13}{batch:>6}{context:>8}{median_ms:>9.2f}"
-                        f"{row['tokens_per_s']:>9.1f}  {equal}/{batch}",
+                        f"{row['tokens_per_s']:>9.1f}  {equal}/{batch}"
+                        f"  runs {min(medians[engine]):.2f}-{max(medians[engine]):.2f}",
                         flush=True,
                     )
         vllm.close()

@@ -78,6 +78,7 @@ class VllmEngine:
         self.process = process
         self.start_s = 0.0
         self.lock = threading.Lock()
+        self.num_unfinished = 0  # requests the engine held after the last step or abort
 
     @classmethod
     def start(
@@ -85,14 +86,15 @@ class VllmEngine:
         model: str,
         *,
         max_num_seqs: int = 32,
-        max_model_len: int = 4096,
+        max_model_len: int | None = 4096,
         kv_cache_bytes: int = 1 << 30,
         dtype: str = "float32",
         hidden_layers: list[int] | None = None,
     ) -> VllmEngine:
         """Start the process and the engine on ``model`` (a checkpoint folder vLLM loads).
-        ``hidden_layers``: transformers ``output_hidden_states`` indices whose prompt
-        states each request that asks gets back."""
+        ``max_model_len`` None: the checkpoint's own. ``hidden_layers``: transformers
+        ``output_hidden_states`` indices whose prompt states each request that asks gets
+        back."""
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         env.setdefault("OMP_NUM_THREADS", "1")  # vLLM's CPU worker ignores set_num_threads
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its log goes to our stderr
@@ -112,6 +114,8 @@ class VllmEngine:
             "dtype": dtype,
             "hidden_layers": hidden_layers,
         }
+        if max_model_len is None:
+            del args["max_model_len"]
         try:
             result = engine._call("start", args)
         except BaseException:
@@ -130,6 +134,7 @@ class VllmEngine:
         temperature: float = 0.0,
         top_p: float = 1.0,
         top_k: int = 0,
+        repetition_penalty: float = 1.0,
         seed: int | None = None,
         stop_token_ids: list[int] | None = None,
         ignore_eos: bool = False,
@@ -140,6 +145,7 @@ class VllmEngine:
             "temperature": temperature,
             "top_p": top_p,
             "top_k": top_k,
+            "repetition_penalty": repetition_penalty,
             "seed": seed,
             "stop_token_ids": stop_token_ids or [],
             "ignore_eos": ignore_eos,
@@ -148,11 +154,12 @@ class VllmEngine:
 
     def abort(self, request_ids: list[str]) -> None:
         if request_ids:
-            self._call("abort", request_ids)
+            self.num_unfinished = int(self._call("abort", request_ids))
 
     def step(self) -> list[EngineOutput]:
         outputs = []
-        for request_id, new, finished, reason, states in self._call("step"):
+        results, self.num_unfinished = self._call("step")
+        for request_id, new, finished, reason, states in results:
             array = None
             if states is not None:
                 shape, raw = states

@@ -6,7 +6,8 @@ project's). One frame in, one frame out: a 4-byte big-endian length, then a pick
 tuple. In: ``(command, arguments)``; out: ``("ok", result)`` or ``("error", kind,
 message)``. Commands: ``start``, ``add``, ``abort``, ``step``, ``unfinished``, ``close``. A ``step``
 is one ``LLMEngine.step()``: each request's new token ids, whether it finished, and
-(once, for a request that asked for them) its prompt's hidden states.
+(once, for a request that asked for them) its prompt's hidden states; ``step`` and
+``abort`` also return how many requests the engine still holds.
 
 Hidden states: vLLM 0.32 has no public per-token hidden-state output. ``_StateHooks``
 puts forward hooks on the decoder layers and maps each forward's rows to requests
@@ -155,14 +156,17 @@ class _Worker:
         if states and self.hooks is not None:
             self.hooks.wanted[internal] = len(prompt)
 
-    def abort(self, request_ids: list[str]) -> None:
+    def abort(self, request_ids: list[str]) -> int:
+        """Abort; the requests the engine still holds."""
         known = [r for r in request_ids if r in self.internal]
         if known:
             self.engine.abort_request(known)
         for request_id in known:
             self._forget(request_id)
+        return self.unfinished()
 
-    def step(self) -> list[tuple[str, list[int], bool, str | None, Any]]:
+    def step(self) -> tuple[list[tuple[str, list[int], bool, str | None, Any]], int]:
+        """One engine step: each request's part, and the requests the engine still holds."""
         results = []
         for out in self.engine.step():
             request_id = out.request_id
@@ -174,7 +178,7 @@ class _Worker:
             results.append((request_id, new, bool(out.finished), reason, states))
             if out.finished:
                 self._forget(request_id)
-        return results
+        return results, self.unfinished()
 
     def unfinished(self) -> int:
         """Requests the engine still holds (its scheduler's count)."""

@@ -8,10 +8,11 @@ deltas, the talker's vectors — is built on the packaging thread (seed 002).
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -60,12 +61,19 @@ ENGINES = ("torch", "vllm")
 class Qwen3OmniThinker(AutoregressiveStage):
     """``engine: torch`` (default): transformers' model, the stage's KV slots;
     ``engine: vllm``: ``Qwen3OmniThinkerVllm`` (thinker_vllm.py), vLLM's engine, with
-    its own params (``max_num_seqs``, ``max_model_len``, ``kv_cache_bytes``, ``dtype``)."""
+    its own params (``max_num_seqs``, ``max_model_len``, ``kv_cache_bytes``, ``dtype``).
+
+    The engine picks the class: ``__new__`` makes a ``Qwen3OmniThinkerVllm`` for
+    ``engine: vllm``, and Python then runs that class's ``__init__`` with the same
+    params. ``__signature__`` (set below the class) keeps this constructor's params
+    visible to ``inspect.signature``, which the config checks and ``--model-path``
+    read: a ``__new__`` would hide them."""
 
     checkpoint = "qwen3-omni"  # model_path: one folder shared with the family's other stages
     max_inputs_per_step = None
     max_payloads_per_step = 8
     max_visible_per_step = 8
+    __signature__: ClassVar[inspect.Signature]  # its constructor's (below the class)
 
     def __init__(
         self,
@@ -86,23 +94,6 @@ class Qwen3OmniThinker(AutoregressiveStage):
             raise OptionError(
                 f"stage {name!r}: engine {engine!r} is not one of {', '.join(ENGINES)}"
             )
-        if engine == "vllm" and type(self) is Qwen3OmniThinker:
-            from .thinker_vllm import Qwen3OmniThinkerVllm
-
-            self.__class__ = Qwen3OmniThinkerVllm  # the same stage, its critical path on vLLM
-            Qwen3OmniThinkerVllm.__init__(
-                self,
-                name,
-                device,
-                model_path=model_path,
-                live_model=live_model,
-                max_tokens=max_tokens,
-                system_prompt=system_prompt,
-                num_threads=num_threads,
-                packaging_queue=packaging_queue,
-                **engine_params,
-            )
-            return
         if engine_params:
             raise OptionError(
                 f"stage {name!r}: {', '.join(sorted(engine_params))} apply to engine: vllm only"
@@ -114,6 +105,13 @@ class Qwen3OmniThinker(AutoregressiveStage):
         self.config = self.model.config
         self._read_checkpoint(source, max_tokens, system_prompt)
         self.streams: dict[str, _Stream] = {}
+
+    def __new__(cls, *args: Any, engine: str = "torch", **params: Any) -> Qwen3OmniThinker:
+        if cls is Qwen3OmniThinker and engine == "vllm":
+            from .thinker_vllm import Qwen3OmniThinkerVllm
+
+            cls = Qwen3OmniThinkerVllm  # the same stage, its critical path on vLLM
+        return super().__new__(cls)
 
     def _read_checkpoint(self, source: ModelSource, max_tokens: int, system_prompt: str) -> None:
         """What both engines read from the checkpoint: tokenizer, features, special ids."""
@@ -322,6 +320,16 @@ class Qwen3OmniThinker(AutoregressiveStage):
             messages, add_generation_prompt=True, tokenize=False
         )
         return list(self.tokenizer(text)["input_ids"]), features
+
+
+def constructor_signature(stage_class: type) -> inspect.Signature:
+    """``stage_class.__init__``'s params without ``self``: what ``inspect.signature``
+    of a class with a ``__new__`` shows once it is the class's ``__signature__``."""
+    signature = inspect.signature(stage_class.__init__)
+    return signature.replace(parameters=tuple(signature.parameters.values())[1:])
+
+
+Qwen3OmniThinker.__signature__ = constructor_signature(Qwen3OmniThinker)
 
 
 def _user_positions(prompt: torch.Tensor, im_start_id: int, user_id: int) -> torch.Tensor:

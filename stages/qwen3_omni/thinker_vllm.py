@@ -21,6 +21,10 @@ engine returns them once per request through forward hooks on vLLM's decoder lay
 (``stages/_vllm_worker.py``, checked against vLLM 0.32.0's internals). Token
 embeddings come from the checkpoint's embedding matrix, loaded alone.
 
+Sampling is vLLM's: ``temperature``, ``top_p``, ``top_k``, ``seed`` and
+``repetition_penalty`` (over the prompt's and the answer's tokens, as transformers'
+``generate`` and the torch thinker apply it).
+
 Audio input is not routed to vLLM yet: such a request fails with an ``OptionError``
 naming ``engine: torch`` as the way to serve it.
 """
@@ -43,7 +47,7 @@ from stages.kit import (
     load_embedding,
 )
 
-from .thinker import Qwen3OmniThinker, _Stream
+from .thinker import Qwen3OmniThinker, _Stream, constructor_signature
 from .weights import ModelSource
 
 HIDDEN_LAYER_FIRST = 0
@@ -72,7 +76,10 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
         max_model_len: int = 4096,
         kv_cache_bytes: int = 1 << 30,
         dtype: str = "float32",
+        engine: str = "vllm",
     ) -> None:
+        if engine != "vllm":
+            raise OptionError(f"stage {name!r}: this is the thinker on engine: vllm, not {engine}")
         AutoregressiveStage.__init__(
             self, name, device, num_threads=num_threads, packaging_queue=packaging_queue
         )
@@ -97,11 +104,6 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
 
     def open_stream(self, stream_id: str, request: Request) -> None:
         params = SamplingParams.from_options(self.defaults, request.options, self.name)
-        if params.repetition_penalty != 1.0:
-            raise OptionError(
-                f"stage {self.name!r}: repetition_penalty on engine: vllm is not wired; "
-                "use engine: torch"
-            )
         ids, features = self._prompt(request)
         if features:
             raise OptionError(
@@ -115,6 +117,7 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k,
+            repetition_penalty=params.repetition_penalty,  # over prompt and answer, as generate's
             seed=params.seed,
             stop_token_ids=sorted(self.eos_ids),
             prompt_states=True,
@@ -180,4 +183,11 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
             **self.clock.snapshot(self.packager),
             "num_active_streams": len(self.streams),
             "engine_start_s": self.engine.start_s,
+            # The engine's own count after its last step or abort (no call from here:
+            # statistics are read from trio and must not wait for a step).
+            "engine_requests": self.engine.num_unfinished,
+            "engine_buffered_tokens": sum(len(s.pending) for s in list(self.streams.values())),
         }
+
+
+Qwen3OmniThinkerVllm.__signature__ = constructor_signature(Qwen3OmniThinkerVllm)

@@ -13,7 +13,11 @@ param ``ctranslate2_cache_tokens`` (llm_ct2_states.py). ``llamacpp``: llama.cpp 
 the GGUF itself (llm_llamacpp.py: re-quantized once to param ``llamacpp_type``,
 Q8_0; one thread per answer, param ``llamacpp_threads``; each worker keeps its last
 conversation's KV cache, and an answer reuses the longest cached prefix of its
-prompt; needs ``llama-cpp-python``, built from source). With param
+prompt; needs ``llama-cpp-python``, built from source). ``vllm``: vLLM on the
+safetensors folder (llm_vllm.py: the LLM engine for GPU hosts, every answer in one
+engine step; ``scripts/setup vllm``; params ``vllm_max_num_seqs``,
+``vllm_max_model_len``, ``vllm_kv_cache_bytes``; the engine runs in param ``dtype``,
+on the device vLLM finds). With param
 ``first_audio_first``, such an answer whose first phrase is out waits while any
 answer's first phrase is synthesised (first_audio.py: on few cores, the first audio
 gets them); with ``first_audio_from_asr`` as well, while any other answer is on its
@@ -106,6 +110,7 @@ from .first_audio import FIRST_AUDIO
 from .llm_calls import ToolCall
 from .llm_ct2 import Ct2Runtime, ensure_ct2
 from .llm_fast import FastAnswer
+from .llm_vllm import VllmRuntime
 from .llm_weights import GGUF_NAME, default_cache_dir, load_llm
 from .payloads import TextPiece, Utterance
 from .trace import mark
@@ -113,7 +118,7 @@ from .trace import mark
 if TYPE_CHECKING:  # llama-cpp-python is optional (runtime: llamacpp)
     from .llm_llamacpp import LlamaRuntime
 
-RUNTIMES = ("torch", "ctranslate2", "llamacpp")
+RUNTIMES = ("torch", "ctranslate2", "llamacpp", "vllm")
 FAST_WAIT_S = 0.25  # a step with nothing else to do waits this long for a fast runtime's token
 DTYPES = ("bfloat16", "float32", "int8")
 """The weights' type (param ``dtype``). bfloat16 is the default. ``int8``: every
@@ -220,6 +225,9 @@ class SmolLM2Llm(AutoregressiveStage):
         first_audio_from_asr: bool = False,
         cache_history: bool = True,
         ctranslate2_cache_tokens: int = 4096,
+        vllm_max_num_seqs: int = 32,
+        vllm_max_model_len: int | None = None,
+        vllm_kv_cache_bytes: int = 1 << 30,
     ) -> None:
         super().__init__(name, device, num_threads=num_threads, packaging_queue=packaging_queue)
         if dtype not in DTYPES:
@@ -230,18 +238,28 @@ class SmolLM2Llm(AutoregressiveStage):
             raise ValueError(f"stage {name!r}: dtype int8 runs on the CPU only, not {device!r}")
         if runtime not in RUNTIMES:
             raise ValueError(f"stage {name!r}: runtime must be one of {RUNTIMES}, not {runtime!r}")
-        if runtime != "torch" and self.device.type != "cpu":
+        if runtime in ("ctranslate2", "llamacpp") and self.device.type != "cpu":
             raise ValueError(f"stage {name!r}: runtime {runtime} runs on the CPU here")
+        if runtime == "vllm":
+            _check_vllm_params(name, dtype, first_audio_first)
         llama_cpp = _llamacpp_module(name) if runtime == "llamacpp" else None
         gguf = _gguf_path(name, model_path) if runtime == "llamacpp" else None
         model, self.tokenizer, folder = load_llm(model_path, cache_dir)
-        self.fast: Ct2Runtime | LlamaRuntime | None = None  # the spoken answers' runtime
+        self.fast: Ct2Runtime | LlamaRuntime | VllmRuntime | None = None  # spoken answers'
         if runtime == "ctranslate2":
             self.fast = Ct2Runtime(
                 ensure_ct2(folder, Path(cache_dir) if cache_dir else default_cache_dir()),
                 num_workers=num_workers,
                 num_threads=ctranslate2_threads,
                 cache_tokens=ctranslate2_cache_tokens,
+            )
+        elif runtime == "vllm":
+            self.fast = VllmRuntime(
+                str(folder),
+                dtype=dtype,
+                max_num_seqs=vllm_max_num_seqs,
+                max_model_len=vllm_max_model_len,
+                kv_cache_bytes=vllm_kv_cache_bytes,
             )
         elif llama_cpp is not None and gguf is not None:
             if llamacpp_type is not None:
@@ -431,7 +449,7 @@ class SmolLM2Llm(AutoregressiveStage):
         assert turn.prompt is not None
         assert self.fast is not None
         hold = partial(FIRST_AUDIO.hold, sid) if self.first_audio_first else None
-        if not isinstance(self.fast, Ct2Runtime):  # llama.cpp: it finds the cached prefix
+        if not isinstance(self.fast, Ct2Runtime):  # llama.cpp (it finds the cached prefix), vLLM
             return self.fast.start(
                 turn.prompt,
                 max_new_tokens=turn.max_new_tokens,
@@ -561,8 +579,11 @@ class SmolLM2Llm(AutoregressiveStage):
                 return StreamOutput()  # the ASR stage has not finished the stream yet
             text = turn.request.text
             return StreamOutput(payloads=(TextPiece(text),), visible=(TextDelta(text),), done=True)
-        if turn.fast is not None:
-            return self._fast_tokens(work.stream_id, turn)
+        if turn.fast is not None:  # its runtime's error (a refused prompt) fails it alone
+            out = self.per_stream(work.stream_id, partial(self._fast_tokens, work.stream_id, turn))
+            failed = self.failed(work.stream_id)
+            assert out is not None or failed is not None
+            return failed or out  # type: ignore[return-value]
         out = step_output(
             self.packager,
             work.stream_id,
@@ -598,6 +619,16 @@ class SmolLM2Llm(AutoregressiveStage):
                 "prompt_tokens": len(turn.prompt or ()),
                 "completion_tokens": len(turn.generated),
             },
+        )
+
+
+def _check_vllm_params(stage: str, dtype: str, first_audio_first: bool) -> None:
+    if dtype == "int8":
+        raise ValueError(f"stage {stage!r}: runtime vllm takes dtype bfloat16 or float32, not int8")
+    if first_audio_first:
+        raise ValueError(
+            f"stage {stage!r}: first_audio_first holds one answer's tokens; runtime vllm "
+            "steps every answer at once (use ctranslate2 or llamacpp for it)"
         )
 
 

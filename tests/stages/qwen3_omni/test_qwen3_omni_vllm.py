@@ -64,6 +64,27 @@ def test_the_engine_param_is_checked_before_anything_loads(tmp_path: Path) -> No
         Qwen3OmniThinker("thinker", model_path=str(tmp_path), max_num_seqs=4)
 
 
+def test_the_engine_picks_the_class_and_the_constructor_keeps_its_signature() -> None:
+    """``engine: vllm`` makes a Qwen3OmniThinkerVllm (``__new__``); ``inspect.signature``
+    still shows the constructor's params, which the config checks and --model-path read."""
+    import inspect
+
+    from omnitrio._overrides import _takes_model_path
+    from stages.qwen3_omni.thinker import Qwen3OmniThinker
+    from stages.qwen3_omni.thinker_vllm import Qwen3OmniThinkerVllm
+
+    params = inspect.signature(Qwen3OmniThinker).parameters
+    assert {"model_path", "engine", "max_tokens"} <= set(params)
+    assert "self" not in params
+    assert "max_num_seqs" in inspect.signature(Qwen3OmniThinkerVllm).parameters
+    config = omnitrio.load_config(VLLM_CONFIG)
+    assert _takes_model_path(config)["thinker"] == "qwen3-omni"
+    assert Qwen3OmniThinker.__new__(Qwen3OmniThinker, "t", engine="vllm").__class__ is (
+        Qwen3OmniThinkerVllm
+    )
+    assert type(Qwen3OmniThinker.__new__(Qwen3OmniThinker, "t")) is Qwen3OmniThinker
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _engine_python_or_skip()
@@ -111,10 +132,9 @@ def _run(engine: VllmEngine, prompts: list[list[int]], max_tokens: int, **add: o
     return {"tokens": tokens, "states": states}
 
 
-def test_greedy_tokens_of_batched_streams_equal_generate(engine: VllmEngine, thinker) -> None:  # type: ignore[no-untyped-def]
-    prompts = _prompts()
-    result = _run(engine, prompts, max_tokens=16)
-    for index, prompt in enumerate(prompts):
+def _assert_equal_generate(thinker, tokens: dict[str, list[int]], **sampling: float) -> None:  # type: ignore[no-untyped-def]
+    """Each of ``_prompts()``'s 16 greedy tokens equal transformers' generate's."""
+    for index, prompt in enumerate(_prompts()):
         ids = torch.tensor([prompt])
         expected = thinker.generate(
             input_ids=ids,
@@ -122,9 +142,23 @@ def test_greedy_tokens_of_batched_streams_equal_generate(engine: VllmEngine, thi
             max_new_tokens=16,
             min_new_tokens=16,
             do_sample=False,
+            **sampling,
         )[0, len(prompt) :].tolist()
-        assert result["tokens"][str(index)] == expected, f"stream {index}"
+        assert tokens[str(index)] == expected, f"stream {index}"
+
+
+def test_greedy_tokens_of_batched_streams_equal_generate(engine: VllmEngine, thinker) -> None:  # type: ignore[no-untyped-def]
+    result = _run(engine, _prompts(), max_tokens=16)
+    _assert_equal_generate(thinker, result["tokens"])
     assert engine.unfinished() == 0
+
+
+def test_repetition_penalty_equals_generate(engine: VllmEngine, thinker) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's repetition penalty counts the prompt's tokens and the answer's, as generate's."""
+    result = _run(engine, _prompts(), max_tokens=16, repetition_penalty=1.5)
+    plain = _run(engine, _prompts(), max_tokens=16)
+    assert result["tokens"] != plain["tokens"]  # the penalty changed the answers
+    _assert_equal_generate(thinker, result["tokens"], repetition_penalty=1.5)
 
 
 def test_prompt_hidden_states_equal_transformers(engine: VllmEngine, thinker) -> None:  # type: ignore[no-untyped-def]
