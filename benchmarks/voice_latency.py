@@ -102,7 +102,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.voice_support import INPUT_RATE_HZ, paused_speech  # noqa: E402
-from tests.webrtc_support import Caller, run_caller  # noqa: E402
+from tests.webrtc_support import SOUND_LEVEL, Caller, run_caller  # noqa: E402
 
 CHUNK_S = 0.02
 QUESTION_SETS = {
@@ -135,6 +135,9 @@ class Turn:
     conversation: int
     question: str
     end_of_speech_to_first_audio_s: float | None = None
+    # The first sample with sound (over SOUND_LEVEL) played, for a client that plays
+    # each delta as it comes: over WebRTC the first audio is counted so already
+    end_of_speech_to_first_sound_s: float | None = None
     speech_stopped_to_first_audio_s: float | None = None
     end_of_speech_to_stopped_s: float | None = None  # the detector's wait
     speech_stopped_to_transcript_s: float | None = None  # ASR (and the commit)
@@ -356,7 +359,12 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
                 seen.first_audio(turn, now, speech_end, time.monotonic())
             played_from, dry_s = run_dry(played_from, turn.answer_audio_s, now)
             turn.underrun_s += dry_s
-            turn.answer_audio_s += len(base64.b64decode(event["delta"])) / 2 / INPUT_RATE_HZ
+            pcm = np.frombuffer(base64.b64decode(event["delta"]), "<i2")
+            loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > SOUND_LEVEL)
+            if turn.end_of_speech_to_first_sound_s is None and loud.size:
+                sound_at = played_from + turn.answer_audio_s + loud[0] / INPUT_RATE_HZ
+                turn.end_of_speech_to_first_sound_s = sound_at - speech_end
+            turn.answer_audio_s += pcm.size / INPUT_RATE_HZ
         elif kind == "response.done":
             turn.played_until = played_from + turn.answer_audio_s
             seen.done(turn, event)
@@ -414,6 +422,7 @@ async def listen_webrtc(
         while not (heard := [t for t in caller.audio_times if t > stopped]):  # noqa: ASYNC110
             await asyncio.sleep(0.005)
     seen.first_audio(turn, heard[0], speech_end, heard[0])
+    turn.end_of_speech_to_first_sound_s = turn.end_of_speech_to_first_audio_s
     if listen_to_answers:
         await caller.wait_for(
             lambda e: (
@@ -550,14 +559,19 @@ def breakdown(levels: list[Level]) -> str:
 def report(levels: list[Level]) -> str:
     lines = [
         "| transport | conversations | turns | end of speech -> first audio p50 / p90 (ms) "
-        "| speech_stopped -> first audio p50 / p90 (ms) | RTF vad | RTF asr | RTF llm "
+        "| end of speech -> first sound p50 / p90 (ms) | speech_stopped -> first audio p50 / p90 (ms) | RTF vad | RTF asr | RTF llm "
         "| llm ms/delta | RTF tts | turn splits | late ends | end of speech -> speech_stopped "
         "p50 / p90 (ms) | false barge-ins | speculative answers taken / dropped |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         done = [t for t in level.turns if t.end_of_speech_to_first_audio_s is not None]
         eos = [t.end_of_speech_to_first_audio_s * 1000 for t in done]  # type: ignore[operator]
+        sound = [
+            t.end_of_speech_to_first_sound_s * 1000
+            for t in done
+            if t.end_of_speech_to_first_sound_s is not None
+        ]
         ss = [
             t.speech_stopped_to_first_audio_s * 1000
             for t in done
@@ -576,6 +590,7 @@ def report(levels: list[Level]) -> str:
         lines.append(
             f"| {level.transport} | {level.conversations} | {len(done)} "
             f"| {percentile(eos, 50):.0f} / {percentile(eos, 90):.0f} "
+            f"| {percentile(sound, 50):.0f} / {percentile(sound, 90):.0f} "
             f"| {percentile(ss, 50):.0f} / {percentile(ss, 90):.0f} "
             f"| {ratio(busy['vad'], level.audio_sent_s):.3f} "
             f"| {ratio(busy.get('asr', math.nan), input_s):.3f} "
@@ -602,6 +617,8 @@ TRACE_STEPS = (
     ("tts_part_front", "their front pass"),
     ("tts_first_audio", "its first audio made"),
     ("speech_stopped", "VAD speech_stopped"),
+    ("answer_audio", "its first audio to the transport"),
+    ("track_first_frame", "a call's track sends it"),
     ("client_first_audio", "first audio at the client"),
 )
 
@@ -628,6 +645,10 @@ def attach_trace(level: Level, log_text: str) -> None:
             steps["speech_paused"] = max(pauses)
         if stops:
             steps["speech_stopped"] = min(stops)
+        for what in ("answer_audio", "track_first_frame"):  # omnitrio/_trace.py
+            after = [t for w, _, t in marks if w == what and end <= t <= heard]
+            if after:
+                steps[what] = min(after)
         steps["client_first_audio"] = heard
         turn.trace_ms = {what: (t - end) * 1000 for what, t in steps.items()}
 

@@ -102,11 +102,12 @@ class Caller:
         self._new_event.set()
 
     def _on_track(self, track: MediaStreamTrack) -> None:
-        # A browser's jitter buffer adapts (~20-40 ms on loopback); aiortc's holds 80 ms
-        # unless told: as the server does, hear each frame once the next is in.
+        # aiortc holds received audio 80 ms unless told: as the server does, hear each
+        # packet as it arrives (a client that plays what it gets at once, as the
+        # benchmark's WebSocket client is counted).
         for transceiver in self.pc.getTransceivers():
             if transceiver.receiver.track is track:
-                set_prefetch(transceiver.receiver, 1)
+                set_prefetch(transceiver.receiver, 0)
         self._reader = asyncio.ensure_future(self._read(track))
 
     async def _read(self, track: MediaStreamTrack) -> None:
