@@ -54,7 +54,7 @@ from .files import INSTALL_HINT, cpu_only, existing_path, package_dir
 from .first_audio import FIRST_AUDIO
 from .llm_weights import default_cache_dir
 from .payloads import TextPiece
-from .pcm import Floats, float_to_pcm16
+from .pcm import Floats, float_to_pcm16, without_quiet_start
 from .phonemes import Espeak, PhonemizerError, VoiceSymbols, phoneme_ids
 from .phrases import PhraseSplitter
 from .trace import mark
@@ -275,6 +275,7 @@ class PiperTts:
             samples = self.synthesize(speech.phrases.popleft(), noise=self.noise)
             speech.spoken += 1
         if not speech.audio_out:
+            samples = without_quiet_start(samples, self.sample_rate_hz)  # sound sooner
             speech.audio_out = True
             speech.runs_out = time.monotonic()
             mark("tts_first_audio", stream_id)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import yaml
 
@@ -133,3 +134,23 @@ def test_short_answers_are_heard_as_written(tts: object) -> None:
     summary = "\n".join(f"{off} off, {n} phrases: {a!r} -> {h!r}" for off, n, a, h in report)
     assert errors / total <= MAX_OVERALL_WER, f"WER {errors / total:.3f}\n{summary}"
     assert all(off <= MAX_WORDS_OFF for off, *_ in report), summary
+
+
+def test_the_quiet_start_is_cut_to_a_few_milliseconds() -> None:
+    from stages.voice.pcm import without_quiet_start
+
+    rate_hz = 1000
+    samples = np.concatenate([np.full(40, 0.0005), np.full(10, 0.2)]).astype(np.float32)
+    assert without_quiet_start(samples, rate_hz).size == 10 + 5  # 5 ms kept before
+    quiet = np.full(30, 0.0005, np.float32)
+    assert without_quiet_start(quiet, rate_hz) is quiet  # all quiet: left as it is
+
+
+@needs_voice
+def test_an_answer_sounds_from_its_first_milliseconds(tts: object) -> None:
+    # Piper starts these phrases with 25-50 ms of near silence: a later first sound.
+    for answer in ("I think so.", "The capital of France is Paris.", "Good morning, how are you?"):
+        pcm16, rate_hz, _ = speak(tts, answer)
+        samples = np.frombuffer(pcm16, "<i2")[int(LEAD_S * rate_hz) :]
+        first_sound = int(np.flatnonzero(np.abs(samples) > 33)[0])
+        assert first_sound <= 0.006 * rate_hz, (answer, first_sound / rate_hz)
