@@ -7,6 +7,7 @@ Usage (from the repository root; needs `scripts/setup dev,voice`)::
         [--checkout DIR] [--voice piper|espeak] [--questions latency|paused] [--pause-s 0.4]
         [--config FILE] [--server-log FILE] [--turn-detection server_vad|semantic_vad]
         [--eagerness low|medium|auto|high] [--trace] [--chunk-ms 20] [--listen]
+        [--transports websocket,webrtc]
 
 ``--turn-detection semantic_vad`` makes every conversation ask for semantic_vad
 (with ``--eagerness``, default ``auto``) in a session.update before it speaks: the
@@ -57,9 +58,19 @@ starts the answer at the first pause, ``pause_ms``, and shows it once the turn
 ends). Also speech_stopped arrival to first audio (the pipeline's own part), and
 the server's count of speculative answers taken and dropped (/metrics).
 
+End of speech to first *sound*: to the first sample over ``SOUND_LEVEL``, for a
+client that plays each delta as it comes; over WebRTC the first audio is counted so
+already (the first frame with sound decoded off the remote track), so this column
+compares the two transports like for like. ``--transports websocket,webrtc`` runs each
+level on each (the WebRTC caller is tests/webrtc_support.py's aiortc peer); ``--trace``
+then also shows when the first audio reached its transport and when a call's track
+sent it (omnitrio/_trace.py).
+
 Answers run dry: turns whose answer audio, played from its first delta on, would
 have run out before the next delta arrived (a client with no buffer of its own),
-and for how long in all.
+and for how long in all. Over WebRTC: the remote track's frames lost, and the
+receive buffer a client would have needed to play every frame on time (the latest
+any frame came after the clock set by the frames before it).
 
 The server's CPU time per turn (``/proc``: the server process and the espeak-ng runs
 it waited for; the VAD on the silence between turns and the speculations dropped
@@ -102,7 +113,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.voice_support import INPUT_RATE_HZ, paused_speech  # noqa: E402
-from tests.webrtc_support import SOUND_LEVEL, Caller, run_caller  # noqa: E402
+from tests.webrtc_support import SOUND_LEVEL, Caller, run_caller, track_gaps  # noqa: E402
 
 CHUNK_S = 0.02
 QUESTION_SETS = {
@@ -172,6 +183,8 @@ class Level:
     wall_s: float = 0.0
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute, at the start and the end
     server_cpu_s: float = math.nan  # the server's CPU time over the level (its children too)
+    track_frames_lost: int = 0  # WebRTC: answer frames that never came, in all calls
+    track_late_s: float = 0.0  # ... and the receive buffer that would have played all
 
 
 def speech(question: str, folder: Path, voice: str, pause_s: float) -> tuple[bytes, float]:
@@ -396,6 +409,9 @@ async def converse_webrtc(
             start = caller.mic.say(pcm16)
             turn.clock_s["start"], turn.clock_s["speech_end"] = start, start + speech_end_s
             await listen_webrtc(caller, turn, start + speech_end_s, seen, listen_to_answers)
+        lost, late_s = track_gaps(caller.frames)
+        level.track_frames_lost += lost
+        level.track_late_s = max(level.track_late_s, late_s)
     finally:
         await caller.close()
 
@@ -539,11 +555,16 @@ def breakdown(levels: list[Level]) -> str:
     lines = [
         "| transport | conversations | speech_stopped -> transcript | transcript -> first text "
         "| first text -> first audio | server CPU s per turn | answers run dry (s in all) "
-        "| load average (start, end) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| track frames lost, receive buffer for no gap (ms) | load average (start, end) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         load = "{:.1f}, {:.1f}".format(*level.load_average)
+        track = (
+            f"{level.track_frames_lost}, {level.track_late_s * 1000:.0f}"
+            if level.transport == "webrtc"
+            else "-"
+        )
         lines.append(
             f"| {level.transport} | {level.conversations} "
             f"| {p50(level.turns, 'speech_stopped_to_transcript_s')} "
@@ -551,7 +572,7 @@ def breakdown(levels: list[Level]) -> str:
             f"| {p50(level.turns, 'first_text_to_first_audio_s')} "
             f"| {level.server_cpu_s / max(1, len(level.turns)):.2f} "
             f"| {sum(t.underrun_s > 0 for t in level.turns)} "
-            f"({sum(t.underrun_s for t in level.turns):.2f}) | {load} |"
+            f"({sum(t.underrun_s for t in level.turns):.2f}) | {track} | {load} |"
         )
     return "\n".join(lines)
 
@@ -559,7 +580,8 @@ def breakdown(levels: list[Level]) -> str:
 def report(levels: list[Level]) -> str:
     lines = [
         "| transport | conversations | turns | end of speech -> first audio p50 / p90 (ms) "
-        "| end of speech -> first sound p50 / p90 (ms) | speech_stopped -> first audio p50 / p90 (ms) | RTF vad | RTF asr | RTF llm "
+        "| end of speech -> first sound p50 / p90 (ms) "
+        "| speech_stopped -> first audio p50 / p90 (ms) | RTF vad | RTF asr | RTF llm "
         "| llm ms/delta | RTF tts | turn splits | late ends | end of speech -> speech_stopped "
         "p50 / p90 (ms) | false barge-ins | speculative answers taken / dropped |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
