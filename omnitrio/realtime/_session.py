@@ -362,13 +362,7 @@ class RealtimeSession(ServerVadTurns):
         """Cut an assistant audio item's transcript to the audio the client played."""
         response = self._response
         writing = response is not None and response.item_id == item_id
-        item = self._conversation.get(item_id)
-        if item is None:
-            raise ClientEventError(
-                "item_not_found",
-                f"item_id {quote(item_id)} names no item of the conversation",
-                param="item_id",
-            )
+        item = self._conversation.existing(item_id)
         if item.role != "assistant" or item.kind != "audio":
             raise ClientEventError(
                 "invalid_value",
@@ -412,13 +406,7 @@ class RealtimeSession(ServerVadTurns):
     def _retrieve(self, item_id: str) -> list[Output]:
         """The item as the conversation holds it: its text and transcripts (input audio
         is not kept after the response that used it, so no audio)."""
-        item = self._conversation.get(item_id)
-        if item is None:
-            raise ClientEventError(
-                "item_not_found",
-                f"item_id {quote(item_id)} names no item of the conversation",
-                param="item_id",
-            )
+        item = self._conversation.existing(item_id)
         shown = item_object(item, self.config.dialect)
         return [ServerEvent("conversation.item.retrieved", {"item": shown})]
 

@@ -1022,21 +1022,13 @@ def test_retrieve_shows_an_item_as_the_conversation_holds_it() -> None:
     session = open_session()
     tracing = {"type": "session.update", "session": {"tracing": "auto"}}
     assert names(send(session, tracing)) == ["session.updated"]
-    item = {
-        "id": "item_kept",
-        "type": "message",
-        "role": "user",
-        "content": [{"type": "input_text", "text": "keep me"}],
-    }
-    send(session, {"type": "conversation.item.create", "item": item})
+    created = user_text("keep me")
+    created["item"]["id"] = "item_kept"
+    send(session, created)
     out = send(session, {"type": "conversation.item.retrieve", "item_id": "item_kept"})
     assert names(out) == ["conversation.item.retrieved"]
     shown = wire(session, out[0])["item"]
-    assert (shown["id"], shown["role"], shown["content"]) == (  # type: ignore[index]
-        "item_kept",
-        "user",
-        item["content"],
-    )
+    assert shown == {**created["item"], "object": "realtime.item", "status": "completed"}, shown
 
 
 def test_delete_removes_an_item_from_what_the_model_reads() -> None:
