@@ -7,6 +7,7 @@ Usage (from the repository root; needs `scripts/setup dev,voice`)::
         [--checkout DIR] [--voice piper|espeak] [--questions latency|paused] [--pause-s 0.4]
         [--config FILE] [--server-log FILE] [--turn-detection server_vad|semantic_vad]
         [--eagerness low|medium|auto|high] [--trace] [--chunk-ms 20] [--listen]
+        [--transports websocket,webrtc]
 
 ``--turn-detection semantic_vad`` makes every conversation ask for semantic_vad
 (with ``--eagerness``, default ``auto``) in a session.update before it speaks: the
@@ -57,9 +58,19 @@ starts the answer at the first pause, ``pause_ms``, and shows it once the turn
 ends). Also speech_stopped arrival to first audio (the pipeline's own part), and
 the server's count of speculative answers taken and dropped (/metrics).
 
+End of speech to first *sound*: to the first sample over ``SOUND_LEVEL``, for a
+client that plays each delta as it comes; over WebRTC the first audio is counted so
+already (the first frame with sound decoded off the remote track), so this column
+compares the two transports like for like. ``--transports websocket,webrtc`` runs each
+level on each (the WebRTC caller is tests/webrtc_support.py's aiortc peer); ``--trace``
+then also shows when the first audio reached its transport and when a call's track
+sent it (omnitrio/_trace.py).
+
 Answers run dry: turns whose answer audio, played from its first delta on, would
 have run out before the next delta arrived (a client with no buffer of its own),
-and for how long in all.
+and for how long in all. Over WebRTC: the remote track's frames lost, and the
+receive buffer a client would have needed to play every frame on time (the latest
+any frame came after the clock set by the frames before it).
 
 The server's CPU time per turn (``/proc``: the server process and the espeak-ng runs
 it waited for; the VAD on the silence between turns and the speculations dropped
@@ -102,7 +113,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.voice_support import INPUT_RATE_HZ, paused_speech  # noqa: E402
-from tests.webrtc_support import Caller, run_caller  # noqa: E402
+from tests.webrtc_support import SOUND_LEVEL, Caller, run_caller, track_gaps  # noqa: E402
 
 CHUNK_S = 0.02
 QUESTION_SETS = {
@@ -135,6 +146,9 @@ class Turn:
     conversation: int
     question: str
     end_of_speech_to_first_audio_s: float | None = None
+    # The first sample with sound (over SOUND_LEVEL) played, for a client that plays
+    # each delta as it comes: over WebRTC the first audio is counted so already
+    end_of_speech_to_first_sound_s: float | None = None
     speech_stopped_to_first_audio_s: float | None = None
     end_of_speech_to_stopped_s: float | None = None  # the detector's wait
     speech_stopped_to_transcript_s: float | None = None  # ASR (and the commit)
@@ -169,6 +183,8 @@ class Level:
     wall_s: float = 0.0
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute, at the start and the end
     server_cpu_s: float = math.nan  # the server's CPU time over the level (its children too)
+    track_frames_lost: int = 0  # WebRTC: answer frames that never came, in all calls
+    track_late_s: float = 0.0  # ... and the receive buffer that would have played all
 
 
 def speech(question: str, folder: Path, voice: str, pause_s: float) -> tuple[bytes, float]:
@@ -356,7 +372,12 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
                 seen.first_audio(turn, now, speech_end, time.monotonic())
             played_from, dry_s = run_dry(played_from, turn.answer_audio_s, now)
             turn.underrun_s += dry_s
-            turn.answer_audio_s += len(base64.b64decode(event["delta"])) / 2 / INPUT_RATE_HZ
+            pcm = np.frombuffer(base64.b64decode(event["delta"]), "<i2")
+            loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > SOUND_LEVEL)
+            if turn.end_of_speech_to_first_sound_s is None and loud.size:
+                sound_at = played_from + turn.answer_audio_s + loud[0] / INPUT_RATE_HZ
+                turn.end_of_speech_to_first_sound_s = sound_at - speech_end
+            turn.answer_audio_s += pcm.size / INPUT_RATE_HZ
         elif kind == "response.done":
             turn.played_until = played_from + turn.answer_audio_s
             seen.done(turn, event)
@@ -388,6 +409,9 @@ async def converse_webrtc(
             start = caller.mic.say(pcm16)
             turn.clock_s["start"], turn.clock_s["speech_end"] = start, start + speech_end_s
             await listen_webrtc(caller, turn, start + speech_end_s, seen, listen_to_answers)
+        lost, late_s = track_gaps(caller.frames)
+        level.track_frames_lost += lost
+        level.track_late_s = max(level.track_late_s, late_s)
     finally:
         await caller.close()
 
@@ -414,6 +438,7 @@ async def listen_webrtc(
         while not (heard := [t for t in caller.audio_times if t > stopped]):  # noqa: ASYNC110
             await asyncio.sleep(0.005)
     seen.first_audio(turn, heard[0], speech_end, heard[0])
+    turn.end_of_speech_to_first_sound_s = turn.end_of_speech_to_first_audio_s
     if listen_to_answers:
         await caller.wait_for(
             lambda e: (
@@ -530,11 +555,16 @@ def breakdown(levels: list[Level]) -> str:
     lines = [
         "| transport | conversations | speech_stopped -> transcript | transcript -> first text "
         "| first text -> first audio | server CPU s per turn | answers run dry (s in all) "
-        "| load average (start, end) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| track frames lost, receive buffer for no gap (ms) | load average (start, end) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         load = "{:.1f}, {:.1f}".format(*level.load_average)
+        track = (
+            f"{level.track_frames_lost}, {level.track_late_s * 1000:.0f}"
+            if level.transport == "webrtc"
+            else "-"
+        )
         lines.append(
             f"| {level.transport} | {level.conversations} "
             f"| {p50(level.turns, 'speech_stopped_to_transcript_s')} "
@@ -542,7 +572,7 @@ def breakdown(levels: list[Level]) -> str:
             f"| {p50(level.turns, 'first_text_to_first_audio_s')} "
             f"| {level.server_cpu_s / max(1, len(level.turns)):.2f} "
             f"| {sum(t.underrun_s > 0 for t in level.turns)} "
-            f"({sum(t.underrun_s for t in level.turns):.2f}) | {load} |"
+            f"({sum(t.underrun_s for t in level.turns):.2f}) | {track} | {load} |"
         )
     return "\n".join(lines)
 
@@ -550,14 +580,20 @@ def breakdown(levels: list[Level]) -> str:
 def report(levels: list[Level]) -> str:
     lines = [
         "| transport | conversations | turns | end of speech -> first audio p50 / p90 (ms) "
+        "| end of speech -> first sound p50 / p90 (ms) "
         "| speech_stopped -> first audio p50 / p90 (ms) | RTF vad | RTF asr | RTF llm "
         "| llm ms/delta | RTF tts | turn splits | late ends | end of speech -> speech_stopped "
         "p50 / p90 (ms) | false barge-ins | speculative answers taken / dropped |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         done = [t for t in level.turns if t.end_of_speech_to_first_audio_s is not None]
         eos = [t.end_of_speech_to_first_audio_s * 1000 for t in done]  # type: ignore[operator]
+        sound = [
+            t.end_of_speech_to_first_sound_s * 1000
+            for t in done
+            if t.end_of_speech_to_first_sound_s is not None
+        ]
         ss = [
             t.speech_stopped_to_first_audio_s * 1000
             for t in done
@@ -576,6 +612,7 @@ def report(levels: list[Level]) -> str:
         lines.append(
             f"| {level.transport} | {level.conversations} | {len(done)} "
             f"| {percentile(eos, 50):.0f} / {percentile(eos, 90):.0f} "
+            f"| {percentile(sound, 50):.0f} / {percentile(sound, 90):.0f} "
             f"| {percentile(ss, 50):.0f} / {percentile(ss, 90):.0f} "
             f"| {ratio(busy['vad'], level.audio_sent_s):.3f} "
             f"| {ratio(busy.get('asr', math.nan), input_s):.3f} "
@@ -602,6 +639,8 @@ TRACE_STEPS = (
     ("tts_part_front", "their front pass"),
     ("tts_first_audio", "its first audio made"),
     ("speech_stopped", "VAD speech_stopped"),
+    ("answer_audio", "its first audio to the transport"),
+    ("track_first_frame", "a call's track sends it"),
     ("client_first_audio", "first audio at the client"),
 )
 
@@ -628,6 +667,10 @@ def attach_trace(level: Level, log_text: str) -> None:
             steps["speech_paused"] = max(pauses)
         if stops:
             steps["speech_stopped"] = min(stops)
+        for what in ("answer_audio", "track_first_frame"):  # omnitrio/_trace.py
+            after = [t for w, _, t in marks if w == what and end <= t <= heard]
+            if after:
+                steps[what] = min(after)
         steps["client_first_audio"] = heard
         turn.trace_ms = {what: (t - end) * 1000 for what, t in steps.items()}
 

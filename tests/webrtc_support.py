@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fractions
+import itertools
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -88,6 +90,7 @@ class Caller:
         self.event_times: list[float] = []  # time.monotonic() each event arrived
         self.audio = bytearray()  # the answer, PCM16 mono 48 kHz
         self.audio_times: list[float] = []  # time.monotonic() of each frame with sound
+        self.frames: list[tuple[float, int]] = []  # (time.monotonic(), pts) of every frame
         self.call_id: str | None = None
         self._new_event = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
@@ -102,11 +105,12 @@ class Caller:
         self._new_event.set()
 
     def _on_track(self, track: MediaStreamTrack) -> None:
-        # A browser's jitter buffer adapts (~20-40 ms on loopback); aiortc's holds 80 ms
-        # unless told: as the server does, hear each frame once the next is in.
+        # aiortc holds received audio 80 ms unless told: as the server does, hear each
+        # packet as it arrives (a client that plays what it gets at once, as the
+        # benchmark's WebSocket client is counted).
         for transceiver in self.pc.getTransceivers():
             if transceiver.receiver.track is track:
-                set_prefetch(transceiver.receiver, 1)
+                set_prefetch(transceiver.receiver, 0)
         self._reader = asyncio.ensure_future(self._read(track))
 
     async def _read(self, track: MediaStreamTrack) -> None:
@@ -115,6 +119,7 @@ class Caller:
                 frame = await track.recv()
                 samples = frame.to_ndarray().reshape(-1, len(frame.layout.channels)).mean(axis=1)
                 pcm = samples.astype("<i2")
+                self.frames.append((time.monotonic(), frame.pts))
                 if np.abs(pcm).max(initial=0) > SOUND_LEVEL:
                     self.audio_times.append(time.monotonic())
                 self.audio += pcm.tobytes()
@@ -187,6 +192,21 @@ class Caller:
         await self.pc.close()
         if self._reader is not None:
             self._reader.cancel()
+
+
+def track_gaps(frames: list[tuple[float, int]]) -> tuple[int, float]:
+    """A remote track's frames lost (RTP timestamps skipped) and the latest any frame
+    came (s) after the soonest it could have by the frames before it: the receive
+    buffer a client playing the track needs to play it without a gap. ``frames``:
+    (arrival, pts) of each frame, as ``Caller.frames``."""
+    lost, latest, soonest = 0, 0.0, math.inf
+    for (_, before), (_, pts) in itertools.pairwise(frames):
+        lost += max(0, (pts - before) // FRAME - 1)
+    for arrived, pts in frames:
+        due = arrived - pts / RATE_HZ  # falls when a frame comes sooner than its clock
+        soonest = min(soonest, due)
+        latest = max(latest, due - soonest)
+    return lost, latest
 
 
 def run_caller(script: Callable[[], Awaitable[Any]]) -> Any:

@@ -62,6 +62,17 @@ class Conversation:
     def get(self, item_id: str) -> Item | None:
         return self._by_id.get(item_id)
 
+    def existing(self, item_id: str) -> Item:
+        """The item with ``item_id`` (``item_not_found`` if there is none)."""
+        item = self._by_id.get(item_id)
+        if item is None:
+            raise ClientEventError(
+                "item_not_found",
+                f"item_id {quote(item_id)} names no item of the conversation",
+                param="item_id",
+            )
+        return item
+
     def _check_room(self, adding: Item, removing: Item | None = None) -> None:
         num_items = len(self._items) + (0 if removing else 1)
         num_bytes = self._num_bytes + _size(adding) - (_size(removing) if removing else 0)
@@ -138,13 +149,8 @@ class Conversation:
 
     def remove(self, item_id: str) -> None:
         """Take the item out of the conversation (``item_not_found`` if there is none)."""
-        item = self._by_id.pop(item_id, None)
-        if item is None:
-            raise ClientEventError(
-                "item_not_found",
-                f"item_id {quote(item_id)} names no item of the conversation",
-                param="item_id",
-            )
+        item = self.existing(item_id)
+        del self._by_id[item_id]
         self._items.remove(item)
         self._num_bytes -= _size(item)
 

@@ -66,6 +66,11 @@ class ItemDelete:
 
 
 @dataclass(frozen=True)
+class ItemRetrieve:
+    item_id: str
+
+
+@dataclass(frozen=True)
 class ResponseCreate:
     patch: SettingsPatch
     metadata: tuple[tuple[str, str], ...]
@@ -89,6 +94,7 @@ ClientEvent = (
     | ItemCreate
     | ItemTruncate
     | ItemDelete
+    | ItemRetrieve
     | ResponseCreate
     | ResponseCancel
     | OutputAudioClear
@@ -97,7 +103,6 @@ ClientEvent = (
 # Events of the SDK's client event unions that omnitrio refuses, and why.
 UNSUPPORTED_EVENTS: Mapping[str, str] = MappingProxyType(
     {
-        "conversation.item.retrieve": "conversation items cannot be retrieved (audio is not kept)",
         "output_audio_buffer.clear": (
             "it is for WebRTC calls (POST /v1/realtime/calls); send response.cancel to stop a reply"
         ),
@@ -250,6 +255,9 @@ _PARSERS: Mapping[str, Callable[[Fields, SessionConfig], ClientEvent]] = Mapping
         "conversation.item.create": _item_create,
         "conversation.item.truncate": _item_truncate,
         "conversation.item.delete": lambda fields, config: ItemDelete(
+            fields.required_str("item_id")
+        ),
+        "conversation.item.retrieve": lambda fields, config: ItemRetrieve(
             fields.required_str("item_id")
         ),
         "response.create": _response_create,

@@ -52,7 +52,7 @@ def _is_one(value: object) -> bool:
 
 # Parameters accepted only with a value that asks for nothing: (accepts, why not).
 _IGNORABLE: Mapping[str, tuple[Callable[[object], bool], str]] = {
-    "tracing": (_never, "tracing is not available; send null"),
+    "tracing": (lambda v: v == "auto", 'tracing is not available; send null (or "auto")'),
     "include": (_empty_list, "transcription logprobs are not available; send []"),
     "prompt": (_never, "prompt templates are not available; send instructions"),
     "reasoning": (_never, "reasoning settings are not available"),

@@ -61,6 +61,7 @@ from ._events import (
     ClientEvent,
     ItemCreate,
     ItemDelete,
+    ItemRetrieve,
     ItemTruncate,
     OutputAudioClear,
     ResponseCancel,
@@ -73,7 +74,7 @@ from ._outputs import CancelResponse, Output, ResponseState, StartResponse, Stop
 from ._response import STATUSES, ActiveResponse, Status
 from ._server_events import ServerEvent, error_event, new_id
 from ._settings import Settings, SettingsPatch, default_settings
-from ._shapes import item_events, session_object
+from ._shapes import item_events, item_object, session_object
 from ._speculation import DropSpeculation, SpeculationState
 from ._turns import IDLE_KEEP_MS, SideStageAudio, TurnDetectionState
 from ._vad_turns import ServerVadTurns
@@ -331,6 +332,8 @@ class RealtimeSession(ServerVadTurns):
                 return self._truncate(item_id, played_ms)
             case ItemDelete(item_id):
                 return self._delete(item_id)
+            case ItemRetrieve(item_id):
+                return self._retrieve(item_id)
             case ResponseCreate():
                 return self._create_response(event)
             case ResponseCancel(response_id):
@@ -366,13 +369,7 @@ class RealtimeSession(ServerVadTurns):
         """Cut an assistant audio item's transcript to the audio the client played."""
         response = self._response
         writing = response is not None and response.item_id == item_id
-        item = self._conversation.get(item_id)
-        if item is None:
-            raise ClientEventError(
-                "item_not_found",
-                f"item_id {quote(item_id)} names no item of the conversation",
-                param="item_id",
-            )
+        item = self._conversation.existing(item_id)
         if item.role != "assistant" or item.kind != "audio":
             raise ClientEventError(
                 "invalid_value",
@@ -412,6 +409,13 @@ class RealtimeSession(ServerVadTurns):
         self._conversation.remove(item_id)
         self._committed = [(i, pcm16) for i, pcm16 in self._committed if i != item_id]
         return [ServerEvent("conversation.item.deleted", {"item_id": item_id})]
+
+    def _retrieve(self, item_id: str) -> list[Output]:
+        """The item as the conversation holds it: its text and transcripts (input audio
+        is not kept after the response that used it, so no audio)."""
+        item = self._conversation.existing(item_id)
+        shown = item_object(item, self.config.dialect)
+        return [ServerEvent("conversation.item.retrieved", {"item": shown})]
 
     def _append(self, pcm16: bytes) -> list[Output]:
         held = len(self._buffer) + sum(len(audio) for _, audio in self._committed)

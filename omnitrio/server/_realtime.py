@@ -33,6 +33,7 @@ import trio
 
 from .._errors import OmnitrioError, Overloaded, StreamShed
 from .._items import AudioChunk, Request, VisibleItem
+from .._trace import mark
 from ..realtime import (
     CancelResponse,
     DropSpeculation,
@@ -409,8 +410,12 @@ class RealtimeConnection:
         self, rid: str, stream: AsyncIterable[VisibleItem], log: ResponseLog
     ) -> None:
         rate_hz = self._state.settings.output_sample_rate_hz
+        first_audio = True
         async for item in stream:
             if isinstance(item, AudioChunk):
+                if first_audio:
+                    mark("answer_audio", rid)  # both transports: the latency benchmark
+                    first_audio = False
                 log.audio()
                 item = AudioChunk(resample_pcm16(item.pcm16, item.sample_rate_hz, rate_hz), rate_hz)
             events = self._session.output(rid, item)

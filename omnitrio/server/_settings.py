@@ -99,10 +99,11 @@ class ServerSettings:
     webrtc_media_timeout_s: float = 1.5
     """A connected call whose caller sent no audio for this long is released: the peer
     went away without a word (browsers send silence, not nothing, while muted)."""
-    webrtc_input_prefetch_frames: int = 1
+    webrtc_input_prefetch_frames: int = 0
     """Received audio frames a call's microphone is held for before the first is heard
-    (20 ms each). aiortc's own is 4 (a fixed 80 ms on every turn's end); 1 drops a
-    packet that comes after its successor, which a loopback or LAN never does."""
+    (20 ms each). aiortc's own is 4 (a fixed 80 ms on every turn's end); 0 hears each
+    packet as it arrives and drops one that comes after a later one (a loopback or LAN
+    never reorders); 1 or more waits for that many later frames (aiortc's buffer)."""
     webrtc_playout_s: float = 10.0
     """The answer's audio a call holds ahead of what it has played: past this a response
     waits (its stream's credits run out), as for a slow WebSocket reader."""
@@ -151,7 +152,6 @@ class ServerSettings:
             "max_queued_per_client",
             "max_checking_threads",
             "max_calls",
-            "webrtc_input_prefetch_frames",
             "client_secret_s",
             "max_client_secrets",
             "max_client_held_bytes",
@@ -159,6 +159,11 @@ class ServerSettings:
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be at least 1, not {getattr(self, name)}")
 
+        if self.webrtc_input_prefetch_frames < 0:
+            raise SettingsError(
+                "webrtc_input_prefetch_frames must be at least 0, "
+                f"not {self.webrtc_input_prefetch_frames}"
+            )
         if self.max_connections_per_client is not None and self.max_connections_per_client < 1:
             raise SettingsError(
                 "max_connections_per_client must be at least 1 (or None), "

@@ -40,7 +40,7 @@ class CallLink:
         playout_capacity_s: float,
         input_rate_hz: int,
         media_timeout_s: float,
-        input_prefetch_frames: int = 1,
+        input_prefetch_frames: int = 0,
     ) -> None:
         self._bridge = bridge
         self._media_timeout_s = media_timeout_s

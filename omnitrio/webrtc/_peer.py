@@ -13,6 +13,7 @@ hung up on (``Inbox full``), as a WebSocket client past its frame limits is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fractions
 import logging
 from collections.abc import Sequence
@@ -27,10 +28,12 @@ from aiortc import (
     RTCRtpReceiver,
     RTCSessionDescription,
 )
-from aiortc.jitterbuffer import JitterBuffer
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.mediastreams import MediaStreamError
+from aiortc.rtp import RtpPacket
 from av import AudioFrame
 
+from .._trace import mark
 from ._playout import FRAME_SAMPLES, TRACK_RATE_HZ, Playout
 
 logger = logging.getLogger(__name__)
@@ -64,19 +67,39 @@ _every_interface = aioice.ice.get_host_addresses
 _JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"  # RTCRtpReceiver's private __jitter_buffer
 
 
-def set_prefetch(receiver: RTCRtpReceiver, frames: int) -> None:
-    """Make ``receiver`` hand a frame on once ``frames`` later ones have arrived.
+class PacketFrames(JitterBuffer):
+    """Received audio handed on packet by packet, each as it arrives.
 
-    aiortc 1.16 holds every received audio frame until 4 later ones are in (a fixed
-    80 ms), which it does not let a caller set; its audio frames are one packet each,
-    so on a network that does not reorder packets 1 (20 ms, its least) loses nothing.
-    A packet that comes after the next one is then dropped (the VAD and ASR hear a
-    20 ms gap) rather than waited for. Left as it is where aiortc's layout differs."""
+    An Opus RTP packet is one whole frame (RFC 7587, section 4.2), but aiortc's jitter
+    buffer knows a frame is complete only once a packet of the next one is in, and then
+    holds it until ``prefetch`` more have come (4: a fixed 80 ms; at least one frame,
+    20 ms, whatever it is told). This hands each packet to the decoder at once; a packet
+    older than one already handed on (late, reordered or repeated) is dropped: the VAD
+    and ASR hear a 20 ms gap, which a loopback or LAN never makes."""
+
+    def __init__(self) -> None:
+        super().__init__(capacity=16)
+        self._last: int | None = None  # the sequence number last handed on
+
+    def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
+        number = packet.sequence_number
+        if self._last is not None and not 0 < (number - self._last) % 0x10000 < 0x8000:
+            return False, None
+        self._last = number
+        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
+
+
+def set_prefetch(receiver: RTCRtpReceiver, frames: int) -> None:
+    """Make ``receiver`` hand its audio on each packet as it arrives (``frames`` 0:
+    ``PacketFrames``), or each frame once ``frames`` later ones have arrived (aiortc's
+    own buffer, told its prefetch). Left as it is where aiortc's layout differs."""
     buffer = getattr(receiver, _JITTER_BUFFER, None)
-    if isinstance(buffer, JitterBuffer):
-        setattr(receiver, _JITTER_BUFFER, JitterBuffer(buffer.capacity, prefetch=frames))
-    else:
+    if not isinstance(buffer, JitterBuffer):
         logger.warning("aiortc's receiver has no jitter buffer where expected; left as it is")
+    elif frames == 0:
+        setattr(receiver, _JITTER_BUFFER, PacketFrames())
+    else:
+        setattr(receiver, _JITTER_BUFFER, JitterBuffer(buffer.capacity, prefetch=frames))
 
 
 class PeerGone(Exception):
@@ -84,7 +107,12 @@ class PeerGone(Exception):
 
 
 class OutgoingAudioTrack(MediaStreamTrack):
-    """The answer's audio: one 20 ms frame each 20 ms, from ``Playout``."""
+    """The answer's audio: one 20 ms frame each 20 ms, from ``Playout``.
+
+    Audio that comes to an empty playout is sent at once, not at the next frame time
+    (which would add 0-20 ms, 10 on average, to every answer's start): the frame clock
+    restarts from it. Its RTP timestamp follows the last one's by a frame as always, so
+    the caller's jitter buffer sees one packet up to 20 ms early."""
 
     kind = "audio"
 
@@ -93,24 +121,47 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self._playout = playout
         self._start: float | None = None
         self._pts = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tick: asyncio.Future[None] | None = None
+        self._playing = False
+        playout.on_audio = self._audio_came
+
+    def _audio_came(self) -> None:
+        """(On the offering thread.) Wake a wait for the next frame time."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: the call is over
+                loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self, due: bool = False) -> None:
+        """The frame time came (``due``), or audio came to a silent track."""
+        tick = self._tick
+        if tick is not None and not tick.done() and (due or self._playout.starting()):
+            tick.set_result(None)
 
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         if self._start is None:
             self._start = loop.time()
         else:  # the frame is due on the RTP clock: a timer, not a poll
             self._pts += FRAME_SAMPLES
             due = self._start + self._pts / TRACK_RATE_HZ
             if due > loop.time():
-                tick: asyncio.Future[None] = loop.create_future()
-                timer = loop.call_at(due, tick.set_result, None)
+                tick = self._tick = loop.create_future()
+                timer = loop.call_at(due, self._wake, True)
+                self._wake()  # audio that came before this wait began
                 try:
                     await tick
                 finally:
                     timer.cancel()
-        pcm16, _ = self._playout.take_frame()
+                    self._tick = None
+                self._start -= max(0.0, due - loop.time())  # sent early: the clock restarts
+        pcm16, had_audio = self._playout.take_frame()
+        if had_audio and not self._playing:
+            mark("track_first_frame", "-")  # the latency benchmark's --trace
+        self._playing = had_audio
         frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
         frame.planes[0].update(pcm16)
         frame.sample_rate = TRACK_RATE_HZ
@@ -136,7 +187,7 @@ def mono_pcm16(frame: AudioFrame) -> tuple[bytes, int]:
 class Peer:
     """One call's peer connection (see the module docstring)."""
 
-    def __init__(self, playout: Playout, input_prefetch_frames: int = 1) -> None:
+    def __init__(self, playout: Playout, input_prefetch_frames: int = 0) -> None:
         self._pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # no STUN: host only
         self._input_prefetch_frames = input_prefetch_frames
         self._track = OutgoingAudioTrack(playout)

@@ -2,7 +2,8 @@
 
 The trio side (the response reading its pipeline stream) ``offer``s PCM16 at the
 track's rate; the asyncio side (aiortc's sender, through ``OutgoingAudioTrack``) takes
-one 20 ms frame each 20 ms of wall time, silence when nothing waits. The buffer holds at
+one 20 ms frame each 20 ms of wall time, silence when nothing waits (audio that comes
+to an empty buffer goes at once, ``on_audio``: the clock restarts from it). The buffer holds at
 most ``capacity_samples``: a response that runs ahead of real time waits (``offer``
 takes what fits and the trio side waits for ``space`` before offering the rest), so its
 pipeline stream's credits run out as they would for a WebSocket client that reads
@@ -47,6 +48,9 @@ class Playout:
         self._queued = 0  # samples waiting
         self._played: OrderedDict[str, int] = OrderedDict()  # item id -> samples played
         self._playing = False  # the last frame taken held audio
+        self.on_audio: Callable[[], None] | None = None
+        """Called (on the offering thread) when audio comes to an empty buffer: the
+        track sends it without waiting for its next frame time."""
 
     @property
     def queued_samples(self) -> int:
@@ -58,10 +62,13 @@ class Playout:
         with self._lock:
             room = 2 * (self.capacity_samples - self._queued)
             take = min(len(pcm16) - len(pcm16) % 2, max(0, room))
+            woken = take > 0 and self._queued == 0
             if take:
                 self._segments.append(_Segment(item_id, pcm16[:take]))
                 self._queued += take // 2
-            return take
+        if woken and self.on_audio is not None:
+            self.on_audio()
+        return take
 
     def take_frame(self) -> tuple[bytes, bool]:
         """The next 20 ms (silence where nothing waits), and whether it held audio."""
@@ -103,6 +110,12 @@ class Playout:
         """How much of ``item_id``'s audio went out, in whole milliseconds."""
         with self._lock:
             return self._played.get(item_id, 0) * 1000 // TRACK_RATE_HZ
+
+    def starting(self) -> bool:
+        """Audio waits and the last frame out was silence: an answer (or its next
+        part, after running dry) is about to start."""
+        with self._lock:
+            return self._queued > 0 and not self._playing
 
     def idle(self) -> bool:
         """Nothing waits and the last frame out was silence."""

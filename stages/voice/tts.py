@@ -33,6 +33,11 @@ from there across a crossfaded join when it is complete (tts_join.py). A first p
 shorter than K words is spoken as before. With ``first_part_pauses_answer`` the
 answer's own next token waits while its first part is synthesised (first_audio.py).
 
+Param ``keep_words_apart`` (default on): a word after a sibilant is kept from running
+into it ("France is" heard as "Francis"; articulation.py). An answer's first audio
+starts 5 ms before its first sound (Piper begins many phrases with 25-50 ms of near
+silence, which only delayed it).
+
 The first phrase's synthesis is marked for first_audio.py: with the LLM stage's
 ``first_audio_first``, the later tokens of answers already speaking wait meanwhile.
 """
@@ -50,11 +55,12 @@ import onnxruntime
 
 from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
 
+from .articulation import keep_words_apart
 from .files import INSTALL_HINT, cpu_only, existing_path, package_dir
 from .first_audio import FIRST_AUDIO
 from .llm_weights import default_cache_dir
 from .payloads import TextPiece
-from .pcm import Floats, float_to_pcm16
+from .pcm import Floats, float_to_pcm16, without_quiet_start
 from .phonemes import Espeak, PhonemizerError, VoiceSymbols, phoneme_ids
 from .phrases import PhraseSplitter
 from .trace import mark
@@ -113,6 +119,7 @@ class PiperTts:
         chunk_left_frames: int = 24,
         chunk_right_frames: int = 20,
         noise: bool = True,
+        keep_words_apart: bool = True,
         cache_dir: str | None = None,
     ) -> None:
         cpu_only(name, device)
@@ -150,6 +157,7 @@ class PiperTts:
             raise ValueError("first_part_pauses_answer needs first_part_words")
         self.first_part_pauses_answer = first_part_pauses_answer
         self.noise = noise  # the voice's sampled variation; off: the same text, the same audio
+        self.keep_words_apart = keep_words_apart  # articulation.py: "France is", not "Francis"
         self._split = (
             None
             if first_chunk_frames is None
@@ -275,6 +283,7 @@ class PiperTts:
             samples = self.synthesize(speech.phrases.popleft(), noise=self.noise)
             speech.spoken += 1
         if not speech.audio_out:
+            samples = without_quiet_start(samples, self.sample_rate_hz)  # sound sooner
             speech.audio_out = True
             speech.runs_out = time.monotonic()
             mark("tts_first_audio", stream_id)
@@ -338,6 +347,8 @@ class PiperTts:
         """The phrase's phoneme ids ([1, N]) and the voice's scales."""
         symbols = self.symbols
         ipa = self._espeak.ipa(text)
+        if self.keep_words_apart:
+            ipa = keep_words_apart(ipa)
         ids = np.array([phoneme_ids(ipa, symbols, self.max_phoneme_ids)], dtype=np.int64)
         scales = np.array(
             [symbols.noise_scale * noise, symbols.length_scale, symbols.noise_w * noise],

@@ -31,3 +31,14 @@ def test_run_dry_counts_a_gap_once_and_playing_resumes_after_it() -> None:
     started, dry = run_dry(start, 2.0, 12.5)  # 0.5 s after the 2 s ran out
     assert (started, dry) == (10.5, 0.5)
     assert run_dry(started, 3.0, 13.0) == (10.5, 0.0)  # resumed: 0.5 s left
+
+
+def test_track_gaps_counts_lost_frames_and_the_buffer_a_late_one_needs() -> None:
+    from tests.webrtc_support import track_gaps
+
+    frames = [(0.0, 0), (0.020, 960), (0.040, 1920), (0.090, 2880), (0.100, 4800)]
+    lost, late_s = track_gaps(frames)  # 2880 came 30 ms late; 3840 never came
+    assert lost == 1
+    assert abs(late_s - 0.030) < 1e-9
+    early = [(0.0, 0), (0.005, 960), (0.025, 1920)]  # a frame sent early: no lateness
+    assert track_gaps(early) == (0, 0.0)

@@ -357,7 +357,7 @@ BAD_EVENTS: list[tuple[str, object, str]] = [
     ("type not a string", {"type": 5}, "invalid_event"),
     ("unknown type", {"type": "session.explode"}, "unknown_event_type"),
     ("delete", {"type": "conversation.item.delete", "item_id": "i"}, "item_not_found"),
-    ("retrieve", {"type": "conversation.item.retrieve", "item_id": "i"}, "unsupported_event_type"),
+    ("retrieve", {"type": "conversation.item.retrieve", "item_id": "i"}, "item_not_found"),
     ("truncate", {"type": "conversation.item.truncate"}, "missing_required_parameter"),
     ("output clear", {"type": "output_audio_buffer.clear"}, "unsupported_event_type"),
     ("transcription", {"type": "transcription_session.update"}, "unsupported_event_type"),
@@ -788,6 +788,7 @@ EMITTED_GA = {
     "response.done",
     "conversation.item.truncated",
     "conversation.item.deleted",
+    "conversation.item.retrieved",
     "response.function_call_arguments.delta",
     "response.function_call_arguments.done",
     "error",
@@ -854,6 +855,7 @@ def every_kind_of_event(session: RealtimeSession) -> list[ServerEvent]:
             item_id = _output_item_id(events)
             truncate = {"type": "conversation.item.truncate", "item_id": item_id}
             events += send(session, {**truncate, "content_index": 0, "audio_end_ms": 50})
+            events += send(session, {"type": "conversation.item.retrieve", "item_id": item_id})
             events += send(session, {"type": "conversation.item.delete", "item_id": item_id})
     events += function_call_turn(session)
     for status in ("cancelled", "failed", "incomplete"):
@@ -1012,6 +1014,21 @@ def test_truncate_during_the_answer_applies_when_it_closes() -> None:
     assert transcript.fields["transcript"] == "the quick brown fox"  # the item as it stays
     start = start_response(session)
     assert start.request.text.splitlines()[1] == "assistant: the quick brown fox"
+
+
+def test_retrieve_shows_an_item_as_the_conversation_holds_it() -> None:
+    # The OpenAI Agents SDK retrieves items it is told of; its session.update sends
+    # tracing "auto" (accepted: there is nothing to trace to).
+    session = open_session()
+    tracing = {"type": "session.update", "session": {"tracing": "auto"}}
+    assert names(send(session, tracing)) == ["session.updated"]
+    created = user_text("keep me")
+    created["item"]["id"] = "item_kept"
+    send(session, created)
+    out = send(session, {"type": "conversation.item.retrieve", "item_id": "item_kept"})
+    assert names(out) == ["conversation.item.retrieved"]
+    shown = wire(session, out[0])["item"]
+    assert shown == {**created["item"], "object": "realtime.item", "status": "completed"}, shown
 
 
 def test_delete_removes_an_item_from_what_the_model_reads() -> None:

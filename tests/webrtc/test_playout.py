@@ -47,3 +47,21 @@ def test_clear_cuts_at_once_and_names_what_played() -> None:
 def test_a_buffer_smaller_than_a_frame_is_refused() -> None:
     with pytest.raises(ValueError, match="capacity_samples"):
         Playout(FRAME_SAMPLES - 1, lambda: None)
+
+
+def test_audio_coming_to_a_silent_buffer_is_announced_once() -> None:
+    playout = Playout(10 * FRAME_SAMPLES, lambda: None)
+    came: list[None] = []
+    playout.on_audio = lambda: came.append(None)
+    assert not playout.starting()
+    playout.offer("item_a", _pcm(FRAME_SAMPLES))
+    playout.offer("item_a", _pcm(FRAME_SAMPLES))  # more to a buffer not empty: no news
+    assert len(came) == 1
+    assert playout.starting()  # audio waits, the track was silent
+    playout.take_frame()
+    assert not playout.starting()  # it is playing now
+    playout.take_frame()
+    playout.take_frame()  # ran dry: silence went out
+    playout.offer("item_a", _pcm(FRAME_SAMPLES))
+    assert len(came) == 2
+    assert playout.starting()

@@ -89,7 +89,9 @@ def test_the_first_part_goes_out_a_step_before_the_rest(tts: object) -> None:
     tts.close_stream("s")  # type: ignore[attr-defined]
     chunks = [item for out in outputs for item in out.visible if isinstance(item, AudioChunk)]
     assert len(chunks) == 3  # the first phrase in two parts, the second whole
-    assert len(chunks[0].pcm16) == 2 * FIRST_FRAMES * tts._split.hop  # type: ignore[attr-defined]
+    first_samples = FIRST_FRAMES * tts._split.hop  # type: ignore[attr-defined]
+    quiet_start = int(0.06 * 22050)  # cut from an answer's first audio (pcm.without_quiet_start)
+    assert 2 * (first_samples - quiet_start) <= len(chunks[0].pcm16) <= 2 * first_samples
     assert outputs[0].more
     assert len(chunks[1].pcm16) > len(chunks[0].pcm16)
 
@@ -282,7 +284,8 @@ def test_the_first_part_joins_the_whole_phrase_without_a_word_lost(
         assert stage.joins.num_joins == 1
         assert stage.joins.join_mismatches == 0
         samples = sum(len(c) for c in chunks) // 2
-        assert samples == (part_frames + rest_frames) * split.hop
+        made = (part_frames + rest_frames) * split.hop  # less the first audio's quiet start
+        assert made - int(0.06 * stage.sample_rate_hz) <= samples <= made
         assert part_frames > JOIN_FRAMES
         lead = bytes(2 * int(0.3 * stage.sample_rate_hz))  # as the clean-speech test
         heard = transcribe_pcm16(lead + b"".join(chunks), stage.sample_rate_hz)
