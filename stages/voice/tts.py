@@ -134,6 +134,9 @@ class PiperTts:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = num_threads
         options.inter_op_num_threads = 1
+        # No arena: it keeps a long phrase's peak (+~520 MB after 600-id phrases) for good,
+        # at no measured cost to a short phrase (docs/reliability.md, round 3).
+        options.enable_cpu_mem_arena = False
         self._session = onnxruntime.InferenceSession(str(onnx), options, ["CPUExecutionProvider"])
         self.min_comma_words = min_comma_words
         self.max_phrase_words = max_phrase_words
