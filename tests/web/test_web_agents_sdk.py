@@ -24,9 +24,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Route, sync_playwright
+from playwright.sync_api import Route
 
-from tests.web.test_web_page import fake_microphone_args
+from tests.web.test_web_page import chromium_page, fake_microphone_args
 from tests.web.test_web_voice import (
     RAW_MICROPHONE,
     TURN_TIMEOUT_MS,
@@ -108,29 +108,21 @@ def test_the_agents_sdk_completes_a_spoken_turn_over_webrtc(
             return
         route.fulfill(body=path.read_bytes(), content_type="text/javascript")
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(chromium), args=args)
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(TURN_TIMEOUT_MS)
-            page_errors: list[str] = []
-            page.on("pageerror", lambda error: page_errors.append(str(error)))
-            page.add_init_script(RAW_MICROPHONE)
-            page.route(f"{default_server}/agents-sdk/*", sdk)
-            page.route(
-                f"{default_server}/agents-sdk-test",
-                lambda route: route.fulfill(body=PAGE, content_type="text/html"),
-            )
-            page.goto(f"{default_server}/agents-sdk-test")
-            page.wait_for_function("window.talk !== undefined")
-            page.evaluate("key => window.talk(key)", key)
-            page.wait_for_function(
-                "window.seen.events.includes('response.done')"
-                " && window.seen.events.includes('output_audio_buffer.stopped')"
-            )
-            seen = page.evaluate("window.seen")
-        finally:
-            browser.close()
+    with chromium_page(chromium, args, TURN_TIMEOUT_MS) as (page, page_errors):
+        page.add_init_script(RAW_MICROPHONE)
+        page.route(f"{default_server}/agents-sdk/*", sdk)
+        page.route(
+            f"{default_server}/agents-sdk-test",
+            lambda route: route.fulfill(body=PAGE, content_type="text/html"),
+        )
+        page.goto(f"{default_server}/agents-sdk-test")
+        page.wait_for_function("window.talk !== undefined")
+        page.evaluate("key => window.talk(key)", key)
+        page.wait_for_function(
+            "window.seen.events.includes('response.done')"
+            " && window.seen.events.includes('output_audio_buffer.stopped')"
+        )
+        seen = page.evaluate("window.seen")
 
     assert page_errors == []
     assert seen["errors"] == [], seen["errors"]

@@ -24,6 +24,7 @@ import sys
 import time
 import wave
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,24 @@ def fake_microphone_args(wav: Path) -> list[str]:
         "--disable-sync",
         "--no-first-run",
     ]
+
+
+@contextmanager
+def chromium_page(
+    chromium: Path, args: list[str], timeout_ms: float
+) -> Iterator[tuple[Page, list[str]]]:
+    """A page in headless Chromium launched with ``args``, and the list its uncaught
+    errors go to; the browser is closed on the way out."""
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(chromium), args=args)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(timeout_ms)
+            page_errors: list[str] = []
+            page.on("pageerror", lambda error: page_errors.append(str(error)))
+            yield page, page_errors
+        finally:
+            browser.close()
 
 
 @pytest.fixture
@@ -119,76 +138,68 @@ def _microphone_wav(path: Path) -> Path:
 def test_voice_chat_page(tmp_path: Path, chromium: Path, server_url: str) -> None:
     wav = _microphone_wav(tmp_path / "microphone.wav")
     args = fake_microphone_args(wav)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(chromium), args=args)
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(TURN_TIMEOUT_MS)
-            page_errors: list[str] = []
-            page.on("pageerror", lambda error: page_errors.append(str(error)))
-            page.on(
-                "console",
-                lambda msg: page_errors.append(msg.text) if msg.type == "error" else None,
-            )
+    with chromium_page(chromium, args, TURN_TIMEOUT_MS) as (page, page_errors):
+        page.on(
+            "console",
+            lambda msg: page_errors.append(msg.text) if msg.type == "error" else None,
+        )
 
-            page.goto(f"{server_url}/?transport=websocket")  # this test is of the WebSocket path
-            assert page.text_content("#hint") == "Press Connect to start."
-            page.click("#connect")
-            page.wait_for_function("window.omnitrio.state === 'connected'")
-            # The synthetic pipeline detects no turns: no Hands-free button, nor a hint of it.
-            hint = page.text_content("#hint") or ""
-            assert "press Talk" in hint
-            assert "Hands-free" not in hint
-            assert page.is_hidden("#hands-free")
+        page.goto(f"{server_url}/?transport=websocket")  # this test is of the WebSocket path
+        assert page.text_content("#hint") == "Press Connect to start."
+        page.click("#connect")
+        page.wait_for_function("window.omnitrio.state === 'connected'")
+        # The synthetic pipeline detects no turns: no Hands-free button, nor a hint of it.
+        hint = page.text_content("#hint") or ""
+        assert "press Talk" in hint
+        assert "Hands-free" not in hint
+        assert page.is_hidden("#hands-free")
 
-            # (a) A text turn: audio and a transcript stream back.
-            page.fill("#text", "Hello from the browser test")
-            page.click("#send")
-            page.wait_for_function(
-                "window.omnitrio.audioSecondsReceived > 0"
-                " && window.omnitrio.transcript.length > 0"
-                " && window.omnitrio.eventCounts['response.done'] === 1"
-            )
-            first_audio_s = page.evaluate("window.omnitrio.audioSecondsReceived")
+        # (a) A text turn: audio and a transcript stream back.
+        page.fill("#text", "Hello from the browser test")
+        page.click("#send")
+        page.wait_for_function(
+            "window.omnitrio.audioSecondsReceived > 0"
+            " && window.omnitrio.transcript.length > 0"
+            " && window.omnitrio.eventCounts['response.done'] === 1"
+        )
+        first_audio_s = page.evaluate("window.omnitrio.audioSecondsReceived")
 
-            # (b) Talking over the reply barges in: playback stops at once.
-            _wait_until_mid_playback(page, 0.0)
-            page.click("#talk")
-            cut_s = _assert_playback_stopped(page)
+        # (b) Talking over the reply barges in: playback stops at once.
+        _wait_until_mid_playback(page, 0.0)
+        page.click("#talk")
+        cut_s = _assert_playback_stopped(page)
 
-            # (c) A push-to-talk turn: ~1 s from the fake microphone, then a second reply,
-            # which plays to the end.
-            page.wait_for_function("window.omnitrio.audioSecondsSent >= 1.0")
-            page.click("#talk")
-            page.wait_for_function(
-                f"window.omnitrio.audioSecondsReceived > {first_audio_s}"
-                " && window.omnitrio.eventCounts['response.done'] === 2"
-            )
-            second_audio_s = page.evaluate("window.omnitrio.audioSecondsReceived") - first_audio_s
-            page.wait_for_function(
-                f"window.omnitrio.audioSecondsPlayed >= {cut_s + second_audio_s - PLAYED_SLACK_S}"
-            )
+        # (c) A push-to-talk turn: ~1 s from the fake microphone, then a second reply,
+        # which plays to the end.
+        page.wait_for_function("window.omnitrio.audioSecondsSent >= 1.0")
+        page.click("#talk")
+        page.wait_for_function(
+            f"window.omnitrio.audioSecondsReceived > {first_audio_s}"
+            " && window.omnitrio.eventCounts['response.done'] === 2"
+        )
+        second_audio_s = page.evaluate("window.omnitrio.audioSecondsReceived") - first_audio_s
+        page.wait_for_function(
+            f"window.omnitrio.audioSecondsPlayed >= {cut_s + second_audio_s - PLAYED_SLACK_S}"
+        )
 
-            # (d) A third reply, stopped with the Stop button while it plays.
-            played_s = page.evaluate("window.omnitrio.audioSecondsPlayed")
-            page.fill("#text", "And once more")
-            page.click("#send")
-            # Once the server is done, Stop only has playback to silence; a response.cancel
-            # racing response.done would earn an (ignored but counted) error event.
-            page.wait_for_function("window.omnitrio.eventCounts['response.done'] === 3")
-            _wait_until_mid_playback(page, played_s)
-            page.click("#stop")
-            _assert_playback_stopped(page)
-            page.wait_for_function("document.querySelector('#stop').disabled")
+        # (d) A third reply, stopped with the Stop button while it plays.
+        played_s = page.evaluate("window.omnitrio.audioSecondsPlayed")
+        page.fill("#text", "And once more")
+        page.click("#send")
+        # Once the server is done, Stop only has playback to silence; a response.cancel
+        # racing response.done would earn an (ignored but counted) error event.
+        page.wait_for_function("window.omnitrio.eventCounts['response.done'] === 3")
+        _wait_until_mid_playback(page, played_s)
+        page.click("#stop")
+        _assert_playback_stopped(page)
+        page.wait_for_function("document.querySelector('#stop').disabled")
 
-            SCREENSHOT.parent.mkdir(exist_ok=True)
-            page.screenshot(path=str(SCREENSHOT), full_page=True)
-            seen = page.evaluate("window.omnitrio")
-            user_lines = page.eval_on_selector_all(
-                "#transcript li.user", "lines => lines.map(li => li.textContent)"
-            )
-        finally:
-            browser.close()
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT), full_page=True)
+        seen = page.evaluate("window.omnitrio")
+        user_lines = page.eval_on_selector_all(
+            "#transcript li.user", "lines => lines.map(li => li.textContent)"
+        )
 
     # One user line per turn: the spoken one says how long it was (this pipeline has no
     # ASR to give its transcript), and no second line for it.

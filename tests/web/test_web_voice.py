@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from playwright.sync_api import sync_playwright
 
 from omnitrio import resample_float
 from stages.voice.pcm import float_to_pcm16, pcm16_to_float
@@ -33,7 +32,7 @@ from tests.voice_support import (
     word_error_rate,
     write_wav,
 )
-from tests.web.test_web_page import SERVING, fake_microphone_args
+from tests.web.test_web_page import SERVING, chromium_page, fake_microphone_args
 
 pytestmark = [needs_voice, pytest.mark.usefixtures("voice_weights")]
 
@@ -101,35 +100,25 @@ def test_hands_free_spoken_turn_in_the_browser(
 ) -> None:
     wav = _microphone_wav(tmp_path)
     args = fake_microphone_args(wav)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(chromium), args=args)
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(TURN_TIMEOUT_MS)
-            page_errors: list[str] = []
-            page.on("pageerror", lambda error: page_errors.append(str(error)))
-            page.add_init_script(RAW_MICROPHONE)
-            page.goto(
-                f"{default_server}/?transport=websocket"
-            )  # this test is of the WebSocket path
-            page.click("#connect")
-            page.wait_for_function("window.omnitrio.state === 'connected'")
-            page.wait_for_function("window.omnitrio.serverVad")
-            assert "Hands-free" in (page.text_content("#hint") or "")  # the page says so
-            page.evaluate("window.omnitrio.keepAudio = true")
-            page.click("#hands-free")
-            assert "Hands-free: just talk" in (page.text_content("#hint") or "")
-            page.wait_for_function(
-                "window.omnitrio.userTranscripts.length >= 1"
-                " && (window.omnitrio.eventCounts['response.done'] || 0) >= 1"
-            )
-            page.click("#hands-free")  # stop listening before the file loops
-            seen = page.evaluate("window.omnitrio")
-            user_lines = page.eval_on_selector_all(
-                "#transcript li.user", "lines => lines.map(li => li.textContent)"
-            )
-        finally:
-            browser.close()
+    with chromium_page(chromium, args, TURN_TIMEOUT_MS) as (page, page_errors):
+        page.add_init_script(RAW_MICROPHONE)
+        page.goto(f"{default_server}/?transport=websocket")  # this test is of the WebSocket path
+        page.click("#connect")
+        page.wait_for_function("window.omnitrio.state === 'connected'")
+        page.wait_for_function("window.omnitrio.serverVad")
+        assert "Hands-free" in (page.text_content("#hint") or "")  # the page says so
+        page.evaluate("window.omnitrio.keepAudio = true")
+        page.click("#hands-free")
+        assert "Hands-free: just talk" in (page.text_content("#hint") or "")
+        page.wait_for_function(
+            "window.omnitrio.userTranscripts.length >= 1"
+            " && (window.omnitrio.eventCounts['response.done'] || 0) >= 1"
+        )
+        page.click("#hands-free")  # stop listening before the file loops
+        seen = page.evaluate("window.omnitrio")
+        user_lines = page.eval_on_selector_all(
+            "#transcript li.user", "lines => lines.map(li => li.textContent)"
+        )
 
     assert page_errors == []
     assert seen["errors"] == []

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import av
 import numpy as np
-from playwright.sync_api import sync_playwright
 
 from omnitrio import resample_float
 from stages.voice.pcm import float_to_pcm16
 from tests.voice_support import MAX_WER, transcribe_pcm16, word_error_rate
-from tests.web.test_web_page import fake_microphone_args
+from tests.web.test_web_page import chromium_page, fake_microphone_args
 from tests.web.test_web_voice import (
     RAW_MICROPHONE,
     TURN_TIMEOUT_MS,
@@ -71,34 +70,26 @@ def test_a_spoken_turn_over_webrtc_in_the_browser(
 ) -> None:
     wav = _microphone_wav(tmp_path)
     args = [*fake_microphone_args(wav), "--allow-loopback-in-peer-connection"]
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(chromium), args=args)
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(TURN_TIMEOUT_MS)
-            page_errors: list[str] = []
-            page.on("pageerror", lambda error: page_errors.append(str(error)))
-            page.add_init_script(RAW_MICROPHONE)
-            page.add_init_script(ASKED)  # runs after RAW_MICROPHONE: sees the page's ask
-            page.goto(f"{default_server}/")
-            page.click("#connect")
-            page.wait_for_function("window.omnitrio.state === 'connected'")
-            assert page.evaluate("window.omnitrio.transport") == "webrtc"
-            page.wait_for_function("window.omnitrio.serverVad")
-            page.evaluate("window.reply = window.omnitrio.rtc.recordReply()")
-            page.click("#hands-free")
-            page.wait_for_function(
-                "window.omnitrio.userTranscripts.length >= 1"
-                " && (window.omnitrio.eventCounts['response.done'] || 0) >= 1"
-                " && (window.omnitrio.eventCounts['output_audio_buffer.stopped'] || 0) >= 1"
-            )
-            page.click("#hands-free")  # stop listening before the file loops
-            stats = page.evaluate("window.omnitrio.rtc.stats()")
-            recorded = base64.b64decode(page.evaluate("window.reply.stop()"))
-            seen = page.evaluate("window.omnitrio")
-            asked = page.evaluate("window.askedAudio")
-        finally:
-            browser.close()
+    with chromium_page(chromium, args, TURN_TIMEOUT_MS) as (page, page_errors):
+        page.add_init_script(RAW_MICROPHONE)
+        page.add_init_script(ASKED)  # runs after RAW_MICROPHONE: sees the page's ask
+        page.goto(f"{default_server}/")
+        page.click("#connect")
+        page.wait_for_function("window.omnitrio.state === 'connected'")
+        assert page.evaluate("window.omnitrio.transport") == "webrtc"
+        page.wait_for_function("window.omnitrio.serverVad")
+        page.evaluate("window.reply = window.omnitrio.rtc.recordReply()")
+        page.click("#hands-free")
+        page.wait_for_function(
+            "window.omnitrio.userTranscripts.length >= 1"
+            " && (window.omnitrio.eventCounts['response.done'] || 0) >= 1"
+            " && (window.omnitrio.eventCounts['output_audio_buffer.stopped'] || 0) >= 1"
+        )
+        page.click("#hands-free")  # stop listening before the file loops
+        stats = page.evaluate("window.omnitrio.rtc.stats()")
+        recorded = base64.b64decode(page.evaluate("window.reply.stop()"))
+        seen = page.evaluate("window.omnitrio")
+        asked = page.evaluate("window.askedAudio")
 
     assert page_errors == []
     assert seen["errors"] == []
