@@ -176,9 +176,10 @@ async def test_a_newcomer_is_not_queued_behind_a_late_streams_backlog(max_batch_
             backlog = after["b"].queue_depth[flood.id]
         nursery.cancel_scope.cancel()
     # At b quick goes in the first round planned after it is there: behind the round
-    # running and the one queued behind it (two of flood's steps), then its own step;
-    # b may finish one more of flood's while quick's step at a runs (3-4 seen; behind
-    # the backlog it would be thousands).
+    # running and the one queued behind it (two of flood's steps), then its own step.
+    # The count starts before quick's step at a, so b also finishes flood's steps while
+    # that runs, as many as thread timing allows (3-4 on a quiet machine, 5 seen in a full
+    # CI run beside other work); behind the backlog it would be thousands.
     b_steps = after["b"].num_steps - before["b"].num_steps
-    assert b_steps <= 4, (b_steps, backlog)
+    assert b_steps <= 6, (b_steps, backlog)
     assert backlog >= 1000  # flood's backlog was still there: quick did not wait it out
