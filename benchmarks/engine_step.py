@@ -18,6 +18,9 @@ streams' greedy tokens equal the ``torch`` engine's.
   ``DynamicCache``s gathered into a left-padded batch every step, then scattered).
 - ``vllm``: vLLM's ``LLMEngine`` (engine core in-process), one ``step()`` a token,
   through ``stages.kit.VllmEngine``, the vLLM thinker stage's engine.
+- ``vllm-compiled``: the same with ``compiled=True`` (vLLM's torch.compile path; on a
+  CPU one Dynamo trace and inductor kernels), as param ``vllm_compile`` starts the voice
+  LLM's engine. Its start (a minute's compile the first time) is not in the step.
 
 ``--pipeline 1,8,32``: then the tiny Qwen3-Omni pipeline (thinker -> talker ->
 code2wav) at that many concurrent streams, once per config: the thinker on torch
@@ -107,8 +110,8 @@ def run_torch(
 class VllmRuns:
     """One engine for every batch and context of the run (a start takes seconds)."""
 
-    def __init__(self, checkpoint: pathlib.Path, max_num_seqs: int) -> None:
-        self.checkpoint, self.max_num_seqs = checkpoint, max_num_seqs
+    def __init__(self, checkpoint: pathlib.Path, max_num_seqs: int, compiled: bool) -> None:
+        self.checkpoint, self.max_num_seqs, self.compiled = checkpoint, max_num_seqs, compiled
         self.engine: Any = None
         self.runs = 0
 
@@ -116,7 +119,10 @@ class VllmRuns:
         from stages.kit import VllmEngine
 
         if self.engine is None:
-            self.engine = VllmEngine.start(str(self.checkpoint), max_num_seqs=self.max_num_seqs)
+            self.engine = VllmEngine.start(
+                str(self.checkpoint), max_num_seqs=self.max_num_seqs, compiled=self.compiled
+            )
+            print(f"vLLM (compiled={self.compiled}) started in {self.engine.start_s:.1f} s")
         engine, self.runs = self.engine, self.runs + 1
         ids = [f"{self.runs}-{i}" for i in range(len(prompts))]
         for request_id, prompt in zip(ids, prompts, strict=True):
@@ -232,11 +238,13 @@ def main() -> None:
             make_tiny_checkpoint(checkpoint)
         model = _thinker(checkpoint)
         batches = [int(b) for b in args.batch.split(",") if b] or [1]
-        vllm = VllmRuns(checkpoint, max(batches))
+        vllm = VllmRuns(checkpoint, max(batches), compiled=False)
+        vllm_compiled = VllmRuns(checkpoint, max(batches), compiled=True)
         runs: dict[str, Run] = {
             "torch": lambda p, s: run_torch(model, p, s, gather=False),
             "torch-gather": lambda p, s: run_torch(model, p, s, gather=True),
             "vllm": vllm,
+            "vllm-compiled": vllm_compiled,
         }
         rows = []
         generator = torch.Generator().manual_seed(0)
@@ -278,6 +286,7 @@ def main() -> None:
                         flush=True,
                     )
         vllm.close()
+        vllm_compiled.close()
         pipeline_rows = []
         if args.pipeline:
             streams = [int(n) for n in args.pipeline.split(",")]

@@ -90,11 +90,19 @@ class VllmEngine:
         kv_cache_bytes: int = 1 << 30,
         dtype: str = "float32",
         hidden_layers: list[int] | None = None,
+        compiled: bool = False,
     ) -> VllmEngine:
         """Start the process and the engine on ``model`` (a checkpoint folder vLLM loads).
         ``max_model_len`` None: the checkpoint's own. ``hidden_layers``: transformers
         ``output_hidden_states`` indices whose prompt states each request that asks gets
-        back."""
+        back. ``compiled``: vLLM's torch.compile path instead of eager (on a CPU, inductor
+        kernels; the first start compiles for a minute, later ones read vLLM's cache);
+        refused with ``hidden_layers``, whose hooks a compiled model does not run."""
+        if compiled and hidden_layers:
+            raise ValueError(
+                "vLLM engine: hidden_layers need the eager model (a compiled one runs no "
+                "forward hooks); start it with compiled=False"
+            )
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         env.setdefault("OMP_NUM_THREADS", "1")  # vLLM's CPU worker ignores set_num_threads
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its log goes to our stderr
@@ -113,6 +121,7 @@ class VllmEngine:
             "kv_cache_memory_bytes": kv_cache_bytes,
             "dtype": dtype,
             "hidden_layers": hidden_layers,
+            "compiled": compiled,
         }
         if max_model_len is None:
             del args["max_model_len"]

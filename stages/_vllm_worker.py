@@ -128,8 +128,9 @@ class _Worker:
 
         started = time.perf_counter()
         layers = args.pop("hidden_layers", None)
+        compiled = bool(args.pop("compiled", False))
         engine_args = EngineArgs(
-            enforce_eager=True,
+            enforce_eager=not compiled,  # compiled on a CPU: one Dynamo trace, inductor kernels
             skip_tokenizer_init=True,
             async_scheduling=False,  # outputs in the step that made them (on by default on GPUs)
             enable_prefix_caching=not layers,  # a cached prefix computes no hidden states

@@ -16,8 +16,9 @@ conversation's KV cache, and an answer reuses the longest cached prefix of its
 prompt; needs ``llama-cpp-python``, built from source). ``vllm``: vLLM on the
 safetensors folder (llm_vllm.py: the LLM engine for GPU hosts, every answer in one
 engine step; ``scripts/setup vllm``; params ``vllm_max_num_seqs``,
-``vllm_max_model_len``, ``vllm_kv_cache_bytes``; the engine runs in param ``dtype``,
-on the device vLLM finds). With param
+``vllm_max_model_len``, ``vllm_kv_cache_bytes``, ``vllm_compile`` (vLLM's compiled
+model: off by default, its first start compiles for a minute); the engine runs in param
+``dtype``, on the device vLLM finds). With param
 ``first_audio_first``, such an answer whose first phrase is out waits while any
 answer's first phrase is synthesised (first_audio.py: on few cores, the first audio
 gets them); with ``first_audio_from_asr`` as well, while any other answer is on its
@@ -228,6 +229,7 @@ class SmolLM2Llm(AutoregressiveStage):
         vllm_max_num_seqs: int = 32,
         vllm_max_model_len: int | None = None,
         vllm_kv_cache_bytes: int = 1 << 30,
+        vllm_compile: bool = False,
     ) -> None:
         super().__init__(name, device, num_threads=num_threads, packaging_queue=packaging_queue)
         if dtype not in DTYPES:
@@ -260,6 +262,7 @@ class SmolLM2Llm(AutoregressiveStage):
                 max_num_seqs=vllm_max_num_seqs,
                 max_model_len=vllm_max_model_len,
                 kv_cache_bytes=vllm_kv_cache_bytes,
+                compiled=vllm_compile,
             )
         elif llama_cpp is not None and gguf is not None:
             if llamacpp_type is not None:

@@ -67,6 +67,7 @@ class VllmRuntime(TokenHandover):
         max_num_seqs: int,
         max_model_len: int | None,
         kv_cache_bytes: int,
+        compiled: bool = False,
     ) -> None:
         super().__init__()
         self.engine = VllmEngine.start(
@@ -75,6 +76,7 @@ class VllmRuntime(TokenHandover):
             max_model_len=max_model_len,
             kv_cache_bytes=kv_cache_bytes,
             dtype=dtype,
+            compiled=compiled,
         )
         self._ids = itertools.count()
         self._new: list[VllmAnswer] = []  # started, not yet added to the engine

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stages._vllm_engine import engine_python
+from stages._vllm_engine import VllmEngine, engine_python
 from stages._vllm_worker import read_frame, write_frame
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,6 +25,12 @@ def test_frames_round_trip_and_end_at_eof() -> None:
     assert read_frame(buffer) == ("step", ())
     assert read_frame(buffer) == ("ok", [("s0", [1, 2], False, None, None)])
     assert read_frame(buffer) is None  # the other side closed
+
+
+def test_a_compiled_engine_with_hidden_layers_is_refused_before_it_starts() -> None:
+    """A compiled model runs no forward hooks, so the prompt states would never come."""
+    with pytest.raises(ValueError, match="hidden_layers need the eager model"):
+        VllmEngine.start("no-such-model", hidden_layers=[0, 1], compiled=True)
 
 
 def test_the_stand_in_declares_the_operators_torchvision_registers_shapes_for() -> None:

@@ -72,6 +72,29 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_chat_checkpoint(tmp_path_factory.mktemp("tiny-chat"))
 
 
+def test_vllm_compile_starts_the_engine_compiled(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Param ``vllm_compile`` reaches ``VllmEngine.start`` (off by default): the start is
+    stopped there, a compiled start being a minute's compile."""
+    from stages.kit import VllmEngine
+
+    class Started(Exception):
+        pass
+
+    seen: list[bool] = []
+
+    def start(cls: object, model: str, **params: object) -> None:
+        seen.append(bool(params["compiled"]))
+        raise Started
+
+    monkeypatch.setattr(VllmEngine, "start", classmethod(start))
+    for params in ({}, {"vllm_compile": True}):
+        with pytest.raises(Started):
+            _stage(checkpoint, runtime="vllm", **params)
+    assert seen == [False, True]
+
+
 @pytest.fixture(scope="module")
 def llm(checkpoint: Path) -> Iterator[object]:
     stage = _stage(checkpoint, runtime="vllm", vllm_max_model_len=MAX_MODEL_LEN)
