@@ -297,7 +297,8 @@ class Pipeline:
         if stream.ending:
             self._num_ended -= 1
         else:
-            self._admission.completed(time.perf_counter() - stream.admitted_at_s, stream.audio_s)
+            lifetime_s = time.perf_counter() - stream.admitted_at_s
+            self._admission.completed(lifetime_s, stream.audio_s, stream.first_chunk_s)
             for actor in self._actors:
                 actor.step_model.completed(stream.num_steps_at.get(actor.name, 0), stream.audio_s)
         outcome = "failed" if stream.failure else "cancelled" if stream.cancelled else "completed"

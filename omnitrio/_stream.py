@@ -86,6 +86,8 @@ class StreamState:
         self.first_audio_at_s: float | None = None
         self.audio_s = 0.0
         """Seconds of audio put on the client link so far."""
+        self.first_chunk_s = 0.0
+        """Seconds of audio in its first chunk (made before its client plays)."""
         self.lag_s = 0.0
         """At its latest audio chunk: how long a player that started at its first chunk
         had waited for it (0 when it came in time; admission's lateness guard)."""
@@ -95,7 +97,7 @@ class StreamState:
     def put_audio(self, duration_s: float, now_s: float) -> None:
         """``duration_s`` of audio went onto the client link at ``now_s`` (perf_counter)."""
         if self.first_audio_at_s is None:
-            self.first_audio_at_s = now_s
+            self.first_audio_at_s, self.first_chunk_s = now_s, duration_s
         self.lag_s = max(0.0, now_s - self.first_audio_at_s - self.audio_s)
         self.audio_s += duration_s
         self.hooks.counters.audio_s_put += duration_s

@@ -18,17 +18,22 @@ move ``scale`` as well.
 
 With ``n`` streams a stage runs ``ceil(n / max_batch_size)`` steps per *round*
 (each stream stepped once); each stream-step yields, on average,
-``audio_s_per_stream_step`` seconds of audio, learned too: over the streams that
-completed, their audio over the steps they took here (``completed``). Before the
-first completion, from the streams that play (``StreamFlow``): for each, this
-stage's steps since its first audio against the audio delivered since then, up
-to its latest step here. A stage's steps run ahead of the audio they become (the
-steps before a stream's first audio yield nothing yet), but once audio flows
-both move at the stream's pace, so this is the steady-state yield; audio comes in
-chunks, so it lags the steps by half a chunk on average: it errs low, on the side
-of refusing. It is never taken below audio delivered over all stream-steps so
-far (a lower bound: every second of audio came from a step already taken), which
-is the estimate until the streams have played ``MIN_FLOW_AUDIO_S`` here. Nothing
+``audio_s_per_stream_step`` seconds of audio, learned too, from the streams that
+play (``StreamFlow``): for each, this stage's steps since its first audio against
+the audio delivered since then, counted up to the latest step here at which more of
+its audio had arrived. A stage's steps run ahead of the audio they become (the
+steps before a stream's first audio yield nothing yet), but once audio flows both
+move at the stream's pace, so this is the steady-state yield: what a client playing
+since the first chunk needs the stage to keep up with. Counting to the latest new
+audio (not the latest step) keeps the chunks' lag out of it, and the first chunk
+(made before its client plays) and a last chunk that comes after the stream's last
+step here (a vocoder's padded final window: 2 s of audio for a 12-frame tail) out
+of it too: over whole streams, audio over steps would read such a tail as yield
+(12 % high on ``bench-qwen3-omni.yaml``'s talker, which then admitted 224 streams
+where 192 is the limit). Until the streams have played ``MIN_FLOW_AUDIO_S`` so, the
+yield is that of the streams that completed (their audio over the steps they took
+here, ``completed``), else audio delivered over all stream-steps so far (a lower
+bound: every second of audio came from a step already taken). Nothing
 is shed before a stream completed. The stage keeps ``n`` streams in real time when
 ``realtime_factor(n) = audio_s_per_stream_step / round_s(n)`` is at least 1.
 Here ``n`` counts a stage's *active* streams (with work there lately), not
@@ -63,6 +68,8 @@ MAX_FIRST_STEP_SHARE = 0.9
 """The most of a stage's time ``round_s`` leaves to first steps (prefills)."""
 YIELD_KEEP = 0.98
 """Weight of the past in the audio per stream-step, per completed stream."""
+FLOW_HALF_LIFE_STEPS = 20000.0
+"""Half-life, in stream-steps, of the past in the playing streams' yield."""
 
 
 def _keep(half_life: float) -> float:
@@ -71,6 +78,7 @@ def _keep(half_life: float) -> float:
 
 _SHAPE_KEEP = _keep(SHAPE_HALF_LIFE_STEPS)
 _SCALE_KEEP = _keep(SCALE_HALF_LIFE_STEPS)
+_FLOW_KEEP = _keep(FLOW_HALF_LIFE_STEPS)
 
 
 class _Line:
@@ -117,9 +125,9 @@ class _Line:
 
 @dataclass(slots=True)
 class StreamFlow:
-    """One stream at one stage, for the yield before any stream completed: the stage's
-    steps and the stream's audio since the stage's first step after its first audio,
-    as of its latest step here (``StepModel.stepped``)."""
+    """One stream at one stage, for its steady-state yield: the stage's steps and the
+    stream's audio since the stage's first step after its first audio, as of the
+    latest step here at which more of its audio had arrived (``StepModel.stepped``)."""
 
     mark_steps: int | None = None
     mark_audio_s: float = 0.0
@@ -147,7 +155,7 @@ class StepModel:
         self.num_completed = 0
         self._yield_audio_s = 0.0
         self._yield_steps = 0.0
-        self._flow_steps = 0
+        self._flow_steps = 0.0
         self._flow_audio_s = 0.0
 
     def observe(self, batch_size: int, step_s: float, num_first: int = 0) -> None:
@@ -192,14 +200,20 @@ class StepModel:
 
     def stepped(self, flow: StreamFlow, num_steps: int, audio_s: float) -> None:
         """A stream took its ``num_steps``-th step here; ``audio_s`` of its audio has been
-        delivered so far. Its steps and audio since its first audio join the yield."""
+        delivered so far. Once more of its audio has come since its last count here,
+        the steps and audio since then join the yield."""
         if flow.mark_steps is None:
             if audio_s > 0:
                 flow.mark_steps, flow.mark_audio_s = num_steps, audio_s
             return
-        steps, audio = num_steps - flow.mark_steps, audio_s - flow.mark_audio_s
-        self._flow_steps += steps - flow.steps
-        self._flow_audio_s += audio - flow.audio_s
+        audio = audio_s - flow.mark_audio_s
+        if audio <= flow.audio_s:  # no new audio yet: these steps' audio is on its way
+            return
+        steps = num_steps - flow.mark_steps
+        new_steps = steps - flow.steps
+        keep = _FLOW_KEEP**new_steps
+        self._flow_steps = self._flow_steps * keep + new_steps
+        self._flow_audio_s = self._flow_audio_s * keep + (audio - flow.audio_s)
         flow.steps, flow.audio_s = steps, audio
 
     def completed(self, num_steps: int, audio_s: float) -> None:
@@ -211,14 +225,13 @@ class StepModel:
         self._yield_steps = self._yield_steps * YIELD_KEEP + num_steps
 
     def audio_s_per_stream_step(self, audio_s_delivered: float) -> float:
+        if self._flow_audio_s >= MIN_FLOW_AUDIO_S and self._flow_steps > 0:
+            return self._flow_audio_s / self._flow_steps
         if self._yield_steps > 0 and self._yield_audio_s > 0:
             return self._yield_audio_s / self._yield_steps
         if not self.num_stream_steps:
             return 0.0
-        lower = audio_s_delivered / self.num_stream_steps
-        if self._flow_audio_s >= MIN_FLOW_AUDIO_S and self._flow_steps > 0:
-            return max(lower, self._flow_audio_s / self._flow_steps)
-        return lower
+        return audio_s_delivered / self.num_stream_steps
 
     def ready(self, audio_s_delivered: float) -> bool:
         return self.num_steps >= MIN_STEPS and (

@@ -3,10 +3,11 @@
 The rule (``docs/design.md``, "Admission"): a new stream is admitted only while,
 with it, every stage's learned realtime factor (``StepModel``, ``_headroom.py``) for its
 *active* streams plus the new one is at least ``needed``: ``1 + realtime_margin``
-times ``A / (A + B)``, ``A`` the mean audio of the streams that completed with audio
-(before any did: ``1 + realtime_margin``), ``B`` the configured client buffer
-(``pipeline.client_buffer_s``). A stream that makes ``A`` seconds of audio at ``f``
-x real time ends ``A x (1/f - 1)`` behind its playback; a client that buffers ``B``
+times ``A / (A + B)``, ``A`` the mean audio of the streams that completed with audio,
+less their first chunk (before any did: ``1 + realtime_margin``), ``B`` the configured
+client buffer (``pipeline.client_buffer_s``). A stream's first chunk is made before its
+client plays; the ``A`` seconds after it, made at ``f`` x real time while the client
+plays, end ``A x (1/f - 1)`` behind its playback; a client that buffers ``B``
 absorbs that while it is at most ``B``, so a stage falls behind only below
 ``A / (A + B)``: short answers tolerate a stage somewhat slower than real time (a
 closed loop at the limit, whose prefills take a share of the first stage's time),
@@ -110,9 +111,9 @@ class Admission:
 
     @property
     def length_factor(self) -> float:
-        """``A / (A + client_buffer_s)`` (1 before any stream completed with audio): the
-        realtime factor below which a stream of the usual length ends further behind
-        than its client buffers."""
+        """``A / (A + client_buffer_s)`` (1 before any stream completed with audio; ``A``:
+        their audio after the first chunk): the realtime factor below which a stream of
+        the usual length ends further behind than its client buffers."""
         audio_s = self._mean_audio_s
         return 1.0 if audio_s is None else audio_s / (audio_s + self.client_buffer_s)
 
@@ -197,17 +198,21 @@ class Admission:
         estimate = mean - oldest_age_s if oldest_age_s is not None else mean / max(num_live, 1)
         return min(max(estimate, MIN_RETRY_AFTER_S), MAX_RETRY_AFTER_S)
 
-    def completed(self, lifetime_s: float, audio_s: float = 0.0) -> None:
-        """A stream completed after ``lifetime_s`` with ``audio_s`` of audio."""
+    def completed(
+        self, lifetime_s: float, audio_s: float = 0.0, first_chunk_s: float = 0.0
+    ) -> None:
+        """A stream completed after ``lifetime_s`` with ``audio_s`` of audio, the first
+        ``first_chunk_s`` of it in its first chunk."""
         self.warmup.over = True
         mean = self._mean_lifetime_s
         self._mean_lifetime_s = (
             lifetime_s if mean is None else mean * LIFETIME_KEEP + lifetime_s * (1 - LIFETIME_KEEP)
         )
-        if audio_s > 0:
+        played_s = audio_s - first_chunk_s  # made while its client played
+        if played_s > 0:
             audio = self._mean_audio_s
             self._mean_audio_s = (
-                audio_s if audio is None else audio * AUDIO_KEEP + audio_s * (1 - AUDIO_KEEP)
+                played_s if audio is None else audio * AUDIO_KEEP + played_s * (1 - AUDIO_KEEP)
             )
 
     def behind(self, model: StepModel, num_active: int, audio_s: float) -> bool:

@@ -107,6 +107,17 @@ def test_short_answers_tolerate_what_their_client_buffers_long_ones_do_not() -> 
     assert 1.0 < admission.needed < 1.05
 
 
+def test_the_first_chunk_is_made_before_its_client_plays_so_it_is_not_counted() -> None:
+    # Only the audio after the first chunk is made while the client plays: 0.56 s of
+    # a 0.64 s answer whose first chunk is 80 ms.
+    admission = Admission(256, 0.05, headroom=True, client_buffer_s=0.25)
+    for _ in range(50):
+        admission.completed(1.0, 0.64, 0.08)
+    assert admission.needed == pytest.approx(1.05 * 0.56 / (0.56 + 0.25))
+    admission.completed(1.0, 0.08, 0.08)  # a one-chunk answer: nothing made while it played
+    assert admission.needed == pytest.approx(1.05 * 0.56 / (0.56 + 0.25))
+
+
 def test_the_retry_hint_is_the_time_until_the_oldest_stream_ends() -> None:
     admission = Admission(4, 0.05, headroom=True)
     admission.completed(2.0)
@@ -324,16 +335,33 @@ def test_before_any_completion_the_yield_is_the_playing_streams_pace_not_all_ste
     # Audio delivered over every step taken reads the lag as a low yield (the old
     # estimate: two thirds of the truth here) ...
     assert delivered_s / model.num_stream_steps < 0.7 * YIELD_S
-    # ... the playing streams' steps and audio since their first audio read the pace;
-    # audio after a stream's last step here (its tail, still on its way) is not
-    # counted, so it does not read high.
+    # ... the playing streams' steps and audio since their first audio, counted up to
+    # the latest step at which more audio had come (the chunks' lag left out), read
+    # the pace; audio after a stream's last step here (its tail, still on its way) is
+    # not counted, so it does not read high.
     estimate = model.audio_s_per_stream_step(delivered_s)
-    assert 0.9 * YIELD_S <= estimate <= YIELD_S
+    assert estimate == pytest.approx(YIELD_S)
     # So a stage that would make 1.27 s of audio a second for each of 19 streams admits
     # the 19th; with the old estimate (a factor of 0.90) it refused.
     admission = Admission(256, 0.05, headroom=True)
     assert model.realtime_factor(19, delivered_s) > 1.25
     assert admission.refusal(18, 18, [("thinker", model)], delivered_s) is None
+
+
+def test_a_padded_last_chunk_is_not_read_as_yield() -> None:
+    # A talker-like stage: a frame (80 ms) a step, windows of 25 frames (2 s) reach the
+    # client 3 steps after their last frame; the last window of a 112-frame answer is
+    # padded (2 s for 12 frames) and comes after the stream's last step here.
+    model = StepModel(32)
+    for _ in range(8):  # eight streams, one after another
+        flow = StreamFlow()
+        for step in range(1, 113):
+            model.observe(1, 0.01)
+            model.stepped(flow, step, 2.0 * max(0, (step - 3) // 25))
+        model.completed(112, 10.0)
+    # Over whole streams: 10 s over 112 steps, 89 ms a step; a client hears 80.
+    assert 10.0 / 112 > 1.1 * 0.08
+    assert model.audio_s_per_stream_step(80.0) == pytest.approx(0.08)
 
 
 def test_before_streams_play_enough_the_yield_is_the_lower_bound() -> None:
