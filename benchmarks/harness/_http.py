@@ -6,12 +6,14 @@ document); not a general client. Loopback only unless the caller allows more.
 
 from __future__ import annotations
 
+import email.utils
 import ipaddress
 import socket
 import urllib.parse
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import h11
 import trio
@@ -53,6 +55,29 @@ def _is_loopback(host: str) -> bool:
 class Response:
     status: int
     body: AsyncIterator[bytes]
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """By lower-case name (the last of a repeated one)."""
+
+    @property
+    def retry_after_s(self) -> float | None:
+        """The ``Retry-After`` header in seconds (None: absent or not a time)."""
+        return retry_after_s(self.headers.get("retry-after"))
+
+
+def retry_after_s(value: str | None, now: datetime | None = None) -> float | None:
+    """A ``Retry-After`` value (RFC 9110: delay-seconds or an HTTP-date) in seconds from
+    ``now`` (None: absent or neither)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    now = now or datetime.now(UTC)
+    return max(0.0, (when - now).total_seconds())
 
 
 @asynccontextmanager
@@ -78,7 +103,10 @@ async def http_request(
             raise ConnectionError(f"expected an HTTP response, got {type(event).__name__}")
         pieces = _body(stream, conn)
         async with aclosing(pieces):
-            yield Response(event.status_code, pieces)
+            headers = {
+                bytes(k).decode("latin-1"): bytes(v).decode("latin-1") for k, v in event.headers
+            }
+            yield Response(event.status_code, pieces, headers)
 
 
 async def _next_event(stream: trio.SocketStream, conn: h11.Connection) -> object:

@@ -84,8 +84,8 @@ class ChatTarget(_ServerTarget):
             async with http_request(
                 self._endpoint, "POST", "/v1/chat/completions", body, "application/json"
             ) as response:
-                if response.status == 503:
-                    raise Refused("HTTP 503")
+                if response.status == 503:  # honoured as the in-process client does
+                    raise Refused("HTTP 503", response.retry_after_s)
                 if response.status != 200:
                     raise TargetError(f"HTTP {response.status}")
                 async with aclosing(sse_events(response.body)) as events:
@@ -173,9 +173,12 @@ class RealtimeTarget(_ServerTarget):
             if status == "completed":
                 return True
             details = event["response"].get("status_details") or {}
-            message = str((details.get("error") or {}).get("message", status))
+            error = details.get("error") or {}
+            message = str(error.get("message", status))
             if _OVERLOADED in message:
-                raise Refused(message)
+                retry_ms = error.get("retry_after_ms")
+                hint = retry_ms / 1000 if isinstance(retry_ms, int | float) else None
+                raise Refused(message, hint)
             raise TargetError(f"response {status}: {message}")
         return False
 
