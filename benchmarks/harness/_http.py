@@ -103,10 +103,10 @@ async def http_request(
             raise ConnectionError(f"expected an HTTP response, got {type(event).__name__}")
         pieces = _body(stream, conn)
         async with aclosing(pieces):
-            headers = {
+            answered = {
                 bytes(k).decode("latin-1"): bytes(v).decode("latin-1") for k, v in event.headers
             }
-            yield Response(event.status_code, pieces, headers)
+            yield Response(event.status_code, pieces, answered)
 
 
 async def _next_event(stream: trio.SocketStream, conn: h11.Connection) -> object:
