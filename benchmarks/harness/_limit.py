@@ -18,8 +18,11 @@ Then
 omnitrio runs with ``admission: headroom`` (``max_streams`` raised to the largest cap
 swept, so only headroom refuses) under a closed loop of that many clients, and
 reports the streams it admitted (the open streams sampled during the run: median and
-peak) against the limit, with its continuity. Open-loop arrivals are not swept here
-(``--load-fractions`` runs them at fixed rates).
+peak) against the limit, with its continuity. Last, the same in **open loop**:
+arrivals at ``OPEN_LOOP_LOAD`` times the rate the limit's fixed-cap run completed
+(Poisson, for ``--open-loop-s``; a refused request stays refused), so headroom faces
+staggered arrivals past what the limit carries: it should admit about the limit, and
+every admitted stream should stay continuous.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from ._report import report_run
 from ._runner import LoadSettings, RunResult, default_progress_stream, run_load
 from ._target import Prompt
 
+OPEN_LOOP_LOAD = 1.5
+"""Open-loop arrivals at this many times the rate the limit's run completed."""
 BUFFERED_TOLERANCE_S = 0.02
 """What a buffering player may wait in all and still count as continuous (a frame)."""
 
@@ -56,6 +61,8 @@ class CapRun:
     open_streams_max: int | None
     buffered_rate: float | None = None
     """Share of completed requests with audio continuous for a buffering player."""
+    arrivals_per_s: float | None = None
+    """Open loop: the arrival rate (None: a closed loop of ``cap`` clients)."""
 
     @property
     def continuous(self) -> bool:
@@ -90,7 +97,9 @@ def _with_admission(config: PipelineConfig, admission: str, cap: int) -> Pipelin
     return config.model_copy(update={"pipeline": section})
 
 
-def _cap_run(run: RunResult, cap: int, admission: str, buffer_s: float) -> CapRun:
+def _cap_run(
+    run: RunResult, cap: int, admission: str, buffer_s: float, arrivals_per_s: float | None = None
+) -> CapRun:
     aggregates = report_run(run, None).aggregates
     counts = [s.open_streams for s in run.samples if s.open_streams is not None]
     played = [r.audio for r in run.records if r.outcome == "completed" and r.audio]
@@ -106,6 +115,7 @@ def _cap_run(run: RunResult, cap: int, admission: str, buffer_s: float) -> CapRu
         open_streams_p50=statistics.median(counts) if counts else None,
         open_streams_max=max(counts) if counts else None,
         buffered_rate=sum(held) / len(held) if held else None,
+        arrivals_per_s=arrivals_per_s,
     )
 
 
@@ -116,13 +126,25 @@ async def _closed_loop(
     clients: int,
     prompts: Sequence[Prompt],
     args: argparse.Namespace,
+    arrivals_per_s: float | None = None,
 ) -> CapRun:
-    settings = LoadSettings(max_concurrency=clients, time_limit_s=args.time_limit_s)
+    """A closed loop of ``clients``, or with ``arrivals_per_s`` an open loop of
+    ``prompts`` arriving at that rate (refusals stay refused)."""
+    if arrivals_per_s is None:
+        settings = LoadSettings(max_concurrency=clients, time_limit_s=args.time_limit_s)
+    else:
+        settings = LoadSettings(
+            max_concurrency=len(prompts),
+            request_rate=arrivals_per_s,
+            retry=False,
+            seed=args.seed,
+            time_limit_s=args.time_limit_s,
+        )
     progress = None if args.no_progress else default_progress_stream()
     name = f"omnitrio {admission} cap={cap}"
     async with open_pipeline_target(_with_admission(config, admission, cap), name) as target:
         run = await run_load(target, prompts, settings, progress_out=progress)
-    return _cap_run(run, cap, admission, config.pipeline.client_buffer_s)
+    return _cap_run(run, cap, admission, config.pipeline.client_buffer_s, arrivals_per_s)
 
 
 def true_limit(runs: Sequence[CapRun], *, buffered: bool = False) -> int | None:
@@ -132,6 +154,7 @@ def true_limit(runs: Sequence[CapRun], *, buffered: bool = False) -> int | None:
         run.cap
         for run in runs
         if run.admission == "max_streams"
+        and run.arrivals_per_s is None
         and (run.buffered_continuous if buffered else run.continuous)
     ]
     return max(passed) if passed else None
@@ -153,7 +176,17 @@ async def find_limit(args: argparse.Namespace, config: PipelineConfig) -> list[C
     count = args.num_prompts or 4 * top
     prompts = make_prompts(count, args.input_len, args.output_len, args.seed, args.option)
     runs.append(await _closed_loop(config, "headroom", top, top, prompts, args))
+    limit = true_limit(runs) or top
+    carried = next(run for run in runs if run.cap == limit and run.admission == "max_streams")
+    rate = OPEN_LOOP_LOAD * carried.requests_per_s
+    count = args.num_prompts or max(1, round(rate * args.open_loop_s))
+    prompts = make_prompts(count, args.input_len, args.output_len, args.seed, args.option)
+    runs.append(await _closed_loop(config, "headroom", top, count, prompts, args, rate))
     return runs
+
+
+def _loop(run: CapRun) -> str:
+    return "closed loop" if run.arrivals_per_s is None else "open loop"
 
 
 def _rate(rate: float | None) -> str:
@@ -168,8 +201,9 @@ def limit_table(runs: Sequence[CapRun]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
+        clients = run.cap if run.arrivals_per_s is None else f"open loop {run.arrivals_per_s:.1f}/s"
         rows.append(
-            f"| {run.admission} | {run.cap} | {run.cap} | {run.num_completed}/{run.num_failed}/"
+            f"| {run.admission} | {run.cap} | {clients} | {run.num_completed}/{run.num_failed}/"
             f"{run.num_refused} | {_rate(run.continuity_rate)} | {_rate(run.buffered_rate)} | "
             f"{run.requests_per_s:.1f} | "
             f"{run.open_streams_p50 if run.open_streams_p50 is not None else '-'} / "
@@ -188,10 +222,13 @@ def limit_table(runs: Sequence[CapRun]) -> str:
         for run in headroom:
             median = run.open_streams_p50
             share = "" if median is None else f" ({median / limit:.0%} of it)"
-            lines.append(f"  - headroom admitted a median of {median} streams{share}")
+            lines.append(
+                f"  - headroom ({_loop(run)}) admitted a median of {median} streams{share}"
+            )
     for run in headroom:
         lines.append(
-            f"- headroom admitted at most {run.open_streams_max} streams; continuity "
-            f"{_rate(run.continuity_rate)} (gaps), {_rate(run.buffered_rate)} (buffered)"
+            f"- headroom ({_loop(run)}) admitted at most {run.open_streams_max} streams, "
+            f"refused {run.num_refused}; continuity {_rate(run.continuity_rate)} (gaps), "
+            f"{_rate(run.buffered_rate)} (buffered)"
         )
     return "\n".join(lines) + "\n"

@@ -43,8 +43,10 @@ def test_find_limit_sweeps_fixed_caps_then_headroom(
     assert "| max_streams | 1 | 1 | 4/0/0 |" in out
     assert "| max_streams | 2 | 2 | 4/0/0 |" in out
     assert "| headroom | 2 | 2 | 4/0/0 |" in out
+    assert "| headroom | 2 | open loop " in out  # then staggered arrivals past the limit
     assert "true real-time limit" in out
-    assert "headroom admitted at most" in out
+    assert "headroom (closed loop) admitted at most" in out
+    assert "headroom (open loop) admitted at most" in out
 
 
 def test_a_buffering_player_waits_only_where_the_lag_passes_its_buffer() -> None:
