@@ -18,16 +18,18 @@ Then
 omnitrio runs with ``admission: headroom`` (``max_streams`` raised to the largest cap
 swept, so only headroom refuses) under a closed loop of that many clients, and
 reports the streams it admitted (the open streams sampled during the run: median and
-peak) against the limit, with its continuity. Last, the same in **open loop**:
-arrivals at ``OPEN_LOOP_LOAD`` times the rate the limit's fixed-cap run completed
-(Poisson, for ``--open-loop-s``; a refused request stays refused), so headroom faces
-staggered arrivals past what the limit carries: it should admit about the limit, and
-every admitted stream should stay continuous.
+peak) against the limit, with its continuity. Then the same in **open loop**:
+arrivals at ``OPEN_LOOP_LOAD`` times the rate the closed-loop limit's run completed
+(Poisson, for ``--open-loop-s``; a refused request stays refused), first under each
+fixed cap (the open-loop limit: the largest cap whose admitted streams all stayed
+continuous; arrivals one at a time take a prefill each, so it may lie below the
+closed loop's), then under headroom.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -76,7 +78,10 @@ class CapRun:
 
     @property
     def _all_completed(self) -> bool:
-        return self.num_failed == 0 and self.num_refused == 0
+        """None failed, and in a closed loop none refused (in open loop a fixed cap's
+        refusals are what it turns away, as headroom's are)."""
+        refused = self.num_refused and self.arrivals_per_s is None
+        return self.num_failed == 0 and not refused
 
 
 def buffered_stall_s(chunks: Sequence[AudioArrival], buffer_s: float) -> float:
@@ -147,14 +152,17 @@ async def _closed_loop(
     return _cap_run(run, cap, admission, config.pipeline.client_buffer_s, arrivals_per_s)
 
 
-def true_limit(runs: Sequence[CapRun], *, buffered: bool = False) -> int | None:
-    """The largest cap whose fixed-cap run kept every stream continuous, by the gaps
-    rule or (``buffered``) the buffering player's (None: none did)."""
+def true_limit(
+    runs: Sequence[CapRun], *, buffered: bool = False, open_loop: bool = False
+) -> int | None:
+    """The largest cap whose fixed-cap run (closed loop, or ``open_loop``) kept every
+    stream it admitted continuous, by the gaps rule or (``buffered``) the buffering
+    player's (None: none did)."""
     passed = [
         run.cap
         for run in runs
         if run.admission == "max_streams"
-        and run.arrivals_per_s is None
+        and (run.arrivals_per_s is not None) == open_loop
         and (run.buffered_continuous if buffered else run.continuous)
     ]
     return max(passed) if passed else None
@@ -181,8 +189,13 @@ async def find_limit(args: argparse.Namespace, config: PipelineConfig) -> list[C
     rate = OPEN_LOOP_LOAD * carried.requests_per_s
     count = args.num_prompts or max(1, round(rate * args.open_loop_s))
     prompts = make_prompts(count, args.input_len, args.output_len, args.seed, args.option)
+    for cap in caps:  # the same caps under the same arrivals: the open-loop limit
+        runs.append(await _closed_loop(config, "max_streams", cap, count, prompts, args, rate))
     runs.append(await _closed_loop(config, "headroom", top, count, prompts, args, rate))
     return runs
+
+
+RULES = (("gaps", False), ("buffered", True))
 
 
 def _loop(run: CapRun) -> str:
@@ -211,15 +224,21 @@ def limit_table(runs: Sequence[CapRun]) -> str:
         )
     lines = ["\n".join(rows), ""]
     headroom = [run for run in runs if run.admission == "headroom"]
-    for rule, buffered in (("gaps", False), ("buffered", True)):
-        limit = true_limit(runs, buffered=buffered)
+    for (rule, buffered), open_loop in itertools.product(RULES, (False, True)):
+        loop = "open loop" if open_loop else "closed loop"
+        limit = true_limit(runs, buffered=buffered, open_loop=open_loop)
         if limit is None:
             lines.append(
-                f"- true real-time limit ({rule}): no cap swept kept every stream continuous"
+                f"- true real-time limit ({rule}, {loop}): no cap swept kept every stream "
+                "continuous"
             )
             continue
-        lines.append(f"- true real-time limit ({rule}, largest continuous cap swept): {limit}")
+        lines.append(
+            f"- true real-time limit ({rule}, {loop}, largest continuous cap swept): {limit}"
+        )
         for run in headroom:
+            if (run.arrivals_per_s is not None) != open_loop:
+                continue
             median = run.open_streams_p50
             share = "" if median is None else f" ({median / limit:.0%} of it)"
             lines.append(

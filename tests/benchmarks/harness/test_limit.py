@@ -31,6 +31,17 @@ def test_the_true_limit_is_the_largest_cap_that_kept_every_stream_continuous() -
     assert true_limit(runs[2:]) is None
 
 
+def test_in_open_loop_a_cap_may_refuse_and_still_set_the_limit() -> None:
+    def open_run(cap: int, refused: int, continuity: float) -> CapRun:
+        return CapRun(cap, "max_streams", 10, 0, refused, continuity, 1.0, None, None, 1.0, 9.0)
+
+    runs = [_run(8, "max_streams"), open_run(2, 12, 1.0), open_run(4, 6, 1.0), open_run(6, 0, 0.9)]
+    assert true_limit(runs, open_loop=True) == 4  # what it turned away is not a failure
+    assert true_limit(runs) == 8  # the closed loop's own
+    closed = CapRun(2, "max_streams", 10, 0, 1, 1.0, 1.0, None, None)
+    assert true_limit([closed]) is None  # a closed loop refusing is not continuous
+
+
 def test_find_limit_sweeps_fixed_caps_then_headroom(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -43,7 +54,10 @@ def test_find_limit_sweeps_fixed_caps_then_headroom(
     assert "| max_streams | 1 | 1 | 4/0/0 |" in out
     assert "| max_streams | 2 | 2 | 4/0/0 |" in out
     assert "| headroom | 2 | 2 | 4/0/0 |" in out
-    assert "| headroom | 2 | open loop " in out  # then staggered arrivals past the limit
+    # then staggered arrivals past what the limit carries, under each cap and headroom
+    assert "| max_streams | 1 | open loop " in out
+    assert "| headroom | 2 | open loop " in out
+    assert "(gaps, open loop" in out
     assert "true real-time limit" in out
     assert "headroom (closed loop) admitted at most" in out
     assert "headroom (open loop) admitted at most" in out
