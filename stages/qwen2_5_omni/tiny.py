@@ -32,6 +32,7 @@ HIDDEN_SIZE = 64
 NUM_CODEC_CODES = 64
 NUM_MEL_BINS_IN = 16  # Whisper-style input features
 MEL_DIM_OUT = 16  # DiT mel / BigVGAN input
+THINKER_HEAD_DIM = 32
 SPEAKERS = ("Chelsie", "Ethan")
 
 SPECIAL_TOKENS = (
@@ -93,10 +94,13 @@ def _config(ids: dict[str, int], *, vocab_size: int) -> Qwen2_5OmniConfig:
         "hidden_size": HIDDEN_SIZE,
         "intermediate_size": 128,
         "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        # Head size 32 (hidden / heads): vLLM's CPU attention needs 32 or more, and the
+        # thinker runs on it with engine: vllm.
+        "num_attention_heads": HIDDEN_SIZE // THINKER_HEAD_DIM,
+        "num_key_value_heads": 1,
         "max_position_embeddings": 4096,
-        "rope_parameters": rope,
+        "rope_parameters": {**rope, "mrope_section": [4, 6, 6]},
+        "tie_word_embeddings": False,  # read by vLLM, not written by transformers 5.23
         "eos_token_id": ids["<|im_end|>"],
         "pad_token_id": ids["<|endoftext|>"],
     }

@@ -44,10 +44,11 @@ from stages.kit import (
     Sampler,
     SamplingParams,
     VllmEngine,
+    constructor_signature,
     load_embedding,
 )
 
-from .thinker import Qwen3OmniThinker, _Stream, constructor_signature
+from .thinker import Qwen3OmniThinker, _Stream
 from .weights import ModelSource
 
 HIDDEN_LAYER_FIRST = 0
@@ -172,8 +173,8 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
                 continue  # closed meanwhile
             stream.pending.extend(out.new_token_ids)
             stream.engine_done = out.finished
-            if out.prompt_states is not None:
-                stream.prompt_states = torch.from_numpy(out.prompt_states.copy()).to(self.device)
+            if out.states is not None:
+                stream.prompt_states = torch.from_numpy(out.states.copy()).to(self.device)
 
     def _embed_many(self, tokens: list[int]) -> torch.Tensor:
         return self.embeddings[torch.tensor(tokens, device=self.device)]
