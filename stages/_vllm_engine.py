@@ -94,13 +94,16 @@ class VllmEngine:
         dtype: str = "float32",
         hidden_layers: list[int] | None = None,
         compiled: bool = False,
+        audio: bool = False,
     ) -> VllmEngine:
         """Start the process and the engine on ``model`` (a checkpoint folder vLLM loads).
         ``max_model_len`` None: the checkpoint's own. ``hidden_layers``: transformers
         ``output_hidden_states`` indices whose prompt states each request that asks gets
         back. ``compiled``: vLLM's torch.compile path instead of eager (on a CPU, inductor
         kernels; the first start compiles for a minute, later ones read vLLM's cache);
-        refused with ``hidden_layers``, whose hooks a compiled model does not run."""
+        refused with ``hidden_layers``, whose hooks a compiled model does not run.
+        ``audio``: requests may carry audio (vLLM's multimodal processor, which reads the
+        checkpoint's processor and tokenizer files)."""
         if compiled and hidden_layers:
             raise ValueError(
                 "vLLM engine: hidden_layers need the eager model (a compiled one runs no "
@@ -125,6 +128,7 @@ class VllmEngine:
             "dtype": dtype,
             "hidden_layers": hidden_layers,
             "compiled": compiled,
+            "audio": audio,
         }
         if max_model_len is None:
             del args["max_model_len"]
@@ -152,9 +156,12 @@ class VllmEngine:
         ignore_eos: bool = False,
         prompt_states: bool = False,
         token_states: bool = False,
+        audio: tuple[np.ndarray, int] | None = None,
     ) -> None:
         """Add a request; ``prompt_states``: its prompt's hidden states come back (the
-        engine's ``hidden_layers``), ``token_states``: every fed token's as well."""
+        engine's ``hidden_layers``), ``token_states``: every fed token's as well;
+        ``audio``: (float32 waveform, sample rate) for the prompt's one audio placeholder
+        token (an engine started with ``audio``)."""
         params: dict[str, Any] = {
             "max_tokens": max_tokens,
             "temperature": temperature,
@@ -166,7 +173,7 @@ class VllmEngine:
             "ignore_eos": ignore_eos,
         }
         states: bool | str = "every" if token_states else prompt_states
-        self._call("add", request_id, prompt, params, states, per_request=True)
+        self._call("add", request_id, prompt, params, states, audio, per_request=True)
 
     def abort(self, request_ids: list[str]) -> None:
         if request_ids:

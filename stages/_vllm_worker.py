@@ -103,9 +103,10 @@ class _StateHooks:
         batch = self.runner.input_batch
         starts = self.runner.query_start_loc.np
         for row, req_id in enumerate(batch.req_ids):
-            length = self.wanted.get(req_id)
-            if length is None:
+            if req_id not in self.wanted:
                 continue
+            # The prompt as vLLM runs it (an audio placeholder expanded to its frames).
+            length = self.wanted[req_id] = self.runner.requests[req_id].num_prompt_tokens
             blocks = self.rows.setdefault(req_id, [[] for _ in self.layers])[slot]
             have = self.sent.get(req_id, 0) + sum(b.shape[0] for b in blocks)
             begin, end = int(starts[row]), int(starts[row + 1])
@@ -156,12 +157,14 @@ class _Worker:
         started = time.perf_counter()
         layers = args.pop("hidden_layers", None)
         compiled = bool(args.pop("compiled", False))
+        audio = bool(args.pop("audio", False))
         engine_args = EngineArgs(
             enforce_eager=not compiled,  # compiled on a CPU: one Dynamo trace, inductor kernels
-            skip_tokenizer_init=True,
+            # The multimodal processor (audio input) needs the checkpoint's tokenizer.
+            skip_tokenizer_init=not audio,
             async_scheduling=False,  # outputs in the step that made them (on by default on GPUs)
             enable_prefix_caching=not layers,  # a cached prefix computes no hidden states
-            limit_mm_per_prompt={"image": 0, "video": 0, "audio": 0},
+            limit_mm_per_prompt={"image": 0, "video": 0, "audio": 1 if audio else 0},
             **args,
         )
         self.engine = LLMEngine.from_engine_args(engine_args)
@@ -170,18 +173,26 @@ class _Worker:
         return {"start_s": time.perf_counter() - started}
 
     def add(
-        self, request_id: str, prompt: list[int], params: dict[str, Any], states: bool | str
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: dict[str, Any],
+        states: bool | str,
+        audio: tuple[Any, int] | None = None,
     ) -> None:
-        """``states``: True, the prompt's hidden states; "every", each fed token's too."""
+        """``states``: True, the prompt's hidden states; "every", each fed token's too.
+        ``audio``: (float32 waveform, sample rate) for the prompt's one audio placeholder,
+        which vLLM's multimodal processor expands to the audio's frames."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         # DELTA: each step's output holds that step's new tokens only
         sampling = SamplingParams(detokenize=False, output_kind=RequestOutputKind.DELTA, **params)
-        internal = self.engine.add_request(
-            request_id, TokensPrompt(prompt_token_ids=prompt), sampling
-        )
+        inputs = TokensPrompt(prompt_token_ids=prompt)
+        if audio is not None:
+            inputs["multi_modal_data"] = {"audio": audio}
+        internal = self.engine.add_request(request_id, inputs, sampling)
         internal = internal if isinstance(internal, str) else request_id
         self.internal[request_id], self.external[internal] = internal, request_id
         if states and self.hooks is not None:

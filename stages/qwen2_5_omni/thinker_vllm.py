@@ -25,8 +25,12 @@ embeddings come from the checkpoint's embedding matrix, loaded alone.
 
 Sampling is vLLM's (``temperature``, ``top_p``, ``top_k``, ``seed``,
 ``repetition_penalty`` over the prompt's and the answer's tokens, as ``generate``'s).
-Audio input is not routed to vLLM: such a request fails with an ``OptionError``
-naming ``engine: torch`` as the way to serve it.
+
+Audio input (``audio_input``, on by default) goes through vLLM's multimodal path: the
+prompt's run of audio placeholders is given as one, with the 16 kHz waveform, and
+vLLM's processor (the checkpoint's ``Qwen2_5OmniProcessor``) makes the features and
+expands the placeholder again; the engine then runs its own audio encoder. Off, an
+audio request fails with an ``OptionError`` naming ``engine: torch``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import GenerationConfig, Qwen2_5OmniThinkerConfig
 
@@ -87,6 +92,7 @@ class Qwen2_5OmniThinkerVllm(Qwen2_5OmniThinker):
         max_model_len: int = 4096,
         kv_cache_bytes: int = 1 << 30,
         dtype: str = "float32",
+        audio_input: bool = True,
         engine: str = "vllm",
     ) -> None:
         if engine != "vllm":
@@ -117,25 +123,31 @@ class Qwen2_5OmniThinkerVllm(Qwen2_5OmniThinker):
             dtype=dtype,  # bfloat16 on a GPU
             # transformers' last hidden state (after the final norm): what the talker reads
             hidden_layers=[config.get_text_config().num_hidden_layers],
+            audio=audio_input,
         )
+        self.audio_input = audio_input
 
     # ----- the stage protocol ---------------------------------------------------------
 
     def open_stream(self, stream_id: str, request: Request) -> None:
-        prompt = build_prompt(request, self.tokenizer, self.features, self.system_prompt)
-        if prompt.input_features is not None:
+        if request.audio is not None and not self.audio_input:
             raise OptionError(
-                f"stage {self.name!r}: audio input on engine: vllm is not wired yet; "
-                "use engine: torch for audio requests"
+                f"stage {self.name!r}: audio input is off here (audio_input: false); "
+                "use engine: torch or audio_input: true for audio requests"
             )
+        prompt = build_prompt(request, self.tokenizer, self.features, self.system_prompt)
         params = SamplingParams.from_options(self.defaults, request.options, self.name)
         speaker = speaker_of(
             request.options.knobs.get("speaker"), self.speakers, self.default_speaker
         )
         ids = prompt.input_ids[0].tolist()
+        audio = None
+        if request.audio is not None:
+            wave = np.frombuffer(request.audio.pcm16, dtype="<i2").astype(np.float32) / 32768.0
+            audio = (wave, request.audio.sample_rate_hz)
         self.engine.add(
             stream_id,
-            ids,
+            _one_placeholder(ids, self.audio_token_id) if audio is not None else ids,
             max_tokens=params.max_tokens,
             temperature=params.temperature,
             top_p=params.top_p,
@@ -144,6 +156,7 @@ class Qwen2_5OmniThinkerVllm(Qwen2_5OmniThinker):
             seed=params.seed,
             stop_token_ids=sorted(self.eos_token_ids),
             token_states=True,
+            audio=audio,
         )
         self.streams[stream_id] = _EngineStream(
             prompt, Sampler(params, ids), speaker, Detokenizer(self.tokenizer)
@@ -202,7 +215,14 @@ class Qwen2_5OmniThinkerVllm(Qwen2_5OmniThinker):
         )
         news = _News(token, stream.finished, stream.num_generated)
         if stream.num_generated == 1:
-            rows = _pop_rows(stream.states, len(stream.prompt.input_ids[0]))
+            length = len(stream.prompt.input_ids[0])
+            if not stream.states or stream.states[0].shape[0] != length:  # the prompt's rows
+                raise RuntimeError(
+                    f"stage {self.name!r}: the vLLM engine ran a prompt of another length "
+                    f"than the stage's {length} tokens (its audio placeholder expanded "
+                    "differently)"
+                )
+            rows = _pop_rows(stream.states, length)
             start = self._reply_start_from
             self.packager.submit((sid,), lambda: {sid: start(sid, rows, news)})
         else:
@@ -249,6 +269,11 @@ class Qwen2_5OmniThinkerVllm(Qwen2_5OmniThinker):
             "engine_buffered_tokens": sum(len(s.pending) for s in list(self.streams.values())),
             **self.batches.snapshot(),
         }
+
+
+def _one_placeholder(ids: list[int], placeholder: int) -> list[int]:
+    """``ids`` with each run of ``placeholder`` given as one (vLLM expands it again)."""
+    return [t for i, t in enumerate(ids) if t != placeholder or i == 0 or ids[i - 1] != t]
 
 
 def _pop_rows(blocks: list[torch.Tensor], count: int) -> torch.Tensor:

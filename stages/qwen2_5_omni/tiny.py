@@ -17,6 +17,7 @@ special codes at the top of its vocabulary (pad, start, end, mask, as in the rea
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import torch
@@ -81,9 +82,53 @@ def make_tiny_checkpoint(directory: pathlib.Path, *, seed: int = 0) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         part.save_pretrained(folder)
         torch.save(speakers, folder / "spk_dict.pt")
+    # The media tokens by name: what Qwen2_5OmniProcessor (vLLM's audio input) reads.
+    tokenizer.init_kwargs.update(MEDIA_TOKENS)
     for folder in (directory, directory / "thinker"):
         tokenizer.save_pretrained(folder)
         features.save_pretrained(folder)
+    _processor_config(directory, features)
+
+
+# The tokenizer's media tokens by name, as the published tokenizer_config.json has them.
+MEDIA_TOKENS = {
+    "audio_token": "<|AUDIO|>",
+    "audio_bos_token": "<|audio_bos|>",
+    "audio_eos_token": "<|audio_eos|>",
+    "image_token": "<|IMAGE|>",
+    "video_token": "<|VIDEO|>",
+    "vision_bos_token": "<|vision_bos|>",
+    "vision_eos_token": "<|vision_eos|>",
+}
+
+
+def _processor_config(directory: pathlib.Path, features: WhisperFeatureExtractor) -> None:
+    """``processor_config.json`` at the top: the whole Qwen2_5OmniProcessor, which vLLM
+    builds to take audio input (the stages read the feature extractor alone). Written as
+    data: its image and video processors need torchvision, which the project does not
+    install; these are their published defaults for the vision tower's patch sizes."""
+    vision = {
+        "patch_size": 14,
+        "merge_size": 2,
+        "temporal_patch_size": 2,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+    }
+    config = {
+        "processor_class": "Qwen2_5OmniProcessor",
+        "feature_extractor": features.to_dict(),
+        "image_processor": {
+            **vision,
+            "image_processor_type": "Qwen2VLImageProcessor",
+            "size": {"longest_edge": 1003520, "shortest_edge": 3136},
+        },
+        "video_processor": {
+            **vision,
+            "video_processor_type": "Qwen2VLVideoProcessor",
+            "size": {"longest_edge": 602112, "shortest_edge": 100352},
+        },
+    }
+    (directory / "processor_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def _config(ids: dict[str, int], *, vocab_size: int) -> Qwen2_5OmniConfig:

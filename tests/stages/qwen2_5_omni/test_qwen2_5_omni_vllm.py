@@ -1,5 +1,5 @@
 """The Qwen2.5-Omni thinker on vLLM (engine: vllm): tokens, every token's hidden states,
-aborts, refusals, and the pipeline against transformers' generate.
+aborts, refusals, and the pipeline (text and audio input) against transformers' generate.
 
 Needs the engine's environment (``scripts/setup vllm``: .venv-vllm); without it the
 engine tests skip, naming what is missing. Two engine processes in all: the stage's
@@ -34,7 +34,7 @@ from tests.stages.qwen2_5_omni.test_qwen2_5_omni_parity import (  # noqa: E402
     CHUNKED,
     CHUNKED_MAX_ABS,
     CHUNKED_RMS,
-    PROMPTS,
+    _requests,
 )
 
 STATES_ATOL = 1e-4
@@ -145,10 +145,14 @@ def _abort_and_refuse(stage: Qwen2_5OmniThinker) -> None:
     assert stage.engine.unfinished() == 0  # type: ignore[attr-defined]
 
 
-def test_audio_input_is_refused_by_name(stage: Qwen2_5OmniThinker) -> None:
+def test_audio_input_off_is_refused_by_name(stage: Qwen2_5OmniThinker) -> None:
     audio = omnitrio.AudioInput(b"\x00\x01" * 8000, 16000)
-    with pytest.raises(OptionError, match="audio input on engine: vllm"):
-        stage.open_stream("heard", omnitrio.Request("what did I say", audio=audio))
+    stage.audio_input = False  # type: ignore[attr-defined]  # as `audio_input: false` makes it
+    try:
+        with pytest.raises(OptionError, match=r"audio input is off here \(audio_input: false\)"):
+            stage.open_stream("heard", omnitrio.Request("what did I say", audio=audio))
+    finally:
+        stage.audio_input = True  # type: ignore[attr-defined]
     assert "heard" not in stage.streams
 
 
@@ -171,8 +175,9 @@ async def test_the_pipeline_with_the_thinker_on_vllm_equals_generate(
     stage: Qwen2_5OmniThinker,  # only for its skip: the pipeline starts its own engine
     tiny_checkpoint: pathlib.Path,  # noqa: F811
 ) -> None:
-    """configs/qwen2.5-omni-tiny-vllm.yaml, five streams at once: text ids, codec codes and
-    the waveform equal transformers' generate(return_audio=True), as on engine: torch."""
+    """configs/qwen2.5-omni-tiny-vllm.yaml, five streams at once, one with audio: text ids,
+    codec codes and the waveform equal transformers' generate(return_audio=True), as on
+    engine: torch."""
     config = tiny_config(
         tiny_checkpoint,
         source=VLLM_CONFIG,
@@ -180,19 +185,9 @@ async def test_the_pipeline_with_the_thinker_on_vllm_equals_generate(
         talker={"emit_codes": True},
         token2wav=CHUNKED,
     )
-    cases = [(prompt, 4 + 2 * seed, 20 + 5 * seed, seed) for seed, prompt in enumerate(PROMPTS[:5])]
-    requests = [
-        omnitrio.Request(
-            prompt,
-            options={
-                "thinker.max_tokens": t,
-                "talker.max_tokens": c,
-                "talker.temperature": 0.0,
-                "seed": seed,
-            },
-        )
-        for prompt, t, c, seed in cases
-    ]
+    cases = _requests()[:5]  # the fourth has audio: vLLM's multimodal path
+    requests = [case[0] for case in cases]
+    assert requests[3].audio is not None
     got: dict[int, Output] = {}
     async with omnitrio.open_pipeline(config) as pipeline:
         assert pipeline.config.stages[0].params["engine"] == "vllm"
@@ -208,7 +203,7 @@ async def test_the_pipeline_with_the_thinker_on_vllm_equals_generate(
     assert batched > 1  # the engine stepped streams together
     reference = Reference(tiny_checkpoint)
     worst_abs = worst_rms = 0.0
-    for index, (request, (_, t, c, seed)) in enumerate(zip(requests, cases, strict=True)):
+    for index, (request, t, c, seed) in enumerate(cases):
         want = reference.run(request, thinker_max_tokens=t, talker_max_tokens=c, seed=seed)
         output = got[index]
         assert (output.text_ids, output.text) == (want.text_ids, want.text), request.text
