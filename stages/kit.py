@@ -28,7 +28,8 @@ What this module gives it:
   missing or mismatched weights; ``load_embedding``: one weight of it, without the model.
 - ``VllmEngine`` (``EngineOutput``, ``VllmUnavailable``, ``VllmEngineError``,
   ``VllmRequestError``): vLLM's ``LLMEngine`` as a stage's engine, in a process and
-  environment of its own (``engine: vllm``; ``scripts/setup vllm``).
+  environment of its own (``engine: vllm``; ``scripts/setup vllm``); ``VllmEngineStage``:
+  what a stage on it shares (add with sampling params, abort on close, statistics).
 - ``StepClock``: forward, sampling and packaging time per step.
 - ``constructor_signature``: the params a stage class whose ``engine`` param picks the
   class (a ``__new__``) shows to ``inspect.signature``, as its ``__signature__``.
@@ -83,6 +84,7 @@ from stages._vllm_engine import VllmEngine as VllmEngine
 from stages._vllm_engine import VllmEngineError as VllmEngineError
 from stages._vllm_engine import VllmRequestError as VllmRequestError
 from stages._vllm_engine import VllmUnavailable as VllmUnavailable
+from stages._vllm_stage import VllmEngineStage as VllmEngineStage
 
 __all__ = [
     "NUM_BYTE_TOKENS",
@@ -106,6 +108,7 @@ __all__ = [
     "StepClock",
     "VllmEngine",
     "VllmEngineError",
+    "VllmEngineStage",
     "VllmRequestError",
     "VllmUnavailable",
     "Vocabulary",

@@ -52,6 +52,7 @@ from stages.kit import (
     Sampler,
     SamplingParams,
     VllmEngine,
+    VllmEngineStage,
     constructor_signature,
     load_embedding,
 )
@@ -70,7 +71,7 @@ class _EngineStream(_Stream):
     engine_done: bool = False  # the engine has finished the request
 
 
-class Qwen2_5OmniThinkerVllm(Qwen2_5OmniThinker):
+class Qwen2_5OmniThinkerVllm(VllmEngineStage, Qwen2_5OmniThinker):
     def __init__(
         self,
         name: str,
@@ -145,16 +146,11 @@ class Qwen2_5OmniThinkerVllm(Qwen2_5OmniThinker):
         if request.audio is not None:
             wave = np.frombuffer(request.audio.pcm16, dtype="<i2").astype(np.float32) / 32768.0
             audio = (wave, request.audio.sample_rate_hz)
-        self.engine.add(
+        self.add_request(
             stream_id,
             _one_placeholder(ids, self.audio_token_id) if audio is not None else ids,
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            repetition_penalty=params.repetition_penalty,  # over prompt and answer, as generate's
-            seed=params.seed,
-            stop_token_ids=sorted(self.eos_token_ids),
+            params,
+            sorted(self.eos_token_ids),
             token_states=True,
             audio=audio,
         )
@@ -163,23 +159,10 @@ class Qwen2_5OmniThinkerVllm(Qwen2_5OmniThinker):
         )
         self.outboxes[stream_id] = Outbox()
 
-    def close_stream(self, stream_id: str) -> None:
-        stream = self.streams.get(stream_id)
-        if stream is not None and not stream.engine_done:
-            self.engine.abort([stream_id])  # the engine frees the request's KV blocks
-        super().close_stream(stream_id)
-
-    def close(self) -> None:
-        self.engine.close()
-        super().close()
-
     @torch.no_grad()
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
         self.clock.start_step()
-        streams = {work.stream_id: self.streams[work.stream_id] for work in batch}
-        waiting = [s for s in streams.values() if not s.finished and not s.pending]
-        if any(not s.engine_done for s in waiting):
-            self._engine_step()
+        streams = self.engine_round(batch)
         for sid, stream in streams.items():
             if stream.finished:
                 continue
@@ -259,16 +242,7 @@ class Qwen2_5OmniThinkerVllm(Qwen2_5OmniThinker):
         return self._with_news(stream, (ReplyToken(last + self.embeddings[fed]),), news)
 
     def stage_statistics(self) -> Mapping[str, float]:
-        return {
-            **self.clock.snapshot(self.packager),
-            "num_active_streams": len(self.streams),
-            "engine_start_s": self.engine.start_s,
-            # The engine's own count after its last step or abort (no call from here:
-            # statistics are read from trio and must not wait for a step).
-            "engine_requests": self.engine.num_unfinished,
-            "engine_buffered_tokens": sum(len(s.pending) for s in list(self.streams.values())),
-            **self.batches.snapshot(),
-        }
+        return {**self.engine_statistics(), **self.batches.snapshot()}
 
 
 def _one_placeholder(ids: list[int], placeholder: int) -> list[int]:
