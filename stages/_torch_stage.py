@@ -18,6 +18,7 @@ forward, the shared state, may be broken. The runtime counts those
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -89,3 +90,11 @@ class AutoregressiveStage:
             "num_active_streams": len(streams),
             "kv_bytes": sum(cache_nbytes(s.kv) for s in streams if s.kv is not None),
         }
+
+
+def constructor_signature(stage_class: type) -> inspect.Signature:
+    """``stage_class.__init__``'s params without ``self``: what ``inspect.signature``
+    of a class with a ``__new__`` (a stage whose ``engine`` param picks its class)
+    shows once it is the class's ``__signature__``."""
+    signature = inspect.signature(stage_class.__init__)
+    return signature.replace(parameters=tuple(signature.parameters.values())[1:])

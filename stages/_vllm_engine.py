@@ -7,8 +7,9 @@ torchcodec from PyPI are CUDA builds), so the engine runs in ``.venv-vllm``
 with the engine core in that process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``). The
 stage's worker thread drives it synchronously: ``add`` when a stream opens, one
 ``step`` per round (one ``LLMEngine.step()``), ``abort`` when a stream closes or is
-cancelled. A frame each way is a few hundred bytes a step (token ids), plus each
-prompt's hidden states once when a stage asks for them.
+cancelled. A frame each way is a few hundred bytes a step (token ids), plus hidden
+states when a stage asks for them (a prompt's once; a row per token for a stage whose
+next stage reads every token's).
 
 ``OMNITRIO_VLLM_PYTHON`` names the engine environment's Python; by default the
 repository's ``.venv-vllm/bin/python``.
@@ -50,13 +51,15 @@ class VllmRequestError(ValueError):
 @dataclass(frozen=True)
 class EngineOutput:
     """One request's part of a step: its new token ids, whether it finished (and why),
-    and, once, its prompt's hidden states [layers, prompt tokens, hidden] if asked."""
+    and hidden states [layers, rows, hidden] if asked: the prompt's rows once, in the
+    step that makes the first token; with ``token_states``, then each step's fed token's
+    row (the state of answer token k comes with token k + 1)."""
 
     request_id: str
     new_token_ids: tuple[int, ...]
     finished: bool
     finish_reason: str | None
-    prompt_states: np.ndarray | None
+    states: np.ndarray | None
 
 
 def engine_python() -> Path:
@@ -91,13 +94,16 @@ class VllmEngine:
         dtype: str = "float32",
         hidden_layers: list[int] | None = None,
         compiled: bool = False,
+        audio: bool = False,
     ) -> VllmEngine:
         """Start the process and the engine on ``model`` (a checkpoint folder vLLM loads).
         ``max_model_len`` None: the checkpoint's own. ``hidden_layers``: transformers
         ``output_hidden_states`` indices whose prompt states each request that asks gets
         back. ``compiled``: vLLM's torch.compile path instead of eager (on a CPU, inductor
         kernels; the first start compiles for a minute, later ones read vLLM's cache);
-        refused with ``hidden_layers``, whose hooks a compiled model does not run."""
+        refused with ``hidden_layers``, whose hooks a compiled model does not run.
+        ``audio``: requests may carry audio (vLLM's multimodal processor, which reads the
+        checkpoint's processor and tokenizer files)."""
         if compiled and hidden_layers:
             raise ValueError(
                 "vLLM engine: hidden_layers need the eager model (a compiled one runs no "
@@ -122,6 +128,7 @@ class VllmEngine:
             "dtype": dtype,
             "hidden_layers": hidden_layers,
             "compiled": compiled,
+            "audio": audio,
         }
         if max_model_len is None:
             del args["max_model_len"]
@@ -148,7 +155,13 @@ class VllmEngine:
         stop_token_ids: list[int] | None = None,
         ignore_eos: bool = False,
         prompt_states: bool = False,
+        token_states: bool = False,
+        audio: tuple[np.ndarray, int] | None = None,
     ) -> None:
+        """Add a request; ``prompt_states``: its prompt's hidden states come back (the
+        engine's ``hidden_layers``), ``token_states``: every fed token's as well;
+        ``audio``: (float32 waveform, sample rate) for the prompt's one audio placeholder
+        token (an engine started with ``audio``)."""
         params: dict[str, Any] = {
             "max_tokens": max_tokens,
             "temperature": temperature,
@@ -159,7 +172,8 @@ class VllmEngine:
             "stop_token_ids": stop_token_ids or [],
             "ignore_eos": ignore_eos,
         }
-        self._call("add", request_id, prompt, params, prompt_states, per_request=True)
+        states: bool | str = "every" if token_states else prompt_states
+        self._call("add", request_id, prompt, params, states, audio, per_request=True)
 
     def abort(self, request_ids: list[str]) -> None:
         if request_ids:

@@ -6,7 +6,8 @@ project's). One frame in, one frame out: a 4-byte big-endian length, then a pick
 tuple. In: ``(command, arguments)``; out: ``("ok", result)`` or ``("error", kind,
 message)``. Commands: ``start``, ``add``, ``abort``, ``step``, ``unfinished``, ``close``. A ``step``
 is one ``LLMEngine.step()``: each request's new token ids, whether it finished, and
-(once, for a request that asked for them) its prompt's hidden states; ``step`` and
+(for a request that asked for them) its prompt's hidden states once, then, if it asked
+for every token's, the states of the tokens fed in that step; ``step`` and
 ``abort`` also return how many requests the engine still holds.
 
 Hidden states: vLLM 0.32 has no public per-token hidden-state output. ``_StateHooks``
@@ -44,8 +45,10 @@ def write_frame(stream: BinaryIO, value: Any) -> None:
 
 
 class _StateHooks:
-    """Per request, the prompt's hidden states at the transformers ``output_hidden_states``
-    indices asked for (0: the layer-0 input, with audio merged; k: layer k-1's output)."""
+    """Per request, hidden states at the transformers ``output_hidden_states`` indices
+    asked for (0: the layer-0 input, with audio merged; k: layer k-1's output; the number
+    of layers: the final norm's output, transformers' last hidden state): the prompt's,
+    once, and for a request that asks for every token's, each fed token's after it."""
 
     def __init__(self, engine: Any, layers: list[int]) -> None:
         import torch
@@ -62,12 +65,16 @@ class _StateHooks:
         decoder = model.language_model.model
         self.torch, self.layers = torch, layers
         self.wanted: dict[str, int] = {}  # internal request id -> prompt length
+        self.every: set[str] = set()  # requests that want every fed token's states too
         self.rows: dict[str, list[list[Any]]] = {}  # per request, per layer: row blocks
+        self.sent: dict[str, int] = {}  # rows already returned, per request
         for slot, index in enumerate(layers):
             if index == 0:
                 decoder.layers[0].register_forward_pre_hook(self._pre_hook(slot))
-            elif index <= len(decoder.layers):
+            elif index < len(decoder.layers):
                 decoder.layers[index - 1].register_forward_hook(self._post_hook(slot))
+            elif index == len(decoder.layers):
+                decoder.norm.register_forward_hook(self._norm_hook(slot))
             else:
                 raise ValueError(f"hidden-state layer {index} > {len(decoder.layers)} layers")
 
@@ -83,37 +90,58 @@ class _StateHooks:
 
         return hook
 
+    def _norm_hook(self, slot: int) -> Any:
+        def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
+            # With the residual passed in, vLLM's RMSNorm returns (normed, residual).
+            self._take(slot, output[0] if isinstance(output, tuple) else output)
+
+        return hook
+
     def _take(self, slot: int, states: Any) -> None:
         if not self.wanted:
             return
         batch = self.runner.input_batch
         starts = self.runner.query_start_loc.np
         for row, req_id in enumerate(batch.req_ids):
-            length = self.wanted.get(req_id)
-            if length is None:
+            if req_id not in self.wanted:
                 continue
+            # The prompt as vLLM runs it (an audio placeholder expanded to its frames).
+            length = self.wanted[req_id] = self.runner.requests[req_id].num_prompt_tokens
             blocks = self.rows.setdefault(req_id, [[] for _ in self.layers])[slot]
-            have = sum(b.shape[0] for b in blocks)
+            have = self.sent.get(req_id, 0) + sum(b.shape[0] for b in blocks)
             begin, end = int(starts[row]), int(starts[row + 1])
-            take = min(end - begin, length - have)
-            if take > 0:
-                blocks.append(states[begin : begin + take].float().clone())
+            # The rows' first position: a request recomputed after preemption runs
+            # positions again that it already gave; those are skipped.
+            first = int(batch.num_computed_tokens_cpu[row])
+            stop = end - begin if req_id in self.every else min(end - begin, length - first)
+            skip = max(0, have - first)
+            if stop > skip:
+                blocks.append(states[begin + skip : begin + stop].float().clone())
 
-    def finished_prompt(self, req_id: str) -> tuple[tuple[int, ...], bytes] | None:
-        """The request's prompt states [layers, S, H]: shape and float32 bytes, once all are in."""
+    def collect(self, req_id: str) -> tuple[tuple[int, ...], bytes] | None:
+        """The request's states [layers, rows, H] not yet returned (shape and float32
+        bytes): the prompt's once they are all in, then (``every``) each fed token's."""
         length = self.wanted.get(req_id)
         blocks = self.rows.get(req_id)
         if length is None or blocks is None:
             return None
-        if any(sum(b.shape[0] for b in layer) < length for layer in blocks):
+        sent = self.sent.get(req_id, 0)
+        counts = [sum(b.shape[0] for b in layer) for layer in blocks]
+        if min(counts) == 0 or sent + min(counts) < length:
             return None
-        del self.wanted[req_id], self.rows[req_id]
         stacked = self.torch.stack([self.torch.cat(layer) for layer in blocks])
+        if req_id in self.every:
+            self.rows[req_id] = [[] for _ in self.layers]
+            self.sent[req_id] = sent + stacked.shape[1]
+        else:
+            self.forget(req_id)
         return tuple(stacked.shape), stacked.numpy().tobytes()
 
     def forget(self, req_id: str) -> None:
         self.wanted.pop(req_id, None)
+        self.every.discard(req_id)
         self.rows.pop(req_id, None)
+        self.sent.pop(req_id, None)
 
 
 class _Worker:
@@ -129,12 +157,14 @@ class _Worker:
         started = time.perf_counter()
         layers = args.pop("hidden_layers", None)
         compiled = bool(args.pop("compiled", False))
+        audio = bool(args.pop("audio", False))
         engine_args = EngineArgs(
             enforce_eager=not compiled,  # compiled on a CPU: one Dynamo trace, inductor kernels
-            skip_tokenizer_init=True,
+            # The multimodal processor (audio input) needs the checkpoint's tokenizer.
+            skip_tokenizer_init=not audio,
             async_scheduling=False,  # outputs in the step that made them (on by default on GPUs)
             enable_prefix_caching=not layers,  # a cached prefix computes no hidden states
-            limit_mm_per_prompt={"image": 0, "video": 0, "audio": 0},
+            limit_mm_per_prompt={"image": 0, "video": 0, "audio": 1 if audio else 0},
             **args,
         )
         self.engine = LLMEngine.from_engine_args(engine_args)
@@ -142,20 +172,33 @@ class _Worker:
             self.hooks = _StateHooks(self.engine, list(layers))
         return {"start_s": time.perf_counter() - started}
 
-    def add(self, request_id: str, prompt: list[int], params: dict[str, Any], states: bool) -> None:
+    def add(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: dict[str, Any],
+        states: bool | str,
+        audio: tuple[Any, int] | None = None,
+    ) -> None:
+        """``states``: True, the prompt's hidden states; "every", each fed token's too.
+        ``audio``: (float32 waveform, sample rate) for the prompt's one audio placeholder,
+        which vLLM's multimodal processor expands to the audio's frames."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         # DELTA: each step's output holds that step's new tokens only
         sampling = SamplingParams(detokenize=False, output_kind=RequestOutputKind.DELTA, **params)
-        internal = self.engine.add_request(
-            request_id, TokensPrompt(prompt_token_ids=prompt), sampling
-        )
+        inputs = TokensPrompt(prompt_token_ids=prompt)
+        if audio is not None:
+            inputs["multi_modal_data"] = {"audio": audio}
+        internal = self.engine.add_request(request_id, inputs, sampling)
         internal = internal if isinstance(internal, str) else request_id
         self.internal[request_id], self.external[internal] = internal, request_id
         if states and self.hooks is not None:
             self.hooks.wanted[internal] = len(prompt)
+            if states == "every":
+                self.hooks.every.add(internal)
 
     def abort(self, request_ids: list[str]) -> int:
         """Abort; the requests the engine still holds."""
@@ -173,7 +216,7 @@ class _Worker:
             request_id = out.request_id
             internal = self.internal.get(request_id, request_id)
             completion = out.outputs[0]
-            states = None if self.hooks is None else self.hooks.finished_prompt(internal)
+            states = None if self.hooks is None else self.hooks.collect(internal)
             new = list(completion.token_ids)
             reason = completion.finish_reason
             results.append((request_id, new, bool(out.finished), reason, states))

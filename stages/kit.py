@@ -28,8 +28,11 @@ What this module gives it:
   missing or mismatched weights; ``load_embedding``: one weight of it, without the model.
 - ``VllmEngine`` (``EngineOutput``, ``VllmUnavailable``, ``VllmEngineError``,
   ``VllmRequestError``): vLLM's ``LLMEngine`` as a stage's engine, in a process and
-  environment of its own (``engine: vllm``; ``scripts/setup vllm``).
+  environment of its own (``engine: vllm``; ``scripts/setup vllm``); ``VllmEngineStage``:
+  what a stage on it shares (add with sampling params, abort on close, statistics).
 - ``StepClock``: forward, sampling and packaging time per step.
+- ``constructor_signature``: the params a stage class whose ``engine`` param picks the
+  class (a ``__new__``) shows to ``inspect.signature``, as its ``__signature__``.
 - ``stage_device``, ``DeviceError``: the stage's torch device, refused with the stage's
   name when it is unknown or absent (``cuda`` without a GPU); ``on``: a tensor on a
   device, not copied when it is already there.
@@ -74,12 +77,14 @@ from stages._torch_slots import KVSlots as KVSlots
 from stages._torch_slots import SlotKV as SlotKV
 from stages._torch_stage import STREAM_ERRORS as STREAM_ERRORS
 from stages._torch_stage import AutoregressiveStage as AutoregressiveStage
+from stages._torch_stage import constructor_signature as constructor_signature
 from stages._torch_timing import StepClock as StepClock
 from stages._vllm_engine import EngineOutput as EngineOutput
 from stages._vllm_engine import VllmEngine as VllmEngine
 from stages._vllm_engine import VllmEngineError as VllmEngineError
 from stages._vllm_engine import VllmRequestError as VllmRequestError
 from stages._vllm_engine import VllmUnavailable as VllmUnavailable
+from stages._vllm_stage import VllmEngineStage as VllmEngineStage
 
 __all__ = [
     "NUM_BYTE_TOKENS",
@@ -103,6 +108,7 @@ __all__ = [
     "StepClock",
     "VllmEngine",
     "VllmEngineError",
+    "VllmEngineStage",
     "VllmRequestError",
     "VllmUnavailable",
     "Vocabulary",
@@ -112,6 +118,7 @@ __all__ = [
     "byte_symbols",
     "cache_length",
     "cache_nbytes",
+    "constructor_signature",
     "load_embedding",
     "load_pretrained",
     "on",

@@ -26,6 +26,7 @@ from stages.qwen2_5_omni.tiny import make_tiny_checkpoint  # noqa: E402
 from stages.qwen2_5_omni.token2wav import to_pcm16  # noqa: E402
 
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / "configs" / "qwen2.5-omni-tiny.yaml"
+VLLM_CONFIG = CONFIG.with_name("qwen2.5-omni-tiny-vllm.yaml")
 
 
 @pytest.fixture(scope="session")
@@ -37,18 +38,21 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 
 def tiny_config(
-    checkpoint: pathlib.Path, device: str = "cpu", **stage_params: dict[str, Any]
+    checkpoint: pathlib.Path,
+    device: str = "cpu",
+    source: pathlib.Path = CONFIG,
+    **stage_params: dict[str, Any],
 ) -> omnitrio.PipelineConfig:
-    """configs/qwen2.5-omni-tiny.yaml pointed at ``checkpoint``, every stage on ``device``,
-    with extra params per stage."""
+    """configs/qwen2.5-omni-tiny.yaml (or ``source``) pointed at ``checkpoint``, every
+    stage on ``device``, with extra params per stage."""
     import yaml
 
-    data = yaml.safe_load(CONFIG.read_text())
+    data = yaml.safe_load(source.read_text())
     for stage in data["stages"]:
         stage["device"] = device
         stage["params"]["model_path"] = str(checkpoint)
         stage["params"].update(stage_params.get(stage["name"], {}))
-    return omnitrio.parse_config(data, source=str(CONFIG))
+    return omnitrio.parse_config(data, source=str(source))
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,15 +9,17 @@ thread. See ``_payloads.py`` for what goes to the talker.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import (
     AutoTokenizer,
     DynamicCache,
+    GenerationConfig,
     Qwen2_5OmniTalkerConfig,
     Qwen2_5OmniThinkerForConditionalGeneration,
     WhisperFeatureExtractor,
@@ -41,6 +43,7 @@ from stages.kit import (
     Sampler,
     SamplingParams,
     SlotKV,
+    constructor_signature,
     on,
     step_output,
 )
@@ -64,6 +67,7 @@ class _Stream:
 
 
 TEXT_IDS_EVENT = "thinker.text_ids"
+ENGINES = ("torch", "vllm")
 
 
 class Qwen2_5OmniThinker(AutoregressiveStage):
@@ -71,12 +75,18 @@ class Qwen2_5OmniThinker(AutoregressiveStage):
 
     ``emit_ids``: also send each sampled token id to the client as an
     ``Event("thinker.text_ids", {"ids": [...]})`` (for parity checks and tracing).
+
+    ``engine: torch`` (default): transformers' model, the stage's KV slots; ``engine:
+    vllm``: ``Qwen2_5OmniThinkerVllm`` (thinker_vllm.py), vLLM's engine, with its own
+    params. ``__new__`` picks the class, and ``__signature__`` (below the class) keeps
+    this constructor's params visible to ``inspect.signature``.
     """
 
     checkpoint = "qwen2.5-omni"  # model_path: one folder shared with the family's other stages
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 4
     max_visible_per_step: int
+    __signature__: ClassVar[inspect.Signature]  # its constructor's (below the class)
 
     @classmethod
     def step_limits(cls, params: Mapping[str, object]) -> StepLimits:
@@ -104,43 +114,71 @@ class Qwen2_5OmniThinker(AutoregressiveStage):
         num_threads: int | None = None,
         packaging_queue: int = 8,
         engine: str = "torch",
+        **engine_params: Any,
     ) -> None:
-        if engine != "torch":
-            # Its talker reads the thinker's hidden states at every answer token, not only
-            # the prompt's: the vLLM engine's hooks give the prompt's (issue 38).
+        if engine not in ENGINES:
             raise OptionError(
-                f"stage {name!r}: engine {engine!r}: the Qwen2.5-Omni thinker runs on "
-                "engine: torch only (vLLM serves the Qwen3-Omni thinker)"
+                f"stage {name!r}: engine {engine!r} is not one of {', '.join(ENGINES)}"
+            )
+        if engine_params:
+            raise OptionError(
+                f"stage {name!r}: {', '.join(sorted(engine_params))} apply to engine: vllm only"
             )
         super().__init__(name, device, num_threads=num_threads, packaging_queue=packaging_queue)
         folder = stage_folder(model_path, "thinker")
         model = load_stage_model(Qwen2_5OmniThinkerForConditionalGeneration, folder, name)
         self.model = model.to(self.device)
+        self._read_checkpoint(
+            model_path,
+            self.model.get_input_embeddings().weight,
+            _eos_ids(self.model.generation_config),
+            SamplingParams(temperature, top_p, top_k, repetition_penalty, max_tokens, seed),
+            speaker,
+            system_prompt,
+            emit_ids,
+        )
+        self.audio_token_id = self.model.config.audio_token_index
+        self.batches = DecodeBatches()
+
+    def __new__(cls, *args: Any, engine: str = "torch", **params: Any) -> Qwen2_5OmniThinker:
+        if cls is Qwen2_5OmniThinker and engine == "vllm":
+            from .thinker_vllm import Qwen2_5OmniThinkerVllm
+
+            cls = Qwen2_5OmniThinkerVllm  # the same stage, its critical path on vLLM
+        return super().__new__(cls)
+
+    def _read_checkpoint(
+        self,
+        model_path: str,
+        embeddings: torch.Tensor,
+        eos_token_ids: frozenset[int],
+        defaults: SamplingParams,
+        speaker: str,
+        system_prompt: str | None,
+        emit_ids: bool,
+    ) -> None:
+        """What both engines read from the checkpoint: tokenizer, features, speakers, the
+        talker's special text embeddings (``embeddings``: the token embedding matrix)."""
+        folder = stage_folder(model_path, "thinker")
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.features = WhisperFeatureExtractor.from_pretrained(folder)
-        self.speakers = load_speakers(folder, name)
+        self.speakers = load_speakers(folder, self.name)
         talker = Qwen2_5OmniTalkerConfig.from_pretrained(stage_folder(model_path, "talker"))
-        self.defaults = SamplingParams(
-            temperature, top_p, top_k, repetition_penalty, max_tokens, seed
-        )
+        self.defaults = defaults
         self.defaults.check()
         self.default_speaker = speaker_of(speaker, self.speakers, speaker)
         self.system_prompt = system_prompt
         self.emit_ids = emit_ids
         self.max_visible_per_step = self.step_limits({"emit_ids": emit_ids}).max_visible_per_step
-        self.eos_token_ids = _eos_ids(self.model)
-        self.audio_token_id = self.model.config.audio_token_index
-        embed = self.model.get_input_embeddings()
+        self.eos_token_ids = eos_token_ids
         with torch.no_grad():
             ids = [talker.tts_text_end_token_id, talker.tts_text_pad_token_id]
-            ids_here = torch.tensor(ids, device=self.device)
-            self._text_eos, self._text_pad = embed(ids_here).unbind(0)  # [D] each
+            self._text_eos, self._text_pad = embeddings[ids].to(self.device).unbind(0)  # [D]
             self._text_bos = {
-                speaker_name: embed(torch.tensor(int(spk["bos_token"]), device=self.device))
+                speaker_name: embeddings[int(spk["bos_token"])].to(self.device)
                 for speaker_name, spk in self.speakers.items()
             }
         self.streams: dict[str, _Stream] = {}
-        self.batches = DecodeBatches()
 
     # ----- the stage protocol ---------------------------------------------------------
 
@@ -290,6 +328,9 @@ class Qwen2_5OmniThinker(AutoregressiveStage):
         )
 
 
+Qwen2_5OmniThinker.__signature__ = constructor_signature(Qwen2_5OmniThinker)
+
+
 @dataclass(frozen=True, slots=True)
 class _News:
     """What the packaging of one step needs to know of a stream's sampled token."""
@@ -308,8 +349,8 @@ def _on_device(prompt: Prompt, device: torch.device) -> Prompt:
     )
 
 
-def _eos_ids(model: Qwen2_5OmniThinkerForConditionalGeneration) -> frozenset[int]:
-    eos = model.generation_config.eos_token_id
+def _eos_ids(generation_config: GenerationConfig) -> frozenset[int]:
+    eos = generation_config.eos_token_id
     if eos is None:
         raise ValueError("the thinker's generation_config has no eos_token_id")
     return frozenset([eos] if isinstance(eos, int) else eos)

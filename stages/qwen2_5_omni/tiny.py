@@ -17,6 +17,7 @@ special codes at the top of its vocabulary (pad, start, end, mask, as in the rea
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import torch
@@ -32,6 +33,7 @@ HIDDEN_SIZE = 64
 NUM_CODEC_CODES = 64
 NUM_MEL_BINS_IN = 16  # Whisper-style input features
 MEL_DIM_OUT = 16  # DiT mel / BigVGAN input
+THINKER_HEAD_DIM = 32
 SPEAKERS = ("Chelsie", "Ethan")
 
 SPECIAL_TOKENS = (
@@ -80,9 +82,53 @@ def make_tiny_checkpoint(directory: pathlib.Path, *, seed: int = 0) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         part.save_pretrained(folder)
         torch.save(speakers, folder / "spk_dict.pt")
+    # The media tokens by name: what Qwen2_5OmniProcessor (vLLM's audio input) reads.
+    tokenizer.init_kwargs.update(MEDIA_TOKENS)
     for folder in (directory, directory / "thinker"):
         tokenizer.save_pretrained(folder)
         features.save_pretrained(folder)
+    _processor_config(directory, features)
+
+
+# The tokenizer's media tokens by name, as the published tokenizer_config.json has them.
+MEDIA_TOKENS = {
+    "audio_token": "<|AUDIO|>",
+    "audio_bos_token": "<|audio_bos|>",
+    "audio_eos_token": "<|audio_eos|>",
+    "image_token": "<|IMAGE|>",
+    "video_token": "<|VIDEO|>",
+    "vision_bos_token": "<|vision_bos|>",
+    "vision_eos_token": "<|vision_eos|>",
+}
+
+
+def _processor_config(directory: pathlib.Path, features: WhisperFeatureExtractor) -> None:
+    """``processor_config.json`` at the top: the whole Qwen2_5OmniProcessor, which vLLM
+    builds to take audio input (the stages read the feature extractor alone). Written as
+    data: its image and video processors need torchvision, which the project does not
+    install; these are their published defaults for the vision tower's patch sizes."""
+    vision = {
+        "patch_size": 14,
+        "merge_size": 2,
+        "temporal_patch_size": 2,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+    }
+    config = {
+        "processor_class": "Qwen2_5OmniProcessor",
+        "feature_extractor": features.to_dict(),
+        "image_processor": {
+            **vision,
+            "image_processor_type": "Qwen2VLImageProcessor",
+            "size": {"longest_edge": 1003520, "shortest_edge": 3136},
+        },
+        "video_processor": {
+            **vision,
+            "video_processor_type": "Qwen2VLVideoProcessor",
+            "size": {"longest_edge": 602112, "shortest_edge": 100352},
+        },
+    }
+    (directory / "processor_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def _config(ids: dict[str, int], *, vocab_size: int) -> Qwen2_5OmniConfig:
@@ -93,10 +139,13 @@ def _config(ids: dict[str, int], *, vocab_size: int) -> Qwen2_5OmniConfig:
         "hidden_size": HIDDEN_SIZE,
         "intermediate_size": 128,
         "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        # Head size 32 (hidden / heads): vLLM's CPU attention needs 32 or more, and the
+        # thinker runs on it with engine: vllm.
+        "num_attention_heads": HIDDEN_SIZE // THINKER_HEAD_DIM,
+        "num_key_value_heads": 1,
         "max_position_embeddings": 4096,
-        "rope_parameters": rope,
+        "rope_parameters": {**rope, "mrope_section": [4, 6, 6]},
+        "tie_word_embeddings": False,  # read by vLLM, not written by transformers 5.23
         "eos_token_id": ids["<|im_end|>"],
         "pad_token_id": ids["<|endoftext|>"],
     }

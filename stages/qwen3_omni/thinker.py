@@ -30,6 +30,7 @@ from stages.kit import (
     Sampler,
     SamplingParams,
     SlotKV,
+    constructor_signature,
     step_output,
 )
 
@@ -320,13 +321,6 @@ class Qwen3OmniThinker(AutoregressiveStage):
             messages, add_generation_prompt=True, tokenize=False
         )
         return list(self.tokenizer(text)["input_ids"]), features
-
-
-def constructor_signature(stage_class: type) -> inspect.Signature:
-    """``stage_class.__init__``'s params without ``self``: what ``inspect.signature``
-    of a class with a ``__new__`` shows once it is the class's ``__signature__``."""
-    signature = inspect.signature(stage_class.__init__)
-    return signature.replace(parameters=tuple(signature.parameters.values())[1:])
 
 
 Qwen3OmniThinker.__signature__ = constructor_signature(Qwen3OmniThinker)

@@ -44,10 +44,12 @@ from stages.kit import (
     Sampler,
     SamplingParams,
     VllmEngine,
+    VllmEngineStage,
+    constructor_signature,
     load_embedding,
 )
 
-from .thinker import Qwen3OmniThinker, _Stream, constructor_signature
+from .thinker import Qwen3OmniThinker, _Stream
 from .weights import ModelSource
 
 HIDDEN_LAYER_FIRST = 0
@@ -60,7 +62,7 @@ class _EngineStream(_Stream):
     prompt_states: torch.Tensor | None = None  # [2, S, H] until the first token is packaged
 
 
-class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
+class Qwen3OmniThinkerVllm(VllmEngineStage, Qwen3OmniThinker):
     def __init__(
         self,
         name: str,
@@ -110,38 +112,14 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
                 f"stage {self.name!r}: audio input on engine: vllm is not wired yet; "
                 "use engine: torch for audio requests"
             )
-        self.engine.add(
-            stream_id,
-            ids,
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            repetition_penalty=params.repetition_penalty,  # over prompt and answer, as generate's
-            seed=params.seed,
-            stop_token_ids=sorted(self.eos_ids),
-            prompt_states=True,
-        )
+        self.add_request(stream_id, ids, params, sorted(self.eos_ids), prompt_states=True)
         self.streams[stream_id] = _EngineStream(ids, len(ids), Sampler(params, history=ids))
         self.outboxes[stream_id] = Outbox()
-
-    def close_stream(self, stream_id: str) -> None:
-        stream = self.streams.get(stream_id)
-        if stream is not None and not stream.engine_done:
-            self.engine.abort([stream_id])  # the engine frees the request's KV blocks
-        super().close_stream(stream_id)
-
-    def close(self) -> None:
-        self.engine.close()
-        super().close()
 
     @torch.no_grad()
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
         self.clock.start_step()
-        streams = {work.stream_id: self.streams[work.stream_id] for work in batch}
-        waiting = [s for s in streams.values() if not s.finished and not s.pending]
-        if any(not s.engine_done for s in waiting):
-            self._engine_step()
+        streams = self.engine_round(batch)
         sampled: dict[str, int] = {}
         prompts: dict[str, torch.Tensor] = {}
         for sid, stream in streams.items():
@@ -172,22 +150,14 @@ class Qwen3OmniThinkerVllm(Qwen3OmniThinker):
                 continue  # closed meanwhile
             stream.pending.extend(out.new_token_ids)
             stream.engine_done = out.finished
-            if out.prompt_states is not None:
-                stream.prompt_states = torch.from_numpy(out.prompt_states.copy()).to(self.device)
+            if out.states is not None:
+                stream.prompt_states = torch.from_numpy(out.states.copy()).to(self.device)
 
     def _embed_many(self, tokens: list[int]) -> torch.Tensor:
         return self.embeddings[torch.tensor(tokens, device=self.device)]
 
     def stage_statistics(self) -> Mapping[str, float]:
-        return {
-            **self.clock.snapshot(self.packager),
-            "num_active_streams": len(self.streams),
-            "engine_start_s": self.engine.start_s,
-            # The engine's own count after its last step or abort (no call from here:
-            # statistics are read from trio and must not wait for a step).
-            "engine_requests": self.engine.num_unfinished,
-            "engine_buffered_tokens": sum(len(s.pending) for s in list(self.streams.values())),
-        }
+        return self.engine_statistics()
 
 
 Qwen3OmniThinkerVllm.__signature__ = constructor_signature(Qwen3OmniThinkerVllm)

@@ -242,10 +242,3 @@ async def _drain(pipeline: omnitrio.Pipeline, request: omnitrio.Request) -> None
     async with pipeline.open_stream(request) as stream:
         async for _ in stream:
             pass
-
-
-def test_the_thinker_refuses_an_engine_it_cannot_run_on(tmp_path: pathlib.Path) -> None:
-    from stages.kit import OptionError
-
-    with pytest.raises(OptionError, match="engine: torch only"):
-        Qwen2_5OmniThinker("thinker", model_path=str(tmp_path), engine="vllm")

@@ -125,8 +125,8 @@ def _run(engine: VllmEngine, prompts: list[list[int]], max_tokens: int, **add: o
     for _ in range(max_tokens + 5):
         for out in engine.step():
             tokens[out.request_id].extend(out.new_token_ids)
-            if out.prompt_states is not None:
-                states[out.request_id] = out.prompt_states
+            if out.states is not None:
+                states[out.request_id] = out.states
         if all(len(t) >= max_tokens for t in tokens.values()):
             break
     return {"tokens": tokens, "states": states}

@@ -8,7 +8,11 @@ engine in a process of its own.
   aborted; the others go on;
 - 5: leaving the pipeline with a stream stalled is prompt, and leaves no thread and no
   engine process;
-- 6: a request vLLM refuses fails that stream alone, with a StageError naming the thinker.
+- 6: a request vLLM refuses fails that stream alone, with a StageError naming the thinker;
+- 2: nothing polls: an idle pipeline runs no step, and the engine process, blocked on
+  its pipe, spends no CPU;
+- 3: the hidden states the engine returns travel thinker -> talker only: the client
+  gets text, audio and events, and no payload reaches it.
 
 Invariant 7 (the pipeline equals transformers' generate) is test_qwen3_omni_vllm.py's.
 Needs the engine's environment (``scripts/setup vllm``); without it these skip, naming it.
@@ -73,10 +77,11 @@ def _request(text: str, max_tokens: int) -> omnitrio.Request:
 async def test_cancel_and_refusal_fail_one_stream_and_the_engine_frees_it(
     config: omnitrio.PipelineConfig,
 ) -> None:
-    """Invariants 4 and 6 on the real engine."""
+    """Invariants 4 and 6 on the real engine (and 2 and 3, which cost a second here)."""
     async with omnitrio.open_pipeline(config) as pipeline:
         alone, error = await _outcome(pipeline, _request("the other stream", 12))
         assert error is None
+        await _nothing_polls_and_no_payload_reaches_the_client(pipeline, alone)
         results: dict[str, tuple[list[omnitrio.VisibleItem], omnitrio.StageError | None]] = {}
 
         async def run(label: str, request: omnitrio.Request) -> None:
@@ -105,6 +110,29 @@ async def test_cancel_and_refusal_fail_one_stream_and_the_engine_frees_it(
     assert other_error is None
     assert texts(other_items) == texts(alone)  # served as if alone, greedy
     assert any(isinstance(i, omnitrio.AudioChunk) for i in other_items)
+
+
+async def _nothing_polls_and_no_payload_reaches_the_client(
+    pipeline: omnitrio.Pipeline, items: list[omnitrio.VisibleItem]
+) -> None:
+    """Invariants 2 and 3, the pipeline idle after a stream has ended."""
+    visible = omnitrio.TextDelta | omnitrio.AudioChunk | omnitrio.Event
+    assert items
+    assert all(isinstance(i, visible) for i in items)
+    stats = pipeline.statistics()
+    assert stats.num_payloads_routed > 0  # the talker's hidden states did travel
+    assert stats.num_payloads_to_client == 0
+    [engine] = _engine_processes()
+    steps, cpu_s = {n: s.num_steps for n, s in stats.stages.items()}, _cpu_s(engine)
+    await trio.sleep(1.0)  # the test waits; nothing in the runtime or the engine may
+    assert {n: s.num_steps for n, s in pipeline.statistics().stages.items()} == steps
+    assert _cpu_s(engine) - cpu_s < 0.05  # blocked on its pipe, not polling
+
+
+def _cpu_s(pid: int) -> float:
+    """A process's user + system CPU time, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def test_a_stalled_client_is_bounded_and_leaving_is_prompt_and_clean(
