@@ -641,15 +641,18 @@ class StageActor:
     def _apply_round(self, round_: _Round) -> None:
         """A round's result, in the order it matters: what the stage opened, the step's
         outputs onto the edges (downstream plans at once), then onto clients, then
-        what the stage closed."""
+        what the stage closed; the step-time model and the first-input count learn
+        from it after that, off the path to the next stage and the client."""
         result = self._unwrap(round_)
-        self._count_step(result)
+        num_first = self._count_step(result)
         self._settle_opens(round_, result)
         delivered = self._route_outputs(round_, result)
-        if self._awaiting_first and result.stepped:
-            self._count_first_waits(result)
         self._deliver_visible(delivered)
         self._settle_closes(round_, result)
+        if num_first is not None:
+            self.step_model.observe(len(result.stepped), result.step_s, num_first)
+        if self._awaiting_first and result.stepped:
+            self._count_first_waits(result)
 
     def _unwrap(self, round_: _Round) -> Result:
         try:
@@ -665,7 +668,9 @@ class StageActor:
         self._report_step_problems(result)
         return result
 
-    def _count_step(self, result: Result) -> None:
+    def _count_step(self, result: Result) -> int | None:
+        """Count the round; returns how many of its streams took their first step here,
+        for the step-time model (None: nothing for it to learn)."""
         counters = self.counters
         counters.busy_s += result.busy_s
         size = len(result.stepped)
@@ -676,10 +681,8 @@ class StageActor:
             counters.largest_batch_size = max(counters.largest_batch_size, size)
             if result.step_error is None:
                 slots = self.slots
-                first = sum(
-                    1 for sid in result.stepped if sid in slots and not slots[sid].num_steps
-                )
-                self.step_model.observe(size, result.step_s, first)
+                return sum(1 for sid in result.stepped if sid in slots and not slots[sid].num_steps)
+        return None
 
     def _settle_opens(self, round_: _Round, result: Result) -> None:
         for slot in round_.opens:
