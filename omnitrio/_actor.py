@@ -43,6 +43,7 @@ from ._contract import ProtocolError
 from ._errors import StageCall, StageError
 from ._items import AudioChunk
 from ._link import Link, Wakeup
+from ._newcomers import FirstWaits, leave_out, queued_candidate
 from ._placement import StageLost, place
 from ._runner import Plan, Result
 from ._scheduler import Candidate, Scheduling, displaced, pick_batch
@@ -90,7 +91,6 @@ class _Counters:
     num_step_failures: int = 0
     num_empty_plans: int = 0
     num_behind_deadline: int = 0
-    max_steps_to_first: int = 0
     busy_s: float = 0.0
     trio_s: float = 0.0
     idle_s: float = 0.0
@@ -138,7 +138,7 @@ class StageActor:
         self._loading = False  # load() was called: shutdown closes what it made
         self._rounds: deque[_Round] = deque()
         self._lifecycle: dict[str, Slot] = {}  # slots in NEW or ENDING: planning acts on them
-        self._awaiting_first: dict[str, Slot] = {}  # first input seen, first step not applied
+        self._first_waits = FirstWaits()
         self._hang: _Hang | None = None
         self._serving = False
         self._waiting: trio.CancelScope | None = None  # the loop's wait, while it waits
@@ -191,7 +191,7 @@ class StageActor:
             pid=self._placement.pid,
             step_model=self.step_model.statistics(audio_s_delivered, cap, factor),
             num_behind_deadline=c.num_behind_deadline,
-            max_steps_to_first_step=c.max_steps_to_first,
+            max_steps_to_first_step=self._first_waits.max_steps,
             num_active_streams=len(self.active_streams(time.perf_counter(), ACTIVE_WINDOW_S)),
         )
 
@@ -438,7 +438,7 @@ class StageActor:
                 continue  # opened with its first input
             del lifecycle[sid]
             if slot.phase is Phase.NEW:
-                self._first_input(slot)
+                self._first_waits.seen(slot)
                 slot.on(Event.PLAN_OPEN)
                 slot.in_flight += 1
                 opens.append(slot)
@@ -559,7 +559,7 @@ class StageActor:
             return False
         amended = self._placement.amend(partial(self._amended, self._rounds[-1], firsts))
         for slot in firsts:  # not amended: the queued round had started when they came
-            self._first_input(slot)
+            self._first_waits.seen(slot)
         return amended
 
     def _amended(self, queued: _Round, firsts: list[Slot]) -> Plan:
@@ -567,17 +567,17 @@ class StageActor:
         cannot start it)."""
         now_s = time.perf_counter()
         for slot in firsts:
-            self._first_input(slot, now_s)
+            self._first_waits.seen(slot, now_s)
         batch, works = list(queued.batch), list(queued.plan.batch)
         opens = list(queued.opens)
         slots = self.slots
         running = {s.id for s in self._rounds[0].batch}
         for slot in firsts:
             if len(batch) >= self.spec.max_batch_size:
-                out = displaced([self._candidate(s, running) for s in batch], now_s)
+                out = displaced([queued_candidate(s, running) for s in batch], now_s)
                 if out is None:
                     break  # every one is on its first step: the rest wait for the next round
-                self._leave_out(batch.pop(out), works.pop(out))
+                leave_out(batch.pop(out), works.pop(out), self.limits)
             del self._lifecycle[slot.id]
             slot.on(Event.PLAN_OPEN)
             slot.in_flight += 1
@@ -591,43 +591,6 @@ class StageActor:
             queued.plan.closes, tuple((s.id, s.stream.request) for s in opens), tuple(works)
         )
         return queued.plan
-
-    @staticmethod
-    def _candidate(slot: Slot, running: set[str]) -> Candidate:
-        """A slot of the queued batch as the scheduler sees it: on its first step if it
-        has had none and the running round does not step it."""
-        first = not slot.num_steps and slot.id not in running
-        return Candidate(slot.id, True, True, slot.stream.deadline_s, first)
-
-    def _leave_out(self, slot: Slot, work: StreamWork) -> None:
-        """Undo a queued step's reservations; its inputs wait on the slot."""
-        limits = self.limits
-        slot.in_flight -= 1
-        slot.stream.client.settle(limits.max_visible_per_step, None)
-        if slot.out_link is not None:
-            slot.out_link.settle(limits.max_payloads_per_step, None)
-        slot.carry = work.inputs
-
-    def _first_input(self, slot: Slot, now_s: float | None = None) -> None:
-        """The actor sees ``slot``'s first input (once): its wait for a step starts."""
-        if slot.first_input_s is None:
-            slot.first_input_s = time.perf_counter() if now_s is None else now_s
-            self._awaiting_first[slot.id] = slot
-
-    def _count_first_waits(self, result: Result) -> None:
-        """A step ended: each newcomer waiting since before that waited for it; those
-        it gave a first step to are done waiting (``max_steps_to_first_step``)."""
-        awaiting = self._awaiting_first
-        ended_s = result.step_ended_s
-        counters = self.counters
-        for sid, slot in list(awaiting.items()):
-            assert slot.first_input_s is not None
-            if ended_s > slot.first_input_s:
-                slot.steps_to_first += 1
-            if slot.num_steps:
-                counters.max_steps_to_first = max(counters.max_steps_to_first, slot.steps_to_first)
-            if slot.num_steps or self.slots.get(sid) is not slot:
-                del awaiting[sid]
 
     # ----- apply (back in trio) -----------------------------------------------------
 
@@ -651,8 +614,8 @@ class StageActor:
         self._settle_closes(round_, result)
         if num_first is not None:
             self.step_model.observe(len(result.stepped), result.step_s, num_first)
-        if self._awaiting_first and result.stepped:
-            self._count_first_waits(result)
+        if self._first_waits and result.stepped:
+            self._first_waits.step_ended(result.step_ended_s, self.slots)
 
     def _unwrap(self, round_: _Round) -> Result:
         try:
