@@ -12,7 +12,9 @@ The task decides, the thread executes. Each *round* is::
 
 Up to two rounds are out at once: while the thread runs round N, round N+1 is
 already planned, its credit reserved, and queued behind it, so the thread goes
-from one step to the next without waiting for trio. One crossing into the
+from one step to the next without waiting for trio. A newcomer whose first input
+comes meanwhile joins round N+1 while the thread has not started it (``_amend``),
+so it waits for the running step alone, not for two. One crossing into the
 thread and one back per round, whatever the batch size. Planning starts in one
 place, ``_advance`` (apply the rounds that came back, then plan while fewer than
 two are out), called where a round's result lands, where upstream offers work,
@@ -41,9 +43,10 @@ from ._contract import ProtocolError
 from ._errors import StageCall, StageError
 from ._items import AudioChunk
 from ._link import Link, Wakeup
+from ._newcomers import FirstWaits, leave_out, queued_candidate
 from ._placement import StageLost, place
 from ._runner import Plan, Result
-from ._scheduler import Candidate, Scheduling, pick_batch
+from ._scheduler import Candidate, Scheduling, displaced, pick_batch
 from ._slot import HOLDING, Event, Phase, Slot
 from ._stage import StepLimits, StreamOutput, StreamWork
 from ._statistics import StageStatistics
@@ -135,6 +138,7 @@ class StageActor:
         self._loading = False  # load() was called: shutdown closes what it made
         self._rounds: deque[_Round] = deque()
         self._lifecycle: dict[str, Slot] = {}  # slots in NEW or ENDING: planning acts on them
+        self._first_waits = FirstWaits()
         self._hang: _Hang | None = None
         self._serving = False
         self._waiting: trio.CancelScope | None = None  # the loop's wait, while it waits
@@ -163,7 +167,10 @@ class StageActor:
             name=self.name,
             num_open_streams=len(self.slots),
             queue_depth=MappingProxyType(
-                {sid: s.in_link.buffered if s.in_link else 0 for sid, s in self.slots.items()}
+                {
+                    sid: (s.in_link.buffered if s.in_link else 0) + len(s.carry)
+                    for sid, s in self.slots.items()
+                }
             ),
             num_steps=c.num_steps,
             last_batch_size=c.last_batch_size,
@@ -184,6 +191,7 @@ class StageActor:
             pid=self._placement.pid,
             step_model=self.step_model.statistics(audio_s_delivered, cap, factor),
             num_behind_deadline=c.num_behind_deadline,
+            max_steps_to_first_step=self._first_waits.max_steps,
             num_active_streams=len(self.active_streams(time.perf_counter(), ACTIVE_WINDOW_S)),
         )
 
@@ -325,10 +333,14 @@ class StageActor:
         while len(self._rounds) < MAX_ROUNDS_OUT:
             round_ = self._plan()
             if round_ is None:
-                break
+                return acted
             acted = True
             if round_.has_work:
                 self._submit(round_)
+        if self._lifecycle and self.scheduling == "deadline":
+            started = time.perf_counter()
+            acted |= self._amend()
+            self.counters.trio_s += time.perf_counter() - started
         return acted
 
     def _apply_finished(self) -> bool:
@@ -426,6 +438,7 @@ class StageActor:
                 continue  # opened with its first input
             del lifecycle[sid]
             if slot.phase is Phase.NEW:
+                self._first_waits.seen(slot)
                 slot.on(Event.PLAN_OPEN)
                 slot.in_flight += 1
                 opens.append(slot)
@@ -483,7 +496,7 @@ class StageActor:
     def _has_work(slot: Slot) -> bool:
         """New input, input that just closed, or the stage asked for more."""
         in_link = slot.in_link
-        if slot.more or (in_link is not None and in_link.buffered > 0):
+        if slot.more or slot.carry or (in_link is not None and in_link.buffered > 0):
             return True
         return (in_link is None or in_link.producers_done) and not slot.told_closed
 
@@ -520,8 +533,64 @@ class StageActor:
             out_link.reserve(limits.max_payloads_per_step)
         if slot.in_link is None:
             return StreamWork(slot.id, (), True)
-        inputs, closed = slot.in_link.take(limits.max_inputs_per_step)
-        return StreamWork(slot.id, tuple(inputs), closed)
+        limit, carry = limits.max_inputs_per_step, slot.carry
+        if carry:  # inputs it was left out of a step with go first
+            slot.carry = ()
+            limit = None if limit is None else limit - len(carry)
+        inputs, closed = slot.in_link.take(limit)
+        return StreamWork(slot.id, (*carry, *inputs), closed)
+
+    # ----- a newcomer into the queued round -----------------------------------------
+
+    def _amend(self) -> bool:
+        """With two rounds out, newcomers whose first input has come (a first stage's: the
+        stream itself) join the queued round if its execution has not started (thread
+        placement): a first step is the most urgent there is. In a full batch a newcomer
+        takes the place of the least urgent stream not on its first step, whose inputs
+        wait on its slot for its next step. True if the queued round changed."""
+        firsts = [
+            slot
+            for slot in self._lifecycle.values()
+            if slot.phase is Phase.NEW
+            and not slot.in_flight
+            and (slot.in_link is None or self._has_work(slot))
+        ]
+        if not firsts:
+            return False
+        amended = self._placement.amend(partial(self._amended, self._rounds[-1], firsts))
+        for slot in firsts:  # not amended: the queued round had started when they came
+            self._first_waits.seen(slot)
+        return amended
+
+    def _amended(self, queued: _Round, firsts: list[Slot]) -> Plan:
+        """The queued round with ``firsts`` in it (on the trio thread, while the worker
+        cannot start it)."""
+        now_s = time.perf_counter()
+        for slot in firsts:
+            self._first_waits.seen(slot, now_s)
+        batch, works = list(queued.batch), list(queued.plan.batch)
+        opens = list(queued.opens)
+        slots = self.slots
+        running = {s.id for s in self._rounds[0].batch}
+        for slot in firsts:
+            if len(batch) >= self.spec.max_batch_size:
+                out = displaced([queued_candidate(s, running) for s in batch], now_s)
+                if out is None:
+                    break  # every one is on its first step: the rest wait for the next round
+                leave_out(batch.pop(out), works.pop(out), self.limits)
+            del self._lifecycle[slot.id]
+            slot.on(Event.PLAN_OPEN)
+            slot.in_flight += 1
+            opens.append(slot)
+            if self._fits(slot):
+                slots[slot.id] = slots.pop(slot.id)  # the most recently stepped
+                batch.append(slot)
+                works.append(self._take_work(slot))
+        queued.batch, queued.opens = tuple(batch), tuple(opens)
+        queued.plan = Plan(
+            queued.plan.closes, tuple((s.id, s.stream.request) for s in opens), tuple(works)
+        )
+        return queued.plan
 
     # ----- apply (back in trio) -----------------------------------------------------
 
@@ -535,13 +604,18 @@ class StageActor:
     def _apply_round(self, round_: _Round) -> None:
         """A round's result, in the order it matters: what the stage opened, the step's
         outputs onto the edges (downstream plans at once), then onto clients, then
-        what the stage closed."""
+        what the stage closed; the step-time model and the first-input count learn
+        from it after that, off the path to the next stage and the client."""
         result = self._unwrap(round_)
-        self._count_step(result)
+        num_first = self._count_step(result)
         self._settle_opens(round_, result)
         delivered = self._route_outputs(round_, result)
         self._deliver_visible(delivered)
         self._settle_closes(round_, result)
+        if num_first is not None:
+            self.step_model.observe(len(result.stepped), result.step_s, num_first)
+        if self._first_waits and result.stepped:
+            self._first_waits.step_ended(result.step_ended_s, self.slots)
 
     def _unwrap(self, round_: _Round) -> Result:
         try:
@@ -557,7 +631,9 @@ class StageActor:
         self._report_step_problems(result)
         return result
 
-    def _count_step(self, result: Result) -> None:
+    def _count_step(self, result: Result) -> int | None:
+        """Count the round; returns how many of its streams took their first step here,
+        for the step-time model (None: nothing for it to learn)."""
         counters = self.counters
         counters.busy_s += result.busy_s
         size = len(result.stepped)
@@ -568,10 +644,8 @@ class StageActor:
             counters.largest_batch_size = max(counters.largest_batch_size, size)
             if result.step_error is None:
                 slots = self.slots
-                first = sum(
-                    1 for sid in result.stepped if sid in slots and not slots[sid].num_steps
-                )
-                self.step_model.observe(size, result.step_s, first)
+                return sum(1 for sid in result.stepped if sid in slots and not slots[sid].num_steps)
+        return None
 
     def _settle_opens(self, round_: _Round, result: Result) -> None:
         for slot in round_.opens:

@@ -11,7 +11,7 @@ a ``Plan`` over with ``submit`` and brings the ``Result`` back with one
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 
 import trio
@@ -34,6 +34,7 @@ class ThreadPlacement:
     def __init__(self, spec: StageSpec, source: str, *, feeds_edge: bool) -> None:
         self._runner = StageRunner(spec, source, feeds_edge=feeds_edge)
         self._worker: WorkerThread | None = None
+        self._last_job = -1  # the worker's number for the plan last submitted
 
     async def load(self) -> StepLimits:
         self._worker = WorkerThread(f"omnitrio-stage-{self._runner.name}")
@@ -42,7 +43,14 @@ class ThreadPlacement:
 
     def submit(self, plan: Plan, on_done: OnDone) -> None:
         assert self._worker is not None
-        self._worker.submit(partial(self._runner.execute, plan), on_done)
+        self._last_job = self._worker.submit(partial(self._runner.execute, plan), on_done)
+
+    def amend(self, build: Callable[[], Plan]) -> bool:
+        worker = self._worker
+        if worker is None:
+            return False
+        execute = self._runner.execute
+        return worker.replace(self._last_job, lambda: partial(execute, build()))
 
     async def close(self, deadline: float) -> bool:
         worker = self._worker

@@ -48,6 +48,12 @@ class Placement(Protocol):
         """Execute ``plan``; ``on_done(outcome)`` runs later on the trio thread. Never blocks."""
         ...
 
+    def amend(self, build: Callable[[], Plan]) -> bool:
+        """Execute ``build()``'s plan instead of the one last submitted, if its execution
+        has not started; ``build`` is called only then, and meanwhile it cannot start.
+        False otherwise (where a submitted plan cannot be reached, always)."""
+        ...
+
     async def close(self, deadline: float) -> bool:
         """Close every stream the stage holds, then the stage, until trio time
         ``deadline`` (shielded). False if it did not finish in time."""

@@ -193,6 +193,9 @@ class RayPlacement:
         actor = self._actor
         self._when_ready(actor.execute.remote(plan), partial(self._executed, actor, on_done))
 
+    def amend(self, build: Callable[[], Plan]) -> bool:
+        return False  # the plan went to the actor's process when it was submitted
+
     async def close(self, deadline: float) -> bool:
         actor, self._actor = self._actor, None
         if actor is None:

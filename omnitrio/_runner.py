@@ -63,6 +63,9 @@ class Result:
     """The whole round on the thread: closes, opens and the step."""
     step_s: float = 0.0
     """The step alone (``stage.step``): what the stage's step-time model learns from."""
+    step_ended_s: float = 0.0
+    """When the step returned (``perf_counter`` s of the stage's process; 0: no step):
+    which of the stage's steps a newcomer's first input waited for."""
 
 
 class StageRunner:
@@ -127,7 +130,8 @@ class StageRunner:
         if batch:
             step_started = time.perf_counter()
             self._step(batch, result)
-            result.step_s = time.perf_counter() - step_started
+            result.step_ended_s = time.perf_counter()
+            result.step_s = result.step_ended_s - step_started
         result.busy_s = time.perf_counter() - started
         return result
 

@@ -23,7 +23,10 @@ others (seed 001's head-of-line blocking, through the scheduler):
   latest one taking every step until its backlog is gone.
 
 So a newcomer waits at most for the rounds already out, whatever the batch size
-and whatever backlog another stream has.
+and whatever backlog another stream has; and where a stage runs on a thread, the
+actor puts a newcomer into the round queued behind the running one while it has
+not started (``displaced`` says whom it takes the place of in a full batch), so it
+waits for the running step alone.
 
 **Round robin** (``scheduling: round_robin``, the runtime before deadlines):
 candidates in the given order, least recently stepped first, read lazily, so
@@ -34,8 +37,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, NamedTuple
 
 Scheduling = Literal["deadline", "round_robin"]
@@ -101,16 +105,34 @@ def pick_batch(
         else:
             skipped.append(candidate.stream_id)
     if len(ready) > max_batch_size:
-
-        def urgency(candidate: Candidate) -> float:
-            if candidate.first:
-                return -math.inf
-            deadline_s = candidate.deadline_s
-            return now_s if deadline_s < now_s else deadline_s
-
-        chosen = {id(c) for c in heapq.nsmallest(max_batch_size, ready, key=urgency)}
+        key = partial(urgency, now_s=now_s)
+        chosen = {id(c) for c in heapq.nsmallest(max_batch_size, ready, key=key)}
         ready = [c for c in ready if id(c) in chosen]
     return Decision(tuple(c.stream_id for c in ready), tuple(skipped))
+
+
+def urgency(candidate: Candidate, now_s: float) -> float:
+    """Smaller is more urgent: a first step before all, then the deadline, one already
+    past counting as ``now_s``."""
+    if candidate.first:
+        return -math.inf
+    deadline_s = candidate.deadline_s
+    return now_s if deadline_s < now_s else deadline_s
+
+
+def displaced(batch: Sequence[Candidate], now_s: float) -> int | None:
+    """Which member of a full ``batch`` a newcomer's first step takes the place of (its
+    index): the least urgent that is not on its first step, of equals the last given
+    (the most recently stepped); None if every one is on its first step."""
+    worst: int | None = None
+    worst_urgency = -math.inf
+    for index, candidate in enumerate(batch):
+        if candidate.first:
+            continue
+        value = urgency(candidate, now_s)
+        if worst is None or value >= worst_urgency:
+            worst, worst_urgency = index, value
+    return worst
 
 
 def _first_that_fit(candidates: Iterable[Candidate], max_batch_size: int) -> Decision:

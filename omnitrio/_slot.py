@@ -126,6 +126,13 @@ class Slot:
     worked_at_s: float = 0.0
     """When a plan last saw it with work (perf_counter s; at first, when it was added):
     a stream idle here longer than ``admission.ACTIVE_WINDOW_S`` is not charged a step."""
+    carry: tuple[object, ...] = ()
+    """Inputs taken for a step it was then left out of (a newcomer took its place in a
+    queued round): they go first into its next step."""
+    first_input_s: float | None = None
+    """When the actor first saw its first input here (perf_counter s), until its first step."""
+    steps_to_first: int = 0
+    """The stage's steps that ended after ``first_input_s``: those it waited for."""
 
     @property
     def id(self) -> str:

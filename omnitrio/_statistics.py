@@ -75,6 +75,11 @@ class StageStatistics:
     num_active_streams: int = 0
     """Live streams with work here lately (``admission.ACTIVE_WINDOW_S``), or in a round
     out: those admission by headroom charges this stage a step per round for."""
+    max_steps_to_first_step: int = 0
+    """The most of this stage's steps a stream waited for its first step here, counted
+    from when the stage's actor saw its first input, its own step included (steps that
+    ended after that): 2 at most on a thread (the step running, then its own) unless
+    the newcomer lacked credit or a whole batch of newcomers came at once."""
 
 
 @dataclass(frozen=True)

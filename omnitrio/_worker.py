@@ -16,6 +16,10 @@ idle until trio's apply, plan and client deliveries are through and it blocks ag
 GIL released, until the worker has taken it before it runs ``on_done``; and when it
 queues a job for an idle worker, until the worker has taken that one (each wait at
 most ``HANDOVER_TIMEOUT_S``). The worker then goes on into its step.
+
+A job queued and not yet started can be replaced (``replace``): the actor puts a
+newcomer's first step into the round queued behind the running one, instead of the
+round after it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import outcome
 import trio
@@ -48,24 +52,27 @@ class WorkerThread:
         self._num_submitted = 0  # trio thread only
         self._num_started = 0  # written by the worker under _started
         self._num_done = 0  # written by the worker
+        self._last: tuple[int, list[Callable[[], Any]]] | None = None  # the newest job's callable
         self._started = threading.Condition(threading.Lock())
         self._exited = trio.Event()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[[], T], on_done: Callable[[outcome.Outcome[T]], None]) -> None:
+    def submit(self, fn: Callable[[], T], on_done: Callable[[outcome.Outcome[T]], None]) -> int:
         """Queue ``fn()`` on the worker thread; ``on_done(outcome)`` then runs on the trio
         thread (one crossing in, one ``run_sync_soon`` back). Never waits for the job to
         finish (the actor keeps a second job queued behind the running one this way);
         if the worker was idle, waits at most ``HANDOVER_TIMEOUT_S`` for it to take the
-        job (the hand-over, above)."""
+        job (the hand-over, above). Returns the job's number (for ``replace``)."""
 
         number = self._num_submitted
         idle = self._num_done == number  # the worker waits for a job: it wakes for this one
         self._num_submitted += 1
+        call: list[Callable[[], T]] = [fn]  # read when the job starts: ``replace`` swaps it
+        self._last = (number, call)
 
         def job() -> None:
-            value = outcome.capture(fn)
+            value = outcome.capture(call[0])
             try:
                 self._token.run_sync_soon(self._hand_over, number, on_done, value)
             except trio.RunFinishedError:
@@ -75,6 +82,21 @@ class WorkerThread:
         self._jobs.put(job)
         if idle:
             self._wait_started(number)
+        return number
+
+    def replace(self, number: int, make: Callable[[], Callable[[], Any]]) -> bool:
+        """If job ``number`` is the newest and the worker has not started it, run it as
+        ``make()``'s callable instead (its ``on_done`` stays). ``make`` runs here, on the
+        calling thread, under the lock the worker takes to start a job, so the job cannot
+        start meanwhile. False, and ``make`` not called, if it has started."""
+        last = self._last
+        if last is None or last[0] != number:
+            return False
+        with self._started:
+            if self._num_started > number:
+                return False
+            last[1][0] = make()
+        return True
 
     def _wait_started(self, number: int) -> None:
         """Wait, GIL released, until the worker has taken job ``number`` (at most

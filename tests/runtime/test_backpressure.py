@@ -109,13 +109,17 @@ async def test_first_visible_item_is_not_queued_behind_other_streams_payloads() 
             async with pipeline.open_stream(request) as quick:
                 with trio.fail_after(5):
                     await quick.receive()
-                waited = pipeline.statistics().stages["b"].num_steps - b_steps
+                stats = pipeline.statistics().stages["b"]
+                waited = stats.num_steps - b_steps
         assert backlog >= 32
         # Behind the backlog, quick would wait >= 32 of b's steps. Not behind it, it waits
         # only for the rounds already in flight (two per stage, at a and at b) and its own:
         # how many of those b runs meanwhile depends on thread timing (3 on an idle machine,
         # 4 seen beside other work), so the bound leaves room for them and no more.
         assert waited <= 6
+        # Counted from quick's first input at b instead, not a matter of timing: the
+        # step running, then its own (it joined the round queued behind).
+        assert stats.max_steps_to_first_step <= 2
 
 
 async def test_edge_payloads_never_reach_a_client() -> None:
@@ -147,8 +151,9 @@ BACKLOG_UNITS = 10_000
 async def test_a_newcomer_is_not_queued_behind_a_late_streams_backlog(max_batch_size: int) -> None:
     # Deadline-first without starvation: ``flood``'s source stage puts thousands of
     # payloads on b's edge, and flood is older (its deadline earlier) and soon late. A
-    # newcomer's first step at b is still the most urgent there is, so it waits only for
-    # b's rounds already out (two), however small the batch, not for flood's backlog.
+    # newcomer's first step at b is still the most urgent there is: it joins the round
+    # queued behind the one running (taking flood's place in a full batch), however
+    # small the batch, and so waits for the running step alone, not for flood's backlog.
     config = chain_config(
         [
             {"steps": BACKLOG_UNITS, "visible_every": 0},
@@ -167,7 +172,6 @@ async def test_a_newcomer_is_not_queued_behind_a_late_streams_backlog(max_batch_
         with trio.fail_after(60):
             while _queue_depth(pipeline, "b", flood.id) < 2000:  # noqa: ASYNC110 - no event marks a statistic
                 await trio.sleep(0.01)
-        before = pipeline.statistics().stages
         request = omnitrio.Request("quick", options={"steps": 3})
         async with pipeline.open_stream(request) as quick:
             with trio.fail_after(10):
@@ -175,11 +179,36 @@ async def test_a_newcomer_is_not_queued_behind_a_late_streams_backlog(max_batch_
             after = pipeline.statistics().stages
             backlog = after["b"].queue_depth[flood.id]
         nursery.cancel_scope.cancel()
-    # At b quick goes in the first round planned after it is there: behind the round
-    # running and the one queued behind it (two of flood's steps), then its own step.
-    # The count starts before quick's step at a, so b also finishes flood's steps while
-    # that runs, as many as thread timing allows (3-4 on a quiet machine, 5 seen in a full
-    # CI run beside other work); behind the backlog it would be thousands.
-    b_steps = after["b"].num_steps - before["b"].num_steps
-    assert b_steps <= 6, (b_steps, backlog)
+    # Counted from quick's first input at b (and from the stream at a), by which steps
+    # ended after it: not a matter of timing. Behind the backlog it would be thousands.
+    assert after["b"].max_steps_to_first_step <= 2, (after["b"], backlog)
+    assert after["a"].max_steps_to_first_step <= 2, after["a"]
     assert backlog >= 1000  # flood's backlog was still there: quick did not wait it out
+
+
+async def test_a_stream_left_out_for_a_newcomer_keeps_every_input_in_order() -> None:
+    # At one stream a step, each newcomer takes flood's place in b's queued round: the
+    # inputs flood's step had taken wait on its slot and go first into its next step.
+    config = chain_config(
+        [
+            {"steps": 400, "visible_every": 0},
+            {"service_time_ms": 1.0, "outputs_per_input": 0, "visible": "trace"},
+        ],
+        edge_capacity=1000,
+        client_capacity=1000,
+        max_batch_size=1,
+    )
+    async with omnitrio.open_pipeline(config) as pipeline:
+        async with pipeline.open_stream("flood") as flood:
+            await flood.receive()
+            for index in range(3):
+                request = omnitrio.Request(f"quick{index}", options={"steps": 2})
+                async with pipeline.open_stream(request) as quick:
+                    assert len(await collect(quick)) == 2
+            items = [*await collect(flood)]
+        b = pipeline.statistics().stages["b"]
+    units = [item.data["unit"] for item in items if isinstance(item, omnitrio.Event)]
+    produced = [item.data["upstream_produced_s"] for item in items]
+    assert units == list(range(2, 401))  # the first came before the loop
+    assert produced == sorted(produced)
+    assert b.max_steps_to_first_step <= 2

@@ -1,4 +1,4 @@
-from omnitrio._scheduler import Candidate, Playback, pick_batch
+from omnitrio._scheduler import Candidate, Playback, displaced, pick_batch
 
 
 def c(sid: str, *, work: bool = True, fits: bool = True) -> Candidate:
@@ -82,3 +82,13 @@ def test_deadline_late_streams_share_the_steps_instead_of_the_latest_taking_all(
     assert pick_batch(candidates, 2, "deadline", now_s=10.0).batch == ("b", "a")
     # Before they are late, the earlier deadline goes first.
     assert pick_batch(candidates, 1, "deadline", now_s=0.0).batch == ("a",)
+
+
+def test_a_newcomer_displaces_the_least_urgent_that_is_not_on_its_first_step() -> None:
+    # A full queued batch makes room for a newcomer's first step: the stream with the
+    # latest deadline gives its place (of late ones, which all count as now, the last
+    # given, the most recently stepped); another newcomer never does.
+    batch = [d("late", 1.0), d("ahead", 30.0), Candidate("new", True, True, 99.0, first=True)]
+    assert displaced(batch, now_s=10.0) == 1
+    assert displaced([d("x", 1.0), d("y", 2.0)], now_s=10.0) == 1
+    assert displaced([Candidate("new", True, True, 5.0, first=True)], now_s=10.0) is None
