@@ -16,6 +16,7 @@ from ._errors import PipelineClosed as PipelineClosed
 from ._errors import StageError as StageError
 from ._errors import StageLoadError as StageLoadError
 from ._errors import StreamShed as StreamShed
+from ._heap import trim_heap as trim_heap
 from ._items import AudioChunk as AudioChunk
 from ._items import AudioInput as AudioInput
 from ._items import Event as Event
@@ -79,5 +80,6 @@ __all__ = [
     "resample_float",
     "resample_pcm16",
     "resolve_impl",
+    "trim_heap",
     "with_model_path",
 ]

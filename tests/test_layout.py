@@ -448,6 +448,7 @@ def test_the_public_surface_is_exactly_all() -> None:
         "resample_float",
         "resample_pcm16",
         "resolve_impl",
+        "trim_heap",
         "with_model_path",
     ]
     # Nothing public beyond __all__ but the subpackages (server, realtime, tools).

@@ -123,6 +123,7 @@ class RealtimeSession(ServerVadTurns):
         self._num_errors = 0
         self._listener = TurnDetectionState()
         self._speculation = SpeculationState()
+        self._instructions: tuple[str, int] = ("", 0)  # the last counted, its UTF-8 bytes
 
     @property
     def active_response_id(self) -> str | None:
@@ -292,11 +293,14 @@ class RealtimeSession(ServerVadTurns):
         )
 
     def held_bytes(self) -> int:
-        """What the session holds of its client's input: audio appended or committed,
-        conversation text, instructions (the server's per-client total, issue 42)."""
+        """What the session holds of its client's input, in bytes: audio appended or
+        committed, conversation text, instructions (UTF-8; the server's per-client
+        total, issue 42)."""
         committed = sum(len(pcm16) for _, pcm16 in self._committed)
-        instructions = len(self._settings.instructions)  # characters: no copy per frame
-        return len(self._buffer) + committed + self._conversation.num_bytes + instructions
+        text = self._settings.instructions
+        if text is not self._instructions[0]:  # encoded once per new text, not per frame
+            self._instructions = (text, len(text.encode()))
+        return len(self._buffer) + committed + self._conversation.num_bytes + self._instructions[1]
 
     def _require_response(self, response_id: str, call: str) -> ActiveResponse:
         allowed = self._transition(call) is not None

@@ -9,7 +9,8 @@ that never connects, or whose ICE/DTLS fails, is released), then runs the same
 media, until the peer goes (the connection closes or fails, the data channel closes,
 or no audio for ``media_timeout_s``), ``hang_up`` is asked, or the server stops. On
 leaving, the peer connection is closed (at most ``CLOSE_TIMEOUT_S``) and every stream
-the session held is already freed by the connection's nursery.
+the session held is already freed by the connection's nursery. A call counts among
+its API key's sessions (``max_sessions_per_key``) from its answer to its end.
 
 aiortc is the ``webrtc`` extra: without it ``create`` refuses with a 501.
 """
@@ -26,6 +27,7 @@ import trio
 
 from ..realtime import ClientEventError, RealtimeSession, new_id
 from ._api_errors import Refused, busy_error
+from ._client_totals import SessionRefused, SessionTotals
 from ._realtime import RealtimeConnection, session_config
 
 if TYPE_CHECKING:
@@ -74,6 +76,22 @@ class Calls:
             raise Refused(503, message, "too_many_calls")
         _check_offer(offer)
         realtime = _configured(state, beta, secret, session)
+        of_key = _of_key(state, client)
+        try:
+            link, answer = await self._answer(offer, realtime)
+        except BaseException:
+            of_key.close()
+            raise
+        call = _Call(new_id("rtc"))
+        self._calls[call.call_id] = call
+        state.calls_started.inc()
+        has_channel = "m=application" in offer
+        self._nursery.start_soon(self._run, call, link, realtime, client, has_channel, of_key)
+        return call.call_id, answer
+
+    async def _answer(self, offer: str, realtime: RealtimeSession) -> tuple[CallLink, str]:
+        """The call's link and this side's SDP answer; ``Refused`` when it cannot be."""
+        settings = self._state.settings
         bridge = self._start_bridge()
         from ..webrtc import CallLink
 
@@ -86,7 +104,7 @@ class Calls:
         )
         try:
             with trio.fail_after(ANSWER_TIMEOUT_S):
-                answer = await bridge.run(link.peer.answer, offer)
+                return link, await bridge.run(link.peer.answer, offer)
         except trio.TooSlowError:
             await self._close_peer(link)
             raise Refused(503, "could not answer the offer in time", "answer_timeout") from None
@@ -94,12 +112,6 @@ class Calls:
             await self._close_peer(link)
             message = f"sdp: not a usable WebRTC offer ({exc})"[:300]
             raise Refused(400, message, "invalid_offer", "sdp") from None
-        call = _Call(new_id("rtc"))
-        self._calls[call.call_id] = call
-        state.calls_started.inc()
-        has_channel = "m=application" in offer
-        self._nursery.start_soon(self._run, call, link, realtime, client, has_channel)
-        return call.call_id, answer
 
     def hang_up(self, call_id: str) -> bool:
         """End the call (its release goes on in the background); False: no such call."""
@@ -130,6 +142,7 @@ class Calls:
         session: RealtimeSession,
         client: str,
         has_channel: bool,
+        of_key: SessionTotals,
     ) -> None:
         from ..webrtc import PeerGone
 
@@ -157,6 +170,7 @@ class Calls:
                 if link.peer.why_ended:
                     why = link.peer.why_ended
         finally:
+            of_key.close()
             await self._close_peer(link)
             del self._calls[call.call_id]
             call.done.set()
@@ -184,6 +198,19 @@ class Calls:
             await call.done.wait()
         if self._bridge is not None:
             await self._bridge.stop()
+
+
+def _of_key(state: ServerState, client: str) -> SessionTotals:
+    """The call's place among the API key's sessions until it ends: a call made with the
+    key, or with a client secret the key bought, is one of them, as a WebSocket session
+    is (``max_sessions_per_key``; ``_client_totals.py``). ``Refused`` 429 past it. (What
+    the call's session holds is counted by its ``RealtimeConnection``.)"""
+    try:
+        return state.totals.open_session(client, state.settings.api_key)
+    except SessionRefused as refused:
+        raise Refused(
+            429, str(refused), "too_many_sessions", retry_after_s=refused.retry_after_s
+        ) from None
 
 
 def _configured(

@@ -13,7 +13,8 @@ session it may open held 3.3-3.9 MB a session: 300 sessions +1 GB (issue 42, att
   update) is refused with an ``error`` event (``client_memory_full``) that says how
   to make room; frames that free or use what is held (commit, clear, delete,
   truncate, response.create) always pass, so a full client can always make room.
-- **sessions per credential**: the sessions open with one API key at once, at most
+- **sessions per credential**: the sessions open with one API key at once (WebRTC
+  calls included: ``_calls.py`` counts each here until it ends), at most
   ``max_sessions_per_key`` (None: not counted by key; the server's one key is
   usually shared by every backend that holds it, so the per-address count is the
   one on by default). One more is refused (``SessionRefused``, with a retry hint).

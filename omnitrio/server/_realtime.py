@@ -144,7 +144,7 @@ class RealtimeConnection:
         settings = self._state.settings
         too_slow = False
         # A WebSocket session holds the server's key (checked before it was accepted);
-        # a WebRTC call's credential is checked by the calls endpoint, not counted here.
+        # a WebRTC call is counted by key in the calls endpoint (_calls.py), not here.
         key = settings.api_key if self._media is None else None
         try:
             self._totals = self._state.totals.open_session(self._client, key)

@@ -34,6 +34,7 @@ from ._h2c import H11WithoutH2c
 from ._settings import ServerSettings, effective_max_connections
 from ._side_stage import SideStage
 from ._state import ServerState
+from ._trim_after import trimming_after_big
 from ._ws_stream import LINGER_ATTRIBUTE, LimitedWSStream
 
 logger = logging.getLogger(__name__)
@@ -174,7 +175,8 @@ async def serve(
                 state = ServerState(pipeline, settings, side_stage=SideStage.of(pipeline))
                 getattr(hyper, CONNECTIONS_ATTRIBUTE).on_crowded = state.idle_sessions.set_crowded
                 states.append(state)
-                app = wrap_app(create_app(state), hyper.wsgi_max_body_size, "asgi")
+                trimming = trimming_after_big(create_app(state), state.heap_trims)
+                app = wrap_app(trimming, hyper.wsgi_max_body_size, "asgi")
                 listening_sockets = Sockets([], list(listening), [])
                 serve_http = partial(worker_serve, app, hyper, sockets=listening_sockets)
                 # WebRTC calls outlive the requests that made them: they end (each within

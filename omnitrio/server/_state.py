@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .._errors import Overloaded
+from .._heap import HeapTrims
 from .._items import Request
 from .._pipeline import Pipeline
 from .._stream import Stream
@@ -87,6 +88,12 @@ class ServerState:
         )
         self.totals = ClientTotals(settings.max_client_held_bytes, settings.max_sessions_per_key)
         self.idle_sessions = IdleSessions(settings.crowded_idle_s)
+        trims = Counter(
+            "omnitrio_heap_trims",
+            "Freed heap handed back to the system after big requests or sessions ended.",
+            registry=self.registry,
+        )
+        self.heap_trims = HeapTrims(on_trim=trims.inc)
         self.registry.register(_SharesCollector(self.shares))
         self.registry.register(_PipelineCollector(self.pipeline))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and the like

@@ -10,16 +10,25 @@ input_audio_transcription.completed) and hands it to the LLM as an
 stream with option ``task: transcribe`` (the HTTP API's /v1/audio/transcriptions)
 only gets the event: nothing goes on to the LLM.
 
-One step transcribes one *chunk* of each stream of the batch in turn: at most
-``max_chunk_s`` of audio (param; default 5 s), cut at the quietest 100 ms of its last
-``CUT_SEARCH_S`` so a word is rarely split. A longer utterance asks for another step
-(``more``) and its transcript is the chunks' texts joined, emitted after the last
-one. So one step is bounded by work, not by what one request sent: the deadline
-scheduler steps a stream's first chunk before anybody's later ones, and a 1 s
-transcription waits for at most one chunk of someone else's minute of audio, not
-the minute (issue 42). Moonshine also hears long audio better in pieces: 79 s of
-speech whole took 8.5 s and came back garbled (WER 1.04); cut where quiet, in 5 s
-chunks 2.7 s in all, WER 0.034, 0.19 s a step at most (8 s: 2.8 s, 0.031, 0.30 s).
+An utterance is heard in *chunks* of at most ``max_chunk_s`` of audio (param; default
+5 s), each cut at the quietest 100 ms of its last ``CUT_SEARCH_S`` so a word is rarely
+split; its transcript is the chunks' texts joined, emitted after the last one.
+Moonshine hears long audio better so: 79 s of speech whole took 8.5 s and came back
+garbled (WER 1.04); cut where quiet, in 5 s chunks 2.7 s in all, WER 0.034.
+
+An utterance that fits one chunk (any spoken turn or question) is heard in one step,
+its first, which the deadline scheduler runs before anybody's later steps. A longer
+one is heard a slice at a time: its step stops once it has spent ``max_step_s``
+(param; default 0.01 s), checked between the model's pieces of work (Moonshine: the
+encoder's pass over a chunk, then each decoder token, ~7 ms; Whisper: a whole chunk),
+and asks for another (``more``). So a step is bounded by work, not by what one
+request sent: a 1 s transcription waits for the slices already out (the runtime keeps
+two rounds out; the longest piece is a 5 s chunk's encoder pass, ~60 ms), not for
+someone else's minute of audio nor a chunk of it (~0.25 s with its tokens). Beside
+four 56 s transcriptions a 1 s one took 1.23-1.27x its time alone (0.025 s slices:
+2.2x; whole chunks: 6.7x; issue 42, attack 7). The slices give the same tokens as a
+whole chunk (the decoder's state is kept between them) and cost no throughput to
+speak of (4 x 61 s: 11.1-11.9 s sliced, 10.2-12.2 s a chunk a step).
 configs/voice-chat.yaml sets ``max_batch_size: 1`` so that two turns ending together
 do not both wait for both transcripts.
 """
@@ -27,7 +36,7 @@ do not both wait for both transcripts.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,7 +52,8 @@ from .trace import mark
 
 ASR_RATE_HZ = 16000  # what both models take
 WHISPER_RATE_HZ = ASR_RATE_HZ
-MAX_CHUNK_S = 5.0  # the default param: what one step transcribes of one stream at most
+MAX_CHUNK_S = 5.0  # the default param: what one chunk holds at most
+MAX_STEP_S = 0.01  # the default param: a long utterance's step stops once it has spent this
 CUT_SEARCH_S = 2.0  # a chunk ends at the quietest point of its last this much
 QUIET_WINDOW_S = 0.1  # ... measured as the energy of this long a window
 
@@ -70,6 +80,8 @@ class _Utterance:
     samples: Floats
     done_samples: int = 0
     texts: list[str] = field(default_factory=list)
+    chunk: Generator[None, None, str] | None = None  # the chunk being heard, piece by piece
+    chunk_end: int = 0
 
 
 class _AsrStage:
@@ -80,11 +92,16 @@ class _AsrStage:
     max_visible_per_step = 1
     tasks = ("transcribe",)  # the server serves /v1/audio/transcriptions through this stage
 
-    def __init__(self, name: str, max_chunk_s: float = MAX_CHUNK_S) -> None:
+    def __init__(
+        self, name: str, max_chunk_s: float = MAX_CHUNK_S, max_step_s: float = MAX_STEP_S
+    ) -> None:
         if not max_chunk_s >= 1.0:
             raise ValueError(f"max_chunk_s must be at least 1.0 s, not {max_chunk_s!r}")
+        if not 0.0 <= max_step_s < float("inf"):
+            raise ValueError(f"max_step_s must be a finite number >= 0, not {max_step_s!r}")
         self.name = name
         self.max_chunk = int(max_chunk_s * ASR_RATE_HZ)
+        self.max_step_s = max_step_s
         self.streams: dict[str, _Utterance | None] = {}
         self._transcribe_only: set[str] = set()
         self.audio_s = 0.0  # audio transcribed, for the real-time factor
@@ -120,6 +137,12 @@ class _AsrStage:
     def _text(self, samples: Floats) -> str:
         raise NotImplementedError
 
+    def _pieces(self, samples: Floats) -> Generator[None, None, str]:
+        """``_text`` as pieces of work, yielding between two (a step may stop there and
+        the next go on); the text is the generator's return value. Here: one piece."""
+        yield from ()
+        return self._text(samples)
+
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
         outputs: dict[str, StreamOutput] = {}
         for work in batch:
@@ -127,21 +150,35 @@ class _AsrStage:
         return outputs
 
     def _chunk(self, stream_id: str) -> StreamOutput:
-        """Transcribe the stream's next chunk: ``more`` until its last is done."""
+        """Hear more of the stream: a whole chunk, or a long utterance's slice of one
+        (module docstring); ``more`` until its last chunk is done."""
         utterance = self.streams[stream_id]
         if utterance is None:
             return StreamOutput(payloads=(Utterance(""),), done=True)
-        samples, start = utterance.samples, utterance.done_samples
-        if start == 0:
-            mark("asr_start", stream_id)
-        search, window = int(CUT_SEARCH_S * ASR_RATE_HZ), int(QUIET_WINDOW_S * ASR_RATE_HZ)
-        end = next_cut(samples, start, self.max_chunk, search, window)
-        last = end >= samples.size
-        if last and stream_id not in self._transcribe_only:
-            FIRST_AUDIO.answer_starting(stream_id)  # first_audio.py: its last chunk begins
-        utterance.texts.append(self.transcribe(samples[start:end]))
-        utterance.done_samples = end
-        if not last:
+        samples = utterance.samples
+        sliced = samples.size > self.max_chunk
+        started = time.perf_counter()
+        if utterance.chunk is None:
+            start = utterance.done_samples
+            if start == 0:
+                mark("asr_start", stream_id)
+            search, window = int(CUT_SEARCH_S * ASR_RATE_HZ), int(QUIET_WINDOW_S * ASR_RATE_HZ)
+            end = next_cut(samples, start, self.max_chunk, search, window)
+            if end >= samples.size and stream_id not in self._transcribe_only:
+                FIRST_AUDIO.answer_starting(stream_id)  # first_audio.py: its last chunk begins
+            utterance.chunk, utterance.chunk_end = self._pieces(samples[start:end]), end
+        try:
+            while True:
+                next(utterance.chunk)
+                if sliced and time.perf_counter() - started >= self.max_step_s:
+                    return StreamOutput(more=True)
+        except StopIteration as heard:
+            utterance.texts.append(heard.value)
+        finally:
+            self.busy_s += time.perf_counter() - started
+        self.audio_s += (utterance.chunk_end - utterance.done_samples) / ASR_RATE_HZ
+        utterance.done_samples, utterance.chunk = utterance.chunk_end, None
+        if utterance.done_samples < samples.size:
             return StreamOutput(more=True)
         mark("asr_end", stream_id)
         text = " ".join(t for t in utterance.texts if t)
@@ -168,7 +205,8 @@ class MoonshineAsr(_AsrStage):
     weights signed where the CPU has VNNI (onnxruntime's VNNI kernel: the same integer
     products, bit for bit the same results, ~0.75x of the encoder's time and ~0.9x of
     the decoder's; onnx_u8.py), ``off`` keeps them unsigned on every CPU.
-    ``max_chunk_s``: what one step transcribes of one stream at most (module docstring)."""
+    ``max_chunk_s``, ``max_step_s``: a chunk's audio, a long utterance's step's time
+    at most (module docstring)."""
 
     def __init__(
         self,
@@ -185,9 +223,10 @@ class MoonshineAsr(_AsrStage):
         split_decoder: bool = True,
         signed_weights: str = "auto",
         max_chunk_s: float = MAX_CHUNK_S,
+        max_step_s: float = MAX_STEP_S,
     ) -> None:
         cpu_only(name, device)
-        super().__init__(name, max_chunk_s)
+        super().__init__(name, max_chunk_s, max_step_s)
         no_progress_monitor_thread()
         from .onnx_u8 import cpu_has_vnni
 
@@ -210,6 +249,16 @@ class MoonshineAsr(_AsrStage):
 
     def _text(self, samples: Floats) -> str:
         return self.model.transcribe(samples)
+
+    def _pieces(self, samples: Floats) -> Generator[None, None, str]:
+        """The encoder's pass, then one piece per decoder token."""
+        hidden = self.model.encode(samples)
+        yield
+        ids: list[int] = []
+        for token in self.model.decoding(hidden, samples.size):
+            ids.append(token)
+            yield
+        return self.model.text(ids)
 
 
 class WhisperAsr(_AsrStage):

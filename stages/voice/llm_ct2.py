@@ -33,6 +33,7 @@ from pathlib import Path
 import ctranslate2
 from tqdm import tqdm
 
+from omnitrio import trim_heap
 from stages.kit import SamplingParams
 
 from .llm_ct2_states import (
@@ -44,7 +45,6 @@ from .llm_ct2_states import (
     WarmJob,
     WarmTarget,
     prefill,
-    trim_heap,
 )
 from .llm_fast import FastAnswer, TokenHandover, hand_over
 

@@ -16,7 +16,7 @@ generator replaces the current one (made on the warming thread, ~0.15 s; the wei
 ~70 MB, are loaded again), later answers start on it, and the old one is dropped once
 its answers have all ended: memory stays under about two generators and the budget.
 Dropping it happens on the warming thread (``ReleaseJob``), off the answers' path, and
-then hands the freed pages back to the system (``trim_heap``): glibc keeps the
+then hands the freed pages back to the system (omnitrio's ``trim_heap``): glibc keeps the
 freed model's and states' memory in its arenas otherwise, and the process's RSS grew
 to ~2.5 GB where ~1.2 GB was in use (docs/models.md).
 
@@ -29,9 +29,6 @@ generator when one replaces the old (as many as fit in half the budget).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import logging
 import queue
 import threading
@@ -72,24 +69,6 @@ class FlushJob:
 
 
 Job = WarmJob | RecycleJob | ReleaseJob
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
-    name = ctypes.util.find_library("c")
-    function = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    if function is not None:
-        function.argtypes, function.restype = [ctypes.c_size_t], ctypes.c_int
-    return function
-
-
-def trim_heap() -> bool:
-    """Hand the process's free heap pages back to the system (every glibc arena: the
-    threads that ran the dropped model's workers each had one); False where the C
-    library cannot. Takes a few ms; not for an answer's path."""
-    function = _malloc_trim()
-    return function is not None and bool(function(0))
 
 
 @dataclass

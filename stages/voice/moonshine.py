@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -361,12 +362,19 @@ class Moonshine:
     def decode(self, hidden: np.ndarray, num_samples: int) -> list[int]:
         """The greedy token ids from the encoder's ``hidden`` states of an utterance
         of ``num_samples`` samples: at most ``max_tokens_per_s`` per second of audio."""
+        return list(self.decoding(hidden, num_samples))
+
+    def decoding(self, hidden: np.ndarray, num_samples: int) -> Iterator[int]:
+        """``decode``'s ids one decoder run at a time: a caller may stop between two
+        and go on later (asr.py slices a long utterance's steps so)."""
         limit = max(4, math.ceil(max(num_samples, MIN_SAMPLES) / RATE_HZ * self.max_tokens_per_s))
         if self.steps is not None:
             return self._decode_steps(hidden, limit)
+        return self._decode_merged(hidden, limit)
+
+    def _decode_merged(self, hidden: np.ndarray, limit: int) -> Iterator[int]:
         assert self.decoder is not None
         past = {name: self._empty for name in self._past}
-        ids: list[int] = []
         token = START_ID
         for step in range(limit):
             feed = {
@@ -382,11 +390,10 @@ class Moonshine:
                     past[name] = value
             token = int(np.argmax(logits[0, -1]))
             if token == END_ID:
-                break
-            ids.append(token)
-        return ids
+                return
+            yield token
 
-    def _decode_steps(self, hidden: np.ndarray, limit: int) -> list[int]:
+    def _decode_steps(self, hidden: np.ndarray, limit: int) -> Iterator[int]:
         """``decode`` on the split decoder: no values through numpy but the token."""
         assert self.steps is not None
         first, later = self.steps
@@ -401,7 +408,6 @@ class Moonshine:
         step = later.io_binding()
         for name, output in self._fixed.items():  # the same at every step
             step.bind_ortvalue_input(name, made[output])
-        ids: list[int] = []
         for number in range(limit):
             if number > 0:
                 step.bind_ortvalue_input("input_ids", token)
@@ -413,9 +419,8 @@ class Moonshine:
                 token, *cache = step.get_outputs()
             chosen = int(token.numpy()[0, 0])
             if chosen == END_ID:
-                break
-            ids.append(chosen)
-        return ids
+                return
+            yield chosen
 
     def text(self, ids: list[int]) -> str:
         pieces = b"".join(self.tokens[i] for i in ids if 2 < i < len(self.tokens))

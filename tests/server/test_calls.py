@@ -6,6 +6,7 @@ chat."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import threading
@@ -18,6 +19,7 @@ import numpy as np
 import openai
 import pytest
 import trio
+import trio_websocket
 from aiortc import RTCSessionDescription
 
 from omnitrio.server import ServerSettings, serve
@@ -327,3 +329,64 @@ async def test_the_beta_form_takes_an_sdp_body(nursery: trio.Nursery) -> None:
     assert status == 201
     assert location.startswith("/v1/realtime/calls/rtc_")
     assert first == "session.created"
+
+
+async def test_calls_count_among_their_api_keys_sessions(nursery: trio.Nursery) -> None:
+    """``max_sessions_per_key`` covers calls (issue 42): with one session allowed, a call
+    made with the key, or with a client secret it bought, is refused 429
+    ``too_many_sessions`` with a retry hint while a WebSocket session or another call
+    holds it; a call holds it until it ends."""
+    base_url = await _server(nursery, SPEAKING, api_key="sk-right", max_sessions_per_key=1)
+
+    def secret() -> str:
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="sk-right", max_retries=0)
+        return client.realtime.client_secrets.create().value
+
+    ephemeral = await trio.to_thread.run_sync(secret)
+
+    async def refused_calls() -> list[tuple[int, str | None, str]]:
+        refused = []
+        for key in ("sk-right", ephemeral):
+            caller = Caller(base_url, api_key=key)
+            try:
+                await caller.connect()
+            except openai.RateLimitError as error:
+                retry = error.response.headers.get("retry-after")
+                refused.append((error.status_code, retry, f"{error.code}: {error}"))
+            finally:
+                await caller.close()
+        return refused
+
+    def check(refused: list[tuple[int, str | None, str]]) -> None:
+        assert len(refused) == 2, refused
+        for status, retry_after, message in refused:
+            assert status == 429
+            assert retry_after is not None
+            assert int(retry_after) >= 1
+            assert "too_many_sessions" in message
+            assert "max_sessions_per_key" in message
+
+    ws_url = base_url.replace("http", "ws") + "/v1/realtime"
+    key = [("Authorization", "Bearer sk-right")]
+    async with trio_websocket.open_websocket_url(ws_url, extra_headers=key) as ws:
+        assert json.loads(await ws.get_message())["type"] == "session.created"
+        check(await trio.to_thread.run_sync(run_caller, refused_calls))
+
+    async def one_call() -> list[tuple[int, str | None, str]]:
+        caller = Caller(base_url, api_key="sk-right")
+        try:
+            await caller.connect()
+            await caller.wait_type("session.created", TURN_TIMEOUT_S)
+            return await refused_calls()  # while it is up
+        finally:
+            await caller.close()
+
+    check(await trio.to_thread.run_sync(run_caller, one_call))
+    firsts = []  # the call is released within RELEASED_WITHIN_S: then a session gets in
+    for _ in range(int(RELEASED_WITHIN_S / 0.1)):
+        async with trio_websocket.open_websocket_url(ws_url, extra_headers=key) as ws:
+            firsts.append(json.loads(await ws.get_message())["type"])
+        if firsts[-1] == "session.created":
+            break
+        await trio.sleep(0.1)
+    assert firsts[-1] == "session.created", firsts

@@ -158,3 +158,7 @@ def test_a_session_holds_its_audio_items_and_instructions() -> None:
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
     session.receive(json.dumps({"type": "conversation.item.create", "item": item}))
     assert SECOND_S + 500 + 2 <= session.held_bytes() <= SECOND_S + 500 + 64
+    before = session.held_bytes()
+    # Instructions count in bytes, not characters: 500 three-byte characters are 1,500.
+    session.receive(json.dumps({"type": "session.update", "session": {"instructions": "€" * 500}}))
+    assert session.held_bytes() == before + 1000

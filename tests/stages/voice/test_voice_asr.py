@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -14,6 +15,9 @@ import trio
 import omnitrio
 from omnitrio import AudioInput, Event, Request, StreamWork
 from tests.voice_support import INPUT_RATE_HZ, needs_voice, spoken, word_error_rate
+
+if TYPE_CHECKING:
+    from stages.voice.asr import _AsrStage
 
 STORY = (
     "The old lighthouse stood on the rocks at the edge of the bay. "
@@ -42,11 +46,14 @@ def test_a_chunk_ends_at_the_quietest_point_near_its_limit() -> None:
     assert next_cut(np.ones(5000, np.float32), 0, 1000, 20, 20) == 1000
 
 
-def test_max_chunk_s_below_a_second_is_refused_naming_it() -> None:
+def test_max_chunk_s_below_a_second_or_a_bad_max_step_s_is_refused_naming_it() -> None:
     from stages.voice.asr import _AsrStage
 
     with pytest.raises(ValueError, match="max_chunk_s"):
         _AsrStage("asr", max_chunk_s=0.5)
+    for bad in (-0.01, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="max_step_s"):
+            _AsrStage("asr", max_step_s=bad)
 
 
 def _story_pcm16(tmp_path: Path) -> bytes:
@@ -81,6 +88,52 @@ def test_a_long_utterance_is_heard_chunk_by_chunk_and_whole(tmp_path: Path) -> N
     assert isinstance(event, Event)
     heard = str(event.data["text"])
     assert word_error_rate(STORY, heard) < 0.1, heard
+    stage.close()
+
+
+def _steps_until_done(stage: _AsrStage, stream_ids: list[str]) -> tuple[dict[str, str], int]:
+    """Step the streams in turn, one a step, until each is done: transcripts, steps."""
+    heard: dict[str, str] = {}
+    steps = 0
+    while len(heard) < len(stream_ids):
+        for stream_id in stream_ids:
+            if stream_id in heard:
+                continue
+            steps += 1
+            output = stage.step([StreamWork(stream_id, (), True)])[stream_id]
+            if output.done:
+                (event,) = output.visible
+                heard[stream_id] = str(event.data["text"])
+            else:
+                assert output.more
+                assert not output.payloads
+                assert not output.visible
+    return heard, steps
+
+
+@needs_voice
+def test_a_long_utterance_is_heard_in_slices_that_give_the_same_words(tmp_path: Path) -> None:
+    """With ``max_step_s`` 0 every piece of work (a chunk's encoder pass, a token) is a
+    step of its own: two long utterances stepped in turn, slice by slice, give the
+    words they give a chunk a step; a one-chunk utterance is still one step."""
+    from stages.voice.asr import MoonshineAsr
+
+    stage = MoonshineAsr("asr", num_threads=2, decoder_num_threads=1, max_step_s=10.0)
+    story = _story_pcm16(tmp_path)
+    question = spoken(QUESTION, tmp_path / "q.wav", silence_after_s=0.3)
+    stage.open_stream("whole", Request(audio=AudioInput(story, INPUT_RATE_HZ)))
+    whole, chunk_steps = _steps_until_done(stage, ["whole"])
+    stage.close_stream("whole")
+    stage.max_step_s = 0.0
+    for name in ("a", "b"):
+        stage.open_stream(name, Request(audio=AudioInput(story, INPUT_RATE_HZ)))
+    stage.open_stream("short", Request(audio=AudioInput(question, INPUT_RATE_HZ)))
+    sliced, slice_steps = _steps_until_done(stage, ["a", "b"])
+    assert sliced == {"a": whole["whole"], "b": whole["whole"]}
+    assert slice_steps > 2 * 5 * chunk_steps  # an encoder pass and tokens, a step each
+    short, short_steps = _steps_until_done(stage, ["short"])
+    assert short_steps == 1
+    assert word_error_rate(QUESTION, short["short"]) == 0.0, short
     stage.close()
 
 

@@ -7,11 +7,7 @@ stops, and tool-call turns stay on torch with their grammar."""
 from __future__ import annotations
 
 import json
-import os
-import platform
-import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -133,45 +129,6 @@ def test_the_kept_states_stay_within_their_budget() -> None:
         assert llm.fast.num_generators == 1  # type: ignore[union-attr]
     finally:
         llm.close()
-
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
-def test_trim_heap_gives_a_threads_freed_memory_back() -> None:
-    """What a dropped generator's worker threads freed stays in their glibc arenas (the
-    process's RSS grew to ~2.5 GB in a long run, ~1.2 GB with the trim): ``trim_heap``
-    hands it back."""
-    import ctypes
-    import ctypes.util
-
-    from stages.voice.llm_ct2_states import trim_heap
-
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
-    block = 32 * 1024  # under the mmap threshold: from the thread's arena
-    rss_mib: list[float] = []
-
-    def rss() -> float:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-    def work() -> None:  # a thread of its own, as CTranslate2's workers: not the main arena
-        blocks = [libc.malloc(block) for _ in range(4096)]  # 128 MiB, touched
-        for address in blocks:
-            libc.memset(address, 1, block)
-        for address in blocks[:-1]:  # the last one stays: the arena's top is in use
-            libc.free(address)
-        rss_mib.append(rss())
-        assert trim_heap()
-        rss_mib.append(rss())
-        libc.free(blocks[-1])
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join()
-    freed, trimmed = rss_mib
-    assert freed - trimmed > 100, rss_mib
 
 
 def test_a_cancelled_answer_stops_generating(llm: object) -> None:
