@@ -21,9 +21,7 @@ special codes at the top of its vocabulary (pad, start, end, mask, as in the rea
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import shutil
 
 import torch
 from transformers import (
@@ -32,7 +30,7 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from stages.kit import build_byte_tokenizer
+from stages.kit import build_byte_tokenizer, copy_file, keep_composite_files
 
 HIDDEN_SIZE = 64
 NUM_CODEC_CODES = 64
@@ -112,35 +110,19 @@ def split_checkpoint(source: pathlib.Path, destination: pathlib.Path) -> None:
     if not (source / "spk_dict.pt").is_file():
         raise FileNotFoundError(f"no spk_dict.pt in {source}: not a Qwen2.5-Omni checkpoint")
     model = Qwen2_5OmniForConditionalGeneration.from_pretrained(source).eval()
-    top = [file for file in sorted(source.iterdir()) if file.is_file()]
-    destination.mkdir(parents=True, exist_ok=True)
-    if destination.resolve() != source.resolve():
-        for file in top:
-            _copy(file, destination / file.name, link=file.name.startswith("model"))
+    top = keep_composite_files(source, destination)
     for name in ("thinker", "talker", "token2wav"):
         folder = destination / name
         getattr(model, name).save_pretrained(folder)
-        _copy(source / "spk_dict.pt", folder / "spk_dict.pt")
+        copy_file(source / "spk_dict.pt", folder / "spk_dict.pt")
     for file in top:
         if not _is_model_file(file.name):
-            _copy(file, destination / "thinker" / file.name)
+            copy_file(file, destination / "thinker" / file.name)
 
 
 def _is_model_file(name: str) -> bool:
     """The composite's weights and configs: not the tokenizer's or processor's."""
     return name.startswith("model") or name in ("config.json", "generation_config.json")
-
-
-def _copy(source: pathlib.Path, destination: pathlib.Path, *, link: bool = False) -> None:
-    """A copy, or with ``link`` a hard link where the file system allows one."""
-    destination.unlink(missing_ok=True)
-    if link:
-        try:
-            os.link(source, destination)
-            return
-        except OSError:
-            pass
-    shutil.copyfile(source, destination)
 
 
 # The tokenizer's media tokens by name, as the published tokenizer_config.json has them.
