@@ -7,6 +7,8 @@ with a message saying how to supply a local path (no hub access at run time).
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +66,28 @@ def load_embedding(folder: str | Path, key: str, device: Any) -> Any:
         if key not in weights.keys():  # noqa: SIM118 - safe_open has no __contains__
             raise WeightsError(f"{str(path / name)!r} has no weight {key!r}")
         return weights.get_tensor(key).to(device)
+
+
+def keep_composite_files(source: Path, destination: Path) -> list[Path]:
+    """Copy a published composite checkpoint's own files (its top: weights, configs,
+    tokenizer, processor) to ``destination``'s top, the weights hard-linked where the
+    file system allows; nothing when they are the same folder. A split keeps them: the
+    vLLM thinker loads the composite there. Returns the top's files."""
+    top = [file for file in sorted(Path(source).iterdir()) if file.is_file()]
+    Path(destination).mkdir(parents=True, exist_ok=True)
+    if Path(destination).resolve() != Path(source).resolve():
+        for file in top:
+            copy_file(file, Path(destination) / file.name, link=file.name.startswith("model"))
+    return top
+
+
+def copy_file(source: Path, destination: Path, *, link: bool = False) -> None:
+    """A copy, or with ``link`` a hard link where the file system allows one."""
+    destination.unlink(missing_ok=True)
+    if link:
+        try:
+            os.link(source, destination)
+            return
+        except OSError:
+            pass
+    shutil.copyfile(source, destination)

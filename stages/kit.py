@@ -67,6 +67,8 @@ from stages._torch_kv import batched_decode as batched_decode
 from stages._torch_kv import cache_length as cache_length
 from stages._torch_kv import cache_nbytes as cache_nbytes
 from stages._torch_loading import WeightsError as WeightsError
+from stages._torch_loading import copy_file as copy_file
+from stages._torch_loading import keep_composite_files as keep_composite_files
 from stages._torch_loading import load_embedding as load_embedding
 from stages._torch_loading import load_pretrained as load_pretrained
 from stages._torch_sampling import OptionError as OptionError

@@ -37,6 +37,21 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return directory
 
 
+def split_published(checkpoint: pathlib.Path, directory: pathlib.Path) -> pathlib.Path:
+    """``checkpoint``'s top files alone (what a published folder holds), then split by
+    ``omnitrio split-checkpoint --family qwen2.5-omni``, the route a real one takes."""
+    from omnitrio._cli import main
+
+    published = directory / "published"
+    published.mkdir(parents=True)
+    for file in checkpoint.iterdir():
+        if file.is_file():
+            (published / file.name).write_bytes(file.read_bytes())
+    split = directory / "split"
+    assert main(["split-checkpoint", str(published), str(split), "--family", "qwen2.5-omni"]) == 0
+    return split
+
+
 def tiny_config(
     checkpoint: pathlib.Path,
     device: str = "cpu",

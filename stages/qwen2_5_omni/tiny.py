@@ -9,6 +9,9 @@
       token2wav/               Qwen2_5OmniToken2WavModel (DiT + BigVGAN)
       spk_dict.pt              speaker name -> {cond, ref_mel, bos_token}, also in each stage folder
 
+``split_checkpoint(source, destination)`` (``omnitrio split-checkpoint --family
+qwen2.5-omni``) writes the same layout from a published composite checkpoint.
+
 Each stage folder loads on its own with ``from_pretrained``; loading a stage class
 from the composite folder would silently give random weights (see ``_loading.py``).
 Sizes: hidden 64, 2 layers everywhere; the talker has 64 codec codes plus its four
@@ -27,7 +30,7 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from stages.kit import build_byte_tokenizer
+from stages.kit import build_byte_tokenizer, copy_file, keep_composite_files
 
 HIDDEN_SIZE = 64
 NUM_CODEC_CODES = 64
@@ -88,6 +91,38 @@ def make_tiny_checkpoint(directory: pathlib.Path, *, seed: int = 0) -> None:
         tokenizer.save_pretrained(folder)
         features.save_pretrained(folder)
     _processor_config(directory, features)
+
+
+def split_checkpoint(source: pathlib.Path, destination: pathlib.Path) -> None:
+    """Write a published composite checkpoint's stages to ``destination``/{thinker,talker,
+    token2wav}, each with the speakers, and keep the composite at ``destination``'s top.
+
+    The composite class loads the published weights; each stage model then saves
+    itself, so each stage folder loads on its own with a complete key set. The top's
+    own files stay as published (copied; its weights hard-linked where the file system
+    allows, so the split does not hold them twice): the vLLM thinker loads the
+    composite there, and its audio input builds the checkpoint's whole processor
+    there (``processor_config.json`` or ``preprocessor_config.json``, the tokenizer
+    with its media tokens by name). The tokenizer and processor files also go, as
+    files, to ``thinker/``.
+    """
+    source, destination = pathlib.Path(source), pathlib.Path(destination)
+    if not (source / "spk_dict.pt").is_file():
+        raise FileNotFoundError(f"no spk_dict.pt in {source}: not a Qwen2.5-Omni checkpoint")
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(source).eval()
+    top = keep_composite_files(source, destination)
+    for name in ("thinker", "talker", "token2wav"):
+        folder = destination / name
+        getattr(model, name).save_pretrained(folder)
+        copy_file(source / "spk_dict.pt", folder / "spk_dict.pt")
+    for file in top:
+        if not _is_model_file(file.name):
+            copy_file(file, destination / "thinker" / file.name)
+
+
+def _is_model_file(name: str) -> bool:
+    """The composite's weights and configs: not the tokenizer's or processor's."""
+    return name.startswith("model") or name in ("config.json", "generation_config.json")
 
 
 # The tokenizer's media tokens by name, as the published tokenizer_config.json has them.

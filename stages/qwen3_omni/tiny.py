@@ -32,7 +32,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeTalkerTextExperts,
 )
 
-from stages.kit import NUM_BYTE_TOKENS, build_byte_tokenizer
+from stages.kit import NUM_BYTE_TOKENS, build_byte_tokenizer, keep_composite_files
 
 SPECIAL_TOKENS = (
     "<|im_start|>",
@@ -244,7 +244,9 @@ def split_checkpoint(
 
     The composite class loads (and fuses) the published weights correctly; each
     stage model then saves itself, so each stage folder loads on its own with a
-    complete key set. The tokenizer and feature extractor go with the thinker.
+    complete key set. The tokenizer and feature extractor go with the thinker. The
+    composite's own files stay at ``destination``'s top (weights hard-linked where
+    possible): the thinker on vLLM loads the composite there.
     """
     if model is None:
         model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(source).eval()
@@ -253,5 +255,4 @@ def split_checkpoint(
     tokenizer = AutoTokenizer.from_pretrained(source)
     tokenizer.save_pretrained(destination / "thinker")
     WhisperFeatureExtractor.from_pretrained(source).save_pretrained(destination / "thinker")
-    if destination != source:
-        (destination / "config.json").write_text((source / "config.json").read_text())
+    keep_composite_files(source, destination)  # the vLLM thinker loads the composite

@@ -7,7 +7,10 @@ import shutil
 
 import pytest
 
-from tests.qwen2_5_omni_helpers import tiny_checkpoint  # noqa: F401 - a fixture
+from tests.qwen2_5_omni_helpers import (
+    split_published,
+    tiny_checkpoint,  # noqa: F401 - a fixture
+)
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -29,6 +32,43 @@ def test_writes_the_composite_model_and_one_folder_per_stage(
     for folder in ("", "thinker"):
         assert (tiny_checkpoint / folder / "tokenizer.json").is_file()
         assert (tiny_checkpoint / folder / "preprocessor_config.json").is_file()
+
+
+def test_a_published_checkpoint_is_split_keeping_what_audio_on_vllm_reads(
+    tiny_checkpoint: pathlib.Path,  # noqa: F811
+    tmp_path: pathlib.Path,
+) -> None:
+    """The stage folders hold the composite's weights; the top keeps the composite, the
+    processor config and the tokenizer's media tokens (vLLM's audio input builds its
+    processor there); the thinker's folder gets the tokenizer and processor files too."""
+    from transformers import AutoTokenizer
+
+    split = split_published(tiny_checkpoint, tmp_path)
+    for folder in ("thinker", "talker", "token2wav"):
+        assert (split / folder / "spk_dict.pt").is_file()
+        got = safetensors_torch.load_file(split / folder / "model.safetensors")
+        want = safetensors_torch.load_file(tiny_checkpoint / folder / "model.safetensors")
+        assert got.keys() == want.keys(), folder
+        assert all(torch.equal(got[key], want[key]) for key in want), folder
+    for folder in (split, split / "thinker"):
+        processor = (folder / "processor_config.json").read_text()
+        assert processor == (tiny_checkpoint / "processor_config.json").read_text()
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        assert (tokenizer.audio_token, tokenizer.image_token) == ("<|AUDIO|>", "<|IMAGE|>")
+    for name in ("model.safetensors", "config.json", "spk_dict.pt", "preprocessor_config.json"):
+        assert (split / name).read_bytes() == (tiny_checkpoint / name).read_bytes(), name
+
+
+def test_split_checkpoint_refuses_a_folder_without_speakers(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from omnitrio._cli import main
+
+    (tmp_path / "config.json").write_text("{}")
+    split = ["split-checkpoint", str(tmp_path), str(tmp_path / "s"), "--family", "qwen2.5-omni"]
+    assert main(split) == 2
+    assert "no spk_dict.pt" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
 
 
 def test_the_composite_model_generates_text_and_audio(

@@ -21,6 +21,7 @@ from tests.qwen2_5_omni_helpers import (
     Reference,
     collect_output,
     pcm_difference,
+    split_published,
     tiny_checkpoint,  # noqa: F401 - a fixture
     tiny_config,
 )
@@ -174,12 +175,15 @@ def test_the_engine_param_picks_the_class_and_is_checked(tmp_path: pathlib.Path)
 async def test_the_pipeline_with_the_thinker_on_vllm_equals_generate(
     stage: Qwen2_5OmniThinker,  # only for its skip: the pipeline starts its own engine
     tiny_checkpoint: pathlib.Path,  # noqa: F811
+    tmp_path: pathlib.Path,
 ) -> None:
     """configs/qwen2.5-omni-tiny-vllm.yaml, five streams at once, one with audio: text ids,
     codec codes and the waveform equal transformers' generate(return_audio=True), as on
-    engine: torch."""
+    engine: torch. It serves the checkpoint's top files split by `omnitrio
+    split-checkpoint`, as a published checkpoint is: the audio input needs what the split
+    keeps at the top (the processor config, the tokenizer's media tokens)."""
     config = tiny_config(
-        tiny_checkpoint,
+        split_published(tiny_checkpoint, tmp_path),
         source=VLLM_CONFIG,
         thinker={"emit_ids": True, "max_num_seqs": 8, "kv_cache_bytes": 1 << 28},
         talker={"emit_codes": True},

@@ -418,6 +418,9 @@ async def test_a_published_checkpoint_is_split_then_served(
     with pytest.raises(WeightsError, match="omnitrio split-checkpoint"):
         Qwen3OmniThinker(name="thinker", model_path=str(composite))
     assert main(["split-checkpoint", str(composite), str(tmp_path / "split")]) == 0
+    for name in ("model.safetensors", "config.json", "tokenizer_config.json"):
+        # the composite stays at the top: the thinker on vLLM loads it there
+        assert (tmp_path / "split" / name).read_bytes() == (composite / name).read_bytes()
     options = {**GREEDY, "max_tokens": 6, "talker.max_tokens": 10}
     request = omnitrio.Request("hello there", options=options)
     [ours] = await run_streams(recorder_config(tmp_path / "split"), [request])
