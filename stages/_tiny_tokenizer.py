@@ -10,11 +10,17 @@ Ids 0-255 are the 256 bytes (GPT-2 byte-to-unicode alphabet, so any text
 round-trips); the named tokens follow, in the order given, from id 256. Role
 words such as ``user`` and ``assistant`` are single tokens, as in Qwen's own
 vocabulary, because ``generate`` finds the prompt's segments by their ids.
+
+``write_processor_config`` writes the whole multimodal processor's config beside it,
+which vLLM's audio input builds (the stages read the feature extractor alone).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -55,6 +61,46 @@ def build_byte_tokenizer(
         fast.eos_token = "<|im_end|>"
         fast.pad_token = "<|im_end|>"
     return fast
+
+
+def write_processor_config(
+    directory: Path,
+    processor_class: str,
+    features: Any,
+    *,
+    patch_size: int,
+    image_mean: Sequence[float],
+    image_std: Sequence[float],
+    max_pixels: tuple[int, int],
+) -> None:
+    """``processor_config.json`` in ``directory``: ``processor_class`` (a Qwen-Omni
+    processor) with ``features`` (its ``WhisperFeatureExtractor``) and its image and
+    video processors, written as data: building those needs torchvision, which the
+    project does not install, and the engine runs no image or video (its
+    ``limit_mm_per_prompt`` allows audio only). ``max_pixels``: the image's and the
+    video's ``longest_edge``."""
+    vision = {
+        "patch_size": patch_size,
+        "merge_size": 2,
+        "temporal_patch_size": 2,
+        "image_mean": list(image_mean),
+        "image_std": list(image_std),
+    }
+    config = {
+        "processor_class": processor_class,
+        "feature_extractor": features.to_dict(),
+        "image_processor": {
+            **vision,
+            "image_processor_type": "Qwen2VLImageProcessor",
+            "size": {"longest_edge": max_pixels[0], "shortest_edge": 3136},
+        },
+        "video_processor": {
+            **vision,
+            "video_processor_type": "Qwen2VLVideoProcessor",
+            "size": {"longest_edge": max_pixels[1], "shortest_edge": 100352},
+        },
+    }
+    (directory / "processor_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def byte_symbols(data: bytes) -> str:

@@ -74,3 +74,19 @@ class VllmEngineStage(AutoregressiveStage):
             "engine_requests": self.engine.num_unfinished,
             "engine_buffered_tokens": sum(len(s.pending) for s in list(self.streams.values())),
         }
+
+
+def one_placeholder(ids: list[int], placeholder: int) -> list[int]:
+    """``ids`` with each run of ``placeholder`` given as one: vLLM's multimodal processor
+    expands it again, to the audio's frames (given expanded, it would expand each)."""
+    return [t for i, t in enumerate(ids) if t != placeholder or i == 0 or ids[i - 1] != t]
+
+
+def check_prompt_rows(stage: str, engine_rows: int, length: int) -> None:
+    """The engine ran the prompt at the stage's own ``length`` (its hidden-state rows):
+    otherwise vLLM expanded an audio placeholder to another count than the stage's."""
+    if engine_rows != length:
+        raise RuntimeError(
+            f"stage {stage!r}: the vLLM engine ran a prompt of {engine_rows} tokens, not the "
+            f"stage's {length} (its audio placeholder expanded differently)"
+        )

@@ -167,7 +167,18 @@ class _Worker:
             limit_mm_per_prompt={"image": 0, "video": 0, "audio": 1 if audio else 0},
             **args,
         )
-        self.engine = LLMEngine.from_engine_args(engine_args)
+        try:
+            self.engine = LLMEngine.from_engine_args(engine_args)
+        except RuntimeError as exc:
+            if audio and "Failed to load the processor" in str(exc):
+                cause = f"{type(exc.__cause__).__name__}: {str(exc.__cause__)[:160]}"
+                raise RuntimeError(
+                    f"audio input needs the checkpoint's multimodal processor in {args['model']} "
+                    f"(processor_config.json, the tokenizer's media tokens by name), which vLLM "
+                    f"failed to build ({cause}...); remake a tiny checkpoint, or start "
+                    "the thinker with audio_input: false"
+                ) from exc
+            raise
         if layers:
             self.hooks = _StateHooks(self.engine, list(layers))
         return {"start_s": time.perf_counter() - started}

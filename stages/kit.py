@@ -29,7 +29,8 @@ What this module gives it:
 - ``VllmEngine`` (``EngineOutput``, ``VllmUnavailable``, ``VllmEngineError``,
   ``VllmRequestError``): vLLM's ``LLMEngine`` as a stage's engine, in a process and
   environment of its own (``engine: vllm``; ``scripts/setup vllm``); ``VllmEngineStage``:
-  what a stage on it shares (add with sampling params, abort on close, statistics).
+  what a stage on it shares (add with sampling params, abort on close, statistics);
+  ``one_placeholder``, ``check_prompt_rows``: an audio prompt given to its processor.
 - ``StepClock``: forward, sampling and packaging time per step.
 - ``constructor_signature``: the params a stage class whose ``engine`` param picks the
   class (a ``__new__``) shows to ``inspect.signature``, as its ``__signature__``.
@@ -40,7 +41,8 @@ What this module gives it:
   calls, a ``Sampler`` constraint (the tools, their markers and their rules are
   omnitrio's: ``omnitrio.tools.FunctionTool``, ``TOOL_CALL_OPEN``, ``check_tools`` ...).
 - ``build_byte_tokenizer``, ``byte_symbols``, ``NUM_BYTE_TOKENS``: the byte-level
-  tokenizer of a family's tiny random-init checkpoint (``tiny.py``).
+  tokenizer of a family's tiny random-init checkpoint (``tiny.py``);
+  ``write_processor_config``: its multimodal processor's config (vLLM's audio input).
 
 The implementations live in the private ``stages._*`` modules; import them from here.
 A family's modules import only this kit, ``omnitrio``'s public names and each other
@@ -60,6 +62,7 @@ from stages._packaging import step_output as step_output
 from stages._tiny_tokenizer import NUM_BYTE_TOKENS as NUM_BYTE_TOKENS
 from stages._tiny_tokenizer import build_byte_tokenizer as build_byte_tokenizer
 from stages._tiny_tokenizer import byte_symbols as byte_symbols
+from stages._tiny_tokenizer import write_processor_config as write_processor_config
 from stages._torch_device import DeviceError as DeviceError
 from stages._torch_device import on as on
 from stages._torch_device import stage_device as stage_device
@@ -87,6 +90,8 @@ from stages._vllm_engine import VllmEngineError as VllmEngineError
 from stages._vllm_engine import VllmRequestError as VllmRequestError
 from stages._vllm_engine import VllmUnavailable as VllmUnavailable
 from stages._vllm_stage import VllmEngineStage as VllmEngineStage
+from stages._vllm_stage import check_prompt_rows as check_prompt_rows
+from stages._vllm_stage import one_placeholder as one_placeholder
 
 __all__ = [
     "NUM_BYTE_TOKENS",
@@ -120,11 +125,14 @@ __all__ = [
     "byte_symbols",
     "cache_length",
     "cache_nbytes",
+    "check_prompt_rows",
     "constructor_signature",
     "load_embedding",
     "load_pretrained",
     "on",
+    "one_placeholder",
     "stage_device",
     "step_output",
     "tool_call_grammar",
+    "write_processor_config",
 ]

@@ -53,8 +53,10 @@ from stages.kit import (
     SamplingParams,
     VllmEngine,
     VllmEngineStage,
+    check_prompt_rows,
     constructor_signature,
     load_embedding,
+    one_placeholder,
 )
 
 from .loading import speaker_of, stage_folder
@@ -148,7 +150,7 @@ class Qwen2_5OmniThinkerVllm(VllmEngineStage, Qwen2_5OmniThinker):
             audio = (wave, request.audio.sample_rate_hz)
         self.add_request(
             stream_id,
-            _one_placeholder(ids, self.audio_token_id) if audio is not None else ids,
+            one_placeholder(ids, self.audio_token_id) if audio is not None else ids,
             params,
             sorted(self.eos_token_ids),
             token_states=True,
@@ -199,12 +201,7 @@ class Qwen2_5OmniThinkerVllm(VllmEngineStage, Qwen2_5OmniThinker):
         news = _News(token, stream.finished, stream.num_generated)
         if stream.num_generated == 1:
             length = len(stream.prompt.input_ids[0])
-            if not stream.states or stream.states[0].shape[0] != length:  # the prompt's rows
-                raise RuntimeError(
-                    f"stage {self.name!r}: the vLLM engine ran a prompt of another length "
-                    f"than the stage's {length} tokens (its audio placeholder expanded "
-                    "differently)"
-                )
+            check_prompt_rows(self.name, stream.states[0].shape[0] if stream.states else 0, length)
             rows = _pop_rows(stream.states, length)
             start = self._reply_start_from
             self.packager.submit((sid,), lambda: {sid: start(sid, rows, news)})
@@ -243,11 +240,6 @@ class Qwen2_5OmniThinkerVllm(VllmEngineStage, Qwen2_5OmniThinker):
 
     def stage_statistics(self) -> Mapping[str, float]:
         return {**self.engine_statistics(), **self.batches.snapshot()}
-
-
-def _one_placeholder(ids: list[int], placeholder: int) -> list[int]:
-    """``ids`` with each run of ``placeholder`` given as one (vLLM expands it again)."""
-    return [t for i, t in enumerate(ids) if t != placeholder or i == 0 or ids[i - 1] != t]
 
 
 def _pop_rows(blocks: list[torch.Tensor], count: int) -> torch.Tensor:

@@ -20,7 +20,6 @@ special codes at the top of its vocabulary (pad, start, end, mask, as in the rea
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import torch
@@ -30,7 +29,12 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from stages.kit import build_byte_tokenizer, copy_file, keep_composite_files
+from stages.kit import (
+    build_byte_tokenizer,
+    copy_file,
+    keep_composite_files,
+    write_processor_config,
+)
 
 HIDDEN_SIZE = 64
 NUM_CODEC_CODES = 64
@@ -90,7 +94,15 @@ def make_tiny_checkpoint(directory: pathlib.Path, *, seed: int = 0) -> None:
     for folder in (directory, directory / "thinker"):
         tokenizer.save_pretrained(folder)
         features.save_pretrained(folder)
-    _processor_config(directory, features)
+    write_processor_config(  # the published processor's vision defaults
+        directory,
+        "Qwen2_5OmniProcessor",
+        features,
+        patch_size=14,
+        image_mean=(0.48145466, 0.4578275, 0.40821073),
+        image_std=(0.26862954, 0.26130258, 0.27577711),
+        max_pixels=(1003520, 602112),
+    )
 
 
 def split_checkpoint(source: pathlib.Path, destination: pathlib.Path) -> None:
@@ -135,35 +147,6 @@ MEDIA_TOKENS = {
     "vision_bos_token": "<|vision_bos|>",
     "vision_eos_token": "<|vision_eos|>",
 }
-
-
-def _processor_config(directory: pathlib.Path, features: WhisperFeatureExtractor) -> None:
-    """``processor_config.json`` at the top: the whole Qwen2_5OmniProcessor, which vLLM
-    builds to take audio input (the stages read the feature extractor alone). Written as
-    data: its image and video processors need torchvision, which the project does not
-    install; these are their published defaults for the vision tower's patch sizes."""
-    vision = {
-        "patch_size": 14,
-        "merge_size": 2,
-        "temporal_patch_size": 2,
-        "image_mean": [0.48145466, 0.4578275, 0.40821073],
-        "image_std": [0.26862954, 0.26130258, 0.27577711],
-    }
-    config = {
-        "processor_class": "Qwen2_5OmniProcessor",
-        "feature_extractor": features.to_dict(),
-        "image_processor": {
-            **vision,
-            "image_processor_type": "Qwen2VLImageProcessor",
-            "size": {"longest_edge": 1003520, "shortest_edge": 3136},
-        },
-        "video_processor": {
-            **vision,
-            "video_processor_type": "Qwen2VLVideoProcessor",
-            "size": {"longest_edge": 602112, "shortest_edge": 100352},
-        },
-    }
-    (directory / "processor_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def _config(ids: dict[str, int], *, vocab_size: int) -> Qwen2_5OmniConfig:

@@ -129,6 +129,7 @@ class Qwen3OmniThinker(AutoregressiveStage):
             int(source.composite(f"tts_{kind}_token_id")) for kind in ("bos", "eos", "pad")
         ]
         thinker = source.composite("thinker_config")
+        self.audio_token_id = int(thinker["audio_token_id"])
         self.multimodal_ids = torch.tensor(
             [thinker[f"{kind}_token_id"] for kind in ("audio", "image", "video")]
         )
@@ -294,14 +295,21 @@ class Qwen3OmniThinker(AutoregressiveStage):
 
     # -- prompts -------------------------------------------------------------------
 
+    def _waveform(self, request: Request) -> np.ndarray | None:
+        """The request's audio as float32 at the encoder's 16 kHz, if it has audio."""
+        if request.audio is None:
+            return None
+        pcm = np.frombuffer(request.audio.pcm16, dtype="<i2").astype(np.float32) / 32768.0
+        return resample_float(pcm, request.audio.sample_rate_hz, AUDIO_INPUT_SAMPLE_RATE_HZ)
+
     def _prompt(self, request: Request) -> tuple[list[int], dict[str, torch.Tensor]]:
-        """Token ids of the chat prompt and, for audio input, the encoder's features."""
+        """Token ids of the chat prompt and, for audio input, the encoder's features
+        (of ``_waveform``)."""
         content, features = request.text, {}
-        if request.audio is not None:
-            pcm = np.frombuffer(request.audio.pcm16, dtype="<i2").astype(np.float32) / 32768.0
-            pcm = resample_float(pcm, request.audio.sample_rate_hz, AUDIO_INPUT_SAMPLE_RATE_HZ)
+        wave = self._waveform(request)
+        if wave is not None:
             extracted = self.features(
-                pcm,
+                wave,
                 sampling_rate=AUDIO_INPUT_SAMPLE_RATE_HZ,
                 padding="longest",
                 return_attention_mask=True,

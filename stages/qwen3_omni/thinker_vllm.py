@@ -25,8 +25,15 @@ Sampling is vLLM's: ``temperature``, ``top_p``, ``top_k``, ``seed`` and
 ``repetition_penalty`` (over the prompt's and the answer's tokens, as transformers'
 ``generate`` and the torch thinker apply it).
 
-Audio input is not routed to vLLM yet: such a request fails with an ``OptionError``
-naming ``engine: torch`` as the way to serve it.
+Audio input (``audio_input``, on by default) goes through vLLM's multimodal path, as
+on the Qwen2.5-Omni vLLM thinker: the prompt's run of ``<|audio_pad|>`` is given as one,
+with the 16 kHz waveform the torch thinker's features are made from, and vLLM's
+processor (the checkpoint's ``Qwen3OmniMoeProcessor``, built from its top folder's
+``processor_config.json`` and tokenizer) makes the features and expands the
+placeholder again; the engine runs its own audio encoder, and the layer-0 states the
+talker reads at the audio positions are the encoder's, merged. The stage checks that
+the engine ran the prompt at the stage's own length. Off, an audio request fails with
+an ``OptionError`` naming ``engine: torch``.
 """
 
 from __future__ import annotations
@@ -45,11 +52,13 @@ from stages.kit import (
     SamplingParams,
     VllmEngine,
     VllmEngineStage,
+    check_prompt_rows,
     constructor_signature,
     load_embedding,
+    one_placeholder,
 )
 
-from .thinker import Qwen3OmniThinker, _Stream
+from .thinker import AUDIO_INPUT_SAMPLE_RATE_HZ, Qwen3OmniThinker, _Stream
 from .weights import ModelSource
 
 HIDDEN_LAYER_FIRST = 0
@@ -78,6 +87,7 @@ class Qwen3OmniThinkerVllm(VllmEngineStage, Qwen3OmniThinker):
         max_model_len: int = 4096,
         kv_cache_bytes: int = 1 << 30,
         dtype: str = "float32",
+        audio_input: bool = True,
         engine: str = "vllm",
     ) -> None:
         if engine != "vllm":
@@ -100,20 +110,35 @@ class Qwen3OmniThinkerVllm(VllmEngineStage, Qwen3OmniThinker):
             kv_cache_bytes=kv_cache_bytes,
             dtype=dtype,  # bfloat16 on a GPU
             hidden_layers=[HIDDEN_LAYER_FIRST, self.accept_layer],
+            audio=audio_input,
         )
+        self.audio_input = audio_input
 
     # -- the stage protocol ------------------------------------------------------
 
     def open_stream(self, stream_id: str, request: Request) -> None:
+        if request.audio is not None and not self.audio_input:
+            raise OptionError(
+                f"stage {self.name!r}: audio input is off here (audio_input: false); "
+                "use engine: torch or audio_input: true for audio requests"
+            )
         params = SamplingParams.from_options(self.defaults, request.options, self.name)
         ids, features = self._prompt(request)
-        if features:
-            raise OptionError(
-                f"stage {self.name!r}: audio input on engine: vllm is not wired yet; "
-                "use engine: torch for audio requests"
-            )
-        self.add_request(stream_id, ids, params, sorted(self.eos_ids), prompt_states=True)
-        self.streams[stream_id] = _EngineStream(ids, len(ids), Sampler(params, history=ids))
+        prompt, audio = ids, None
+        wave = self._waveform(request)
+        if wave is not None:  # the waveform the torch thinker's features come from
+            prompt = one_placeholder(ids, self.audio_token_id)
+            audio = (wave, AUDIO_INPUT_SAMPLE_RATE_HZ)
+        self.add_request(
+            stream_id, prompt, params, sorted(self.eos_ids), prompt_states=True, audio=audio
+        )
+        lengths = features.get("feature_attention_mask")
+        self.streams[stream_id] = _EngineStream(
+            ids,
+            len(ids),
+            Sampler(params, history=ids),
+            audio_lengths=None if lengths is None else lengths.sum(-1),
+        )
         self.outboxes[stream_id] = Outbox()
 
     @torch.no_grad()
@@ -137,6 +162,7 @@ class Qwen3OmniThinkerVllm(VllmEngineStage, Qwen3OmniThinker):
             )
             sampled[sid] = token
             if stream.prompt_states is not None:
+                check_prompt_rows(self.name, stream.prompt_states.shape[1], stream.num_prompt)
                 prompts[sid], stream.prompt_states = stream.prompt_states, None
         self.clock.end_compute()
         if sampled:

@@ -4,7 +4,9 @@
 size (hidden 64, 2 layers, 8 code groups, ~7 MB):
 
     DIR/                 composite Qwen3OmniMoeForConditionalGeneration (the
-                         reference ``generate(return_audio=True)`` loads this)
+                         reference ``generate(return_audio=True)`` loads this),
+                         tokenizer, feature extractor, processor_config.json (the
+                         thinker on vLLM loads this, its audio input the processor)
     DIR/thinker/         the thinker alone  + tokenizer + feature extractor
     DIR/talker/          the talker (with its code predictor) alone
     DIR/code2wav/        the code2wav vocoder alone
@@ -32,7 +34,12 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeTalkerTextExperts,
 )
 
-from stages.kit import NUM_BYTE_TOKENS, build_byte_tokenizer, keep_composite_files
+from stages.kit import (
+    NUM_BYTE_TOKENS,
+    build_byte_tokenizer,
+    keep_composite_files,
+    write_processor_config,
+)
 
 SPECIAL_TOKENS = (
     "<|im_start|>",
@@ -201,8 +208,23 @@ def composite_config(
     )
 
 
+# The tokenizer's media tokens by name, as the published tokenizer_config.json has them:
+# what Qwen3OmniMoeProcessor (vLLM's audio input) reads.
+MEDIA_TOKENS = {
+    "audio_token": "<|audio_pad|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
+}
+
+
 def build_tokenizer():  # type: ignore[no-untyped-def]
-    return build_byte_tokenizer(SPECIAL_TOKENS, ROLE_WORDS)
+    tokenizer = build_byte_tokenizer(SPECIAL_TOKENS, ROLE_WORDS)
+    tokenizer.init_kwargs.update(MEDIA_TOKENS)  # saved as top-level keys
+    return tokenizer
 
 
 def build_feature_extractor() -> WhisperFeatureExtractor:
@@ -221,7 +243,17 @@ def make_tiny_checkpoint(directory: Path, *, seed: int = 0) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     build_tokenizer().save_pretrained(directory)
-    build_feature_extractor().save_pretrained(directory)
+    features = build_feature_extractor()
+    features.save_pretrained(directory)
+    write_processor_config(  # the published processor's vision defaults
+        directory,
+        "Qwen3OmniMoeProcessor",
+        features,
+        patch_size=16,
+        image_mean=(0.5, 0.5, 0.5),
+        image_std=(0.5, 0.5, 0.5),
+        max_pixels=(12845056, 12845056),
+    )
     split_checkpoint(directory, directory, model=model)
 
 

@@ -1,6 +1,7 @@
-"""The runtime's invariants with the Qwen3-Omni thinker on vLLM (configs/qwen3-omni-tiny-vllm.yaml):
-the runtime's own tests run synthetic stages; these run the real pipeline, its thinker's
-engine in a process of its own.
+"""The runtime's invariants with the thinker on vLLM, on both families' pipelines
+(configs/qwen3-omni-tiny-vllm.yaml, configs/qwen2.5-omni-tiny-vllm.yaml): the runtime's
+own tests run synthetic stages; these run the real pipelines, each thinker's engine in a
+process of its own.
 
 - 1: a stalled client holds bounded memory (its channels, and at most its answer's
   ``max_tokens`` buffered beside the engine) and the stream beside it is served;
@@ -14,7 +15,8 @@ engine in a process of its own.
 - 3: the hidden states the engine returns travel thinker -> talker only: the client
   gets text, audio and events, and no payload reaches it.
 
-Invariant 7 (the pipeline equals transformers' generate) is test_qwen3_omni_vllm.py's.
+Invariant 7 (the pipeline equals transformers' generate) is test_qwen3_omni_vllm.py's
+and test_qwen2_5_omni_vllm.py's.
 Needs the engine's environment (``scripts/setup vllm``); without it these skip, naming it.
 """
 
@@ -32,16 +34,24 @@ import omnitrio
 torch = pytest.importorskip("torch")
 
 from omnitrio._overrides import with_model_path  # noqa: E402
-from stages.qwen3_omni.tiny import make_tiny_checkpoint  # noqa: E402
+from stages.qwen2_5_omni import tiny as qwen2_5_tiny  # noqa: E402
+from stages.qwen3_omni import tiny as qwen3_tiny  # noqa: E402
 from tests.conftest import collect, texts  # noqa: E402
 from tests.runtime.test_errors import _outcome  # noqa: E402
 
-CONFIG = Path(__file__).resolve().parents[3] / "configs" / "qwen3-omni-tiny-vllm.yaml"
-GREEDY = {"temperature": 0, "talker.temperature": 0}
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+FAMILIES = {  # config, tiny checkpoint writer
+    "qwen3-omni": ("qwen3-omni-tiny-vllm.yaml", qwen3_tiny.make_tiny_checkpoint),
+    "qwen2.5-omni": ("qwen2.5-omni-tiny-vllm.yaml", qwen2_5_tiny.make_tiny_checkpoint),
+}
+# Greedy, and the talker's audio bounded (a random tiny talker seldom ends by itself).
+GREEDY = {"temperature": 0, "talker.temperature": 0, "talker.max_tokens": 24}
 
 
-@pytest.fixture(scope="module")
-def config(tmp_path_factory: pytest.TempPathFactory) -> omnitrio.PipelineConfig:
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def config(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> omnitrio.PipelineConfig:
     from stages._vllm_engine import VllmUnavailable, engine_python
 
     try:
@@ -49,9 +59,10 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> omnitrio.PipelineConfig:
     except VllmUnavailable as exc:
         pytest.skip(str(exc))
     torch.set_num_threads(1)
-    directory = tmp_path_factory.mktemp("tiny-qwen3-omni-vllm-invariants")
+    name, make_tiny_checkpoint = FAMILIES[request.param]
+    directory = tmp_path_factory.mktemp(f"tiny-{request.param}-vllm-invariants")
     make_tiny_checkpoint(directory, seed=7)
-    return with_model_path(omnitrio.load_config(CONFIG), directory)
+    return with_model_path(omnitrio.load_config(CONFIGS / name), directory)
 
 
 def _engine_processes() -> list[int]:
