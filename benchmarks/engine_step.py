@@ -28,8 +28,14 @@ code2wav) at that many concurrent streams, once per config: the thinker on torch
 greedy, ``--new-tokens`` answer tokens, 64 talker frames. Rows: time to first audio
 (p50, p99 over streams) and answer text bytes per second (the tiny byte tokenizer:
 about one byte a token) over the run's wall time, and how many streams admission
-shed to keep the others in real time (their first audio, if any came, is counted).
-``--context ""`` skips the decode steps.
+shed to keep the others in real time (their first audio, if any came, is counted);
+then where the time went: CPU seconds of this process and of the engine process
+during the streams, and
+per stage its steps, mean batch, busy / trio / idle seconds and its own step figures
+(for the vLLM thinker: the stage's wait per engine step, the engine's ``step()`` and,
+of it, the model's forward).
+``--context ""`` skips the decode steps. ``--max-batch-size N``: every pipeline stage's
+``max_batch_size`` instead of the config's.
 
 Engines run one after another on the same prompts; the figures compare within a run.
 ``--repeats N``: N runs per row, the engines alternating, each row the median of its
@@ -181,11 +187,13 @@ async def _pipeline_run(config: Any, num_streams: int, tokens: int) -> dict[str,
             firsts.append(first)
 
     async with omnitrio.open_pipeline(config) as pipeline:
-        started = time.perf_counter()
+        started, cpu_s, engine_cpu_s = time.perf_counter(), _cpu_s(), _engine_cpu_s()
         async with trio.open_nursery() as nursery:
             for index in range(num_streams):
                 nursery.start_soon(one, index)
         wall = time.perf_counter() - started
+        cpu_s, engine_cpu_s = _cpu_s() - cpu_s, _engine_cpu_s() - engine_cpu_s
+        stages = _stage_profile(pipeline.statistics())
     firsts.sort()
     return {
         "ttfa_p50_s": round(statistics.median(firsts), 4),
@@ -193,11 +201,65 @@ async def _pipeline_run(config: Any, num_streams: int, tokens: int) -> dict[str,
         "text_bytes_per_s": round(text_bytes / wall, 1),
         "wall_s": round(wall, 3),
         "streams_shed": shed,
+        # CPU seconds during the streams: this process (the runtime, the torch stages)
+        # and the vLLM engine processes
+        "cpu_s": round(cpu_s, 2),
+        "engine_cpu_s": round(engine_cpu_s, 2),
+        "stages": stages,
+    }
+
+
+def _cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def _engine_cpu_s() -> float:
+    """User + system CPU seconds of this process's vLLM engine children (from /proc)."""
+    total = 0.0
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            if b"_vllm_worker.py" not in (entry / "cmdline").read_bytes():
+                continue
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, ValueError):
+            continue  # not a process, or ended meanwhile
+        if int(fields[1]) == os.getpid():
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+PROFILED = (  # a stage's own figures kept in the profile, where it reports them
+    "forward_ms_mean",
+    "packaging_ms_mean",
+    "engine_step_ms_mean",
+    "engine_core_step_ms_mean",
+    "engine_forward_ms_mean",
+)
+
+
+def _stage_profile(stats: Any) -> dict[str, dict[str, float]]:
+    """Per stage: steps, mean batch, the worker's time in stage calls (busy), the trio
+    thread's for it, idle time, and the stage's own step figures."""
+    return {
+        name: {
+            "steps": stage.num_steps,
+            "mean_batch": round(stage.mean_batch_size, 2),
+            "busy_s": round(stage.busy_s, 3),
+            "trio_s": round(stage.trio_s, 3),
+            "idle_s": round(stage.idle_s, 3),
+            **{k: round(float(stage.model[k]), 3) for k in PROFILED if k in stage.model},
+        }
+        for name, stage in stats.stages.items()
     }
 
 
 def run_pipelines(
-    checkpoint: pathlib.Path, engines: list[str], streams: list[int], tokens: int
+    checkpoint: pathlib.Path,
+    engines: list[str],
+    streams: list[int],
+    tokens: int,
+    max_batch_size: int | None = None,
 ) -> list[dict[str, Any]]:
     import trio
 
@@ -209,8 +271,13 @@ def run_pipelines(
         config = omnitrio.with_model_path(
             omnitrio.load_config(configs / PIPELINE_CONFIGS[engine]), checkpoint
         )
+        if max_batch_size is not None:  # every stage's, in place of the config's
+            stages = [
+                s.model_copy(update={"max_batch_size": max_batch_size}) for s in config.stages
+            ]
+            config = config.model_copy(update={"stages": tuple(stages)})
         for num_streams in streams:
-            row = {"engine": engine, "streams": num_streams}
+            row = {"engine": engine, "streams": num_streams, "max_batch_size": max_batch_size}
             row.update(trio.run(_pipeline_run, config, num_streams, tokens))
             rows.append(row)
             print("pipeline", json.dumps(row), flush=True)
@@ -226,6 +293,9 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=pathlib.Path, default=None)
     parser.add_argument("--json", type=pathlib.Path, default=None)
     parser.add_argument("--pipeline", default="", help="stream counts, e.g. 1,8,32")
+    parser.add_argument(
+        "--max-batch-size", type=int, default=None, help="every pipeline stage's (the config's)"
+    )
     parser.add_argument(
         "--repeats", type=int, default=1, help="runs per row, engines alternating: the median"
     )
@@ -291,7 +361,9 @@ def main() -> None:
         if args.pipeline:
             streams = [int(n) for n in args.pipeline.split(",")]
             pipeline_engines = [e for e in engines if e in PIPELINE_CONFIGS]
-            pipeline_rows = run_pipelines(checkpoint, pipeline_engines, streams, args.new_tokens)
+            pipeline_rows = run_pipelines(
+                checkpoint, pipeline_engines, streams, args.new_tokens, args.max_batch_size
+            )
     if args.json is not None:
         result = {"decode_steps": rows, "pipeline": pipeline_rows}
         args.json.write_text(json.dumps(result, indent=1) + "\n")

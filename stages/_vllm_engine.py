@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,10 @@ class VllmEngine:
         self.start_s = 0.0
         self.lock = threading.Lock()
         self.num_unfinished = 0  # requests the engine held after the last step or abort
+        self.num_steps = 0
+        self.step_s = 0.0  # the stage's wait for its steps: pipe and pickling included
+        self.core_step_s = 0.0  # in LLMEngine.step(), in the engine process
+        self.forward_s = 0.0  # of which in the model's forward
 
     @classmethod
     def start(
@@ -181,7 +186,10 @@ class VllmEngine:
 
     def step(self) -> list[EngineOutput]:
         outputs = []
-        results, self.num_unfinished = self._call("step")
+        started = time.perf_counter()
+        results, self.num_unfinished, (self.core_step_s, self.forward_s) = self._call("step")
+        self.num_steps += 1
+        self.step_s += time.perf_counter() - started
         for request_id, new, finished, reason, states in results:
             array = None
             if states is not None:

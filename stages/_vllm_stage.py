@@ -65,6 +65,8 @@ class VllmEngineStage(AutoregressiveStage):
         super().close()
 
     def engine_statistics(self) -> Mapping[str, float]:
+        engine = self.engine
+        steps = max(engine.num_steps, 1)
         return {
             **self.clock.snapshot(self.packager),
             "num_active_streams": len(self.streams),
@@ -73,6 +75,12 @@ class VllmEngineStage(AutoregressiveStage):
             # statistics are read from trio and must not wait for a step).
             "engine_requests": self.engine.num_unfinished,
             "engine_buffered_tokens": sum(len(s.pending) for s in list(self.streams.values())),
+            # Where a step's time goes: the stage's wait (pipe included), the engine's
+            # LLMEngine.step() and, of it, the model's forward (the rest is vLLM's Python).
+            "engine_steps": engine.num_steps,
+            "engine_step_ms_mean": 1000 * engine.step_s / steps,
+            "engine_core_step_ms_mean": 1000 * engine.core_step_s / steps,
+            "engine_forward_ms_mean": 1000 * engine.forward_s / steps,
         }
 
 

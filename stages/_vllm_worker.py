@@ -8,7 +8,8 @@ message)``. Commands: ``start``, ``add``, ``abort``, ``step``, ``unfinished``, `
 is one ``LLMEngine.step()``: each request's new token ids, whether it finished, and
 (for a request that asked for them) its prompt's hidden states once, then, if it asked
 for every token's, the states of the tokens fed in that step; ``step`` and
-``abort`` also return how many requests the engine still holds.
+``abort`` also return how many requests the engine still holds, and ``step`` the
+seconds spent so far in ``LLMEngine.step()`` and, of those, in the model's forward.
 
 Hidden states: vLLM 0.32 has no public per-token hidden-state output. ``_StateHooks``
 puts forward hooks on the decoder layers and maps each forward's rows to requests
@@ -150,6 +151,9 @@ class _Worker:
         self.hooks: _StateHooks | None = None
         self.internal: dict[str, str] = {}  # our request id -> vLLM's
         self.external: dict[str, str] = {}
+        self.step_s = 0.0  # in LLMEngine.step(), all steps
+        self.forward_s = 0.0  # of which in the model's forward
+        self._forward_started = 0.0
 
     def start(self, args: dict[str, Any]) -> dict[str, Any]:
         from vllm import EngineArgs, LLMEngine
@@ -181,7 +185,23 @@ class _Worker:
             raise
         if layers:
             self.hooks = _StateHooks(self.engine, list(layers))
+        self._time_forwards()
         return {"start_s": time.perf_counter() - started}
+
+    def _time_forwards(self) -> None:
+        """Time the model's forward (vLLM internals, as ``_StateHooks``'s): what of a step
+        is the model, and what vLLM's own Python around it."""
+        core = self.engine.engine_core.engine_core
+        model = core.model_executor.driver_worker.worker.model_runner.model
+
+        def started(module: Any, args: Any) -> None:
+            self._forward_started = time.perf_counter()
+
+        def ended(module: Any, args: Any, output: Any) -> None:
+            self.forward_s += time.perf_counter() - self._forward_started
+
+        model.register_forward_pre_hook(started)
+        model.register_forward_hook(ended)
 
     def add(
         self,
@@ -220,10 +240,16 @@ class _Worker:
             self._forget(request_id)
         return self.unfinished()
 
-    def step(self) -> tuple[list[tuple[str, list[int], bool, str | None, Any]], int]:
-        """One engine step: each request's part, and the requests the engine still holds."""
+    def step(
+        self,
+    ) -> tuple[list[tuple[str, list[int], bool, str | None, Any]], int, tuple[float, float]]:
+        """One engine step: each request's part, the requests the engine still holds, and
+        the seconds in ``LLMEngine.step()`` and in the model's forward so far."""
         results = []
-        for out in self.engine.step():
+        started = time.perf_counter()
+        outputs = self.engine.step()
+        self.step_s += time.perf_counter() - started
+        for out in outputs:
             request_id = out.request_id
             internal = self.internal.get(request_id, request_id)
             completion = out.outputs[0]
@@ -233,7 +259,7 @@ class _Worker:
             results.append((request_id, new, bool(out.finished), reason, states))
             if out.finished:
                 self._forget(request_id)
-        return results, self.unfinished()
+        return results, self.unfinished(), (self.step_s, self.forward_s)
 
     def unfinished(self) -> int:
         """Requests the engine still holds (its scheduler's count)."""

@@ -349,5 +349,10 @@ def test_the_stage_aborts_a_closed_stream_and_fails_a_refused_one_alone(checkpoi
         for _ in range(3):
             stage.step(work[1:])
         assert stage.streams["b"].num_answer == 6
+        # where an engine step's time goes: the stage's wait > LLMEngine.step() > forward
+        stats = stage.stage_statistics()
+        assert stats["engine_steps"] > 0
+        assert 0 < stats["engine_forward_ms_mean"] < stats["engine_core_step_ms_mean"]
+        assert stats["engine_core_step_ms_mean"] < stats["engine_step_ms_mean"]
     finally:
         stage.close()
