@@ -235,6 +235,11 @@ class _PipelineCollector(Collector):
                 "omnitrio_stage_realtime_streams",
                 "The most streams the stage keeps in real time now (0: no estimate yet).",
             ),
+            "steps_to_first_step": (
+                "omnitrio_stage_max_steps_to_first_step",
+                "The most of the stage's steps a stream waited for its first step there, "
+                "from its first input, its own step included (0: none yet).",
+            ),
         }
         # Totals since start are counters: exported as <name>_total.
         counters = {
@@ -259,6 +264,7 @@ class _PipelineCollector(Collector):
             mean_step = stage.busy_s / stage.num_steps if stage.num_steps else 0.0
             families["step_time"].add_metric([name], mean_step)
             families["hung"].add_metric([name], 1.0 if stage.hung else 0.0)
+            families["steps_to_first_step"].add_metric([name], stage.max_steps_to_first_step)
             model = stage.step_model
             if model is not None:
                 families["model_intercept"].add_metric([name], model.intercept_s)

@@ -69,6 +69,28 @@ async def test_health_models_and_metrics(base_url: str) -> None:
         assert name in text, name
 
 
+async def test_metrics_count_the_steps_a_stream_waited_for_its_first_step(base_url: str) -> None:
+    def scrape() -> dict[str, float]:
+        status, body, _ = _get(f"{base_url}/metrics")
+        assert status == 200
+        prefix = "omnitrio_stage_max_steps_to_first_step{"
+        return {
+            line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+            for line in body.decode().splitlines()
+            if line.startswith(prefix)
+        }
+
+    assert await trio.to_thread.run_sync(scrape) == {"a": 0.0, "b": 0.0}  # no stream yet
+    await trio.to_thread.run_sync(
+        lambda: _client(base_url).chat.completions.create(
+            model="test", messages=[{"role": "user", "content": "hi"}]
+        )
+    )
+    # One stream on an idle pipeline: at each stage it waited for its own first step
+    # alone (StageStatistics.max_steps_to_first_step).
+    assert await trio.to_thread.run_sync(scrape) == {"a": 1.0, "b": 1.0}
+
+
 async def test_streaming_chat_completion_with_audio(base_url: str) -> None:
     def run() -> tuple[str, bytes]:
         stream = _client(base_url).chat.completions.create(

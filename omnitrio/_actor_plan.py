@@ -1,0 +1,159 @@
+"""A stage actor's planning (on trio): a round's opens, closes and batch, and a newcomer
+put into the round queued behind the running one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from functools import partial
+
+from ._actor_base import ActorBase
+from ._newcomers import leave_out, queued_candidate
+from ._round import EMPTY_ROUND, Round
+from ._runner import Plan
+from ._scheduler import Candidate, displaced, pick_batch
+from ._slot import Event, Phase, Slot
+
+
+class Planning(ActorBase):
+    """The plan half of ``StageActor``."""
+
+    def _plan(self) -> Round | None:
+        started = time.perf_counter()
+        round_ = self._plan_round()
+        self.counters.trio_s += time.perf_counter() - started
+        return round_
+
+    def _plan_round(self) -> Round | None:
+        """One round's work, or None if there is none. Frees ended streams the stage does
+        not hold on the way (that counts as work done: it returns an empty round)."""
+        closes, opens, released = self._plan_lifecycle()
+        batch = self._plan_batch()
+        if not (closes or opens or batch):
+            return EMPTY_ROUND if released else None
+        plan = Plan(
+            tuple(closes),
+            tuple((s.id, s.stream.request) for s in opens),
+            tuple(self._take_work(slot) for slot in batch),
+        )
+        return Round(plan, batch, tuple(opens), 0.0)
+
+    def _plan_lifecycle(self) -> tuple[list[str], list[Slot], bool]:
+        """Opens for new streams, closes for ended ones the stage holds, and frees the
+        ended ones it does not; a slot a round out holds is decided once it is back."""
+        closes: list[str] = []
+        opens: list[Slot] = []
+        released = False
+        lifecycle = self._lifecycle
+        for sid, slot in list(lifecycle.items()):
+            if slot.in_flight:
+                continue
+            if slot.phase is Phase.NEW and slot.in_link is not None and not self._has_work(slot):
+                continue  # opened with its first input
+            del lifecycle[sid]
+            if slot.phase is Phase.NEW:
+                self._first_waits.seen(slot)
+                slot.on(Event.PLAN_OPEN)
+                slot.in_flight += 1
+                opens.append(slot)
+            elif slot.phase is Phase.ENDING:
+                slot.on(Event.PLAN_CLOSE)
+                closes.append(sid)
+            elif slot.releasable:
+                self._release(slot, Event.RELEASE)
+                released = True
+        return closes, opens, released
+
+    def _plan_batch(self) -> tuple[Slot, ...]:
+        """The streams to step, by ``pick_batch``; stepped streams, and ready ones left
+        out for want of credit, go to the back of ``slots`` (least recently stepped
+        first), and the latter leave the actor's wake-up on the channel that is short."""
+        now_s = time.perf_counter()
+        decision = pick_batch(
+            self._candidates(now_s), self.spec.max_batch_size, self.scheduling, now_s
+        )
+        slots = self.slots
+        self._skipped = bool(decision.skipped)
+        if decision.skipped:
+            self.counters.num_skipped_no_credit += len(decision.skipped)
+            for sid in decision.skipped:
+                slot = slots[sid] = slots.pop(sid)
+                if not slot.in_flight:
+                    self._wait_for_credit(slot)
+        picked: list[Slot] = []
+        for sid in decision.batch:
+            slot = slots[sid] = slots.pop(sid)
+            picked.append(slot)
+        return tuple(picked)
+
+    def _candidates(self, now_s: float) -> Iterator[Candidate]:
+        """Streams with work, least recently planned first (``slots`` is kept in that order).
+
+        A stream whose last round is still out is planned again on what trio knows
+        (the runner skips it if that step said otherwise); one that does not fit a
+        second time is left for after its round is back, not counted as skipped.
+        """
+        self.num_behind_now = 0
+        for slot in self.slots.values():
+            if not slot.steppable or not self._has_work(slot):
+                continue
+            slot.worked_at_s = now_s
+            fits = self._fits(slot)
+            if fits or not slot.in_flight:
+                deadline_s = slot.stream.deadline_s
+                if deadline_s < now_s:
+                    self.num_behind_now += 1
+                    self.counters.num_behind_deadline += 1
+                yield Candidate(slot.id, True, fits, deadline_s, not slot.num_steps)
+
+    # ----- a newcomer into the queued round -----------------------------------------
+
+    def _amend(self) -> bool:
+        """With two rounds out, newcomers whose first input has come (a first stage's: the
+        stream itself) join the queued round if its execution has not started (thread
+        placement): a first step is the most urgent there is. In a full batch a newcomer
+        takes the place of the least urgent stream not on its first step, whose inputs
+        wait on its slot for its next step. True if the queued round changed."""
+        firsts = [
+            slot
+            for slot in self._lifecycle.values()
+            if slot.phase is Phase.NEW
+            and not slot.in_flight
+            and (slot.in_link is None or self._has_work(slot))
+        ]
+        if not firsts:
+            return False
+        amended = self._placement.amend(partial(self._amended, self._rounds[-1], firsts))
+        for slot in firsts:  # not amended: the queued round had started when they came
+            self._first_waits.seen(slot)
+        return amended
+
+    def _amended(self, queued: Round, firsts: list[Slot]) -> Plan:
+        """The queued round with ``firsts`` in it (on the trio thread, while the worker
+        cannot start it)."""
+        now_s = time.perf_counter()
+        for slot in firsts:
+            self._first_waits.seen(slot, now_s)
+        batch, works = list(queued.batch), list(queued.plan.batch)
+        opens = list(queued.opens)
+        slots = self.slots
+        running = {s.id for s in self._rounds[0].batch}
+        for slot in firsts:
+            if len(batch) >= self.spec.max_batch_size:
+                out = displaced([queued_candidate(s, running) for s in batch], now_s)
+                if out is None:
+                    break  # every one is on its first step: the rest wait for the next round
+                leave_out(batch.pop(out), works.pop(out), self.limits)
+            del self._lifecycle[slot.id]
+            slot.on(Event.PLAN_OPEN)
+            slot.in_flight += 1
+            opens.append(slot)
+            if self._fits(slot):
+                slots[slot.id] = slots.pop(slot.id)  # the most recently stepped
+                batch.append(slot)
+                works.append(self._take_work(slot))
+        queued.batch, queued.opens = tuple(batch), tuple(opens)
+        queued.plan = Plan(
+            queued.plan.closes, tuple((s.id, s.stream.request) for s in opens), tuple(works)
+        )
+        return queued.plan
