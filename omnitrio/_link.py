@@ -1,12 +1,9 @@
 """Per-stream links: the bounded channel one stream has on one edge, and wake-ups.
 
-A ``Link`` is a bounded queue of fixed capacity (a deque: a stream opens three or
-more, and each admission on the first-audio path makes them, so it is cheaper than a
-trio memory channel to make and to use; the client reads it with ``receive``, which
-keeps a memory channel's semantics). Its free capacity is the stream's credit on
-that edge. Producers never block on it: an actor *reserves* credit for a stream
-before a step (so the step's output is sure to fit) and puts the output
-afterwards. A stream without
+A ``Link`` wraps a trio memory channel of fixed capacity. Its free capacity is
+the stream's credit on that edge. Producers never block on it: an actor
+*reserves* credit for a stream before a step (so the step's output is sure to
+fit) and puts the output with ``send_nowait`` afterwards. A stream without
 enough credit is simply not scheduled, and its producer leaves its ``Wakeup`` on
 the link (``wait_for_credit``). Every put wakes the consumer; credit coming back
 (a take, an unused reservation, a discard) wakes exactly the producers that were
@@ -15,7 +12,6 @@ waiting for it. Nobody polls, and nobody is woken for nothing.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 
 import trio
@@ -62,10 +58,7 @@ class Link:
     def __init__(self, name: str, capacity: int, num_producers: int = 1) -> None:
         self.name = name
         self.capacity = capacity
-        self._items: deque[object] = deque()
-        self._send_closed = False  # no more puts: the reader gets EndOfChannel once empty
-        self._receive_closed = False
-        self._readable: trio.Event | None = None  # set when a waiting reader can go on
+        self._send, self.receive_channel = trio.open_memory_channel[object](capacity)
         self._reserved = 0
         self._producers_open = num_producers
         self._credit_waiters: list[tuple[Wakeup, int]] = []  # and the credit each needs
@@ -108,19 +101,12 @@ class Link:
         """
         if self.discarded:
             return
-        if self._send_closed:
-            raise trio.ClosedResourceError(f"link {self.name!r}: put after its producers ended")
-        buffer = self._items
-        before = len(buffer)
-        buffer.extend(items)
-        sent = len(buffer) - before
+        sent = 0
+        for item in items:
+            self._send.send_nowait(item)
+            sent += 1
         if sent:
-            if len(buffer) > self.capacity:  # reservations make this impossible: a bug
-                for _ in range(sent):
-                    buffer.pop()
-                raise trio.WouldBlock(f"link {self.name!r}: {sent} items over its capacity")
             self.num_put += sent
-            self._wake_reader()
             if wake:
                 self._wake_consumer()
 
@@ -135,7 +121,7 @@ class Link:
         count = self.num_put - self.num_taken  # counted, so no WouldBlock to catch
         if limit is not None and limit < count:
             count = limit
-        receive = self._items.popleft
+        receive = self.receive_channel.receive_nowait
         items = [receive() for _ in range(count)]
         if items:
             self.took(count)
@@ -147,50 +133,22 @@ class Link:
             return
         self._producers_open -= 1
         if self._producers_open == 0:
-            self.close_send()
+            self._send.close()
             if wake:
                 self._wake_consumer()
 
     def close_send(self) -> None:
         """End the channel now, whatever producers remain; buffered items stay readable."""
         self._producers_open = 0
-        self._send_closed = True
-        self._wake_reader()
+        self._send.close()
 
     def discard(self) -> None:
         """Drop everything: close both ends; producers waiting for credit hear of it
-        (the consumer let go itself, or its stream ended and it was told so), and a
-        reader waiting in ``receive`` gets ``trio.ClosedResourceError``."""
+        (the consumer let go itself, or its stream ended and it was told so)."""
         self.close_send()
-        self._receive_closed = True
-        self._items.clear()
+        self.receive_channel.close()
         self.discarded = True
         self.wake_producers()
-
-    async def receive(self) -> object:
-        """The next item, waiting for one (the client's read; actors ``take``). As a trio
-        memory channel's: ``trio.EndOfChannel`` once the producers are done and it is
-        empty, ``trio.ClosedResourceError`` once discarded; a cancelled call consumes
-        no item. Does not count the item taken (the caller calls ``took``)."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while True:
-            if self._receive_closed:
-                raise trio.ClosedResourceError(f"link {self.name!r} is closed")
-            if self._items:
-                item = self._items.popleft()
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                return item
-            if self._send_closed:
-                raise trio.EndOfChannel
-            if self._readable is None:
-                self._readable = trio.Event()
-            await self._readable.wait()
-
-    def _wake_reader(self) -> None:
-        readable = self._readable
-        if readable is not None:
-            self._readable = None
-            readable.set()
 
     def took(self, count: int) -> None:
         """The consumer took ``count`` items: credit is back for waiting producers."""

@@ -1,6 +1,5 @@
 """Links and wake-ups, on virtual time (no threads involved)."""
 
-import pytest
 import trio
 import trio.testing
 
@@ -89,63 +88,3 @@ async def test_unused_reservation_wakes_the_producers() -> None:
     link.settle(1, used=0)
     with trio.fail_after(1):
         await other.wait()
-
-
-async def test_receive_waits_for_an_item_then_reports_the_end() -> None:
-    link = Link("client", capacity=2)
-    got: list[object] = []
-
-    async def reader() -> None:
-        while True:
-            try:
-                got.append(await link.receive())
-            except trio.EndOfChannel:
-                got.append("end")
-                return
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(reader)
-        await trio.testing.wait_all_tasks_blocked()
-        assert got == []  # nothing yet: it waits
-        link.put(["x", "y"])
-        await trio.testing.wait_all_tasks_blocked()
-        assert got == ["x", "y"]
-        link.put(["z"])
-        link.producer_done()  # the end comes after the item buffered before it
-    assert got == ["x", "y", "z", "end"]
-
-
-async def test_a_cancelled_receive_takes_nothing_and_a_discard_wakes_the_reader() -> None:
-    link = Link("client", capacity=2)
-    with trio.move_on_after(1):  # virtual time
-        await link.receive()
-    link.put(["x"])
-    with trio.CancelScope() as scope:
-        scope.cancel()
-        await link.receive()  # cancelled before it takes: "x" stays
-    assert link.buffered == 1
-    assert await link.receive() == "x"
-    failed: list[type[BaseException]] = []
-
-    async def reader() -> None:
-        try:
-            await link.receive()
-        except trio.ClosedResourceError as exc:
-            failed.append(type(exc))
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(reader)
-        await trio.testing.wait_all_tasks_blocked()
-        link.discard()
-    assert failed == [trio.ClosedResourceError]
-
-
-async def test_a_put_over_capacity_or_after_the_end_is_an_error_and_keeps_nothing() -> None:
-    link = Link("a->b", capacity=2)
-    link.put(["x"])
-    with pytest.raises(trio.WouldBlock, match="over its capacity"):
-        link.put(["y", "z"])  # a producer that did not reserve: a runtime bug
-    assert (link.buffered, link.take(limit=None)) == (1, (["x"], False))
-    link.producer_done()
-    with pytest.raises(trio.ClosedResourceError):
-        link.put(["y"])
