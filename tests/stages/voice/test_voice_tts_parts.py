@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,18 +22,24 @@ LONG = (
 PART_FRAMES = 128
 
 
-@pytest.fixture
-def tts(tmp_path: Path) -> Iterator[object]:
+def _stage(tmp_path: Path, **params: object) -> Any:
+    """A TTS stage speaking in parts of PART_FRAMES, ``LONG`` one phrase, no noise."""
     from stages.voice.tts import PiperTts
 
-    stage = PiperTts(
+    return PiperTts(
         "tts",
         max_part_frames=PART_FRAMES,
         first_phrase_max_words=40,
         max_phrase_words=40,
         noise=False,
         cache_dir=str(tmp_path),
+        **params,  # type: ignore[arg-type]
     )
+
+
+@pytest.fixture
+def tts(tmp_path: Path) -> Iterator[object]:
+    stage = _stage(tmp_path)
     yield stage
     stage.close()
 
@@ -98,20 +105,11 @@ def test_a_first_part_then_parts_of_the_rest(tmp_path: Path) -> None:
     """With ``first_chunk_frames`` the first phrase's rest is spoken in parts too: the
     first with the first chunk's priority, the others as later work."""
     from stages.voice.payloads import TextPiece
-    from stages.voice.tts import PiperTts
 
-    tts = PiperTts(
-        "tts",
-        first_chunk_frames=24,
-        max_part_frames=PART_FRAMES,
-        first_phrase_max_words=40,
-        max_phrase_words=40,
-        noise=False,
-        cache_dir=str(tmp_path),
-    )
+    tts = _stage(tmp_path, first_chunk_frames=24)
     try:
         whole = tts.synthesize(LONG, noise=False)
-        hop = tts._split.hop  # type: ignore[union-attr]
+        hop = tts._split.hop
         tts.open_stream("s", Request())
         outputs = [tts.step([StreamWork("s", (TextPiece(LONG),), True)])["s"]]
         assert tts.streams["s"].rest is not None
