@@ -257,10 +257,15 @@ def _options(num_threads: int) -> onnxruntime.SessionOptions:
     """One session's options. Its pool's threads sleep between runs instead of spinning:
     each session has its own pool, and spinning ones took a core from the other session
     (the encoder's pool spun through the decoder's steps) and from the LLM's prefill
-    after the transcript (docs/benchmarks-voice.md, issue 24, third pass)."""
+    after the transcript (docs/benchmarks-voice.md, issue 24, third pass). No memory
+    arena: it kept what long transcriptions' chunks grew it to (four 56 s
+    transcriptions in the server left +74 MB with it, +41 without, -0 without it and
+    with the heap trimmed after uploads of 128 KiB; a 1 s transcription 46 and 39 ms
+    p50; docs/reliability.md, round 3, row 7)."""
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = num_threads
     options.inter_op_num_threads = 1
+    options.enable_cpu_mem_arena = False
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 

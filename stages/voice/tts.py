@@ -33,6 +33,14 @@ from there across a crossfaded join when it is complete (tts_join.py). A first p
 shorter than K words is spoken as before. With ``first_part_pauses_answer`` the
 answer's own next token waits while its first part is synthesised (first_audio.py).
 
+With param ``max_part_frames`` (null: off), a phrase longer than that many frames
+(~11.6 ms each) is spoken in parts of at most that many, a part a step, from one front
+pass over the whole phrase (tts_stream.py: the parts join into one pass's audio): what
+one phrase holds while it is spoken, and how long one step runs, are bounded however
+long the phrase (a phrase at ``max_phoneme_ids`` of "W." is ~1,650 frames, ~0.4 GB and
+~2.3 s as one pass). A phrase's first part is spoken when it would have been spoken
+whole; its further parts are later work (the answer's audio is playing meanwhile).
+
 Param ``keep_words_apart`` (default on): a word after a sibilant is kept from running
 into it ("France is" heard as "Francis"; articulation.py). An answer's first audio
 starts 5 ms before its first sound (Piper begins many phrases with 25-50 ms of near
@@ -65,7 +73,7 @@ from .phonemes import Espeak, PhonemizerError, VoiceSymbols, phoneme_ids
 from .phrases import PhraseSplitter
 from .trace import mark
 from .tts_join import FirstPhraseJoin, SplitState
-from .tts_stream import SplitVoice
+from .tts_stream import MIN_PART_FRAMES, SplitPhrase, SplitVoice, part_frames
 
 PACKAGED_VOICE = "en_US-joe-medium.onnx"
 
@@ -90,6 +98,7 @@ class _Stream(SplitState):
     part: str | None = None  # the first phrase's first words, to speak before it is complete
     audio_out: bool = False  # its first audio is made (trace.py)
     runs_out: float = 0.0  # when its audio made so far would have played, from its first audio
+    going_on: SplitPhrase | None = None  # a phrase spoken in parts, its first part out
 
 
 class PiperTts:
@@ -114,6 +123,7 @@ class PiperTts:
         max_phoneme_ids: int = 600,
         num_threads: int = 1,
         first_chunk_frames: int | None = None,
+        max_part_frames: int | None = None,
         first_part_words: int | None = None,
         first_part_pauses_answer: bool = False,
         chunk_left_frames: int = 24,
@@ -148,6 +158,11 @@ class PiperTts:
                 f"first_chunk_frames must be positive or null, got {first_chunk_frames}"
             )
         self.first_chunk_frames = first_chunk_frames
+        if max_part_frames is not None and max_part_frames < MIN_PART_FRAMES:
+            raise ValueError(
+                f"max_part_frames must be at least {MIN_PART_FRAMES} or null, got {max_part_frames}"
+            )
+        self.max_part_frames = max_part_frames
         if first_part_words is not None and (
             first_chunk_frames is None or not 2 <= first_part_words < first_phrase_max_words
         ):
@@ -163,7 +178,7 @@ class PiperTts:
         self.keep_words_apart = keep_words_apart  # articulation.py: "France is", not "Francis"
         self._split = (
             None
-            if first_chunk_frames is None
+            if first_chunk_frames is None and max_part_frames is None
             else SplitVoice(
                 onnx,
                 self.sample_rate_hz,
@@ -248,8 +263,9 @@ class PiperTts:
 
     @classmethod
     def _later_due(cls, speech: _Stream) -> bool:
-        """Whether the stream's next audio is a later phrase, ready to speak."""
-        return bool(speech.phrases) and not cls._first_due(speech)
+        """Whether the stream's next audio is (part of) a later phrase, ready to speak."""
+        ready = bool(speech.phrases) or speech.going_on is not None
+        return ready and not cls._first_due(speech)
 
     def _speak(self, stream_id: str, *, later: bool) -> StreamOutput:
         speech = self.streams[stream_id]
@@ -265,6 +281,10 @@ class PiperTts:
                 samples = self._timed(lambda s: self._first_words(stream_id, s), speech)
             if speech.join is None:  # one word as phonemised: the phrase is spoken whole
                 return StreamOutput(more=bool(speech.phrases))
+        elif speech.going_on is not None:
+            if not later:
+                return StreamOutput(more=True)  # a phrase's next part, as a later phrase
+            samples = self._timed(self._go_on, speech)
         elif not speech.phrases:
             return StreamOutput(done=speech.text_done and speech.join is None)
         elif speech.join is not None:
@@ -277,11 +297,15 @@ class PiperTts:
             with FIRST_AUDIO.synthesizing():
                 if self.first_chunk_frames is not None:
                     samples = self._timed(self._first_part, speech)
+                elif self.max_part_frames is not None:
+                    samples = self._timed(self._in_parts, speech)
                 else:
                     samples = self.synthesize(speech.phrases.popleft(), noise=self.noise)
                     speech.spoken += 1
         elif not later:
             return StreamOutput(more=True)  # a later phrase, after the first audio
+        elif self.max_part_frames is not None:
+            samples = self._timed(self._in_parts, speech)
         else:
             samples = self.synthesize(speech.phrases.popleft(), noise=self.noise)
             speech.spoken += 1
@@ -292,10 +316,10 @@ class PiperTts:
             mark("tts_first_audio", stream_id)
             FIRST_AUDIO.first_audio_made(stream_id)
         speech.runs_out += samples.size / self.sample_rate_hz
-        pending = speech.rest is not None or speech.join is not None
-        finished = speech.text_done and not speech.phrases and not pending
+        going = speech.rest is not None or speech.going_on is not None
+        finished = speech.text_done and not speech.phrases and not going and speech.join is None
         chunk = AudioChunk(float_to_pcm16(samples), self.sample_rate_hz)
-        more = bool(speech.phrases) or speech.rest is not None
+        more = bool(speech.phrases) or going
         return StreamOutput(visible=(chunk,), more=more, done=finished)
 
     def _first_part(self, speech: _Stream) -> Floats:
@@ -314,12 +338,42 @@ class PiperTts:
     def _rest(self, speech: _Stream) -> Floats:
         assert self._split is not None
         assert speech.rest is not None
-        rest, speech.rest = speech.rest, None
-        samples = self._split.speak(rest, speech.rest_end - rest.next_frame)
+        rest = speech.rest
+        samples = self._split.speak(
+            rest, part_frames(speech.rest_end - rest.next_frame, self.max_part_frames)
+        )
+        if rest.next_frame < speech.rest_end:
+            if speech.join is None:  # its first audio is out: its further parts are later work
+                speech.rest, speech.going_on = None, rest
+            else:  # the first part's own words, in parts: on at the next step
+                start = speech.part_plays_until or time.perf_counter()
+                speech.part_plays_until = start + samples.size / self.sample_rate_hz
+            return samples
+        speech.rest = None
         if speech.join is None:
             return samples
         assert self.joins is not None
         return self.joins.keep_tail(speech, rest, samples)
+
+    def _in_parts(self, speech: _Stream) -> Floats:
+        """The next phrase's first part (all of it if it is short); the rest goes on."""
+        assert self._split is not None
+        speech.going_on = self._split.front(
+            *self._inputs(speech.phrases.popleft(), noise=self.noise)
+        )
+        speech.spoken += 1
+        return self._go_on(speech)
+
+    def _go_on(self, speech: _Stream) -> Floats:
+        """The next part of the phrase being spoken in parts."""
+        assert self._split is not None
+        phrase = speech.going_on
+        assert phrase is not None
+        samples = self._split.speak(
+            phrase, part_frames(phrase.num_frames - phrase.next_frame, self.max_part_frames)
+        )
+        speech.going_on = phrase if phrase.next_frame < phrase.num_frames else None
+        return samples
 
     def _first_words(self, stream_id: str, speech: _Stream) -> Floats:
         """The first part (tts_join.py); its steps marked for the benchmark's trace."""
@@ -337,7 +391,9 @@ class PiperTts:
         assert self.joins is not None
         ids, scales = self._inputs(speech.phrases.popleft(), noise=self.noise)
         speech.spoken += 1
-        return self.joins.after_join(speech, ids, scales)
+        samples, phrase = self.joins.after_join(speech, ids, scales, self.max_part_frames)
+        speech.going_on = phrase if phrase.next_frame < phrase.num_frames else None
+        return samples
 
     def _timed(self, part: Callable[[_Stream], Floats], speech: _Stream) -> Floats:
         started = time.perf_counter()

@@ -22,7 +22,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from .pcm import Floats
-from .tts_stream import JOIN_FRAMES, SplitPhrase, SplitVoice, crossfade, word_starts, words_of
+from .tts_stream import (
+    JOIN_FRAMES,
+    SplitPhrase,
+    SplitVoice,
+    crossfade,
+    part_frames,
+    word_starts,
+    words_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +96,12 @@ class FirstPhraseJoin:
         state.part_plays_until = start + out.size / self.split.sample_rate_hz
         return out
 
-    def after_join(self, state: SplitState, ids: np.ndarray, scales: Floats) -> Floats:
-        """The whole first phrase (``ids``), from where the first part's last word begins."""
+    def after_join(
+        self, state: SplitState, ids: np.ndarray, scales: Floats, max_part_frames: int | None
+    ) -> tuple[Floats, SplitPhrase]:
+        """The whole first phrase (``ids``), from where the first part's last word begins:
+        its audio (at most its first ``max_part_frames`` frames from there, None: all)
+        and the phrase, whose further frames go on from ``next_frame``."""
         assert state.join is not None
         join, state.join = state.join, None
         self.num_joins += 1
@@ -101,11 +113,12 @@ class FirstPhraseJoin:
             self.join_mismatches += 1
         starts = word_starts(symbols, phrase.durations, self.space_id)
         phrase.next_frame = starts[min(n, len(starts) - 1)]
-        samples = self.split.speak(phrase, phrase.num_frames)
+        left = phrase.num_frames - phrase.next_frame
+        samples = self.split.speak(phrase, part_frames(left, max_part_frames))
         late_s = time.perf_counter() - state.part_plays_until
         if late_s > 0:  # a pause inside the first phrase, if the client played it at once
             self.late_joins += 1
             logger.warning(
                 "first phrase's rest made %.0f ms after its first part played", 1e3 * late_s
             )
-        return crossfade(join.tail, samples)
+        return crossfade(join.tail, samples), phrase

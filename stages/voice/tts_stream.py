@@ -32,6 +32,7 @@ import onnxruntime
 from .pcm import Floats
 
 JOIN_FRAMES = 6  # ~70 ms: the first part's pass fades into the whole phrase's over these
+MIN_PART_FRAMES = 32  # a phrase spoken in parts: the least its parts may be (tts.py)
 
 
 @dataclass
@@ -118,6 +119,16 @@ class SplitVoice:
         phrase.next_frame = end
         skip = (start - low) * self.hop
         return audio[skip : skip + (end - start) * self.hop]
+
+
+def part_frames(frames_left: int, max_part_frames: int | None) -> int:
+    """The frames of a phrase's next part: all that are left, or the ``max_part_frames``
+    at most, evened out over the parts still to speak (no short last part: each part
+    costs its margins again, and a first phrase's join fades over its last frames)."""
+    if max_part_frames is None or frames_left <= max_part_frames:
+        return frames_left
+    parts = -(-frames_left // max_part_frames)
+    return -(-frames_left // parts)
 
 
 def _with_durations(front: onnx_lib.ModelProto) -> onnx_lib.ModelProto:

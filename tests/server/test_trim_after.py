@@ -1,6 +1,6 @@
 """The server hands freed heap back after big work (omnitrio/server/_trim_after.py):
-after an HTTP request or a Realtime session that moved at least 256 KiB, never after a
-small one (issue 42: memory kept after attacks 10 and 11)."""
+after an HTTP request or a Realtime session that moved at least ``TRIM_AFTER_BYTES``
+(128 KiB), never after a small one (issue 42: memory kept after attacks 10 and 11)."""
 
 from __future__ import annotations
 
