@@ -18,6 +18,12 @@
   it (``StreamState.lag_s``, the same anchor as the playback deadline). While some
   live stream's lag is over ``LATE_SHARE`` of the client buffer, no stream is admitted:
   the pipeline is already not keeping the streams it has.
+- **Startup** (``admission: cpu``). Where the stages share a few cores, a new stream's
+  way to its first audio (its recognition, its prompt, its first phrase: what a voice
+  chat puts first) takes them from the streams already playing, which make little
+  audio meanwhile. A playing stream with less audio ahead of its playback deadline
+  (``StreamState.deadline_s``) than a new stream's startup (the time from admission
+  to first audio lately) would run dry through it: while one has, nothing is admitted.
 """
 
 from __future__ import annotations
@@ -89,4 +95,16 @@ def lateness_problem(most_lag_s: float, client_buffer_s: float) -> str | None:
     return (
         f"a live stream's audio came {most_lag_s:.2f} s after its client ran out "
         f"(over {LATE_SHARE:.0%} of pipeline.client_buffer_s)"
+    )
+
+
+def startup_problem(least_slack_s: float, startup_s: float | None) -> str | None:
+    """Why one more stream is refused while the live streams' least time to their
+    playback deadlines is ``least_slack_s`` and a stream's startup lately ``startup_s``
+    (None: no stream has had its first audio yet)."""
+    if startup_s is None or least_slack_s >= startup_s:
+        return None
+    return (
+        f"a live stream is {least_slack_s:.2f} s from its playback deadline, less than "
+        f"a new stream's {startup_s:.2f} s to its first audio on the shared cores"
     )
