@@ -205,10 +205,20 @@ class Pipeline:
         return max((s.lag_s for s in self._streams.values() if not s.ending), default=0.0)
 
     def _least_slack_s(self) -> float:
-        """The least time a live stream has to its playback deadline (inf: none live)."""
+        """The least time a live stream has to its playback deadline (inf: none live); one
+        on its way to its first audio will have its first chunk ahead when that comes
+        (``Admission.starting_slack_s``), whatever its deadline before it."""
         now_s = time.perf_counter()
-        live = (s.deadline_s for s in self._streams.values() if not s.ending)
-        return min(live, default=math.inf) - now_s
+        starting_s = self._admission.starting_slack_s
+        least_s = math.inf
+        for stream in self._streams.values():
+            if stream.ending:
+                continue
+            slack_s = stream.deadline_s - now_s
+            if stream.first_audio_at_s is None and starting_s is not None:
+                slack_s = min(slack_s, starting_s)
+            least_s = min(least_s, slack_s)
+        return least_s
 
     def _num_active(self, stage: str) -> int:
         actor = self._by_name[stage]

@@ -116,6 +116,7 @@ class Admission:
         self._mean_lifetime_s: float | None = None
         self._mean_audio_s: float | None = None
         self._mean_startup_s: float | None = None
+        self._mean_first_chunk_s: float | None = None
         self._watches: dict[str, BusyWatch] = {}
 
     @property
@@ -209,6 +210,14 @@ class Admission:
                 )
         return None
 
+    @property
+    def starting_slack_s(self) -> float | None:
+        """How far from its playback deadline a stream on its way to its first audio will
+        be when that comes: its first chunk ahead, less ``client_buffer_s`` (the mean
+        first chunk lately; None before any stream completed with audio)."""
+        chunk = self._mean_first_chunk_s
+        return None if chunk is None else chunk - self.client_buffer_s
+
     def retry_after_s(self, num_live: int, oldest_age_s: float | None = None) -> float | None:
         """When a slot frees (None: nothing measured): the mean lifetime of completed
         streams less ``oldest_age_s``, the oldest live stream's age; without it, the
@@ -230,6 +239,12 @@ class Admission:
         ``first_chunk_s`` of it in its first chunk, ``startup_s`` after its admission."""
         self.warmup.over = True
         if startup_s is not None:
+            chunk = self._mean_first_chunk_s
+            self._mean_first_chunk_s = (
+                first_chunk_s
+                if chunk is None
+                else chunk * AUDIO_KEEP + first_chunk_s * (1 - AUDIO_KEEP)
+            )
             startup = self._mean_startup_s
             self._mean_startup_s = (
                 startup_s

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import omnitrio
 from omnitrio.admission import _rule
 from omnitrio.admission._cpu import CPU_HALF_LIFE_S, CpuWatch, usable_cores
 from omnitrio.admission._rule import Admission
-from tests.conftest import chain_config
 from tests.runtime.admission.test_utilisation import STAGES as BUSY_STAGES
+from tests.runtime.admission.test_utilisation import refused_beside_a_playing_stream
 
 
 def test_the_usable_cores_are_the_affinity_within_a_cgroup_quota(tmp_path: Path) -> None:
@@ -97,26 +96,9 @@ async def test_a_real_pipeline_refuses_a_second_stream_while_its_stage_spins_a_w
     # a CPU second. On one core a second stream would get about half real time.
     monkeypatch.setattr(_rule, "usable_cores", lambda: 1.0)
     stages = [BUSY_STAGES[0], {**BUSY_STAGES[1], "cpu_bound": True}]
-    config = chain_config(stages, max_streams=8, max_batch_size=8, client_capacity=8)
-    config = config.model_copy(
-        update={"pipeline": config.pipeline.model_copy(update={"admission": "cpu"})}
-    )
-    async with omnitrio.open_pipeline(config) as pipeline:
-        request = omnitrio.Request("x", options={"steps": 100_000})
-        async with pipeline.open_stream(request) as stream:
-            received = 0
-            async for _ in stream:
-                received += 1
-                if received == 100:  # 2 s of audio
-                    break
-            with pytest.raises(omnitrio.Overloaded) as refused:
-                async with pipeline.open_stream(omnitrio.Request("y")):
-                    pass
-        stats = pipeline.statistics()
-    assert refused.value.problem is not None
-    assert "1 cores" in refused.value.problem
-    assert stats.num_refused_headroom == stats.num_refused == 1
-    assert stats.num_shed == 0
+    refused = await refused_beside_a_playing_stream(stages, "cpu", 100)  # 2 s of audio
+    assert refused.problem is not None
+    assert "1 cores" in refused.problem
 
 
 def test_while_a_live_stream_has_less_slack_than_a_startup_nothing_is_admitted() -> None:
@@ -126,6 +108,7 @@ def test_while_a_live_stream_has_less_slack_than_a_startup_nothing_is_admitted()
     _fed(admission.cpu, 0.25, 10.0)  # the cores keep many streams
     # No stream has had its first audio yet: no startup known, no guard.
     assert admission.refusal(1, 1, [], 0.0, least_slack_s=lambda: 0.1) is None
+    assert admission.starting_slack_s is None
     admission.completed(5.0, 4.0, 0.4, startup_s=0.6)
     refusal = admission.refusal(1, 1, [], 0.0, least_slack_s=lambda: 0.3)
     assert refusal is not None
@@ -136,6 +119,9 @@ def test_while_a_live_stream_has_less_slack_than_a_startup_nothing_is_admitted()
     # audio at twice real time, is a startup from its deadline.
     assert refusal.retry_after_s == pytest.approx(0.3)
     assert admission.refusal(1, 1, [], 0.0, least_slack_s=lambda: 0.7) is None
+    # A stream on its way to its first audio will have its first chunk ahead when that
+    # comes, less the client's buffer (the pipeline counts that as its slack).
+    assert admission.starting_slack_s == pytest.approx(0.4 - admission.client_buffer_s)
     # A stream that completed without audio leaves the startup as it was.
     admission.completed(1.0)
     assert admission.refusal(1, 1, [], 0.0, least_slack_s=lambda: 0.5) is not None
