@@ -207,9 +207,10 @@ class Pipeline:
     def _least_slack_s(self) -> float:
         """The least time a live stream has to its playback deadline (inf: none live); one
         on its way to its first audio will have its first chunk ahead when that comes
-        (``Admission.starting_slack_s``), whatever its deadline before it."""
+        (``Startup.starting_slack_s``), whatever its deadline before it."""
         now_s = time.perf_counter()
-        starting_s = self._admission.starting_slack_s
+        admission = self._admission
+        starting_s = admission.startup.starting_slack_s(admission.client_buffer_s)
         least_s = math.inf
         for stream in self._streams.values():
             if stream.ending:

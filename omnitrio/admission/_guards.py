@@ -98,13 +98,43 @@ def lateness_problem(most_lag_s: float, client_buffer_s: float) -> str | None:
     )
 
 
-def startup_problem(least_slack_s: float, startup_s: float | None) -> str | None:
-    """Why one more stream is refused while the live streams' least time to their
-    playback deadlines is ``least_slack_s`` and a stream's startup lately ``startup_s``
-    (None: no stream has had its first audio yet)."""
-    if startup_s is None or least_slack_s >= startup_s:
-        return None
-    return (
-        f"a live stream is {least_slack_s:.2f} s from its playback deadline, less than "
-        f"a new stream's {startup_s:.2f} s to its first audio on the shared cores"
-    )
+STARTUP_KEEP = 0.9
+"""Weight of the past in the mean startup and first chunk (per stream with audio)."""
+
+
+class Startup:
+    """The startup guard's means: a stream's time from admission to its first audio,
+    and its first chunk, lately (None before a stream completed with audio)."""
+
+    def __init__(self) -> None:
+        self.mean_s: float | None = None
+        self.mean_first_chunk_s: float | None = None
+
+    def completed(self, startup_s: float, first_chunk_s: float) -> None:
+        """A stream had its first audio (``first_chunk_s`` of it) ``startup_s`` after
+        its admission."""
+        self.mean_s = _mean(self.mean_s, startup_s)
+        self.mean_first_chunk_s = _mean(self.mean_first_chunk_s, first_chunk_s)
+
+    def starting_slack_s(self, client_buffer_s: float) -> float | None:
+        """How far from its playback deadline a stream on its way to its first audio
+        will be when that comes: its first chunk ahead, less ``client_buffer_s``."""
+        chunk = self.mean_first_chunk_s
+        return None if chunk is None else chunk - client_buffer_s
+
+    def problem(self, least_slack_s: float) -> tuple[str, float] | None:
+        """Why one more stream is refused while the live streams' least time to their
+        playback deadlines is ``least_slack_s``, and when that stream, making audio
+        at twice real time, would be a startup from its deadline (None: it is not)."""
+        startup_s = self.mean_s
+        if startup_s is None or least_slack_s >= startup_s:
+            return None
+        problem = (
+            f"a live stream is {least_slack_s:.2f} s from its playback deadline, less than "
+            f"a new stream's {startup_s:.2f} s to its first audio on the shared cores"
+        )
+        return problem, startup_s - least_slack_s
+
+
+def _mean(mean: float | None, value: float) -> float:
+    return value if mean is None else mean * STARTUP_KEEP + value * (1 - STARTUP_KEEP)

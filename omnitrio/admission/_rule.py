@@ -56,7 +56,7 @@ from .._errors import Overloaded, StreamShed
 from .._items import Request
 from .._stream import StreamState
 from ._cpu import CpuWatch, process_cpu_s, usable_cores
-from ._guards import Warmup, lateness_problem, startup_problem
+from ._guards import Startup, Warmup, lateness_problem
 from ._headroom import StepModel
 from ._utilisation import ActiveCounts, BusyWatch, active_at, busy_problem
 
@@ -115,8 +115,7 @@ class Admission:
         self.num_shed = 0
         self._mean_lifetime_s: float | None = None
         self._mean_audio_s: float | None = None
-        self._mean_startup_s: float | None = None
-        self._mean_first_chunk_s: float | None = None
+        self.startup = Startup()
         self._watches: dict[str, BusyWatch] = {}
 
     @property
@@ -164,12 +163,11 @@ class Admission:
         retry_s = self.retry_after_s(num_live, oldest_age_s)
         if self.cpu is not None:  # sampled after each round (``after_round``)
             problem = self.cpu.problem(num_live, self.needed)
-            startup_s = self._mean_startup_s
-            if problem is None and least_slack_s is not None and startup_s is not None:
-                slack_s = least_slack_s()
-                problem = startup_problem(slack_s, startup_s)
-                if problem is not None:  # once that stream is a startup ahead (at 2x)
-                    retry_s = max(MIN_RETRY_AFTER_S, min(startup_s - slack_s, retry_s or math.inf))
+            if problem is None and least_slack_s is not None:
+                startup = self.startup.problem(least_slack_s())
+                if startup is not None:
+                    problem, ahead_s = startup
+                    retry_s = max(MIN_RETRY_AFTER_S, min(ahead_s, retry_s or math.inf))
         elif self.busy:
             limit = 1.0 / (1.0 + self.realtime_margin)
             problem = busy_problem(self._watches, models, num_live, num_active, limit, now_s)
@@ -210,14 +208,6 @@ class Admission:
                 )
         return None
 
-    @property
-    def starting_slack_s(self) -> float | None:
-        """How far from its playback deadline a stream on its way to its first audio will
-        be when that comes: its first chunk ahead, less ``client_buffer_s`` (the mean
-        first chunk lately; None before any stream completed with audio)."""
-        chunk = self._mean_first_chunk_s
-        return None if chunk is None else chunk - self.client_buffer_s
-
     def retry_after_s(self, num_live: int, oldest_age_s: float | None = None) -> float | None:
         """When a slot frees (None: nothing measured): the mean lifetime of completed
         streams less ``oldest_age_s``, the oldest live stream's age; without it, the
@@ -239,18 +229,7 @@ class Admission:
         ``first_chunk_s`` of it in its first chunk, ``startup_s`` after its admission."""
         self.warmup.over = True
         if startup_s is not None:
-            chunk = self._mean_first_chunk_s
-            self._mean_first_chunk_s = (
-                first_chunk_s
-                if chunk is None
-                else chunk * AUDIO_KEEP + first_chunk_s * (1 - AUDIO_KEEP)
-            )
-            startup = self._mean_startup_s
-            self._mean_startup_s = (
-                startup_s
-                if startup is None
-                else startup * AUDIO_KEEP + startup_s * (1 - AUDIO_KEEP)
-            )
+            self.startup.completed(startup_s, first_chunk_s)
         mean = self._mean_lifetime_s
         self._mean_lifetime_s = (
             lifetime_s if mean is None else mean * LIFETIME_KEEP + lifetime_s * (1 - LIFETIME_KEEP)

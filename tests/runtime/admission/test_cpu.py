@@ -108,7 +108,7 @@ def test_while_a_live_stream_has_less_slack_than_a_startup_nothing_is_admitted()
     _fed(admission.cpu, 0.25, 10.0)  # the cores keep many streams
     # No stream has had its first audio yet: no startup known, no guard.
     assert admission.refusal(1, 1, [], 0.0, least_slack_s=lambda: 0.1) is None
-    assert admission.starting_slack_s is None
+    assert admission.startup.starting_slack_s(admission.client_buffer_s) is None
     admission.completed(5.0, 4.0, 0.4, startup_s=0.6)
     refusal = admission.refusal(1, 1, [], 0.0, least_slack_s=lambda: 0.3)
     assert refusal is not None
@@ -121,7 +121,7 @@ def test_while_a_live_stream_has_less_slack_than_a_startup_nothing_is_admitted()
     assert admission.refusal(1, 1, [], 0.0, least_slack_s=lambda: 0.7) is None
     # A stream on its way to its first audio will have its first chunk ahead when that
     # comes, less the client's buffer (the pipeline counts that as its slack).
-    assert admission.starting_slack_s == pytest.approx(0.4 - admission.client_buffer_s)
+    assert admission.startup.starting_slack_s(0.25) == pytest.approx(0.4 - 0.25)
     # A stream that completed without audio leaves the startup as it was.
     admission.completed(1.0)
     assert admission.refusal(1, 1, [], 0.0, least_slack_s=lambda: 0.5) is not None
