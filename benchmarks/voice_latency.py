@@ -138,6 +138,7 @@ SILENCE_LEVEL = 0.01
 LATE_END_S = 1.0
 TRACE_ENV = "OMNITRIO_VOICE_TRACE"  # stages/voice/trace.py
 SERVING = re.compile(r"omnitrio serving .* at (http://[^\s,]+)")
+CLIENT_BUFFER_S = 0.2  # the client: it buffers 200 ms before it plays
 TURN_TIMEOUT_S = 300.0  # a loaded machine answers slowly at four conversations
 
 
@@ -162,11 +163,14 @@ class Turn:
     # How long a client playing the answer from its first audio on would have run dry
     # (an audio delta arriving after the audio before it had all played), in all
     underrun_s: float = 0.0
+    # ... and for a client that starts it CLIENT_BUFFER_S after its first audio
+    underrun_buffered_s: float = 0.0
     played_until: float = 0.0  # (trio clock) when that client would have played it all
     num_splits: int = 0  # speech_stopped before the question's speech ended
     num_false_barge_ins: int = 0  # responses cancelled while the question went on
     status: str = ""
     error: str = ""  # why the response failed (its status details)
+    retry_after_ms: int | None = None  # ... and when it said to retry, if it did
     # On the system's monotonic clock (as the server's trace): turn start, end of
     # speech, speech_stopped and first audio at the client
     clock_s: dict[str, float] = field(default_factory=dict)
@@ -355,11 +359,15 @@ class TurnEvents:
         details = event["response"].get("status_details") or {}
         if turn.status != "completed":
             turn.error = str(details.get("error") or details)[:200]
+            error = details.get("error")
+            hint = error.get("retry_after_ms") if isinstance(error, dict) else None
+            turn.retry_after_ms = hint if isinstance(hint, int) else None
 
 
 async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end: float) -> None:
     seen = TurnEvents()
     played_from = 0.0  # when a client playing the answer would have started it
+    buffered_from = 0.0  # ... and a client that buffers CLIENT_BUFFER_S first
     while True:
         event = json.loads(await ws.get_message())
         kind = event["type"]
@@ -368,10 +376,12 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
             continue
         if kind == "response.output_audio.delta":
             if turn.end_of_speech_to_first_audio_s is None:
-                played_from = now
+                played_from, buffered_from = now, now + CLIENT_BUFFER_S
                 seen.first_audio(turn, now, speech_end, time.monotonic())
             played_from, dry_s = run_dry(played_from, turn.answer_audio_s, now)
             turn.underrun_s += dry_s
+            buffered_from, dry_s = run_dry(buffered_from, turn.answer_audio_s, now)
+            turn.underrun_buffered_s += dry_s
             pcm = np.frombuffer(base64.b64decode(event["delta"]), "<i2")
             loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > SOUND_LEVEL)
             if turn.end_of_speech_to_first_sound_s is None and loud.size:
@@ -555,8 +565,9 @@ def breakdown(levels: list[Level]) -> str:
     lines = [
         "| transport | conversations | speech_stopped -> transcript | transcript -> first text "
         "| first text -> first audio | server CPU s per turn | answers run dry (s in all) "
+        "| ... with a 200 ms buffer | refused (with a retry hint) "
         "| track frames lost, receive buffer for no gap (ms) | load average (start, end) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         load = "{:.1f}, {:.1f}".format(*level.load_average)
@@ -572,7 +583,11 @@ def breakdown(levels: list[Level]) -> str:
             f"| {p50(level.turns, 'first_text_to_first_audio_s')} "
             f"| {level.server_cpu_s / max(1, len(level.turns)):.2f} "
             f"| {sum(t.underrun_s > 0 for t in level.turns)} "
-            f"({sum(t.underrun_s for t in level.turns):.2f}) | {track} | {load} |"
+            f"({sum(t.underrun_s for t in level.turns):.2f}) "
+            f"| {sum(t.underrun_buffered_s > 0 for t in level.turns)} "
+            f"({sum(t.underrun_buffered_s for t in level.turns):.2f}) "
+            f"| {sum(t.status == 'failed' for t in level.turns)} "
+            f"({sum(t.retry_after_ms is not None for t in level.turns)}) | {track} | {load} |"
         )
     return "\n".join(lines)
 

@@ -50,14 +50,18 @@ class PipelineSection(_Strict):
     """A stream's playback deadline is when its client runs out of audio, less this."""
     first_audio_budget_s: float = pydantic.Field(default=1.0, ge=0, allow_inf_nan=False)
     """Before its first audio, a stream's deadline is its admission plus this."""
-    admission: Literal["headroom", "max_streams", "busy"] = "headroom"
+    admission: Literal["headroom", "max_streams", "busy", "cpu"] = "headroom"
     """``headroom``: admit a stream only while every stage keeps every admitted stream
     faster than real time by ``realtime_margin`` (its learned step-time model), and
     shed the newest (or lowest ``priority``) streams when a stage falls behind;
     ``max_streams`` stays a hard cap. ``max_streams``: the count alone. ``busy``: admit
     a stream only while, with it, every stage stays busy at most ``1 / (1 +
     realtime_margin)`` of the time (its busy fraction lately over its active streams:
-    the work it actually has, ``omnitrio/admission/_utilisation.py``); sheds nothing."""
+    the work it actually has, ``omnitrio/admission/_utilisation.py``); sheds nothing.
+    ``cpu``: admit a stream only while, with it, the cores the process may use keep every
+    live stream ``1 + realtime_margin`` x real time at the CPU seconds a second of audio
+    has cost lately (stages that share a few cores, ``omnitrio/admission/_cpu.py``);
+    sheds nothing."""
     realtime_margin: float = pydantic.Field(default=0.05, ge=0, le=10, allow_inf_nan=False)
     """Admission by headroom keeps every stream at least ``1 + realtime_margin`` x real
     time (audio seconds made per second)."""

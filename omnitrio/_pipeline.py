@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import math
 import os
 import sys
 import time
@@ -151,6 +152,7 @@ class Pipeline:
             client_buffer_s=section.client_buffer_s,
             busy=section.admission == "busy",
             warmup_streams=section.warmup_streams,
+            cpu=section.admission == "cpu",
         )
         for actor in actors:
             actor.on_round = self._after_round
@@ -195,11 +197,29 @@ class Pipeline:
             None if oldest is None else now_s - oldest.admitted_at_s,
             now_s,
             self._most_lag_s,
+            self._least_slack_s,
         )
 
     def _most_lag_s(self) -> float:
         """The largest lag of a live stream at its latest audio (``StreamState.lag_s``)."""
         return max((s.lag_s for s in self._streams.values() if not s.ending), default=0.0)
+
+    def _least_slack_s(self) -> float:
+        """The least time a live stream has to its playback deadline (inf: none live); one
+        on its way to its first audio will have its first chunk ahead when that comes
+        (``Startup.starting_slack_s``), whatever its deadline before it."""
+        now_s = time.perf_counter()
+        admission = self._admission
+        starting_s = admission.startup.starting_slack_s(admission.client_buffer_s)
+        least_s = math.inf
+        for stream in self._streams.values():
+            if stream.ending:
+                continue
+            slack_s = stream.deadline_s - now_s
+            if stream.first_audio_at_s is None and starting_s is not None:
+                slack_s = min(slack_s, starting_s)
+            least_s = min(least_s, slack_s)
+        return least_s
 
     def _num_active(self, stage: str) -> int:
         actor = self._by_name[stage]
@@ -209,7 +229,7 @@ class Pipeline:
         """A stage applied a round: admission may shed streams there
         (``Admission.after_round``)."""
         admission = self._admission
-        if not (admission.headroom or admission.busy):
+        if not (admission.headroom or admission.busy or admission.cpu):
             return
         admission.after_round(
             actor.name,
@@ -298,7 +318,9 @@ class Pipeline:
             self._num_ended -= 1
         else:
             lifetime_s = time.perf_counter() - stream.admitted_at_s
-            self._admission.completed(lifetime_s, stream.audio_s, stream.first_chunk_s)
+            first_s = stream.first_audio_at_s
+            startup_s = None if first_s is None else first_s - stream.admitted_at_s
+            self._admission.completed(lifetime_s, stream.audio_s, stream.first_chunk_s, startup_s)
             for actor in self._actors:
                 actor.step_model.completed(stream.num_steps_at.get(actor.name, 0), stream.audio_s)
         outcome = "failed" if stream.failure else "cancelled" if stream.cancelled else "completed"

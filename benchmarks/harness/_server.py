@@ -24,6 +24,18 @@ from ._target import Prompt, Refused, Sample, TargetError, Timeline
 _METRIC_LINE = re.compile(r'^(\w+)(?:\{stage="([^"]*)"\})?\s+(\S+)$')
 MSGPACK_SUBPROTOCOL = "omnitrio.msgpack.v1"
 _OVERLOADED = "max_streams"  # in the message of a refusal (omnitrio.Overloaded)
+_RETRY_IN_CLOSE = re.compile(r"retry after (\d+) ms")  # a full server's 1013 reason
+
+
+def _refused_session(event: dict[str, Any]) -> Exception:
+    """A session's first event, an ``error``: ``Refused`` with its hint where it is a
+    full server's (``retry_after_ms``), else ``TargetError``."""
+    error = event.get("error") or {}
+    message = str(error.get("message", "error"))
+    if error.get("code") != "server_overloaded":
+        return TargetError(f"error event: {message}")
+    retry_ms = error.get("retry_after_ms")
+    return Refused(message, retry_ms / 1000 if isinstance(retry_ms, int | float) else None)
 
 
 def parse_metrics(text: str) -> Sample:
@@ -131,6 +143,8 @@ class RealtimeTarget(_ServerTarget):
                 self._endpoint.ws_url("/v1/realtime"), subprotocols=subprotocols
             ) as ws:
                 created = self._decode(await ws.get_message())
+                if created.get("type") == "error":  # a full server: this, then 1013
+                    raise _refused_session(created)
                 rate_hz = int(created["session"]["audio"]["output"]["format"]["rate"])
                 item = {
                     "type": "message",
@@ -153,7 +167,9 @@ class RealtimeTarget(_ServerTarget):
                         await timeline.consume(timeline.audio[-1].duration_s)
         except ConnectionClosed as exc:
             if exc.reason is not None and exc.reason.code == 1013:
-                raise Refused("close 1013") from exc
+                hint = _RETRY_IN_CLOSE.search(exc.reason.reason or "")
+                retry_s = None if hint is None else int(hint.group(1)) / 1000
+                raise Refused("close 1013", retry_s) from exc
             raise TargetError(f"connection closed: {exc.reason}") from exc
         except (HandshakeError, OSError) as exc:
             raise TargetError(f"cannot connect: {exc}") from exc

@@ -18,6 +18,12 @@
   it (``StreamState.lag_s``, the same anchor as the playback deadline). While some
   live stream's lag is over ``LATE_SHARE`` of the client buffer, no stream is admitted:
   the pipeline is already not keeping the streams it has.
+- **Startup** (``admission: cpu``). Where the stages share a few cores, a new stream's
+  way to its first audio (its recognition, its prompt, its first phrase: what a voice
+  chat puts first) takes them from the streams already playing, which make little
+  audio meanwhile. A playing stream with less audio ahead of its playback deadline
+  (``StreamState.deadline_s``) than a new stream's startup (the time from admission
+  to first audio lately) would run dry through it: while one has, nothing is admitted.
 """
 
 from __future__ import annotations
@@ -90,3 +96,45 @@ def lateness_problem(most_lag_s: float, client_buffer_s: float) -> str | None:
         f"a live stream's audio came {most_lag_s:.2f} s after its client ran out "
         f"(over {LATE_SHARE:.0%} of pipeline.client_buffer_s)"
     )
+
+
+STARTUP_KEEP = 0.9
+"""Weight of the past in the mean startup and first chunk (per stream with audio)."""
+
+
+class Startup:
+    """The startup guard's means: a stream's time from admission to its first audio,
+    and its first chunk, lately (None before a stream completed with audio)."""
+
+    def __init__(self) -> None:
+        self.mean_s: float | None = None
+        self.mean_first_chunk_s: float | None = None
+
+    def completed(self, startup_s: float, first_chunk_s: float) -> None:
+        """A stream had its first audio (``first_chunk_s`` of it) ``startup_s`` after
+        its admission."""
+        self.mean_s = _mean(self.mean_s, startup_s)
+        self.mean_first_chunk_s = _mean(self.mean_first_chunk_s, first_chunk_s)
+
+    def starting_slack_s(self, client_buffer_s: float) -> float | None:
+        """How far from its playback deadline a stream on its way to its first audio
+        will be when that comes: its first chunk ahead, less ``client_buffer_s``."""
+        chunk = self.mean_first_chunk_s
+        return None if chunk is None else chunk - client_buffer_s
+
+    def problem(self, least_slack_s: float) -> tuple[str, float] | None:
+        """Why one more stream is refused while the live streams' least time to their
+        playback deadlines is ``least_slack_s``, and when that stream, making audio
+        at twice real time, would be a startup from its deadline (None: it is not)."""
+        startup_s = self.mean_s
+        if startup_s is None or least_slack_s >= startup_s:
+            return None
+        problem = (
+            f"a live stream is {least_slack_s:.2f} s from its playback deadline, less than "
+            f"a new stream's {startup_s:.2f} s to its first audio on the shared cores"
+        )
+        return problem, startup_s - least_slack_s
+
+
+def _mean(mean: float | None, value: float) -> float:
+    return value if mean is None else mean * STARTUP_KEEP + value * (1 - STARTUP_KEEP)

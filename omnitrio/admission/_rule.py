@@ -42,17 +42,21 @@ projected to miss its deadline and is kept before any other. Each fails with
 ``StreamShed``; failing a stream drops it at every stage at once. The shedding
 threshold is scaled by the same ``A / (A + B)``. The retry hint of a
 refusal is the time until a slot frees: the mean lifetime of completed streams less
-the age of the oldest live stream (the next to end), at least ``MIN_RETRY_AFTER_S``.
+the age of the oldest live stream (the next to end), at least ``MIN_RETRY_AFTER_S``;
+``admission: cpu``'s startup guard's is sooner where that stream would be a startup
+from its deadline sooner, making audio at twice real time.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 
 from .._errors import Overloaded, StreamShed
 from .._items import Request
 from .._stream import StreamState
-from ._guards import Warmup, lateness_problem
+from ._cpu import CpuWatch, process_cpu_s, usable_cores
+from ._guards import Startup, Warmup, lateness_problem
 from ._headroom import StepModel
 from ._utilisation import ActiveCounts, BusyWatch, active_at, busy_problem
 
@@ -94,6 +98,7 @@ class Admission:
         client_buffer_s: float = 0.25,
         busy: bool = False,
         warmup_streams: int | None = None,
+        cpu: bool = False,
     ) -> None:
         self.max_streams = max_streams
         self.warmup = Warmup(warmup_streams)
@@ -103,10 +108,14 @@ class Admission:
         self.busy = busy
         """Admit by each stage's busy fraction (``_utilisation.py``), not its step-time
         model's realtime factor; shed nothing (``admission: busy``)."""
+        self.cpu = CpuWatch(usable_cores()) if cpu else None
+        """Admit by the cores the stages share (``_cpu.py``); shed nothing
+        (``admission: cpu``)."""
         self.num_refused_headroom = 0
         self.num_shed = 0
         self._mean_lifetime_s: float | None = None
         self._mean_audio_s: float | None = None
+        self.startup = Startup()
         self._watches: dict[str, BusyWatch] = {}
 
     @property
@@ -137,18 +146,29 @@ class Admission:
         oldest_age_s: float | None = None,
         now_s: float | None = None,
         most_lag_s: Callable[[], float] | None = None,
+        least_slack_s: Callable[[], float] | None = None,
     ) -> Overloaded | None:
         """Why one more stream must be refused now, or None to admit it. ``num_active``:
         each stage's active streams, by name (default: all ``num_live`` at every stage);
         asked only of a stage that would refuse with all of them charged.
         ``oldest_age_s``: how long the oldest live stream has run (the retry hint);
         ``now_s`` (perf_counter s): when, for ``busy`` admission; ``most_lag_s``: the
-        largest lag of a live stream (``_guards.py``), asked last."""
+        largest lag of a live stream (``_guards.py``), asked last; ``least_slack_s``:
+        the least time a live stream has to its playback deadline (``admission: cpu``'s
+        startup guard)."""
         if num_open >= self.max_streams:
             return Overloaded(self.max_streams, self.retry_after_s(num_live, oldest_age_s))
         if num_live == 0:
             return None
-        if self.busy:
+        retry_s = self.retry_after_s(num_live, oldest_age_s)
+        if self.cpu is not None:  # sampled after each round (``after_round``)
+            problem = self.cpu.problem(num_live, self.needed)
+            if problem is None and least_slack_s is not None:
+                startup = self.startup.problem(least_slack_s())
+                if startup is not None:
+                    problem, ahead_s = startup
+                    retry_s = max(MIN_RETRY_AFTER_S, min(ahead_s, retry_s or math.inf))
+        elif self.busy:
             limit = 1.0 / (1.0 + self.realtime_margin)
             problem = busy_problem(self._watches, models, num_live, num_active, limit, now_s)
         elif self.headroom:
@@ -161,7 +181,7 @@ class Admission:
             problem = None
         if problem is None:
             return None
-        return Overloaded(self.max_streams, self.retry_after_s(num_live, oldest_age_s), problem)
+        return Overloaded(self.max_streams, retry_s, problem)
 
     def _model_problem(
         self,
@@ -199,11 +219,17 @@ class Admission:
         return min(max(estimate, MIN_RETRY_AFTER_S), MAX_RETRY_AFTER_S)
 
     def completed(
-        self, lifetime_s: float, audio_s: float = 0.0, first_chunk_s: float = 0.0
+        self,
+        lifetime_s: float,
+        audio_s: float = 0.0,
+        first_chunk_s: float = 0.0,
+        startup_s: float | None = None,
     ) -> None:
         """A stream completed after ``lifetime_s`` with ``audio_s`` of audio, the first
-        ``first_chunk_s`` of it in its first chunk."""
+        ``first_chunk_s`` of it in its first chunk, ``startup_s`` after its admission."""
         self.warmup.over = True
+        if startup_s is not None:
+            self.startup.completed(startup_s, first_chunk_s)
         mean = self._mean_lifetime_s
         self._mean_lifetime_s = (
             lifetime_s if mean is None else mean * LIFETIME_KEEP + lifetime_s * (1 - LIFETIME_KEEP)
@@ -240,7 +266,11 @@ class Admission:
         for its active streams has stayed below the shedding threshold, it is busy and
         streams there are past their playback deadlines, shed the active streams beyond
         what it keeps (``should_shed``; shedding a stream idle or finished here would not
-        help it). ``busy`` admission: only the stage's busy fraction is kept."""
+        help it). ``busy`` admission: only the stage's busy fraction is kept; ``cpu``:
+        only the process's CPU time."""
+        if self.cpu is not None:
+            self.cpu.update(now_s, process_cpu_s(), audio_s)
+            return
         if self.busy:
             self._watch(stage, now_s, busy_s)
             return

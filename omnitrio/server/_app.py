@@ -17,7 +17,7 @@ from ._capabilities import pipeline_voices
 from ._guard import host_ok, key_ok, origin_ok
 from ._http_errors import error_response
 from ._openai_http import chat_completions, speech
-from ._realtime import CLOSE_TRY_AGAIN_LATER, RealtimeConnection, session_config
+from ._realtime import RealtimeConnection, refuse_busy, session_config
 from ._shares import client_of
 from ._state import ServerState
 from ._transcriptions import transcriptions
@@ -166,9 +166,9 @@ def create_app(state: ServerState) -> QuartTrio:
             logger.warning("realtime handshake failed", exc_info=True)
             return None
         reason = state.busy()
-        if reason is not None:
-            state.refuse(reason)
-            await websocket.close(CLOSE_TRY_AGAIN_LATER, "server busy; retry later")
+        if reason is not None:  # an error event with retry_after_ms, then 1013
+            session = RealtimeSession(session_config(state, framing, beta))
+            await refuse_busy(websocket, session, state.refuse(reason))
             return None
         state.connections.inc()
         session = RealtimeSession(session_config(state, framing, beta))

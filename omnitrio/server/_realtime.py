@@ -24,6 +24,7 @@ earlier.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -468,6 +469,25 @@ class RealtimeConnection:
         # Shielded (the connection is being torn down) but never longer than 1 s.
         with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
             await self._ws.close(code, reason)
+
+
+async def refuse_busy(ws: Transport, session: RealtimeSession, refusal: Overloaded) -> None:
+    """A new session on a full (or draining) server: an ``error`` event naming the
+    refusal with ``retry_after_ms`` (the pipeline's estimate of when a stream frees, else
+    1 s), then 1013 with the same hint in its reason, for a client that reads only that."""
+    retry_ms = math.ceil(retry_after_s(refusal) * 1000)
+    error = {
+        "type": "server_error",
+        "code": "server_overloaded",
+        "message": str(refusal),
+        "param": None,
+        "event_id": None,
+        "retry_after_ms": retry_ms,
+    }
+    logger.info("refusing a realtime session: %s", refusal)
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
+        await ws.send(session.encode(ServerEvent("error", {"error": error})))
+        await ws.close(CLOSE_TRY_AGAIN_LATER, f"server busy; retry after {retry_ms} ms")
 
 
 def session_config(

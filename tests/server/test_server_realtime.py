@@ -355,16 +355,24 @@ async def test_a_full_pipeline_refuses_new_connections_with_1013(nursery: trio.N
         while json.loads(await busy.get_message())["type"] != "response.output_audio.delta":
             pass
 
-        def refused() -> tuple[int | None, str]:
-            with (
-                websockets.sync.client.connect(url, open_timeout=10, ping_interval=None) as ws,
-                pytest.raises(websockets.ConnectionClosed) as closed,
-            ):
-                ws.recv(timeout=10)
+        def refused() -> tuple[dict[str, object], int | None, str]:
+            with websockets.sync.client.connect(url, open_timeout=10, ping_interval=None) as ws:
+                first = json.loads(ws.recv(timeout=10))
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    ws.recv(timeout=10)
             rcvd = closed.value.rcvd
-            return (rcvd.code, rcvd.reason) if rcvd else (None, "")
+            return (first, *((rcvd.code, rcvd.reason) if rcvd else (None, "")))
 
-        assert await trio.to_thread.run_sync(refused) == (1013, "server busy; retry later")
+        first, code, reason = await trio.to_thread.run_sync(refused)
+        # An error event says when to retry (no stream completed yet: the 1 s default),
+        # and the close's reason says it too, for a client that reads only that.
+        assert first["type"] == "error"
+        error = first["error"]
+        assert isinstance(error, dict)
+        assert error["code"] == "server_overloaded"
+        assert error["retry_after_ms"] == 1000
+        assert "max_streams" in str(error["message"])
+        assert (code, reason) == (1013, "server busy; retry after 1000 ms")
 
 
 async def test_barge_in_frees_the_slot_before_response_done(nursery: trio.Nursery) -> None:

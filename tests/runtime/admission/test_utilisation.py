@@ -4,6 +4,9 @@ a stage would be busy all the time."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 
 import omnitrio
@@ -71,25 +74,37 @@ def test_busy_admission_admits_while_every_stage_has_room_and_sheds_nothing() ->
 STAGES = [ADMISSION_STAGES[0], {**ADMISSION_STAGES[1], "per_stream_ms": 19.0}]
 
 
-async def test_a_real_pipeline_refuses_once_a_stage_would_be_busy_all_the_time() -> None:
-    config = chain_config(STAGES, max_streams=8, max_batch_size=8, client_capacity=8)
+async def refused_beside_a_playing_stream(
+    stages: Sequence[dict[str, Any]], admission: str, num_items: int
+) -> omnitrio.Overloaded:
+    """A chain of ``stages`` admitting by ``admission``: one endless stream plays
+    ``num_items`` items, then a second is asked for; its refusal (by the rule: counted
+    as a headroom refusal, and nothing shed)."""
+    config = chain_config(stages, max_streams=8, max_batch_size=8, client_capacity=8)
     config = config.model_copy(
-        update={"pipeline": config.pipeline.model_copy(update={"admission": "busy"})}
+        update={"pipeline": config.pipeline.model_copy(update={"admission": admission})}
     )
     async with omnitrio.open_pipeline(config) as pipeline:
         request = omnitrio.Request("x", options={"steps": 100_000})
         async with pipeline.open_stream(request) as stream:
             received = 0
-            async for _ in stream:  # >= 3 s of b's steps: its busy fraction is at least
-                received += 1  # 0.875 x its utilisation (half-life 1 s), a second
-                if received == 150:  # stream would be about twice that
+            async for _ in stream:
+                received += 1
+                if received == num_items:
                     break
             with pytest.raises(omnitrio.Overloaded) as refused:
                 async with pipeline.open_stream(omnitrio.Request("y")):
                     pass
         stats = pipeline.statistics()
-    assert refused.value.problem is not None
-    assert "'b'" in refused.value.problem
-    assert "busy" in refused.value.problem
     assert stats.num_refused_headroom == stats.num_refused == 1
     assert stats.num_shed == 0
+    return refused.value
+
+
+async def test_a_real_pipeline_refuses_once_a_stage_would_be_busy_all_the_time() -> None:
+    # >= 3 s of b's steps: its busy fraction is at least 0.875 x its utilisation
+    # (half-life 1 s), a second stream would be about twice that.
+    refused = await refused_beside_a_playing_stream(STAGES, "busy", 150)
+    assert refused.problem is not None
+    assert "'b'" in refused.problem
+    assert "busy" in refused.problem

@@ -31,7 +31,11 @@ def _tts_at_four_conversations() -> tuple[StepModel, float]:
 def _admission(config: omnitrio.PipelineConfig) -> Admission:
     section = config.pipeline  # as the pipeline makes it (omnitrio/_pipeline.py)
     return Admission(
-        section.max_streams, section.realtime_margin, headroom=section.admission == "headroom"
+        section.max_streams,
+        section.realtime_margin,
+        headroom=section.admission == "headroom",
+        busy=section.admission == "busy",
+        cpu=section.admission == "cpu",
     )
 
 
@@ -44,6 +48,7 @@ def test_the_voice_chat_keeps_a_late_answer_that_headroom_admission_would_shed()
     )
     assert _admission(headroom).behind(model, 4, audio_s)
     voice = _admission(config)
+    assert voice.cpu is not None  # by the cores the stages share (no opinion yet here)
     assert not voice.behind(model, 4, audio_s)
     assert voice.refusal(4, 8, [("tts", model)], audio_s) is None
     # max_streams stays the cap (a speculative answer counts as a stream)
