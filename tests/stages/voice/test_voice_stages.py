@@ -96,6 +96,33 @@ def test_batched_decoding_gives_each_stream_its_own_answer(llm: object) -> None:
 
 
 @needs_voice
+def test_an_answer_that_brings_the_tts_no_text_is_forgotten_at_its_llm_close(
+    llm: object,
+) -> None:
+    # The TTS stage ends a stream that brings it no text without opening it
+    # (ends_without_input), so the LLM's close forgets that answer's start
+    # (first_audio.py); an answer whose text went on is the TTS's to forget.
+    from stages.voice.first_audio import FIRST_AUDIO
+    from stages.voice.tts import PiperTts
+
+    assert PiperTts.ends_without_input
+    FIRST_AUDIO.answer_starting("silent")
+    FIRST_AUDIO.answer_starting("spoken")
+    try:
+        llm.open_stream("silent", Request(options={"task": "transcribe"}))  # type: ignore[attr-defined]
+        output = llm.step([StreamWork("silent", (), True)])["silent"]  # type: ignore[attr-defined]
+        assert output.done
+        assert not output.payloads
+        llm.close_stream("silent")  # type: ignore[attr-defined]
+        assert "silent" not in FIRST_AUDIO._starting
+        assert _answer(llm, {"spoken": "What do cats like to eat?"})["spoken"]
+        assert "spoken" in FIRST_AUDIO._starting
+    finally:
+        FIRST_AUDIO.forget("silent")
+        FIRST_AUDIO.forget("spoken")
+
+
+@needs_voice
 def test_the_int8_llm_quantizes_every_linear_layer_and_still_answers() -> None:
     import torch
 
