@@ -41,7 +41,9 @@ detokenizing (well under a millisecond).
 
 A request with option ``task: speak`` (the HTTP API's /v1/audio/speech) is not
 answered: its text goes to the TTS stage as it is. One with ``task: transcribe``
-(/v1/audio/transcriptions) ends here without an answer.
+(/v1/audio/transcriptions) ends here without an answer. An answer whose
+``modalities`` leave out audio (a text chat) sends the TTS stage no text, so that
+stage ends it at once instead of speaking what nobody hears.
 
 Options: ``max_tokens`` caps the answer (default ``max_new_tokens``). Function
 calling: ``tools`` (a JSON list of ``{"name", "description", "parameters"}``),
@@ -191,6 +193,12 @@ class _Stream:
     text_out: bool = False  # the fast runtime's first text is out (trace.py)
     text: str = ""  # the fast runtime's answer so far
     spoke: bool = False  # text went to the TTS stage (else it never opens the stream)
+
+    @property
+    def wants_audio(self) -> bool:
+        """Whether the answer holds audio: else its text never goes to the TTS stage
+        (which then ends the stream at once, ends_without_input)."""
+        return self.request.options.wants("audio")
 
     @property
     def calling(self) -> bool:
@@ -498,7 +506,7 @@ class SmolLM2Llm(AutoregressiveStage):
             visible.append(self._finish_event(turn))
             if self.cache_history and isinstance(self.fast, Ct2Runtime):
                 self._warm_next(sid, turn)
-        payloads = (TextPiece(text),) if text else ()
+        payloads = (TextPiece(text),) if text and turn.wants_audio else ()
         if text and not turn.text_out:
             turn.text_out = True
             mark("llm_first_text", sid)
@@ -615,7 +623,7 @@ class SmolLM2Llm(AutoregressiveStage):
             visible = turn.call.events(text)
         else:
             visible = [TextDelta(text)] if text else []
-            payloads = (TextPiece(text),) if text else ()
+            payloads = (TextPiece(text),) if text and turn.wants_audio else ()
         if out.done:
             visible.append(self._finish_event(turn))
         return StreamOutput(payloads=payloads, visible=tuple(visible), more=out.more, done=out.done)
