@@ -223,6 +223,8 @@ class StageActor(Applying, Planning):
         if self._hang is not None:
             self._fail_all()
             return True
+        if self.limits.ends_without_input and self._lifecycle:
+            acted |= self._end_empty()
         while len(self._rounds) < MAX_ROUNDS_OUT:
             round_ = self._plan()
             if round_ is None:

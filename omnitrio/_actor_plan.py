@@ -64,6 +64,34 @@ class Planning(ActorBase):
                 released = True
         return closes, opens, released
 
+    def _end_empty(self) -> bool:
+        """At a stage that ``ends_without_input``, streams whose input ended before any
+        item came (never opened, nothing buffered) end here at once, on trio: the next
+        stage and the client hear of it without waiting for a round (two may be out, each
+        a long step). Nothing was put for them, so no order or credit is at stake. True
+        if any ended."""
+        ended: list[Slot] = []
+        for slot in self._lifecycle.values():
+            in_link = slot.in_link
+            if (
+                slot.phase is Phase.NEW
+                and not slot.in_flight
+                and in_link is not None
+                and in_link.producers_done
+                and not in_link.buffered
+                and not slot.stream.ending
+            ):
+                ended.append(slot)
+        for slot in ended:
+            slot.on(Event.ENDED_EMPTY)
+            if slot.out_link is not None:
+                slot.out_link.producer_done(wake=False)
+            slot.stream.client.producer_done()
+            self._release(slot, Event.RELEASE)
+        if any(slot.out_link is not None for slot in ended) and self.downstream is not None:
+            self.downstream.offer()
+        return bool(ended)
+
     def _plan_batch(self) -> tuple[Slot, ...]:
         """The streams to step, by ``pick_batch``; stepped streams, and ready ones left
         out for want of credit, go to the back of ``slots`` (least recently stepped

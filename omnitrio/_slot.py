@@ -13,11 +13,12 @@ raises ``IllegalTransition`` (a runtime bug, loud) for any pair not in it::
                          |--plan_close--> CLOSING --closed------/
                          \\--closed / open_failed--> CLOSED
 
-``end`` is the stream failing or being cancelled anywhere; ``closed`` is the
-worker reporting ``close_stream`` ran (the stage finished the stream, it failed
-there, or a planned close ran). A slot leaves for good (``released``) only from
-CLOSED and only once no round out holds it (``in_flight == 0``); the watchdog
-and shutdown ``abandon`` a slot from any phase.
+``ended_empty`` takes NEW to CLOSED too: its input ended with no item at a stage
+that ``ends_without_input``. ``end`` is the stream failing or being cancelled
+anywhere; ``closed`` is the worker reporting ``close_stream`` ran (the stage
+finished the stream, it failed there, or a planned close ran). A slot leaves for
+good (``released``) only from CLOSED and only once no round out holds it
+(``in_flight == 0``); the watchdog and shutdown ``abandon`` a slot from any phase.
 
 **Which copy is the authority.** The worker thread's ``StageRunner`` keeps its
 own record of the streams the stage object holds (``_held``) and of what each
@@ -64,6 +65,7 @@ class Event(enum.Enum):
     OPENED = "opened"
     OPEN_FAILED = "open_failed"
     END = "end"
+    ENDED_EMPTY = "ended_empty"
     PLAN_CLOSE = "plan_close"
     CLOSED = "closed"
     RELEASE = "release"
@@ -74,6 +76,7 @@ P, E = Phase, Event
 TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
     (P.NEW, E.PLAN_OPEN): P.OPENING,
     (P.NEW, E.END): P.CLOSED,
+    (P.NEW, E.ENDED_EMPTY): P.CLOSED,
     (P.OPENING, E.OPENED): P.OPEN,
     (P.OPENING, E.OPEN_FAILED): P.CLOSED,
     (P.OPENING, E.END): P.ENDING,

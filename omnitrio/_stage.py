@@ -67,11 +67,18 @@ class StepLimits:
     max_payloads_per_step: int
     max_visible_per_step: int
     max_inputs_per_step: int | None = None  # None: everything waiting
+    ends_without_input: bool = False
+    """A stream whose input ends before any item came has nothing to do at this stage
+    (the loaded stage's optional ``ends_without_input``): the runtime ends it there on
+    trio at once, without opening it or waiting for a step."""
 
     @classmethod
     def of_stage(cls, stage: Stage) -> StepLimits:
         """The loaded stage's limits, checked; ``ValueError`` naming a wrong one."""
         inputs = stage.max_inputs_per_step
+        ends = getattr(stage, "ends_without_input", False)
+        if not isinstance(ends, bool):
+            raise ValueError(f"ends_without_input must be a bool, not {ends!r}")
         payloads, visible = stage.max_payloads_per_step, stage.max_visible_per_step
         if inputs is not None and (not isinstance(inputs, int) or inputs < 1):
             raise ValueError(f"max_inputs_per_step must be None or at least 1, not {inputs!r}")
@@ -81,7 +88,7 @@ class StepLimits:
         ):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{label} must be an int of at least 0, not {value!r}")
-        return cls(payloads, visible, inputs)
+        return cls(payloads, visible, inputs, ends)
 
     @classmethod
     def of_attributes(cls, stage_class: object) -> StepLimits | None:
@@ -154,7 +161,9 @@ class Stage(Protocol):
     in; None: not known before it loads). Otherwise they are checked as the stage
     loads. Either way, the loaded stage's own attributes are what the scheduler
     reserves by. What else a stage class may declare (its checkpoint, tasks, voices,
-    statistics), and their types: ``StageDeclarations``.
+    statistics), and their types: ``StageDeclarations``. A loaded stage may also say
+    ``ends_without_input = True``: a stream whose input ends with no item has no output
+    here (a TTS stage's for a transcription), so it is ended on trio without a step.
     """
 
     max_inputs_per_step: int | None

@@ -43,6 +43,9 @@ Faults on purpose: ``fail_after_units`` (per stream; request option
 ``<stage>.fail_after_units`` targets one stream), ``fail_step_at`` (the whole
 Nth step raises), request option ``<stage>.fail_open`` (``open_stream`` raises),
 and ``gate``: a named ``Gate`` every step waits on while it is closed.
+
+``ends_without_input`` (input mode) says what input mode does anyway, that a stream
+whose input ends empty has no output here: the runtime then ends it without a step.
 """
 
 from __future__ import annotations
@@ -203,6 +206,7 @@ class SyntheticStage:
         slowdown: float = 1.0,
         slowdown_after_s: float = 0.0,
         slowdown_for_s: float = 0.0,
+        ends_without_input: bool = False,
     ) -> None:
         for label, value in (
             ("inputs_per_step", inputs_per_step),
@@ -218,6 +222,8 @@ class SyntheticStage:
             raise ValueError(f"host_ms must be at least 0, got {host_ms}")
         if steps is not None and (frames_per_input is not None or window is not None):
             raise ValueError("frames_per_input and window are for input mode (steps unset)")
+        if steps is not None and ends_without_input:
+            raise ValueError("ends_without_input is for input mode (steps unset)")
         if frames_per_input is not None and window is not None:
             raise ValueError("give frames_per_input (a talker) or window (code2wav), not both")
         if visible not in ("text", "audio", "trace"):
@@ -243,6 +249,7 @@ class SyntheticStage:
         self.fail_after_units = fail_after_units
         self.fail_step_at = fail_step_at
         self.gate = Gate.named(gate) if gate else None
+        self.ends_without_input = ends_without_input
         # A slowdown fault: steps cost ``slowdown`` x their profile for ``slowdown_for_s``,
         # from ``slowdown_after_s`` after the first step (a noisy neighbour).
         self.slowdown = slowdown

@@ -107,6 +107,7 @@ class PiperTts:
     max_inputs_per_step: int | None = None
     max_payloads_per_step = 0
     max_visible_per_step = 1
+    ends_without_input = True  # no text, nothing to say: the runtime ends such a stream
 
     def __init__(
         self,

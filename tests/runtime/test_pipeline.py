@@ -227,6 +227,36 @@ async def test_cancel_during_a_step_frees_the_stream_at_the_next_boundary() -> N
         gate.open()
 
 
+async def test_a_stream_with_no_input_for_a_stage_ends_there_without_waiting_for_a_step() -> None:
+    # b ends_without_input: y brings it nothing (a makes no unit for it), so b ends y on
+    # trio at once, never opening it, while its step for x is stuck: y does not wait
+    # behind that step (nor behind a second round queued after it).
+    gate = Gate.named("test-ends-without-input")
+    gate.close()
+    config = chain_config(
+        [
+            {"steps": 1},
+            {"gate": "test-ends-without-input", "ends_without_input": True, "outputs_per_input": 0},
+        ]
+    )
+    try:
+        async with (
+            omnitrio.open_pipeline(config) as pipeline,
+            pipeline.open_stream("x") as held,
+        ):
+            assert await trio.to_thread.run_sync(gate.wait_until_blocked, 10.0)
+            empty_request = omnitrio.Request("y", options={"steps": 0})
+            with trio.fail_after(2):
+                async with pipeline.open_stream(empty_request) as empty:
+                    assert await collect(empty) == []
+            assert ("b", empty.id) not in live_streams()
+            assert pipeline.statistics().stages["b"].num_open_streams == 1  # x alone
+            gate.open()
+            assert texts(await collect(held)) == ["a:1 ", "b:1 "]
+    finally:
+        gate.open()
+
+
 async def test_cpu_bound_stages_hold_the_gil_and_still_complete() -> None:
     config = chain_config(
         [

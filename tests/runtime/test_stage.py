@@ -12,7 +12,7 @@ import pytest
 
 import omnitrio
 from omnitrio._config import resolve_impl
-from omnitrio._stage import StageDeclarations
+from omnitrio._stage import StageDeclarations, StepLimits
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,6 +56,16 @@ class NumberedCheckpoint(Quiet):
 
 def test_a_stage_that_declares_nothing_has_the_defaults() -> None:
     assert StageDeclarations.of(Quiet) == StageDeclarations(None, (), ())
+    assert not StepLimits.of_stage(Quiet("q")).ends_without_input
+
+
+def test_a_loaded_stage_may_say_it_ends_streams_that_bring_nothing() -> None:
+    stage = Quiet("q")
+    stage.ends_without_input = True  # type: ignore[attr-defined]
+    assert StepLimits.of_stage(stage).ends_without_input
+    stage.ends_without_input = "yes"  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="ends_without_input must be a bool"):
+        StepLimits.of_stage(stage)
 
 
 def test_declarations_are_read_with_their_types() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnitrio import Event, Request, StreamWork
+from omnitrio import Event, Request, ResponseOptions, StreamWork, TextDelta
 from stages.voice.phrases import PhraseSplitter
 from tests.stages.voice.llm_support import run_streams
 from tests.voice_support import INPUT_RATE_HZ, needs_voice, spoken
@@ -93,6 +93,51 @@ def test_batched_decoding_gives_each_stream_its_own_answer(llm: object) -> None:
     assert figures["forward_ms_mean"] > 0
     assert figures["kv_bytes"] == 0
     assert figures["num_active_streams"] == 0
+
+
+@needs_voice
+def test_an_answer_that_brings_the_tts_no_text_is_forgotten_at_its_llm_close(
+    llm: object,
+) -> None:
+    # The TTS stage ends a stream that brings it no text without opening it
+    # (ends_without_input), so the LLM's close forgets that answer's start
+    # (first_audio.py); an answer whose text went on is the TTS's to forget.
+    from stages.voice.first_audio import FIRST_AUDIO
+    from stages.voice.payloads import Utterance
+    from stages.voice.tts import PiperTts
+
+    assert PiperTts.ends_without_input
+    FIRST_AUDIO.answer_starting("silent")
+    FIRST_AUDIO.answer_starting("spoken")
+    try:
+        llm.open_stream("silent", Request(options={"task": "transcribe"}))  # type: ignore[attr-defined]
+        output = llm.step([StreamWork("silent", (), True)])["silent"]  # type: ignore[attr-defined]
+        assert output.done
+        assert not output.payloads
+        llm.close_stream("silent")  # type: ignore[attr-defined]
+        assert "silent" not in FIRST_AUDIO._starting
+        assert _answer(llm, {"spoken": "What do cats like to eat?"})["spoken"]
+        assert "spoken" in FIRST_AUDIO._starting
+        # A text chat: its answer is text alone, so none of it goes to the TTS stage.
+        FIRST_AUDIO.answer_starting("typed")
+        text_only = Request(options=ResponseOptions(modalities=("text",)))
+        llm.open_stream("typed", text_only)  # type: ignore[attr-defined]
+        work = StreamWork("typed", (Utterance("What do cats like to eat?"),), True)
+        texts, sent = "", 0
+        while True:
+            output = llm.step([work])["typed"]  # type: ignore[attr-defined]
+            texts += "".join(v.text for v in output.visible if isinstance(v, TextDelta))
+            sent += len(output.payloads)
+            work = StreamWork("typed", (), True)
+            if output.done:
+                break
+        llm.close_stream("typed")  # type: ignore[attr-defined]
+        assert texts
+        assert sent == 0
+        assert "typed" not in FIRST_AUDIO._starting
+    finally:
+        for sid in ("silent", "spoken", "typed"):
+            FIRST_AUDIO.forget(sid)
 
 
 @needs_voice
