@@ -119,7 +119,14 @@ async def test_cancel_and_refusal_fail_one_stream_and_the_engine_frees_it(
     assert "maximum context length" in refused.problem
     other_items, other_error = results["other"]
     assert other_error is None
-    assert texts(other_items) == texts(alone)  # served as if alone, greedy
+    # Served, whole: no error, its text and audio. Not token for token as when alone: the
+    # engine steps it beside the doomed stream for a number of steps that depends on
+    # timing, and vLLM's CPU kernels do not promise the same rounding at another batch
+    # size, so the tiny random model's near-ties can flip (seen once in a fresh-clone
+    # run). Greedy equality with ``generate`` is tested where the batch is fixed
+    # (test_qwen3_omni_vllm.py, test_qwen2_5_omni_vllm.py).
+    assert "".join(texts(other_items))
+    assert "".join(texts(alone))
     assert any(isinstance(i, omnitrio.AudioChunk) for i in other_items)
 
 
