@@ -39,6 +39,7 @@ from ._statistics import PipelineStatistics as PipelineStatistics
 from ._statistics import StageStatistics as StageStatistics
 from ._statistics import StreamStatistics as StreamStatistics
 from ._stream import Stream as Stream
+from .admission import StepCost as StepCost
 
 __version__ = "0.1.0"
 
@@ -65,6 +66,7 @@ __all__ = [
     "StageLoadError",
     "StageSpec",
     "StageStatistics",
+    "StepCost",
     "StepLimits",
     "Stream",
     "StreamOutput",

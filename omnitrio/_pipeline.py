@@ -33,7 +33,7 @@ from ._link import Link
 from ._scheduler import Playback
 from ._statistics import PipelineStatistics
 from ._stream import DeliveryCounters, Stream, StreamHooks, StreamState
-from .admission import ACTIVE_WINDOW_S, Admission, priority_of
+from .admission import ACTIVE_WINDOW_S, Admission, declared_priors, priority_of
 
 logger = logging.getLogger(__name__)
 
@@ -154,9 +154,11 @@ class Pipeline:
             warmup_streams=section.warmup_streams,
             cpu=section.admission == "cpu",
         )
+        priors = declared_priors(config) if section.admission == "headroom" else {}
         for actor in actors:
             actor.on_round = self._after_round
             actor.step_model.ramp = section.warmup_streams is not None
+            actor.step_model.prior = priors.get(actor.name)
 
     @asynccontextmanager
     async def open_stream(self, request: Request | str) -> AsyncIterator[Stream]:

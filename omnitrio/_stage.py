@@ -114,6 +114,8 @@ class StageDeclarations:
     - ``voices: tuple[str, ...]``: the voices it speaks in (the first is its default).
     - per-step limits: ``max_payloads_per_step`` and ``max_visible_per_step`` as ints,
       or a classmethod ``step_limits(params) -> StepLimits | None`` (see ``Stage``).
+    - what one step costs and yields: a classmethod ``step_cost(params) -> StepCost |
+      None`` (``omnitrio/admission/_prior.py``), headroom's prior for a first wave.
 
     and one optional method of the loaded stage: ``stage_statistics() -> Mapping[str,
     float]``, its own figures beside the runtime's (cheap: it is called from trio).

@@ -65,6 +65,7 @@ from omnitrio import (
     AudioChunk,
     Event,
     Request,
+    StepCost,
     StepLimits,
     StreamOutput,
     StreamWork,
@@ -280,6 +281,38 @@ class SyntheticStage:
         ):
             raise TypeError("steps, inputs_per_step, outputs_per_input and visible_every are ints")
         return _step_limits(steps, inputs, outputs, every)
+
+    @classmethod
+    def step_cost(cls, params: Mapping[str, object]) -> StepCost:
+        """What one step costs and yields with these params (headroom's prior for a
+        first wave): its profile, with a stream's share of the replicas' work, and
+        one unit a step (source mode, a talker, a window) or ``inputs_per_step``."""
+        number = (int, float)
+        names = ("service_time_ms", "per_stream_ms", "host_ms", "audio_samples")
+        names += ("sample_rate_hz", "inputs_per_step", "outputs_per_input", "visible_every")
+        values = {name: params[name] for name in names}
+        if not all(isinstance(v, number) and not isinstance(v, bool) for v in values.values()):
+            raise TypeError(f"{', '.join(names)} are numbers")
+        replicas, frames, window = params["replicas"], params["frames_per_input"], params["window"]
+        assert isinstance(replicas, int)
+        assert frames is None or isinstance(frames, number)
+        assert window is None or isinstance(window, int)
+        source = params["steps"] is not None
+        inputs = int(values["inputs_per_step"])
+        units = 1 if source or frames is not None or window is not None else inputs
+        steps_per_input = frames if frames is not None else 1 / (window or inputs)
+        every = int(values["visible_every"])
+        audio_s = 0.0
+        if params["visible"] == "audio" and every:
+            audio_s = units * float(values["audio_samples"]) / float(values["sample_rate_hz"])
+            audio_s /= every
+        return StepCost(
+            step_s=(float(values["service_time_ms"]) + float(values["host_ms"]) * replicas) / 1000,
+            per_stream_s=float(values["per_stream_ms"]) / 1000 / replicas,
+            steps_per_input=float(steps_per_input),
+            outputs_per_step=units * float(values["outputs_per_input"]),
+            audio_s_per_step=audio_s,
+        )
 
     @property
     def open_stream_ids(self) -> frozenset[str]:

@@ -7,9 +7,21 @@ ends); each stage actor feeds its own ``StepModel``. ``docs/design.md``, "Admiss
 """
 
 from ._headroom import StepModel as StepModel
+from ._headroom import StepPrior as StepPrior
 from ._headroom import StreamFlow as StreamFlow
+from ._prior import StepCost as StepCost
+from ._prior import declared_priors as declared_priors
 from ._rule import ACTIVE_WINDOW_S as ACTIVE_WINDOW_S
 from ._rule import Admission as Admission
 from ._rule import priority_of as priority_of
 
-__all__ = ["ACTIVE_WINDOW_S", "Admission", "StepModel", "StreamFlow", "priority_of"]
+__all__ = [
+    "ACTIVE_WINDOW_S",
+    "Admission",
+    "StepCost",
+    "StepModel",
+    "StepPrior",
+    "StreamFlow",
+    "declared_priors",
+    "priority_of",
+]

@@ -70,6 +70,8 @@ YIELD_KEEP = 0.98
 """Weight of the past in the audio per stream-step, per completed stream."""
 FLOW_HALF_LIFE_STEPS = 20000.0
 """Half-life, in stream-steps, of the past in the playing streams' yield."""
+PRIOR_SLACK = 1.05
+"""A declared step (``StepPrior``) is charged this much more than declared (``_prior.py``)."""
 
 
 def _keep(half_life: float) -> float:
@@ -123,6 +125,16 @@ class _Line:
         return self._w > 0
 
 
+@dataclass(frozen=True, slots=True)
+class StepPrior:
+    """A stage's prior (``_prior.py``): a step of ``b`` streams takes ``step_s +
+    per_stream_s x b`` and each stream-step yields ``audio_s_per_stream_step`` of audio."""
+
+    step_s: float
+    per_stream_s: float
+    audio_s_per_stream_step: float
+
+
 @dataclass(slots=True)
 class StreamFlow:
     """One stream at one stage, for its steady-state yield: the stage's steps and the
@@ -145,6 +157,12 @@ class StepModel:
         (``_Line.beyond``; the pipeline sets it with ``warmup_streams``: after a first
         wave in lockstep admission ramps up, where otherwise it would admit up to a
         whole batch at the first wave's step time)."""
+        self.prior: StepPrior | None = None
+        """What the stage declares a step costs and yields (``_prior.py``; the pipeline
+        sets it under headroom admission): the model's opinion until it has measured
+        the stage (``ready``; a first wave comes before any step), then the slope of
+        its line until the measured one has a slope of its own (a first wave steps at
+        one batch size), and its yield until the playing streams' is learned."""
         self.num_steps = 0
         self.num_stream_steps = 0
         self._plain = _Line()  # steps that take no stream's first step here
@@ -195,8 +213,22 @@ class StepModel:
         steps = math.ceil(num_streams / batch)
         line = self._plain if self._plain.fitted else self._first
         size = min(num_streams, batch)
-        plain_s = steps * self.scale * (line.beyond(size) if self.ramp else line(size))
-        return plain_s / (1.0 - self.first_step_share)
+        if self.ramp:
+            step_s = line.beyond(size)
+        elif self.prior is not None and not line.identified and line.mean_b > 0:
+            step_s = max(0.0, line(size) + self.prior.per_stream_s * (size - line.mean_b))
+        else:
+            step_s = line(size)
+        return steps * self.scale * step_s / (1.0 - self.first_step_share)
+
+    def prior_round_s(self, num_streams: int) -> float:
+        """``round_s`` by the stage's declared cost (``prior``), ``PRIOR_SLACK`` over it."""
+        prior = self.prior
+        if prior is None or num_streams <= 0:
+            return 0.0
+        steps = math.ceil(num_streams / self.max_batch_size)
+        size = min(num_streams, self.max_batch_size)
+        return steps * PRIOR_SLACK * (prior.step_s + prior.per_stream_s * size)
 
     def stepped(self, flow: StreamFlow, num_steps: int, audio_s: float) -> None:
         """A stream took its ``num_steps``-th step here; ``audio_s`` of its audio has been
@@ -227,6 +259,8 @@ class StepModel:
     def audio_s_per_stream_step(self, audio_s_delivered: float) -> float:
         if self._flow_audio_s >= MIN_FLOW_AUDIO_S and self._flow_steps > 0:
             return self._flow_audio_s / self._flow_steps
+        if self.prior is not None:  # declared: no padded last chunk, no lag in it
+            return self.prior.audio_s_per_stream_step
         if self._yield_steps > 0 and self._yield_audio_s > 0:
             return self._yield_audio_s / self._yield_steps
         if not self.num_stream_steps:
@@ -243,21 +277,30 @@ class StepModel:
         """Its audio per stream-step comes from completed streams (no lag in it)."""
         return self._yield_audio_s > 0
 
+    def has_opinion(self, audio_s_delivered: float) -> bool:
+        """Measured (``ready``), or declared (``prior``)."""
+        return self.prior is not None or self.ready(audio_s_delivered)
+
     def realtime_factor(self, num_streams: int, audio_s_delivered: float) -> float:
-        """Audio seconds each of ``num_streams`` streams gets per second (inf: no opinion)."""
-        round_s = self.round_s(num_streams)
-        if not self.ready(audio_s_delivered) or round_s <= 0:
+        """Audio seconds each of ``num_streams`` streams gets per second (inf: no
+        opinion); by the declared ``prior`` until the stage is measured."""
+        if self.ready(audio_s_delivered):
+            round_s = self.round_s(num_streams)
+        elif self.prior is not None:
+            round_s = self.prior_round_s(num_streams)
+        else:
+            return math.inf
+        if round_s <= 0:
             return math.inf
         return self.audio_s_per_stream_step(audio_s_delivered) / round_s
 
     def realtime_streams(self, audio_s_delivered: float, factor: float, cap: int) -> int:
         """The most streams (up to ``cap``) whose realtime factor stays at least ``factor``."""
-        if not self.ready(audio_s_delivered):
+        if not self.has_opinion(audio_s_delivered):
             return cap
-        per_step = self.audio_s_per_stream_step(audio_s_delivered)
         best = 0
-        for n in range(1, cap + 1):  # round_s grows with n: stop at the first miss
-            if per_step < factor * self.round_s(n):
+        for n in range(1, cap + 1):  # the round grows with n: stop at the first miss
+            if self.realtime_factor(n, audio_s_delivered) < factor:
                 break
             best = n
         return best
@@ -267,7 +310,7 @@ class StepModel:
     ) -> StepModelStatistics:
         """A snapshot; ``realtime_streams`` counts the streams kept at ``factor`` (the
         pipeline passes what admission asks, ``Admission.needed``)."""
-        ready = self.ready(audio_s_delivered)
+        ready = self.has_opinion(audio_s_delivered)
         return StepModelStatistics(
             num_steps=self.num_steps,
             intercept_s=self._plain.intercept_s,

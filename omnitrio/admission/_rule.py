@@ -14,7 +14,8 @@ closed loop at the limit, whose prefills take a share of the first stage's time)
 long ones do not (the factor tends to ``1 + realtime_margin``);
 ``max_streams`` stays a hard cap, and the first stream is always admitted. Two guards
 cover what the models cannot see (``_guards.py``): before any model is ready a first
-wave is admitted up to ``warmup_streams`` where that is set, and while
+wave is admitted up to ``warmup_streams`` where that is set (and, where the stages
+declare what a step costs, only as far as that keeps real time: ``_prior.py``), and while
 a live stream is behind its playback by more than half its client buffer, nothing
 is admitted. A stream is active at a stage while it has work there or had some within
 the last ``ACTIVE_WINDOW_S`` (or was added there that recently): a stream the stage
