@@ -17,7 +17,11 @@ step that speaks some answer's first phrase speaks no other answer's later phras
 a step with no first phrase speaks one later phrase, that of the answer whose audio
 runs out soonest (played from its first audio on, in real time). Each later phrase
 takes ~100-300 ms; several in one step held a first phrase that arrived meanwhile
-behind all of them.
+behind all of them. With param ``later_first_slack_s`` (null: off), that later phrase
+(or part) goes even in a step that speaks a first phrase once its answer's audio runs
+out within that many seconds: at four conversations on 2 cores the later parts' wait
+behind first phrases was a quarter of the audio that came too late for a client
+buffering 200 ms (docs/benchmarks-voice.md, issue 41).
 
 With param ``first_chunk_frames`` (null: off), an answer's first phrase is spoken
 in two steps (tts_stream.py): its first ``first_chunk_frames`` frames (~11.6 ms
@@ -71,7 +75,7 @@ from .payloads import TextPiece
 from .pcm import Floats, float_to_pcm16, without_quiet_start
 from .phonemes import Espeak, PhonemizerError, VoiceSymbols, phoneme_ids
 from .phrases import PhraseSplitter
-from .trace import mark
+from .trace import mark, part
 from .tts_join import FirstPhraseJoin, SplitState
 from .tts_stream import MIN_PART_FRAMES, SplitPhrase, SplitVoice, part_frames
 
@@ -99,6 +103,9 @@ class _Stream(SplitState):
     audio_out: bool = False  # its first audio is made (trace.py)
     runs_out: float = 0.0  # when its audio made so far would have played, from its first audio
     going_on: SplitPhrase | None = None  # a phrase spoken in parts, its first part out
+    ready_at: deque[float] = field(default_factory=deque)  # when each queued phrase was complete
+    text_ready: float = 0.0  # ... and the phrase being spoken (trace.py)
+    made_at: float = 0.0  # when its last audio was made (trace.py)
 
 
 class PiperTts:
@@ -127,6 +134,7 @@ class PiperTts:
         max_part_frames: int | None = None,
         first_part_words: int | None = None,
         first_part_pauses_answer: bool = False,
+        later_first_slack_s: float | None = None,
         chunk_left_frames: int = 24,
         chunk_right_frames: int = 20,
         noise: bool = True,
@@ -175,6 +183,11 @@ class PiperTts:
         if first_part_pauses_answer and first_part_words is None:
             raise ValueError("first_part_pauses_answer needs first_part_words")
         self.first_part_pauses_answer = first_part_pauses_answer
+        if later_first_slack_s is not None and not later_first_slack_s >= 0:
+            raise ValueError(
+                f"later_first_slack_s must be at least 0 or null, got {later_first_slack_s}"
+            )
+        self.later_first_slack_s = later_first_slack_s
         self.noise = noise  # the voice's sampled variation; off: the same text, the same audio
         self.keep_words_apart = keep_words_apart  # articulation.py: "France is", not "Francis"
         self._split = (
@@ -218,32 +231,46 @@ class PiperTts:
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
         for work in batch:
             self._feed(work)
-        # A step that speaks an answer's first phrase speaks nothing else: the others'
-        # later phrases wait a step (their earlier audio is still playing), so the first
-        # audio is not held back behind them.
+        # A step that speaks an answer's first phrase speaks no later phrase, unless that
+        # answer's audio runs out within later_first_slack_s: the others' later phrases
+        # wait a step (their earlier audio is still playing), so the first audio is not
+        # held back behind them.
         first = any(self._first_due(self.streams[w.stream_id]) for w in batch)
         waiting = [w.stream_id for w in batch if self._later_due(self.streams[w.stream_id])]
         # Else one later phrase: the answer whose audio runs out first (the others next).
-        later = None if first or not waiting else min(waiting, key=self._runs_out)
+        later = min(waiting, key=self._runs_out) if waiting else None
+        if first and later is not None and not self._short_of_audio(later):
+            later = None
+        # ... and then only a bridge: a part of MIN_PART_FRAMES, the first audio's wait short.
+        cap = MIN_PART_FRAMES if first else self.max_part_frames
         return {
-            w.stream_id: self._speak_or_fail(w.stream_id, later=w.stream_id == later) for w in batch
+            w.stream_id: self._speak_or_fail(w.stream_id, later=w.stream_id == later, cap=cap)
+            for w in batch
         }
 
-    def _speak_or_fail(self, stream_id: str, *, later: bool) -> StreamOutput:
+    def _speak_or_fail(self, stream_id: str, *, later: bool, cap: int | None) -> StreamOutput:
         """``_speak``; a phrase espeak-ng fails on fails only its own stream."""
         try:
-            return self._speak(stream_id, later=later)
+            return self._speak(stream_id, later=later, cap=cap)
         except PhonemizerError as exc:
             return StreamOutput(error=exc)
 
     def _runs_out(self, stream_id: str) -> float:
         return self.streams[stream_id].runs_out
 
+    def _short_of_audio(self, stream_id: str) -> bool:
+        """Whether the answer's audio ahead is under ``later_first_slack_s`` (so its
+        next part cannot wait a step behind another answer's first phrase)."""
+        slack = self.later_first_slack_s
+        return slack is not None and self._runs_out(stream_id) - time.monotonic() < slack
+
     def _feed(self, work: StreamWork) -> None:
         speech = self.streams[work.stream_id]
         for piece in work.inputs:
             if isinstance(piece, TextPiece):
-                speech.phrases.extend(speech.splitter.feed(piece.text))
+                phrases = speech.splitter.feed(piece.text)
+                speech.phrases.extend(phrases)
+                speech.ready_at.extend(time.monotonic() for _ in phrases)
                 part = speech.splitter.first_part()
                 if part is not None and not speech.phrases:
                     speech.part = part  # spoken unless the whole phrase comes first
@@ -254,6 +281,7 @@ class PiperTts:
             rest = speech.splitter.flush()
             if rest:
                 speech.phrases.append(rest)
+                speech.ready_at.append(time.monotonic())
 
     @staticmethod
     def _first_due(speech: _Stream) -> bool:
@@ -268,8 +296,17 @@ class PiperTts:
         ready = bool(speech.phrases) or speech.going_on is not None
         return ready and not cls._first_due(speech)
 
-    def _speak(self, stream_id: str, *, later: bool) -> StreamOutput:
+    def _pop(self, speech: _Stream) -> str:
+        """The next phrase, off the queue."""
+        speech.text_ready = speech.ready_at.popleft() if speech.ready_at else 0.0
+        return speech.phrases.popleft()
+
+    def _speak(self, stream_id: str, *, later: bool, cap: int | None) -> StreamOutput:
+        """The stream's next audio; a later phrase's only if ``later``, in a part of at
+        most ``cap`` frames (None: whole)."""
         speech = self.streams[stream_id]
+        started = time.monotonic()
+        runs_out = speech.runs_out
         if speech.rest is not None:
             with FIRST_AUDIO.synthesizing():  # only a first phrase has a rest
                 samples = self._timed(self._rest, speech)
@@ -285,7 +322,7 @@ class PiperTts:
         elif speech.going_on is not None:
             if not later:
                 return StreamOutput(more=True)  # a phrase's next part, as a later phrase
-            samples = self._timed(self._go_on, speech)
+            samples = self._timed(lambda s: self._go_on(s, cap), speech)
         elif not speech.phrases:
             return StreamOutput(done=speech.text_done and speech.join is None)
         elif speech.join is not None:
@@ -301,14 +338,14 @@ class PiperTts:
                 elif self.max_part_frames is not None:
                     samples = self._timed(self._in_parts, speech)
                 else:
-                    samples = self.synthesize(speech.phrases.popleft(), noise=self.noise)
+                    samples = self.synthesize(self._pop(speech), noise=self.noise)
                     speech.spoken += 1
         elif not later:
             return StreamOutput(more=True)  # a later phrase, after the first audio
         elif self.max_part_frames is not None:
-            samples = self._timed(self._in_parts, speech)
+            samples = self._timed(lambda s: self._in_parts(s, cap), speech)
         else:
-            samples = self.synthesize(speech.phrases.popleft(), noise=self.noise)
+            samples = self.synthesize(self._pop(speech), noise=self.noise)
             speech.spoken += 1
         if not speech.audio_out:
             samples = without_quiet_start(samples, self.sample_rate_hz)  # sound sooner
@@ -317,6 +354,19 @@ class PiperTts:
             mark("tts_first_audio", stream_id)
             FIRST_AUDIO.first_audio_made(stream_id)
         speech.runs_out += samples.size / self.sample_rate_hz
+        FIRST_AUDIO.audio_made(stream_id, speech.runs_out)
+        now = time.monotonic()
+        part(
+            stream_id,
+            "first" if runs_out == 0.0 else "next",
+            start=started,
+            end=now,
+            runs_out=runs_out,
+            text=speech.text_ready,
+            prev=speech.made_at,
+            audio=samples.size / self.sample_rate_hz,
+        )
+        speech.made_at = now
         going = speech.rest is not None or speech.going_on is not None
         finished = speech.text_done and not speech.phrases and not going and speech.join is None
         chunk = AudioChunk(float_to_pcm16(samples), self.sample_rate_hz)
@@ -326,7 +376,7 @@ class PiperTts:
     def _first_part(self, speech: _Stream) -> Floats:
         assert self._split is not None
         assert self.first_chunk_frames is not None
-        phrase = self._split.front(*self._inputs(speech.phrases.popleft(), noise=self.noise))
+        phrase = self._split.front(*self._inputs(self._pop(speech), noise=self.noise))
         speech.spoken += 1
         # A part computes its frames and right_frames more: a phrase no longer than that
         # is spoken whole (a second part would compute it all again, for nothing sooner).
@@ -356,22 +406,22 @@ class PiperTts:
         assert self.joins is not None
         return self.joins.keep_tail(speech, rest, samples)
 
-    def _in_parts(self, speech: _Stream) -> Floats:
+    def _in_parts(self, speech: _Stream, cap: int | None = None) -> Floats:
         """The next phrase's first part (all of it if it is short); the rest goes on."""
         assert self._split is not None
-        speech.going_on = self._split.front(
-            *self._inputs(speech.phrases.popleft(), noise=self.noise)
-        )
+        speech.going_on = self._split.front(*self._inputs(self._pop(speech), noise=self.noise))
         speech.spoken += 1
-        return self._go_on(speech)
+        return self._go_on(speech, cap)
 
-    def _go_on(self, speech: _Stream) -> Floats:
-        """The next part of the phrase being spoken in parts."""
+    def _go_on(self, speech: _Stream, cap: int | None = None) -> Floats:
+        """The next part of the phrase being spoken in parts (of at most ``cap`` frames,
+        None: ``max_part_frames``)."""
         assert self._split is not None
         phrase = speech.going_on
         assert phrase is not None
+        most = self.max_part_frames if cap is None else cap
         samples = self._split.speak(
-            phrase, part_frames(phrase.num_frames - phrase.next_frame, self.max_part_frames)
+            phrase, part_frames(phrase.num_frames - phrase.next_frame, most)
         )
         speech.going_on = phrase if phrase.next_frame < phrase.num_frames else None
         return samples
@@ -390,7 +440,7 @@ class PiperTts:
 
     def _after_join(self, speech: _Stream) -> Floats:
         assert self.joins is not None
-        ids, scales = self._inputs(speech.phrases.popleft(), noise=self.noise)
+        ids, scales = self._inputs(self._pop(speech), noise=self.noise)
         speech.spoken += 1
         samples, phrase = self.joins.after_join(speech, ids, scales, self.max_part_frames)
         speech.going_on = phrase if phrase.next_frame < phrase.num_frames else None
