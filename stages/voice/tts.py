@@ -17,11 +17,7 @@ step that speaks some answer's first phrase speaks no other answer's later phras
 a step with no first phrase speaks one later phrase, that of the answer whose audio
 runs out soonest (played from its first audio on, in real time). Each later phrase
 takes ~100-300 ms; several in one step held a first phrase that arrived meanwhile
-behind all of them. With param ``later_first_slack_s`` (null: off), that later phrase
-(or part) goes even in a step that speaks a first phrase once its answer's audio runs
-out within that many seconds: at four conversations on 2 cores the later parts' wait
-behind first phrases was a quarter of the audio that came too late for a client
-buffering 200 ms (docs/benchmarks-voice.md, issue 41).
+behind all of them.
 
 With param ``first_chunk_frames`` (null: off), an answer's first phrase is spoken
 in two steps (tts_stream.py): its first ``first_chunk_frames`` frames (~11.6 ms
@@ -134,7 +130,6 @@ class PiperTts:
         max_part_frames: int | None = None,
         first_part_words: int | None = None,
         first_part_pauses_answer: bool = False,
-        later_first_slack_s: float | None = None,
         chunk_left_frames: int = 24,
         chunk_right_frames: int = 20,
         noise: bool = True,
@@ -183,11 +178,6 @@ class PiperTts:
         if first_part_pauses_answer and first_part_words is None:
             raise ValueError("first_part_pauses_answer needs first_part_words")
         self.first_part_pauses_answer = first_part_pauses_answer
-        if later_first_slack_s is not None and not later_first_slack_s >= 0:
-            raise ValueError(
-                f"later_first_slack_s must be at least 0 or null, got {later_first_slack_s}"
-            )
-        self.later_first_slack_s = later_first_slack_s
         self.noise = noise  # the voice's sampled variation; off: the same text, the same audio
         self.keep_words_apart = keep_words_apart  # articulation.py: "France is", not "Francis"
         self._split = (
@@ -231,38 +221,26 @@ class PiperTts:
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
         for work in batch:
             self._feed(work)
-        # A step that speaks an answer's first phrase speaks no later phrase, unless that
-        # answer's audio runs out within later_first_slack_s: the others' later phrases
-        # wait a step (their earlier audio is still playing), so the first audio is not
-        # held back behind them.
+        # A step that speaks an answer's first phrase speaks nothing else: the others'
+        # later phrases wait a step (their earlier audio is still playing), so the first
+        # audio is not held back behind them.
         first = any(self._first_due(self.streams[w.stream_id]) for w in batch)
         waiting = [w.stream_id for w in batch if self._later_due(self.streams[w.stream_id])]
         # Else one later phrase: the answer whose audio runs out first (the others next).
-        later = min(waiting, key=self._runs_out) if waiting else None
-        if first and later is not None and not self._short_of_audio(later):
-            later = None
-        # ... and then only a bridge: a part of MIN_PART_FRAMES, the first audio's wait short.
-        cap = MIN_PART_FRAMES if first else self.max_part_frames
+        later = None if first or not waiting else min(waiting, key=self._runs_out)
         return {
-            w.stream_id: self._speak_or_fail(w.stream_id, later=w.stream_id == later, cap=cap)
-            for w in batch
+            w.stream_id: self._speak_or_fail(w.stream_id, later=w.stream_id == later) for w in batch
         }
 
-    def _speak_or_fail(self, stream_id: str, *, later: bool, cap: int | None) -> StreamOutput:
+    def _speak_or_fail(self, stream_id: str, *, later: bool) -> StreamOutput:
         """``_speak``; a phrase espeak-ng fails on fails only its own stream."""
         try:
-            return self._speak(stream_id, later=later, cap=cap)
+            return self._speak(stream_id, later=later)
         except PhonemizerError as exc:
             return StreamOutput(error=exc)
 
     def _runs_out(self, stream_id: str) -> float:
         return self.streams[stream_id].runs_out
-
-    def _short_of_audio(self, stream_id: str) -> bool:
-        """Whether the answer's audio ahead is under ``later_first_slack_s`` (so its
-        next part cannot wait a step behind another answer's first phrase)."""
-        slack = self.later_first_slack_s
-        return slack is not None and self._runs_out(stream_id) - time.monotonic() < slack
 
     def _feed(self, work: StreamWork) -> None:
         speech = self.streams[work.stream_id]
@@ -301,9 +279,7 @@ class PiperTts:
         speech.text_ready = speech.ready_at.popleft() if speech.ready_at else 0.0
         return speech.phrases.popleft()
 
-    def _speak(self, stream_id: str, *, later: bool, cap: int | None) -> StreamOutput:
-        """The stream's next audio; a later phrase's only if ``later``, in a part of at
-        most ``cap`` frames (None: whole)."""
+    def _speak(self, stream_id: str, *, later: bool) -> StreamOutput:
         speech = self.streams[stream_id]
         started = time.monotonic()
         runs_out = speech.runs_out
@@ -322,7 +298,7 @@ class PiperTts:
         elif speech.going_on is not None:
             if not later:
                 return StreamOutput(more=True)  # a phrase's next part, as a later phrase
-            samples = self._timed(lambda s: self._go_on(s, cap), speech)
+            samples = self._timed(self._go_on, speech)
         elif not speech.phrases:
             return StreamOutput(done=speech.text_done and speech.join is None)
         elif speech.join is not None:
@@ -343,7 +319,7 @@ class PiperTts:
         elif not later:
             return StreamOutput(more=True)  # a later phrase, after the first audio
         elif self.max_part_frames is not None:
-            samples = self._timed(lambda s: self._in_parts(s, cap), speech)
+            samples = self._timed(self._in_parts, speech)
         else:
             samples = self.synthesize(self._pop(speech), noise=self.noise)
             speech.spoken += 1
@@ -406,22 +382,20 @@ class PiperTts:
         assert self.joins is not None
         return self.joins.keep_tail(speech, rest, samples)
 
-    def _in_parts(self, speech: _Stream, cap: int | None = None) -> Floats:
+    def _in_parts(self, speech: _Stream) -> Floats:
         """The next phrase's first part (all of it if it is short); the rest goes on."""
         assert self._split is not None
         speech.going_on = self._split.front(*self._inputs(self._pop(speech), noise=self.noise))
         speech.spoken += 1
-        return self._go_on(speech, cap)
+        return self._go_on(speech)
 
-    def _go_on(self, speech: _Stream, cap: int | None = None) -> Floats:
-        """The next part of the phrase being spoken in parts (of at most ``cap`` frames,
-        None: ``max_part_frames``)."""
+    def _go_on(self, speech: _Stream) -> Floats:
+        """The next part of the phrase being spoken in parts."""
         assert self._split is not None
         phrase = speech.going_on
         assert phrase is not None
-        most = self.max_part_frames if cap is None else cap
         samples = self._split.speak(
-            phrase, part_frames(phrase.num_frames - phrase.next_frame, most)
+            phrase, part_frames(phrase.num_frames - phrase.next_frame, self.max_part_frames)
         )
         speech.going_on = phrase if phrase.next_frame < phrase.num_frames else None
         return samples

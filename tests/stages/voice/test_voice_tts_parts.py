@@ -171,38 +171,3 @@ def test_a_phrase_at_the_phoneme_cap_peaks_low_in_parts(tmp_path: Path) -> None:
     in_parts = _peak_growth_mb(128, tmp_path)
     assert in_parts < 200
 
-
-@needs_voice
-def test_an_answer_short_of_audio_speaks_its_next_part_beside_a_first_phrase(
-    tmp_path: Path,
-) -> None:
-    """``later_first_slack_s``: an answer whose audio runs out within it speaks its next
-    part in the step that speaks another answer's first phrase (it would run dry
-    waiting a step), in a part of MIN_PART_FRAMES (the first audio waits little for it);
-    one with more audio ahead waits the step (as without it)."""
-    from stages.voice.payloads import TextPiece
-    from stages.voice.tts_stream import MIN_PART_FRAMES
-
-    tts = _stage(tmp_path, later_first_slack_s=60.0)  # ~7 s of audio: always short of it
-    try:
-        tts.open_stream("long", Request())
-        first = tts.step([StreamWork("long", (TextPiece(LONG),), True)])["long"]
-        assert first.more
-        tts.open_stream("new", Request())
-        step = tts.step(
-            [StreamWork("long", (), True), StreamWork("new", (TextPiece("Yes."),), True)]
-        )
-        assert _samples(step["new"]).size > 0
-        bridge = _samples(step["long"]).size
-        assert 0 < bridge <= MIN_PART_FRAMES * tts._split.hop  # not held back, only a bridge
-        tts.later_first_slack_s = 0.0  # far from running out
-        tts.open_stream("newer", Request())
-        step = tts.step(
-            [StreamWork("long", (), True), StreamWork("newer", (TextPiece("No."),), True)]
-        )
-        assert _samples(step["newer"]).size > 0
-        assert _samples(step["long"]).size == 0
-        for sid in ("long", "new", "newer"):
-            tts.close_stream(sid)
-    finally:
-        tts.close()
