@@ -32,6 +32,11 @@ their audio up to where the last of them begins goes out, and the whole phrase g
 from there across a crossfaded join when it is complete (tts_join.py). A first phrase
 shorter than K words is spoken as before. With ``first_part_pauses_answer`` the
 answer's own next token waits while its first part is synthesised (first_audio.py).
+With ``first_phrase_cut_s`` (null: off), a first phrase still open when its first
+part's audio runs out within that many seconds ends at its last whole word, its join
+made then (the rest of its text opens the next phrase): measured with ``--trace``, the
+few parts late for a 200 ms buffer at one conversation, and with ``admission: cpu`` at
+four, all waited on the LLM completing the first phrase, not on synthesis.
 
 With param ``max_part_frames`` (null: off), a phrase longer than that many frames
 (~11.6 ms each) is spoken in parts of at most that many, a part a step, from one front
@@ -130,6 +135,7 @@ class PiperTts:
         max_part_frames: int | None = None,
         first_part_words: int | None = None,
         first_part_pauses_answer: bool = False,
+        first_phrase_cut_s: float | None = None,
         chunk_left_frames: int = 24,
         chunk_right_frames: int = 20,
         noise: bool = True,
@@ -178,6 +184,12 @@ class PiperTts:
         if first_part_pauses_answer and first_part_words is None:
             raise ValueError("first_part_pauses_answer needs first_part_words")
         self.first_part_pauses_answer = first_part_pauses_answer
+        if first_phrase_cut_s is not None and (first_part_words is None or first_phrase_cut_s < 0):
+            raise ValueError(
+                "first_phrase_cut_s needs first_part_words and must be at least 0,"
+                f" got {first_phrase_cut_s}"
+            )
+        self.first_phrase_cut_s = first_phrase_cut_s
         self.noise = noise  # the voice's sampled variation; off: the same text, the same audio
         self.keep_words_apart = keep_words_apart  # articulation.py: "France is", not "Francis"
         self._split = (
@@ -198,6 +210,7 @@ class PiperTts:
             else FirstPhraseJoin(self._split, self.symbols.ids[" "], first_chunk_frames)
         )
         self.audio_s = 0.0  # audio made, for the real-time factor
+        self.first_phrase_cuts = 0  # first phrases cut short for time (first_phrase_cut_s)
         self.busy_s = 0.0
 
     def open_stream(self, stream_id: str, request: Request) -> None:
@@ -221,6 +234,7 @@ class PiperTts:
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
         for work in batch:
             self._feed(work)
+            self._cut_if_late(self.streams[work.stream_id])
         # A step that speaks an answer's first phrase speaks nothing else: the others'
         # later phrases wait a step (their earlier audio is still playing), so the first
         # audio is not held back behind them.
@@ -260,6 +274,21 @@ class PiperTts:
             if rest:
                 speech.phrases.append(rest)
                 speech.ready_at.append(time.monotonic())
+
+    def _cut_if_late(self, speech: _Stream) -> None:
+        """With ``first_phrase_cut_s``: once the first part's audio runs out within it
+        and the first phrase is still open, the phrase ends at its last whole word (the
+        rest of its text opens the next phrase), so its join is made in time."""
+        cut_s = self.first_phrase_cut_s
+        if cut_s is None or speech.join is None or speech.rest is not None or speech.phrases:
+            return
+        if speech.part_plays_until - time.perf_counter() >= cut_s:
+            return
+        phrase = speech.splitter.cut_first()
+        if phrase is not None:
+            speech.phrases.append(phrase)
+            speech.ready_at.append(time.monotonic())
+            self.first_phrase_cuts += 1
 
     @staticmethod
     def _first_due(speech: _Stream) -> bool:

@@ -170,4 +170,3 @@ def test_a_phrase_at_the_phoneme_cap_peaks_low_in_parts(tmp_path: Path) -> None:
     +20-30 MB, of 256 +46-75 MB."""
     in_parts = _peak_growth_mb(128, tmp_path)
     assert in_parts < 200
-
