@@ -112,6 +112,7 @@ import trio_websocket
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks import voice_late_parts as late_parts  # noqa: E402
 from tests.voice_support import INPUT_RATE_HZ, paused_speech  # noqa: E402
 from tests.webrtc_support import SOUND_LEVEL, Caller, run_caller, track_gaps  # noqa: E402
 
@@ -189,6 +190,7 @@ class Level:
     server_cpu_s: float = math.nan  # the server's CPU time over the level (its children too)
     track_frames_lost: int = 0  # WebRTC: answer frames that never came, in all calls
     track_late_s: float = 0.0  # ... and the receive buffer that would have played all
+    clock_span_s: tuple[float, float] = (0.0, 0.0)  # start and end, as Turn.clock_s
 
 
 def speech(question: str, folder: Path, voice: str, pause_s: float) -> tuple[bytes, float]:
@@ -506,6 +508,7 @@ async def run_level(
     per = [turns // conversations + (i < turns % conversations) for i in range(conversations)]
     url = base_url.replace("http://", "ws://") + "/v1/realtime"
     started = time.perf_counter()
+    clock_started = time.monotonic()
     if transport == "webrtc":
 
         async def calls() -> None:
@@ -536,6 +539,7 @@ async def run_level(
                 listen_to_answers,
             )
     level.wall_s = time.perf_counter() - started
+    level.clock_span_s = (clock_started, time.monotonic())
     after = await trio.to_thread.run_sync(busy_seconds, base_url)
     level.busy_s = {name: after[name] - before.get(name, 0.0) for name in after}
     level.load_average = (load_before, os.getloadavg()[0])
@@ -706,6 +710,23 @@ def trace_report(level: Level) -> str:
     return "\n".join(lines)
 
 
+def late_parts_report(levels: list[Level], log_text: str) -> str:
+    """The TTS's later parts at each level (``--trace``), those made too late for a
+    client that buffers CLIENT_BUFFER_S blamed on what held them (voice_late_parts.py)."""
+    found = late_parts.parts(log_text)
+    lines = [
+        "| transport | conversations | later parts | late for a 200 ms buffer, waiting on: "
+        + " | ".join(f"{cause} (s late in all)" for cause in late_parts.CAUSES)
+        + " |",
+        "|---|---|---|" + "---|" * len(late_parts.CAUSES),
+    ]
+    for level in levels:
+        seen = late_parts.lateness(found, *level.clock_span_s, CLIENT_BUFFER_S)
+        causes = " | ".join(f"{n} ({s:.2f})" for n, s in seen.late.values())
+        lines.append(f"| {level.transport} | {level.conversations} | {seen.num_parts} | {causes} |")
+    return "\n".join(lines)
+
+
 def start_server(
     log_path: Path, checkout: Path, extra: list[str], *, trace: bool = False
 ) -> tuple[subprocess.Popen[bytes], str]:
@@ -801,6 +822,10 @@ def main() -> None:
     print(report(levels))
     print("\nWhere the time goes after speech_stopped, p50 (ms):\n")
     print(breakdown(levels))
+    if args.trace:
+        print(
+            f"\nThe answers' later audio parts (--trace):\n\n{late_parts_report(levels, log_text)}"
+        )
     for level in levels:
         if args.trace and level.conversations == 1:
             attach_trace(level, log_text)

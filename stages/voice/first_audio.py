@@ -25,14 +25,24 @@ on 2 cores its own decoding beside it (two CTranslate2 threads) slowed it by ~60
 Its later words wait that long; the join across to its whole first phrase still has
 the first part's audio (~0.4 s) to be made in (tts.py counts and logs late joins).
 
-The TTS stage marks the streams whose first phrase is out, the synthesis and the first
-audio; the ASR stage marks an answer starting; the LLM stage (param
-``first_audio_first``) holds. All must run in one process (the local runner's stage
-threads); where they do not, nothing waits.
+With ``min_slack_s`` (the LLM stage's param ``first_audio_min_slack_s``; None: off),
+an answer holds only while it can afford to: while the audio it has made runs out more
+than ``min_slack_s`` from now (the TTS stage tells when, ``audio_made``), and never once
+it is that close to running dry. A hold that has to end for that ends then. At four
+conversations on 2 cores the blunt holds kept the answers already speaking from writing
+their next phrase in time: of the audio that came more than a 200 ms buffer late, the
+LLM's text was the larger part (24 of 43 s, the TTS's queue 12, synthesis 6;
+docs/benchmarks-voice.md, issue 41).
+
+The TTS stage marks the streams whose first phrase is out, the synthesis, the first
+audio and when each answer's audio made so far runs out; the ASR stage marks an answer
+starting; the LLM stage (param ``first_audio_first``) holds. All must run in one
+process (the local runner's stage threads); where they do not, nothing waits.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -51,6 +61,8 @@ class FirstAudio:
         self._past_first: set[str] = set()
         self._own_paused: set[str] = set()  # answers whose own first part is synthesised
         self._starting: dict[str, float] = {}  # answers before their first audio: started at
+        self._runs_out: dict[str, float] = {}  # when each answer's audio made so far runs out
+        self.min_slack_s: float | None = None  # hold only with more audio ahead than this
         self.max_hold_s = MAX_HOLD_S
         self.hold_for_starting = False
         self.held_s = 0.0  # time answers spent holding, in all
@@ -66,6 +78,12 @@ class FirstAudio:
             if self._starting.pop(stream_id, None) is not None:
                 self._changed.notify_all()
 
+    def audio_made(self, stream_id: str, runs_out: float) -> None:
+        """The stream's audio made so far runs out at ``runs_out`` (``time.monotonic``),
+        if it plays from its first audio on in real time."""
+        with self._changed:
+            self._runs_out[stream_id] = runs_out
+
     def first_phrase_out(self, stream_id: str) -> None:
         """The stream's first phrase is being spoken: its later tokens may wait."""
         with self._changed:
@@ -80,6 +98,7 @@ class FirstAudio:
         with self._changed:
             self._past_first.discard(stream_id)
             self._own_paused.discard(stream_id)
+            self._runs_out.pop(stream_id, None)
             if self._starting.pop(stream_id, None) is not None:
                 self._changed.notify_all()
 
@@ -103,19 +122,36 @@ class FirstAudio:
     def hold(self, stream_id: str) -> None:
         """Wait while a first phrase is being synthesised (or, with
         ``hold_for_starting``, while another answer is starting), if ``stream_id``'s own
-        first phrase is out, or while its own first part is (at most ``max_hold_s``)."""
+        first phrase is out and (with ``min_slack_s``) its audio ahead affords it, or
+        while its own first part is (at most ``max_hold_s``)."""
         with self._changed:
             if not self._waits(stream_id):
                 return
             started = time.perf_counter()
-            self._changed.wait_for(lambda: not self._waits(stream_id), timeout=self.max_hold_s)
+            deadline = started + self.max_hold_s
+            while self._waits(stream_id) and (left := deadline - time.perf_counter()) > 0:
+                # Woken when a synthesis or a start ends, or when its slack is spent.
+                self._changed.wait(min(left, self._affordable_s(stream_id)))
             self.held_s += time.perf_counter() - started
 
     def _waits(self, stream_id: str) -> bool:
         """Whether ``stream_id``'s next token waits now (the lock held)."""
         if stream_id in self._own_paused:
             return True
-        return stream_id in self._past_first and self._busy(stream_id)
+        if stream_id not in self._past_first or not self._busy(stream_id):
+            return False
+        return self._affordable_s(stream_id) > 0
+
+    def _affordable_s(self, stream_id: str) -> float:
+        """How much longer ``stream_id`` may hold before its audio ahead is down to
+        ``min_slack_s`` (inf: no limit; the lock held). An answer with no audio made
+        yet affords none."""
+        if self.min_slack_s is None:
+            return math.inf
+        runs_out = self._runs_out.get(stream_id)
+        if runs_out is None:
+            return 0.0
+        return runs_out - self.min_slack_s - time.monotonic()
 
     def _busy(self, stream_id: str) -> bool:
         """Whether some other answer's first audio is under way (the lock held)."""

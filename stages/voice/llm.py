@@ -22,7 +22,8 @@ model: off by default, its first start compiles for a minute); the engine runs i
 ``first_audio_first``, such an answer whose first phrase is out waits while any
 answer's first phrase is synthesised (first_audio.py: on few cores, the first audio
 gets them); with ``first_audio_from_asr`` as well, while any other answer is on its
-way to its first audio at all (its transcript, prefill and first phrase too).
+way to its first audio at all (its transcript, prefill and first phrase too); with
+``first_audio_min_slack_s``, only while its audio made runs out more than that from now.
 
 A stream waits for the user's ``Utterance`` from the ASR stage, builds the chat
 (the session's instructions, the earlier turns from ``Request.text``, the
@@ -233,6 +234,7 @@ class SmolLM2Llm(AutoregressiveStage):
         llamacpp_type: str | None = "q8_0",
         first_audio_first: bool = False,
         first_audio_from_asr: bool = False,
+        first_audio_min_slack_s: float | None = None,
         cache_history: bool = True,
         ctranslate2_cache_tokens: int = 4096,
         vllm_max_num_seqs: int = 32,
@@ -251,6 +253,11 @@ class SmolLM2Llm(AutoregressiveStage):
             raise ValueError(f"stage {name!r}: runtime must be one of {RUNTIMES}, not {runtime!r}")
         if runtime in ("ctranslate2", "llamacpp") and self.device.type != "cpu":
             raise ValueError(f"stage {name!r}: runtime {runtime} runs on the CPU here")
+        if first_audio_min_slack_s is not None and not first_audio_min_slack_s >= 0:
+            raise ValueError(
+                f"stage {name!r}: first_audio_min_slack_s must be at least 0 or null,"
+                f" got {first_audio_min_slack_s}"
+            )
         if runtime == "vllm":
             _check_vllm_params(name, dtype, first_audio_first)
         llama_cpp = _llamacpp_module(name) if runtime == "llamacpp" else None
@@ -287,6 +294,7 @@ class SmolLM2Llm(AutoregressiveStage):
         self.runtime = runtime
         self.first_audio_first = first_audio_first  # first_audio.py
         FIRST_AUDIO.hold_for_starting = first_audio_first and first_audio_from_asr
+        FIRST_AUDIO.min_slack_s = first_audio_min_slack_s
         self.max_new_tokens = max_new_tokens
         self.max_prompt_tokens = max_prompt_tokens
         self.max_history_messages = max_history_messages

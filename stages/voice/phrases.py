@@ -124,6 +124,20 @@ class PhraseSplitter:
             self._part_offered = True
             self._part = self._text[: words[k - 1].end()].strip()
 
+    def cut_first(self) -> str | None:
+        """The first phrase cut now, after its last whole word, if it is still open, its
+        first part was offered and it holds that part's words (None otherwise): for when
+        its first part's audio would run out before the phrase is complete."""
+        if self._num_phrases or not self._part_offered:
+            return None
+        words = list(_WORD.finditer(self._text))
+        if len(words) < (self.first_part_words or 0):
+            return None
+        cut = words[-1].end()
+        phrase, self._text = self._text[:cut].strip(), self._text[cut:]
+        self._num_phrases += 1
+        return phrase
+
     def flush(self) -> str | None:
         """The rest of the text as a last phrase (None if there is nothing to say)."""
         rest, self._text = self._text.strip(), ""

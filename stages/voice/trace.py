@@ -26,3 +26,11 @@ def mark(what: str, stream_id: str) -> None:
     """Log that ``what`` happened to ``stream_id`` now (only when tracing is on)."""
     if ENABLED:
         _logger.info("voice-trace %s %s %.6f", what, stream_id, time.monotonic())
+
+
+def part(stream_id: str, kind: str, **seconds: float) -> None:
+    """Log one audio part an answer's TTS made (its ``kind``, and timings in seconds:
+    ``voice-part <kind> <stream id> <name>=<s> ...``; only when tracing is on)."""
+    if ENABLED:
+        values = " ".join(f"{name}={value:.4f}" for name, value in seconds.items())
+        _logger.info("voice-part %s %s %s", kind, stream_id, values)

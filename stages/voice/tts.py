@@ -32,6 +32,11 @@ their audio up to where the last of them begins goes out, and the whole phrase g
 from there across a crossfaded join when it is complete (tts_join.py). A first phrase
 shorter than K words is spoken as before. With ``first_part_pauses_answer`` the
 answer's own next token waits while its first part is synthesised (first_audio.py).
+With ``first_phrase_cut_s`` (null: off), a first phrase still open when its first
+part's audio runs out within that many seconds ends at its last whole word, its join
+made then (the rest of its text opens the next phrase): measured with ``--trace``, the
+few parts late for a 200 ms buffer at one conversation, and with ``admission: cpu`` at
+four, all waited on the LLM completing the first phrase, not on synthesis.
 
 With param ``max_part_frames`` (null: off), a phrase longer than that many frames
 (~11.6 ms each) is spoken in parts of at most that many, a part a step, from one front
@@ -71,7 +76,7 @@ from .payloads import TextPiece
 from .pcm import Floats, float_to_pcm16, without_quiet_start
 from .phonemes import Espeak, PhonemizerError, VoiceSymbols, phoneme_ids
 from .phrases import PhraseSplitter
-from .trace import mark
+from .trace import mark, part
 from .tts_join import FirstPhraseJoin, SplitState
 from .tts_stream import MIN_PART_FRAMES, SplitPhrase, SplitVoice, part_frames
 
@@ -99,6 +104,9 @@ class _Stream(SplitState):
     audio_out: bool = False  # its first audio is made (trace.py)
     runs_out: float = 0.0  # when its audio made so far would have played, from its first audio
     going_on: SplitPhrase | None = None  # a phrase spoken in parts, its first part out
+    ready_at: deque[float] = field(default_factory=deque)  # when each queued phrase was complete
+    text_ready: float = 0.0  # ... and the phrase being spoken (trace.py)
+    made_at: float = 0.0  # when its last audio was made (trace.py)
 
 
 class PiperTts:
@@ -127,6 +135,7 @@ class PiperTts:
         max_part_frames: int | None = None,
         first_part_words: int | None = None,
         first_part_pauses_answer: bool = False,
+        first_phrase_cut_s: float | None = None,
         chunk_left_frames: int = 24,
         chunk_right_frames: int = 20,
         noise: bool = True,
@@ -175,6 +184,12 @@ class PiperTts:
         if first_part_pauses_answer and first_part_words is None:
             raise ValueError("first_part_pauses_answer needs first_part_words")
         self.first_part_pauses_answer = first_part_pauses_answer
+        if first_phrase_cut_s is not None and (first_part_words is None or first_phrase_cut_s < 0):
+            raise ValueError(
+                "first_phrase_cut_s needs first_part_words and must be at least 0,"
+                f" got {first_phrase_cut_s}"
+            )
+        self.first_phrase_cut_s = first_phrase_cut_s
         self.noise = noise  # the voice's sampled variation; off: the same text, the same audio
         self.keep_words_apart = keep_words_apart  # articulation.py: "France is", not "Francis"
         self._split = (
@@ -195,6 +210,7 @@ class PiperTts:
             else FirstPhraseJoin(self._split, self.symbols.ids[" "], first_chunk_frames)
         )
         self.audio_s = 0.0  # audio made, for the real-time factor
+        self.first_phrase_cuts = 0  # first phrases cut short for time (first_phrase_cut_s)
         self.busy_s = 0.0
 
     def open_stream(self, stream_id: str, request: Request) -> None:
@@ -218,6 +234,7 @@ class PiperTts:
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
         for work in batch:
             self._feed(work)
+            self._cut_if_late(self.streams[work.stream_id])
         # A step that speaks an answer's first phrase speaks nothing else: the others'
         # later phrases wait a step (their earlier audio is still playing), so the first
         # audio is not held back behind them.
@@ -243,7 +260,9 @@ class PiperTts:
         speech = self.streams[work.stream_id]
         for piece in work.inputs:
             if isinstance(piece, TextPiece):
-                speech.phrases.extend(speech.splitter.feed(piece.text))
+                phrases = speech.splitter.feed(piece.text)
+                speech.phrases.extend(phrases)
+                speech.ready_at.extend(time.monotonic() for _ in phrases)
                 part = speech.splitter.first_part()
                 if part is not None and not speech.phrases:
                     speech.part = part  # spoken unless the whole phrase comes first
@@ -254,6 +273,22 @@ class PiperTts:
             rest = speech.splitter.flush()
             if rest:
                 speech.phrases.append(rest)
+                speech.ready_at.append(time.monotonic())
+
+    def _cut_if_late(self, speech: _Stream) -> None:
+        """With ``first_phrase_cut_s``: once the first part's audio runs out within it
+        and the first phrase is still open, the phrase ends at its last whole word (the
+        rest of its text opens the next phrase), so its join is made in time."""
+        cut_s = self.first_phrase_cut_s
+        if cut_s is None or speech.join is None or speech.rest is not None or speech.phrases:
+            return
+        if speech.part_plays_until - time.perf_counter() >= cut_s:
+            return
+        phrase = speech.splitter.cut_first()
+        if phrase is not None:
+            speech.phrases.append(phrase)
+            speech.ready_at.append(time.monotonic())
+            self.first_phrase_cuts += 1
 
     @staticmethod
     def _first_due(speech: _Stream) -> bool:
@@ -268,8 +303,15 @@ class PiperTts:
         ready = bool(speech.phrases) or speech.going_on is not None
         return ready and not cls._first_due(speech)
 
+    def _pop(self, speech: _Stream) -> str:
+        """The next phrase, off the queue."""
+        speech.text_ready = speech.ready_at.popleft() if speech.ready_at else 0.0
+        return speech.phrases.popleft()
+
     def _speak(self, stream_id: str, *, later: bool) -> StreamOutput:
         speech = self.streams[stream_id]
+        started = time.monotonic()
+        runs_out = speech.runs_out
         if speech.rest is not None:
             with FIRST_AUDIO.synthesizing():  # only a first phrase has a rest
                 samples = self._timed(self._rest, speech)
@@ -301,14 +343,14 @@ class PiperTts:
                 elif self.max_part_frames is not None:
                     samples = self._timed(self._in_parts, speech)
                 else:
-                    samples = self.synthesize(speech.phrases.popleft(), noise=self.noise)
+                    samples = self.synthesize(self._pop(speech), noise=self.noise)
                     speech.spoken += 1
         elif not later:
             return StreamOutput(more=True)  # a later phrase, after the first audio
         elif self.max_part_frames is not None:
             samples = self._timed(self._in_parts, speech)
         else:
-            samples = self.synthesize(speech.phrases.popleft(), noise=self.noise)
+            samples = self.synthesize(self._pop(speech), noise=self.noise)
             speech.spoken += 1
         if not speech.audio_out:
             samples = without_quiet_start(samples, self.sample_rate_hz)  # sound sooner
@@ -317,6 +359,19 @@ class PiperTts:
             mark("tts_first_audio", stream_id)
             FIRST_AUDIO.first_audio_made(stream_id)
         speech.runs_out += samples.size / self.sample_rate_hz
+        FIRST_AUDIO.audio_made(stream_id, speech.runs_out)
+        now = time.monotonic()
+        part(
+            stream_id,
+            "first" if runs_out == 0.0 else "next",
+            start=started,
+            end=now,
+            runs_out=runs_out,
+            text=speech.text_ready,
+            prev=speech.made_at,
+            audio=samples.size / self.sample_rate_hz,
+        )
+        speech.made_at = now
         going = speech.rest is not None or speech.going_on is not None
         finished = speech.text_done and not speech.phrases and not going and speech.join is None
         chunk = AudioChunk(float_to_pcm16(samples), self.sample_rate_hz)
@@ -326,7 +381,7 @@ class PiperTts:
     def _first_part(self, speech: _Stream) -> Floats:
         assert self._split is not None
         assert self.first_chunk_frames is not None
-        phrase = self._split.front(*self._inputs(speech.phrases.popleft(), noise=self.noise))
+        phrase = self._split.front(*self._inputs(self._pop(speech), noise=self.noise))
         speech.spoken += 1
         # A part computes its frames and right_frames more: a phrase no longer than that
         # is spoken whole (a second part would compute it all again, for nothing sooner).
@@ -359,9 +414,7 @@ class PiperTts:
     def _in_parts(self, speech: _Stream) -> Floats:
         """The next phrase's first part (all of it if it is short); the rest goes on."""
         assert self._split is not None
-        speech.going_on = self._split.front(
-            *self._inputs(speech.phrases.popleft(), noise=self.noise)
-        )
+        speech.going_on = self._split.front(*self._inputs(self._pop(speech), noise=self.noise))
         speech.spoken += 1
         return self._go_on(speech)
 
@@ -390,7 +443,7 @@ class PiperTts:
 
     def _after_join(self, speech: _Stream) -> Floats:
         assert self.joins is not None
-        ids, scales = self._inputs(speech.phrases.popleft(), noise=self.noise)
+        ids, scales = self._inputs(self._pop(speech), noise=self.noise)
         speech.spoken += 1
         samples, phrase = self.joins.after_join(speech, ids, scales, self.max_part_frames)
         speech.going_on = phrase if phrase.next_frame < phrase.num_frames else None

@@ -132,3 +132,38 @@ def test_a_forgotten_answer_is_no_longer_held_for_its_first_part() -> None:
         freed = _holding(gate, "gone")
         freed.join(timeout=60)
         assert not freed.is_alive()
+
+
+def test_with_min_slack_an_answer_holds_only_while_its_audio_ahead_affords_it() -> None:
+    """``min_slack_s``: an answer with little audio ahead is not held at all; one with
+    more is held only until its audio ahead is down to ``min_slack_s``, though the
+    synthesis goes on; one with no audio made yet is not held."""
+    import time
+
+    gate = FirstAudio()
+    gate.max_hold_s = 600.0
+    gate.min_slack_s = 1.0
+    now = time.monotonic()
+    for sid in ("short", "ahead", "silent"):
+        gate.first_phrase_out(sid)
+    gate.audio_made("short", now + 0.5)  # 0.5 s ahead: under the slack
+    gate.audio_made("ahead", now + 1.6)  # may hold ~0.6 s
+    with gate.synthesizing():
+        short, silent = _holding(gate, "short"), _holding(gate, "silent")
+        ahead = _holding(gate, "ahead")
+        short.join(timeout=60)
+        silent.join(timeout=60)
+        assert not short.is_alive()
+        assert not silent.is_alive()
+        ahead.join(timeout=0.2)
+        assert ahead.is_alive()  # held while it can afford it
+        ahead.join(timeout=60)
+        assert not ahead.is_alive()  # its slack spent: on, the synthesis still running
+        held_until = time.monotonic()
+    assert held_until - now >= 1.6 - 1.0 - 0.05
+    assert gate.held_s > 0.3
+    gate.forget("ahead")
+    with gate.synthesizing():
+        forgotten = _holding(gate, "ahead")  # its audio forgotten with it
+        forgotten.join(timeout=60)
+        assert not forgotten.is_alive()

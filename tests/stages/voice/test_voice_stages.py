@@ -63,6 +63,20 @@ def test_the_first_phrases_first_words_are_offered_once_and_it_holds_them() -> N
     assert at_once.feed("The sun is in the sky all ") == ["The sun is in the sky"]
 
 
+def test_the_first_phrase_cut_now_ends_at_its_last_whole_word_if_it_holds_the_part() -> None:
+    """cut_first (the TTS's first_phrase_cut_s): only an open first phrase whose part
+    was offered, and only once its whole words hold the part's."""
+    splitter = PhraseSplitter(first_max_words=12, first_part_words=3)
+    assert splitter.feed("The sun ") == []
+    assert splitter.cut_first() is None  # no part offered yet
+    assert splitter.feed("is in th") == []
+    assert splitter.first_part() == "The sun is"
+    assert splitter.cut_first() == "The sun is in"  # "in" is whole, "th" may go on
+    assert splitter.cut_first() is None  # the first phrase is out
+    assert splitter.feed("e sky. ") == ["the sky."]
+    assert PhraseSplitter(first_max_words=12).cut_first() is None  # no first part at all
+
+
 @pytest.fixture
 def llm() -> Iterator[object]:
     """One per test: its packaging thread (started by the first step) ends with it."""

@@ -295,6 +295,39 @@ def test_the_first_part_joins_the_whole_phrase_without_a_word_lost(
 
 
 @needs_voice
+def test_a_first_phrase_late_for_its_join_is_cut_at_its_last_whole_word(tmp_path: Path) -> None:
+    """first_phrase_cut_s: once the first part's audio runs out within it (here: at
+    once) and the first phrase is still open, it ends at its last whole word and its join
+    is made then, not when the sentence ends; the rest is a later phrase, no word lost."""
+    from stages.voice.tts import PiperTts
+    from tests.voice_support import transcribe_pcm16, word_error_rate
+
+    text = "Dogs like to play in the park."
+    stage = PiperTts(
+        "tts",
+        first_chunk_frames=FIRST_FRAMES,
+        first_phrase_max_words=12,
+        first_part_words=4,
+        first_phrase_cut_s=60.0,
+        noise=False,
+        cache_dir=str(tmp_path),
+    )
+    try:
+        fed, chunks = _spoken(stage, text)
+        assert fed[0] == 5  # the first part, once "play" is known whole
+        assert stage.first_phrase_cuts == 1
+        assert stage.joins.num_joins == 1
+        assert 6 in fed  # the join: "Dogs like to play in", cut once "in" was whole
+        lead = bytes(2 * int(0.3 * stage.sample_rate_hz))
+        heard = transcribe_pcm16(lead + b"".join(chunks), stage.sample_rate_hz)
+        assert word_error_rate(text, heard) == 0.0, heard
+    finally:
+        stage.close()
+    with pytest.raises(ValueError, match="first_phrase_cut_s needs first_part_words"):
+        PiperTts("tts", first_chunk_frames=FIRST_FRAMES, first_phrase_cut_s=0.2)
+
+
+@needs_voice
 def test_a_first_phrase_shorter_than_the_part_is_spoken_as_before(tmp_path: Path) -> None:
     from stages.voice.tts import PiperTts
 

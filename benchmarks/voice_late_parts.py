@@ -1,0 +1,77 @@
+"""Why an answer's audio came late: the TTS's parts (``--trace``), each blamed on what
+held it.
+
+With tracing on, the TTS stage logs every audio part it makes (stages/voice/trace.py
+``part``): when its synthesis started and ended, when the answer's audio made before
+it runs out (played from its first audio on, in real time), when its text was complete
+and when the answer's previous part was made. A part is late for a client that buffers
+``buffer_s`` when it is made after that audio plus ``buffer_s``. Its lateness is blamed
+on the longest of three waits, one after the other: the text (its phrase completed
+after the previous part was made: the LLM), the queue (ready, but the TTS stage was
+busy with other parts or answers) and the synthesis itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PART = re.compile(r"voice-part (\S+) (\S+) (.*)$", re.MULTILINE)
+CAUSES = ("text", "queue", "synthesis")
+
+
+@dataclass(frozen=True)
+class Part:
+    kind: str  # "first" (the answer's first audio) or "next"
+    stream_id: str
+    start_s: float  # synthesis started (monotonic clock)
+    end_s: float  # ... and ended: the part is made
+    runs_out_s: float  # when the answer's audio made before it runs out
+    text_s: float  # when its phrase's text was complete (0: a phrase already begun)
+    previous_s: float  # when the answer's previous part was made
+    audio_s: float
+
+
+def parts(log_text: str) -> list[Part]:
+    out = []
+    for kind, stream_id, fields in PART.findall(log_text):
+        v = {k: float(x) for k, x in (kv.split("=") for kv in fields.split())}
+        out.append(
+            Part(
+                kind,
+                stream_id,
+                v["start"],
+                v["end"],
+                v["runs_out"],
+                v["text"],
+                v["prev"],
+                v["audio"],
+            )
+        )
+    return out
+
+
+def blame(part: Part) -> str:
+    """What held a late part longest: its text, the queue, or its synthesis."""
+    text = max(0.0, part.text_s - part.previous_s)
+    queue = part.start_s - max(part.previous_s, part.text_s)
+    synthesis = part.end_s - part.start_s
+    return max(zip((text, queue, synthesis), CAUSES, strict=True))[1]
+
+
+@dataclass(frozen=True)
+class Lateness:
+    num_parts: int  # later parts made in the window
+    late: dict[str, tuple[int, float]]  # cause: (parts, seconds late in all)
+
+
+def lateness(found: list[Part], start_s: float, end_s: float, buffer_s: float) -> Lateness:
+    """The later parts made between ``start_s`` and ``end_s``, the late ones by cause."""
+    later = [p for p in found if p.kind == "next" and start_s <= p.end_s <= end_s]
+    late: dict[str, tuple[int, float]] = dict.fromkeys(CAUSES, (0, 0.0))
+    for part in later:
+        late_s = part.end_s - (part.runs_out_s + buffer_s)
+        if late_s > 0:
+            count, total = late[blame(part)]
+            late[blame(part)] = (count + 1, total + late_s)
+    return Lateness(len(later), late)

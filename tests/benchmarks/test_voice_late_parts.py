@@ -1,0 +1,39 @@
+"""benchmarks/voice_late_parts.py: the TTS's trace lines read back, and a late part
+blamed on its text, its queue or its synthesis."""
+
+from __future__ import annotations
+
+from benchmarks.voice_late_parts import Part, blame, lateness, parts
+
+LOG = """\
+voice-part first s1 start=10.0000 end=10.1000 runs_out=0.0000 text=9.9000 prev=0.0000 audio=0.3700
+voice-part next s1 start=10.1000 end=10.2000 runs_out=10.4700 text=0.0000 prev=10.1000 audio=0.4000
+voice-part next s1 start=11.5000 end=11.7000 runs_out=10.8700 text=11.5000 prev=10.2000 audio=1.4000
+"""
+
+
+def test_parts_reads_the_trace_lines() -> None:
+    found = parts(LOG)
+    assert [p.kind for p in found] == ["first", "next", "next"]
+    assert found[2] == Part("next", "s1", 11.5, 11.7, 10.87, 11.5, 10.2, 1.4)
+
+
+def test_a_late_part_is_blamed_on_its_longest_wait() -> None:
+    def part(start: float, end: float, text: float) -> Part:
+        return Part("next", "s", start, end, 1.0, text, 0.5, 1.0)
+
+    assert blame(part(2.0, 2.1, 1.9)) == "text"  # its phrase came 1.4 s after the last part
+    assert blame(part(2.0, 2.1, 0.6)) == "queue"  # ready at 0.6, started at 2.0
+    assert blame(part(0.6, 2.0, 0.6)) == "synthesis"
+
+
+def test_lateness_counts_only_later_parts_late_for_the_buffer_in_the_window() -> None:
+    found = parts(LOG)
+    seen = lateness(found, 0.0, 100.0, buffer_s=0.2)
+    assert seen.num_parts == 2  # the first audio is no later part
+    count, late_s = seen.late["text"]  # made at 11.7, due by 10.87 + 0.2
+    assert count == 1
+    assert abs(late_s - 0.63) < 1e-6
+    assert seen.late["queue"] == (0, 0.0)
+    assert lateness(found, 0.0, 11.0, buffer_s=0.2).late["text"] == (0, 0.0)  # out of it
+    assert lateness(found, 0.0, 100.0, buffer_s=1.0).late["text"] == (0, 0.0)
