@@ -434,6 +434,7 @@ def test_the_public_surface_is_exactly_all() -> None:
         "StageLoadError",
         "StageSpec",
         "StageStatistics",
+        "StepCost",
         "StepLimits",
         "Stream",
         "StreamOutput",
