@@ -191,8 +191,10 @@ def _nbytes(payload: object) -> int:
 
 # A dead actor is not restarted by Ray: ``RayPlacement`` makes a fresh one, so that
 # every round sent to the dead one fails (``StageLost``) and none runs on the new one.
-# ``hold`` and ``release`` run on a thread of their own ("amend"), beside a step.
-_RemoteStage: Any = ray.remote(max_restarts=0, concurrency_groups={"amend": 1})(_StageProcess)
+# ``hold`` and ``release`` run on a thread of their own ("amend"), beside a step (Ray's
+# type hints for ``ray.remote`` do not name ``concurrency_groups``).
+_OPTIONS: dict[str, Any] = {"max_restarts": 0, "concurrency_groups": {"amend": 1}}
+_RemoteStage: Any = ray.remote(**_OPTIONS)(_StageProcess)
 
 
 class RayPlacement:
