@@ -138,34 +138,52 @@ class Planning(ActorBase):
 
     def _amend(self) -> bool:
         """With two rounds out, newcomers whose first input has come (a first stage's: the
-        stream itself) join the queued round if its execution has not started (thread
-        placement): a first step is the most urgent there is. In a full batch a newcomer
-        takes the place of the least urgent stream not on its first step, whose inputs
-        wait on its slot for its next step. True if the queued round changed."""
-        firsts = [
+        stream itself) join the queued round if its execution has not started: a first
+        step is the most urgent there is. In a full batch a newcomer takes the place of
+        the least urgent stream not on its first step, whose inputs wait on its slot for
+        its next step. True if the queued round changed. On Ray the answer comes later
+        (the stage's process holds the round meanwhile): a newcomer's wait then counts
+        from that answer, when the stage heard of it."""
+        queued = self._rounds[-1]
+        firsts = [slot for slot in self._firsts() if slot.id not in queued.tried]
+        if not firsts:
+            return False
+        queued.tried.update(slot.id for slot in firsts)
+        amended = self._placement.amend(partial(self._amended, queued))
+        if amended is None:
+            return False
+        for slot in firsts:  # not amended: the queued round had started when they came
+            self._first_waits.seen(slot)
+        return amended
+
+    def _firsts(self) -> list[Slot]:
+        """Streams new at the stage whose first input has come, not in a round yet."""
+        return [
             slot
             for slot in self._lifecycle.values()
             if slot.phase is Phase.NEW
             and not slot.in_flight
             and (slot.in_link is None or self._has_work(slot))
         ]
-        if not firsts:
-            return False
-        amended = self._placement.amend(partial(self._amended, self._rounds[-1], firsts))
-        for slot in firsts:  # not amended: the queued round had started when they came
-            self._first_waits.seen(slot)
-        return amended
 
-    def _amended(self, queued: Round, firsts: list[Slot]) -> Plan:
-        """The queued round with ``firsts`` in it (on the trio thread, while the worker
-        cannot start it)."""
+    def _amended(self, queued: Round) -> Plan | None:
+        """The queued round with the newcomers in it (on the trio thread, while its
+        execution cannot start); None if there are none by now, or ``queued`` is no
+        longer out."""
+        firsts = self._firsts()
+        rounds = self._rounds
+        if not firsts or not self._serving or self._hang is not None or queued.result is not None:
+            return None
+        if queued not in rounds:  # Round compares by identity
+            return None
         now_s = time.perf_counter()
         for slot in firsts:
             self._first_waits.seen(slot, now_s)
         batch, works = list(queued.batch), list(queued.plan.batch)
         opens = list(queued.opens)
         slots = self.slots
-        running = {s.id for s in self._rounds[0].batch}
+        position = rounds.index(queued)
+        running = {s.id for s in rounds[position - 1].batch} if position else set()
         for slot in firsts:
             if len(batch) >= self.spec.max_batch_size:
                 out = displaced([queued_candidate(s, running) for s in batch], now_s)

@@ -35,6 +35,7 @@ class ThreadPlacement:
         self._runner = StageRunner(spec, source, feeds_edge=feeds_edge)
         self._worker: WorkerThread | None = None
         self._last_job = -1  # the worker's number for the plan last submitted
+        self._last_plan: Plan | None = None
 
     async def load(self) -> StepLimits:
         self._worker = WorkerThread(f"omnitrio-stage-{self._runner.name}")
@@ -44,13 +45,22 @@ class ThreadPlacement:
     def submit(self, plan: Plan, on_done: OnDone) -> None:
         assert self._worker is not None
         self._last_job = self._worker.submit(partial(self._runner.execute, plan), on_done)
+        self._last_plan = plan
 
-    def amend(self, build: Callable[[], Plan]) -> bool:
-        worker = self._worker
-        if worker is None:
+    def amend(self, build: Callable[[], Plan | None]) -> bool:
+        worker, last = self._worker, self._last_plan
+        if worker is None or last is None:
             return False
         execute = self._runner.execute
-        return worker.replace(self._last_job, lambda: partial(execute, build()))
+
+        def make() -> Callable[[], object]:
+            plan = build()
+            if plan is None:
+                plan = last
+            self._last_plan = plan
+            return partial(execute, plan)
+
+        return worker.replace(self._last_job, make)
 
     async def close(self, deadline: float) -> bool:
         worker = self._worker

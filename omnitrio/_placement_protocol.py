@@ -48,10 +48,12 @@ class Placement(Protocol):
         """Execute ``plan``; ``on_done(outcome)`` runs later on the trio thread. Never blocks."""
         ...
 
-    def amend(self, build: Callable[[], Plan]) -> bool:
+    def amend(self, build: Callable[[], Plan | None]) -> bool | None:
         """Execute ``build()``'s plan instead of the one last submitted, if its execution
-        has not started; ``build`` is called only then, and meanwhile it cannot start.
-        False otherwise (where a submitted plan cannot be reached, always)."""
+        has not started; ``build`` is called only then, on the trio thread, and
+        meanwhile it cannot start (``build`` returns None: keep the plan as it is).
+        True: amended now; False: it had started; None: asked, the answer comes later
+        (a Ray actor holds the plan while ``build`` runs, or starts it: see ``_ray.py``)."""
         ...
 
     async def close(self, deadline: float) -> bool:

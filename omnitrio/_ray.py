@@ -16,6 +16,15 @@ are copied through the supervisor and counted (``num_payload_bytes_relayed``).
 If the actor's process dies, every round out fails with ``StageLost`` (the actor
 then fails the streams the stage held) and a fresh actor loads the stage; until it
 has, the stage is out of service (``restarting``, so ``/health`` says degraded).
+
+A newcomer joins the queued round here too (``amend``), though that round's plan is
+already in the actor's process, queued behind the running step: the supervisor asks
+the process to hold it (``hold``, a method of its own concurrency group, so it is
+answered while a step runs); if it has not started, the process holds it, the
+supervisor builds the amended plan on trio and sends it (``release``), and the round
+starts with it. The round starts late only if the running step ends meanwhile (one
+round trip, and only when a newcomer comes). Steps, loads and closes keep the
+actor's default group: one at a time, in the order they were sent.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from functools import partial
@@ -70,12 +80,38 @@ class _StageProcess:
     ) -> None:
         self._runner = StageRunner(spec, source, feeds_edge=feeds_edge)
         self._by_reference = payloads_by_reference
+        self._turn = threading.Condition()  # guards the three below
+        self._started = -1  # the number of the latest step to start
+        self._held: set[int] = set()  # steps the supervisor is amending: not to start yet
+        self._amended: dict[int, Plan] = {}  # the plans they start with instead
 
     def load(self) -> tuple[StepLimits, int]:
         self._runner.load()
         return self._runner.limits, os.getpid()
 
-    def execute(self, plan: Plan) -> _Reply:
+    @ray.method(concurrency_group="amend")
+    def hold(self, number: int) -> bool:
+        """Hold step ``number`` until ``release``; False if it has started."""
+        with self._turn:
+            if self._started >= number:
+                return False
+            self._held.add(number)
+            return True
+
+    @ray.method(concurrency_group="amend")
+    def release(self, number: int, plan: Plan | None) -> None:
+        """Let held step ``number`` start, with ``plan`` if not None."""
+        with self._turn:
+            self._held.discard(number)
+            if plan is not None:
+                self._amended[number] = plan
+            self._turn.notify_all()
+
+    def execute(self, number: int, plan: Plan) -> _Reply:
+        with self._turn:
+            self._turn.wait_for(lambda: number not in self._held)
+            plan = self._amended.pop(number, plan)
+            self._started = number
         batch, lost, num_in = _fetched(plan.batch)
         result = self._runner.execute(dataclasses.replace(plan, batch=batch))
         if lost:  # those streams fail here: the stage never saw them in this step
@@ -155,7 +191,10 @@ def _nbytes(payload: object) -> int:
 
 # A dead actor is not restarted by Ray: ``RayPlacement`` makes a fresh one, so that
 # every round sent to the dead one fails (``StageLost``) and none runs on the new one.
-_RemoteStage: Any = ray.remote(max_restarts=0)(_StageProcess)
+# ``hold`` and ``release`` run on a thread of their own ("amend"), beside a step (Ray's
+# type hints for ``ray.remote`` do not name ``concurrency_groups``).
+_OPTIONS: dict[str, Any] = {"max_restarts": 0, "concurrency_groups": {"amend": 1}}
+_RemoteStage: Any = ray.remote(**_OPTIONS)(_StageProcess)
 
 
 class RayPlacement:
@@ -169,6 +208,9 @@ class RayPlacement:
         self._actor: Any = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._model: Mapping[str, float] = {}
+        self._num_submitted = 0  # steps sent to the current actor
+        self._asking = False  # a ``hold`` is out, unanswered
+        self._started_up_to = -1  # steps the actor said had started when asked
         self.restarting = False
         self.num_payload_bytes_relayed = 0
         self.pid: int | None = None
@@ -190,11 +232,48 @@ class RayPlacement:
         return limits
 
     def submit(self, plan: Plan, on_done: OnDone) -> None:
-        actor = self._actor
-        self._when_ready(actor.execute.remote(plan), partial(self._executed, actor, on_done))
+        actor, number = self._actor, self._num_submitted
+        self._num_submitted += 1
+        ref = actor.execute.remote(number, plan)
+        self._when_ready(ref, partial(self._executed, actor, on_done))
 
-    def amend(self, build: Callable[[], Plan]) -> bool:
-        return False  # the plan went to the actor's process when it was submitted
+    def amend(self, build: Callable[[], Plan | None]) -> bool | None:
+        """Ask the actor to hold the step last sent; ``build`` runs once it does (see
+        the module docstring). False if it had started when last asked; None while
+        asking (one question at a time)."""
+        number = self._num_submitted - 1
+        if number <= self._started_up_to or self.restarting or self._actor is None:
+            return False
+        if not self._asking:
+            self._asking = True
+            actor = self._actor
+            ref = actor.hold.remote(number)
+            self._when_ready(ref, partial(self._held, actor, number, build))
+        return None
+
+    def _held(
+        self,
+        actor: Any,
+        number: int,
+        build: Callable[[], Plan | None],
+        held: outcome.Outcome[bool],
+    ) -> None:
+        """The actor's answer to ``hold``, on the trio thread. Never raises."""
+        if actor is not self._actor:
+            return  # answered by an actor since replaced
+        self._asking = False
+        if not isinstance(held, outcome.Value):
+            return  # the actor died: its rounds fail with StageLost
+        if not held.unwrap():
+            self._started_up_to = max(self._started_up_to, number)
+            return
+        plan: Plan | None = None
+        try:
+            plan = build()
+        except Exception:  # the step must never stay held: it starts as it was
+            logger.exception("stage %r: amending a held step failed", self._spec.name)
+        finally:
+            actor.release.remote(number, plan)
 
     async def close(self, deadline: float) -> bool:
         actor, self._actor = self._actor, None
@@ -222,6 +301,7 @@ class RayPlacement:
         else:
             options.update(num_cpus=0)
         logger.info("placing stage %r on a Ray actor (%s)", spec.name, options)
+        self._num_submitted, self._asking, self._started_up_to = 0, False, -1
         return _RemoteStage.options(**options).remote(*self._args)
 
     def _executed(self, actor: Any, on_done: OnDone, value: outcome.Outcome[_Reply]) -> None:

@@ -23,6 +23,7 @@ class Round:
     opens: tuple[Slot, ...]
     since: float  # trio time it became the oldest round out (the watchdog's start)
     result: outcome.Outcome[Result] | None = None
+    tried: set[str] = field(default_factory=set)  # newcomers the actor tried to put in it
 
     @property
     def has_work(self) -> bool:

@@ -23,10 +23,10 @@ others (seed 001's head-of-line blocking, through the scheduler):
   latest one taking every step until its backlog is gone.
 
 So a newcomer waits at most for the rounds already out, whatever the batch size
-and whatever backlog another stream has; and where a stage runs on a thread, the
-actor puts a newcomer into the round queued behind the running one while it has
-not started (``displaced`` says whom it takes the place of in a full batch), so it
-waits for the running step alone.
+and whatever backlog another stream has; and the actor puts a newcomer into the
+round queued behind the running one while it has not started (on a thread, or held
+in a Ray actor's process while the supervisor amends it; ``displaced`` says whom it
+takes the place of in a full batch), so it waits for the running step alone.
 
 **Round robin** (``scheduling: round_robin``, the runtime before deadlines):
 candidates in the given order, least recently stepped first, read lazily, so

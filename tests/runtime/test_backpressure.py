@@ -148,20 +148,26 @@ BACKLOG_UNITS = 10_000
 
 
 @pytest.mark.parametrize("max_batch_size", [1, 2, 32])
-async def test_a_newcomer_is_not_queued_behind_a_late_streams_backlog(max_batch_size: int) -> None:
+async def test_a_newcomer_is_not_queued_behind_a_late_streams_backlog(
+    max_batch_size: int, placement: str
+) -> None:
     # Deadline-first without starvation: ``flood``'s source stage puts thousands of
     # payloads on b's edge, and flood is older (its deadline earlier) and soon late. A
     # newcomer's first step at b is still the most urgent there is: it joins the round
     # queued behind the one running (taking flood's place in a full batch), however
     # small the batch, and so waits for the running step alone, not for flood's backlog.
+    # On Ray the queued round is already in the stage's process: it is held there while
+    # the supervisor amends it (``RayPlacement.amend``), so the bound is the same.
+    # a puts 8 payloads a step on b's edge: the backlog builds up in seconds on Ray too.
     config = chain_config(
         [
-            {"steps": BACKLOG_UNITS, "visible_every": 0},
+            {"steps": BACKLOG_UNITS, "outputs_per_input": 8, "visible_every": 0},
             {"service_time_ms": 2.0, "outputs_per_input": 0},
         ],
         edge_capacity=2 * BACKLOG_UNITS,
         client_capacity=64,
         max_batch_size=max_batch_size,
+        placement=placement,
     )
     async with (
         omnitrio.open_pipeline(config) as pipeline,
@@ -186,7 +192,9 @@ async def test_a_newcomer_is_not_queued_behind_a_late_streams_backlog(max_batch_
     assert backlog >= 1000  # flood's backlog was still there: quick did not wait it out
 
 
-async def test_a_stream_left_out_for_a_newcomer_keeps_every_input_in_order() -> None:
+async def test_a_stream_left_out_for_a_newcomer_keeps_every_input_in_order(
+    placement: str,
+) -> None:
     # At one stream a step, each newcomer takes flood's place in b's queued round: the
     # inputs flood's step had taken wait on its slot and go first into its next step.
     config = chain_config(
@@ -197,6 +205,7 @@ async def test_a_stream_left_out_for_a_newcomer_keeps_every_input_in_order() -> 
         edge_capacity=1000,
         client_capacity=1000,
         max_batch_size=1,
+        placement=placement,
     )
     async with omnitrio.open_pipeline(config) as pipeline:
         async with pipeline.open_stream("flood") as flood:
