@@ -6,10 +6,11 @@ admitted, ``after_round`` after a stage applied a round, ``completed`` when a st
 ends); each stage actor feeds its own ``StepModel``. ``docs/design.md``, "Admission".
 """
 
+from ._cpu import plays_audio as plays_audio
 from ._headroom import StepModel as StepModel
 from ._headroom import StreamFlow as StreamFlow
 from ._rule import ACTIVE_WINDOW_S as ACTIVE_WINDOW_S
 from ._rule import Admission as Admission
 from ._rule import priority_of as priority_of
 
-__all__ = ["ACTIVE_WINDOW_S", "Admission", "StepModel", "StreamFlow", "priority_of"]
+__all__ = ["ACTIVE_WINDOW_S", "Admission", "StepModel", "StreamFlow", "plays_audio", "priority_of"]
