@@ -11,6 +11,7 @@ actor and joins every worker thread, within the configured
 
 from __future__ import annotations
 
+import bisect
 import gc
 import itertools
 import logging
@@ -136,7 +137,7 @@ class Pipeline:
         self._num_refused = 0
         self._num_ended = 0  # admitted streams that failed or were cancelled, not yet released
         self._quiet: set[str] = set()  # live streams that play no audio (admission: cpu)
-        self._extremes: tuple[float, float] | None = None  # _scan's, until a round or an end
+        self._extremes: tuple[float, list[float]] | None = None  # _scan's, until a round or an end
         self._outcomes = {"completed": 0, "failed": 0, "cancelled": 0}
         self._delivery = DeliveryCounters()
         section = config.pipeline
@@ -211,26 +212,32 @@ class Pipeline:
         return self._scan()[0]
 
     def _least_slack_s(self) -> float:
-        """The least time a live stream that has played audio has to its playback
-        deadline (inf: none); one on its way to its first audio, or that plays none, has
-        no playback yet (``_guards.Startup``)."""
-        return self._scan()[1] - time.perf_counter()
+        """The least time a live stream the startup guard keeps has to its playback
+        deadline, not yet past (inf: none): one that has played audio, not longer than
+        ``Startup.guards`` allows (``_guards.py``)."""
+        now_s = time.perf_counter()
+        deadlines = self._scan()[1]
+        index = bisect.bisect_left(deadlines, now_s)
+        return deadlines[index] - now_s if index < len(deadlines) else math.inf
 
-    def _scan(self) -> tuple[float, float]:
-        """The live streams' largest lag and earliest playback deadline of those that
-        have played audio. Kept until a stage applies a round (only a round puts audio,
-        which moves both) or a stream ends or is released: an admission adds a stream
-        with no audio yet, which moves neither, so a burst of admissions between two
-        rounds scans once, not once each."""
+    def _scan(self) -> tuple[float, list[float]]:
+        """The live streams' largest lag, and the playback deadlines (sorted) of those
+        the startup guard keeps. Kept until a stage applies a round (only a round puts
+        audio, which moves both) or a stream ends or is released: an admission adds a
+        stream with no audio yet, which moves neither, so a burst of admissions between
+        two rounds scans once, not once each."""
         extremes = self._extremes
         if extremes is None:
-            most_lag_s, first_deadline_s = 0.0, math.inf
+            guards = self._admission.startup.guards
+            most_lag_s, deadlines = 0.0, []
             for stream in self._streams.values():
                 if stream.ending or stream.first_audio_at_s is None:
                     continue
                 most_lag_s = max(most_lag_s, stream.lag_s)
-                first_deadline_s = min(first_deadline_s, stream.deadline_s)
-            extremes = self._extremes = (most_lag_s, first_deadline_s)
+                if guards(stream.audio_s):
+                    deadlines.append(stream.deadline_s)
+            deadlines.sort()
+            extremes = self._extremes = (most_lag_s, deadlines)
         return extremes
 
     def _num_active(self, stage: str) -> int:

@@ -233,7 +233,7 @@ class Admission:
         ``first_chunk_s`` of it in its first chunk, ``startup_s`` after its admission."""
         self.warmup.over = True
         if startup_s is not None:
-            self.startup.completed(startup_s)
+            self.startup.completed(startup_s, audio_s)
         mean = self._mean_lifetime_s
         self._mean_lifetime_s = (
             lifetime_s if mean is None else mean * LIFETIME_KEEP + lifetime_s * (1 - LIFETIME_KEEP)

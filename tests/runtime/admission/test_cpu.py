@@ -14,6 +14,7 @@ import trio
 import omnitrio
 from omnitrio.admission import _rule
 from omnitrio.admission._cpu import CPU_HALF_LIFE_S, CpuWatch, plays_audio, usable_cores
+from omnitrio.admission._guards import Startup
 from omnitrio.admission._rule import Admission
 from tests.conftest import chain_config
 from tests.runtime.admission.test_utilisation import STAGES as BUSY_STAGES
@@ -122,6 +123,11 @@ def test_while_a_live_stream_has_less_slack_than_a_startup_nothing_is_admitted()
     # audio at twice real time, is a startup from its deadline.
     assert refusal.retry_after_s == pytest.approx(0.3)
     assert admission.refusal(1, 1, [], 0.0, least_slack_s=lambda: 0.7) is None
+    # The guard keeps a playing stream up to twice the usual answer's audio (4 s here):
+    # one far longer (row 4's "W." x 100, made at about real time) would hold it forever.
+    assert admission.startup.guards(8.0)
+    assert not admission.startup.guards(8.1)
+    assert Startup().guards(1000.0)  # no answer yet: every playing stream
     # A stream that completed without audio leaves the startup as it was.
     admission.completed(1.0)
     assert admission.refusal(1, 1, [], 0.0, least_slack_s=lambda: 0.5) is not None
