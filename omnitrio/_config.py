@@ -59,9 +59,9 @@ class PipelineSection(_Strict):
     realtime_margin)`` of the time (its busy fraction lately over its active streams:
     the work it actually has, ``omnitrio/admission/_utilisation.py``); sheds nothing.
     ``cpu``: admit a stream only while, with it, the cores the process may use keep every
-    live stream ``1 + realtime_margin`` x real time at the CPU seconds a second of audio
-    has cost lately (stages that share a few cores, ``omnitrio/admission/_cpu.py``);
-    sheds nothing."""
+    live stream that plays audio ``1 + realtime_margin`` x real time at the CPU seconds a
+    second of audio has cost lately, beside the cores the streams that play none take
+    (stages that share a few cores, ``omnitrio/admission/_cpu.py``); sheds nothing."""
     realtime_margin: float = pydantic.Field(default=0.05, ge=0, le=10, allow_inf_nan=False)
     """Admission by headroom keeps every stream at least ``1 + realtime_margin`` x real
     time (audio seconds made per second)."""

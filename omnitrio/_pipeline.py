@@ -11,6 +11,7 @@ actor and joins every worker thread, within the configured
 
 from __future__ import annotations
 
+import bisect
 import gc
 import itertools
 import logging
@@ -33,7 +34,13 @@ from ._link import Link
 from ._scheduler import Playback
 from ._statistics import PipelineStatistics
 from ._stream import DeliveryCounters, Stream, StreamHooks, StreamState
-from .admission import ACTIVE_WINDOW_S, Admission, declared_priors, priority_of
+from .admission import (
+    ACTIVE_WINDOW_S,
+    Admission,
+    declared_priors,
+    plays_audio,
+    priority_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +142,8 @@ class Pipeline:
         self._num_admitted = 0
         self._num_refused = 0
         self._num_ended = 0  # admitted streams that failed or were cancelled, not yet released
+        self._quiet: set[str] = set()  # live streams that play no audio (admission: cpu)
+        self._extremes: tuple[float, list[float]] | None = None  # _scan's, until a round or an end
         self._outcomes = {"completed": 0, "failed": 0, "cancelled": 0}
         self._delivery = DeliveryCounters()
         section = config.pipeline
@@ -182,10 +191,12 @@ class Pipeline:
         """True when ``open_stream`` would raise ``Overloaded`` (or the pipeline is closing)."""
         return self._closed or self.refusal() is not None
 
-    def refusal(self) -> Overloaded | None:
+    def refusal(self, request: Request | None = None) -> Overloaded | None:
         """The ``Overloaded`` that ``open_stream`` would raise now (with its retry hint),
         or None if a stream would be admitted. Counts nothing. Each stage is charged
-        its active streams (``StageActor.active_streams``) plus the new one."""
+        its active streams (``StageActor.active_streams``) plus the new one; under
+        ``admission: cpu`` the new stream is ``request``'s (one that plays audio where
+        None)."""
         streams = self._streams
         num_open = len(streams)
         oldest = next(iter(streams.values()), None)  # admitted first (dicts keep order)
@@ -200,28 +211,42 @@ class Pipeline:
             now_s,
             self._most_lag_s,
             self._least_slack_s,
+            len(self._quiet),
+            request is None or self._admission.cpu is None or plays_audio(request),
         )
 
     def _most_lag_s(self) -> float:
         """The largest lag of a live stream at its latest audio (``StreamState.lag_s``)."""
-        return max((s.lag_s for s in self._streams.values() if not s.ending), default=0.0)
+        return self._scan()[0]
 
     def _least_slack_s(self) -> float:
-        """The least time a live stream has to its playback deadline (inf: none live); one
-        on its way to its first audio will have its first chunk ahead when that comes
-        (``Startup.starting_slack_s``), whatever its deadline before it."""
+        """The least time a live stream the startup guard keeps has to its playback
+        deadline, not yet past (inf: none): one that has played audio, not longer than
+        ``Startup.guards`` allows (``_guards.py``)."""
         now_s = time.perf_counter()
-        admission = self._admission
-        starting_s = admission.startup.starting_slack_s(admission.client_buffer_s)
-        least_s = math.inf
-        for stream in self._streams.values():
-            if stream.ending:
-                continue
-            slack_s = stream.deadline_s - now_s
-            if stream.first_audio_at_s is None and starting_s is not None:
-                slack_s = min(slack_s, starting_s)
-            least_s = min(least_s, slack_s)
-        return least_s
+        deadlines = self._scan()[1]
+        index = bisect.bisect_left(deadlines, now_s)
+        return deadlines[index] - now_s if index < len(deadlines) else math.inf
+
+    def _scan(self) -> tuple[float, list[float]]:
+        """The live streams' largest lag, and the playback deadlines (sorted) of those
+        the startup guard keeps. Kept until a stage applies a round (only a round puts
+        audio, which moves both) or a stream ends or is released: an admission adds a
+        stream with no audio yet, which moves neither, so a burst of admissions between
+        two rounds scans once, not once each."""
+        extremes = self._extremes
+        if extremes is None:
+            guards = self._admission.startup.guards
+            most_lag_s, deadlines = 0.0, []
+            for stream in self._streams.values():
+                if stream.ending or stream.first_audio_at_s is None:
+                    continue
+                most_lag_s = max(most_lag_s, stream.lag_s)
+                if guards(stream.audio_s):
+                    deadlines.append(stream.deadline_s)
+            deadlines.sort()
+            extremes = self._extremes = (most_lag_s, deadlines)
+        return extremes
 
     def _num_active(self, stage: str) -> int:
         actor = self._by_name[stage]
@@ -230,9 +255,11 @@ class Pipeline:
     def _after_round(self, actor: StageActor) -> None:
         """A stage applied a round: admission may shed streams there
         (``Admission.after_round``)."""
+        self._extremes = None  # its audio moved the streams' lags and deadlines
         admission = self._admission
         if not (admission.headroom or admission.busy or admission.cpu):
             return
+        num_quiet = len(self._quiet)
         admission.after_round(
             actor.name,
             actor.step_model,
@@ -242,6 +269,8 @@ class Pipeline:
             now_s=time.perf_counter(),
             busy_s=actor.counters.busy_s,
             num_late=actor.num_behind_now,
+            num_audio=len(self._streams) - self._num_ended - num_quiet,
+            num_quiet=num_quiet,
         )
 
     @property
@@ -254,7 +283,7 @@ class Pipeline:
         if self._closed:
             raise PipelineClosed("<new>")
         priority = priority_of(request)
-        refusal = self.refusal()
+        refusal = self.refusal(request)
         if refusal is not None:
             self._num_refused += 1
             self._admission.num_refused_headroom += refusal.problem is not None
@@ -273,6 +302,8 @@ class Pipeline:
         stream = StreamState(stream_id, request, client, edges, holders, self._hooks)
         stream.priority = priority
         self._streams[stream_id] = stream
+        if self._admission.cpu is not None and not plays_audio(request):
+            self._quiet.add(stream_id)
         self._num_admitted += 1
         links = list(edges.values())
         for index, actor in enumerate(actors):
@@ -309,6 +340,8 @@ class Pipeline:
             self._side.drop(stream.id)
             return
         self._num_ended += 1
+        self._quiet.discard(stream.id)
+        self._extremes = None
         for actor in self._actors:
             actor.drop(stream.id)
 
@@ -316,6 +349,8 @@ class Pipeline:
         if self._side_streams.pop(stream.id, None) is not None:
             return
         del self._streams[stream.id]
+        self._quiet.discard(stream.id)
+        self._extremes = None
         if stream.ending:
             self._num_ended -= 1
         else:

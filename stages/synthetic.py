@@ -10,7 +10,8 @@ A ``SyntheticStage`` behaves like a model stage with a fixed cost per step:
 For every unit it emits ``outputs_per_input`` payloads to the next stage
 (non-visible, ``payload_bytes`` of data each, like hidden states) and, every
 ``visible_every`` units, one user-visible item (``visible``: text, audio or a
-trace event with timings). The service time is ``service_time_ms`` per step
+trace event with timings; request option ``<stage>.visible`` sets one stream's, such
+as text for a stream that plays no audio). The service time is ``service_time_ms`` per step
 plus ``per_stream_ms`` per stream in the batch, slept (GIL released, like a GPU
 kernel) or busy-waited (``cpu_bound``, GIL held). A step costs what its profile
 says: its outputs are built within that time and it returns at its deadline (a
@@ -147,6 +148,7 @@ class _Stream:
     owed: float = 0.0  # frames_per_input: units owed by the inputs taken so far
     held: list[object] = field(default_factory=list)  # window: inputs not yet made into a unit
     cause: object = None  # the input the next unit comes from
+    visible: str = "text"  # its visible items' kind
 
 
 _live: weakref.WeakSet[SyntheticStage] = weakref.WeakSet()
@@ -327,10 +329,14 @@ class SyntheticStage:
         if steps is not None and limit is not None:
             steps = min(int(steps), limit)
         fail_after = knobs.get(f"{self.name}.fail_after_units", self.fail_after_units)
+        visible = knobs.get(f"{self.name}.visible", self.visible)
+        if visible not in ("text", "audio", "trace"):
+            raise ValueError(f"{self.name}.visible must be text, audio or trace, got {visible!r}")
         self.streams[stream_id] = _Stream(
             request,
             int(steps) if steps is not None else None,
             int(fail_after) if fail_after is not None else None,
+            visible=str(visible),
         )
 
     def close_stream(self, stream_id: str) -> None:
@@ -426,14 +432,14 @@ class SyntheticStage:
                 for _ in range(self.outputs_per_input)
             )
             if self.visible_every and state.units % self.visible_every == 0 and not visible:
-                visible.append(self._visible(state.units, item, now))
+                visible.append(self._visible(state.visible, state.units, item, now))
         done = not more and work.input_closed
         return StreamOutput(tuple(payloads), tuple(visible), more=more, done=done)
 
-    def _visible(self, unit: int, cause: object, now: float) -> VisibleItem:
-        if self.visible == "text":
+    def _visible(self, kind: str, unit: int, cause: object, now: float) -> VisibleItem:
+        if kind == "text":
             return TextDelta(f"{self.name}:{unit} ")
-        if self.visible == "audio":
+        if kind == "audio":
             # Vectorized, as a real vocoder's output is a tensor: a GPU-like stage
             # must not spend GIL-holding Python time per sample.
             wave = 8000 * numpy.sin(numpy.arange(self.audio_samples) * (0.1 * unit))

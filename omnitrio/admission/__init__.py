@@ -6,6 +6,7 @@ admitted, ``after_round`` after a stage applied a round, ``completed`` when a st
 ends); each stage actor feeds its own ``StepModel``. ``docs/design.md``, "Admission".
 """
 
+from ._cpu import plays_audio as plays_audio
 from ._headroom import StepModel as StepModel
 from ._headroom import StepPrior as StepPrior
 from ._headroom import StreamFlow as StreamFlow
@@ -23,5 +24,6 @@ __all__ = [
     "StepPrior",
     "StreamFlow",
     "declared_priors",
+    "plays_audio",
     "priority_of",
 ]

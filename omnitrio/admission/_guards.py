@@ -24,6 +24,14 @@
   audio meanwhile. A playing stream with less audio ahead of its playback deadline
   (``StreamState.deadline_s``) than a new stream's startup (the time from admission
   to first audio lately) would run dry through it: while one has, nothing is admitted.
+  Only streams that have played audio count: one on its way to its first audio has no
+  playback yet (counting it at the slack its first chunk would give made two requests
+  that arrive together a refusal for the second, three clients' speech beside row 4's
+  attacker cut to an error), and one that plays no audio (a transcription) never has.
+  Nor does one already past its playback deadline (it ran dry: refusing others can no
+  longer keep it), nor one longer than ``GUARDED_LENGTHS`` usual answers (``guards``):
+  beside row 4's "W." x 100, made at about real time for half a minute, the guard
+  refused every other client's speech while it played.
 """
 
 from __future__ import annotations
@@ -99,33 +107,36 @@ def lateness_problem(most_lag_s: float, client_buffer_s: float) -> str | None:
 
 
 STARTUP_KEEP = 0.9
-"""Weight of the past in the mean startup and first chunk (per stream with audio)."""
+"""Weight of the past in the mean startup and audio (per stream with audio)."""
+GUARDED_LENGTHS = 2.0
+"""The startup guard keeps a stream while its audio is at most this many usual answers'."""
 
 
 class Startup:
     """The startup guard's means: a stream's time from admission to its first audio,
-    and its first chunk, lately (None before a stream completed with audio)."""
+    and its audio, lately (None before a stream completed with audio)."""
 
     def __init__(self) -> None:
         self.mean_s: float | None = None
-        self.mean_first_chunk_s: float | None = None
+        self.mean_audio_s: float | None = None
 
-    def completed(self, startup_s: float, first_chunk_s: float) -> None:
-        """A stream had its first audio (``first_chunk_s`` of it) ``startup_s`` after
-        its admission."""
+    def completed(self, startup_s: float, audio_s: float) -> None:
+        """A stream had its first audio ``startup_s`` after its admission, ``audio_s``
+        in all."""
         self.mean_s = _mean(self.mean_s, startup_s)
-        self.mean_first_chunk_s = _mean(self.mean_first_chunk_s, first_chunk_s)
+        self.mean_audio_s = _mean(self.mean_audio_s, audio_s)
 
-    def starting_slack_s(self, client_buffer_s: float) -> float | None:
-        """How far from its playback deadline a stream on its way to its first audio
-        will be when that comes: its first chunk ahead, less ``client_buffer_s``."""
-        chunk = self.mean_first_chunk_s
-        return None if chunk is None else chunk - client_buffer_s
+    def guards(self, audio_s: float) -> bool:
+        """Whether a playing stream with ``audio_s`` of audio so far holds admission
+        while it is close to its deadline: at most ``GUARDED_LENGTHS`` usual answers."""
+        usual_s = self.mean_audio_s
+        return usual_s is None or audio_s <= GUARDED_LENGTHS * usual_s
 
     def problem(self, least_slack_s: float) -> tuple[str, float] | None:
-        """Why one more stream is refused while the live streams' least time to their
-        playback deadlines is ``least_slack_s``, and when that stream, making audio
-        at twice real time, would be a startup from its deadline (None: it is not)."""
+        """Why one more stream is refused while the live streams it guards have at
+        least ``least_slack_s`` (not below 0) to their playback deadlines, and when that stream,
+        making audio at twice real time, would be a startup from its deadline (None:
+        it is not)."""
         startup_s = self.mean_s
         if startup_s is None or least_slack_s >= startup_s:
             return None

@@ -148,6 +148,8 @@ class Admission:
         now_s: float | None = None,
         most_lag_s: Callable[[], float] | None = None,
         least_slack_s: Callable[[], float] | None = None,
+        num_quiet: int = 0,
+        plays_audio: bool = True,
     ) -> Overloaded | None:
         """Why one more stream must be refused now, or None to admit it. ``num_active``:
         each stage's active streams, by name (default: all ``num_live`` at every stage);
@@ -156,14 +158,16 @@ class Admission:
         ``now_s`` (perf_counter s): when, for ``busy`` admission; ``most_lag_s``: the
         largest lag of a live stream (``_guards.py``), asked last; ``least_slack_s``:
         the least time a live stream has to its playback deadline (``admission: cpu``'s
-        startup guard)."""
+        startup guard); ``num_quiet``: the live streams that play no audio, and
+        ``plays_audio``: whether the new one does (``admission: cpu``, ``_cpu.py``)."""
         if num_open >= self.max_streams:
             return Overloaded(self.max_streams, self.retry_after_s(num_live, oldest_age_s))
         if num_live == 0:
             return None
         retry_s = self.retry_after_s(num_live, oldest_age_s)
         if self.cpu is not None:  # sampled after each round (``after_round``)
-            problem = self.cpu.problem(num_live, self.needed)
+            num_audio = num_live - num_quiet
+            problem = self.cpu.problem(num_audio, self.needed, num_quiet, plays_audio)
             if problem is None and least_slack_s is not None:
                 startup = self.startup.problem(least_slack_s())
                 if startup is not None:
@@ -230,7 +234,7 @@ class Admission:
         ``first_chunk_s`` of it in its first chunk, ``startup_s`` after its admission."""
         self.warmup.over = True
         if startup_s is not None:
-            self.startup.completed(startup_s, first_chunk_s)
+            self.startup.completed(startup_s, audio_s)
         mean = self._mean_lifetime_s
         self._mean_lifetime_s = (
             lifetime_s if mean is None else mean * LIFETIME_KEEP + lifetime_s * (1 - LIFETIME_KEEP)
@@ -261,6 +265,8 @@ class Admission:
         now_s: float,
         busy_s: float,
         num_late: int,
+        num_audio: int = 0,
+        num_quiet: int = 0,
     ) -> None:
         """``stage`` applied a round at ``now_s`` (it holds ``num_held`` streams;
         ``active_streams(now_s, ACTIVE_WINDOW_S)`` lists its active ones): if its factor
@@ -268,9 +274,10 @@ class Admission:
         streams there are past their playback deadlines, shed the active streams beyond
         what it keeps (``should_shed``; shedding a stream idle or finished here would not
         help it). ``busy`` admission: only the stage's busy fraction is kept; ``cpu``:
-        only the process's CPU time."""
+        only the process's CPU time (``num_audio`` and ``num_quiet``: the live streams
+        that play audio and that play none)."""
         if self.cpu is not None:
-            self.cpu.update(now_s, process_cpu_s(), audio_s)
+            self.cpu.update(now_s, process_cpu_s(), audio_s, num_audio, num_quiet)
             return
         if self.busy:
             self._watch(stage, now_s, busy_s)

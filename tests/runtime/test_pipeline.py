@@ -291,3 +291,65 @@ async def test_a_steady_run_wakes_no_stage_for_nothing() -> None:
         "c": 0,
     }
     assert all(s.num_steps >= 40 for s in stats.stages.values())
+
+
+async def test_the_live_streams_most_lag_and_deadlines_are_kept_between_rounds() -> None:
+    # Admission asks for the live streams' largest lag and (admission: cpu's startup
+    # guard) the earliest playback deadline not yet past at each admission; they are
+    # kept from one scan until a round puts audio or a stream ends. b makes 20 ms of
+    # audio per stream-step in 1 + 25 ms per stream: behind real time, each stream by its
+    # own amount.
+    stages = [
+        {"steps": 100_000, "visible_every": 0},
+        {"outputs_per_input": 0, "visible": "audio", "service_time_ms": 1.0, "per_stream_ms": 25.0},
+    ]
+    config = chain_config(stages, max_streams=8)
+    config = config.model_copy(
+        update={"pipeline": config.pipeline.model_copy(update={"admission": "max_streams"})}
+    )
+
+    def scanned(pipeline: omnitrio.Pipeline) -> tuple[float, list[float]]:
+        live = [
+            s for s in pipeline._streams.values() if not s.ending and s.first_audio_at_s is not None
+        ]
+        guards = pipeline._admission.startup.guards
+        return (
+            max((s.lag_s for s in live), default=0.0),
+            sorted(s.deadline_s for s in live if guards(s.audio_s)),
+        )
+
+    checked = 0
+    async with omnitrio.open_pipeline(config) as pipeline, AsyncExitStack() as stack:
+        assert pipeline._scan() == (0.0, [])
+        assert pipeline._least_slack_s() == float("inf")
+        streams = []
+        for steps in (40, 25, 60):
+            request = omnitrio.Request("x", options={"steps": steps})
+            streams.append(await stack.enter_async_context(pipeline.open_stream(request)))
+            assert pipeline._scan() == scanned(pipeline)  # admitted: no audio yet, kept
+            async for _ in streams[-1]:
+                assert pipeline._scan() == scanned(pipeline)
+                checked += 1
+                break
+        lags = set()
+        async with trio.open_nursery() as nursery:
+
+            async def read(stream: omnitrio.Stream) -> None:
+                nonlocal checked
+                async for _ in stream:
+                    most_lag_s, deadlines = pipeline._scan()
+                    assert (most_lag_s, deadlines) == scanned(pipeline)
+                    lags.add(most_lag_s)
+                    slack_s = pipeline._least_slack_s()  # the nearest deadline not yet past
+                    assert slack_s >= 0.0
+                    assert slack_s == float("inf") or any(
+                        d - slack_s == pytest.approx(time.perf_counter(), abs=0.05)
+                        for d in deadlines
+                    )
+                    checked += 1
+
+            for stream in streams:
+                nursery.start_soon(read, stream)
+        assert pipeline._scan() == scanned(pipeline) == (0.0, [])  # none live
+    assert checked == 125
+    assert len(lags) > 10  # the lag moved: the kept value was scanned again

@@ -1,6 +1,7 @@
 """Admission by the cores the stages share (``admission: cpu``,
 ``omnitrio/admission/_cpu.py``): the cores a process may use, the CPU per audio second
-on a virtual clock, the rule on it, and a real pipeline whose stage spins on a core."""
+on a virtual clock, the streams that play no audio kept apart, the rule on it, and a
+real pipeline whose stage spins on a core."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import math
 from pathlib import Path
 
 import pytest
+import trio
 
+import omnitrio
 from omnitrio.admission import _rule
-from omnitrio.admission._cpu import CPU_HALF_LIFE_S, CpuWatch, usable_cores
+from omnitrio.admission._cpu import CPU_HALF_LIFE_S, CpuWatch, plays_audio, usable_cores
+from omnitrio.admission._guards import Startup
 from omnitrio.admission._rule import Admission
+from tests.conftest import chain_config
 from tests.runtime.admission.test_utilisation import STAGES as BUSY_STAGES
 from tests.runtime.admission.test_utilisation import refused_beside_a_playing_stream
 
@@ -108,7 +113,6 @@ def test_while_a_live_stream_has_less_slack_than_a_startup_nothing_is_admitted()
     _fed(admission.cpu, 0.25, 10.0)  # the cores keep many streams
     # No stream has had its first audio yet: no startup known, no guard.
     assert admission.refusal(1, 1, [], 0.0, least_slack_s=lambda: 0.1) is None
-    assert admission.startup.starting_slack_s(admission.client_buffer_s) is None
     admission.completed(5.0, 4.0, 0.4, startup_s=0.6)
     refusal = admission.refusal(1, 1, [], 0.0, least_slack_s=lambda: 0.3)
     assert refusal is not None
@@ -119,9 +123,144 @@ def test_while_a_live_stream_has_less_slack_than_a_startup_nothing_is_admitted()
     # audio at twice real time, is a startup from its deadline.
     assert refusal.retry_after_s == pytest.approx(0.3)
     assert admission.refusal(1, 1, [], 0.0, least_slack_s=lambda: 0.7) is None
-    # A stream on its way to its first audio will have its first chunk ahead when that
-    # comes, less the client's buffer (the pipeline counts that as its slack).
-    assert admission.startup.starting_slack_s(0.25) == pytest.approx(0.4 - 0.25)
+    # The guard keeps a playing stream up to twice the usual answer's audio (4 s here):
+    # one far longer (row 4's "W." x 100, made at about real time) would hold it forever.
+    assert admission.startup.guards(8.0)
+    assert not admission.startup.guards(8.1)
+    assert Startup().guards(1000.0)  # no answer yet: every playing stream
     # A stream that completed without audio leaves the startup as it was.
     admission.completed(1.0)
     assert admission.refusal(1, 1, [], 0.0, least_slack_s=lambda: 0.5) is not None
+
+
+def test_a_request_plays_audio_unless_its_modalities_or_task_say_it_does_not() -> None:
+    assert plays_audio(omnitrio.Request("hi"))  # unset modalities hold everything
+    assert plays_audio(omnitrio.Request("hi", options={"modalities": "text,audio"}))
+    assert not plays_audio(omnitrio.Request("hi", options={"modalities": "text"}))
+    assert not plays_audio(omnitrio.Request(options={"task": "transcribe"}))
+    assert plays_audio(omnitrio.Request("hi", options={"task": "speak"}))
+
+
+def _quiet_load(
+    watch: CpuWatch, cores_used: float, num_quiet: int, seconds: float, start_s: float
+) -> float:
+    """Samples every 0.1 s for ``seconds``: ``num_quiet`` live streams that play no audio
+    use ``cores_used`` of the cores, no audio is delivered; the virtual clock's end."""
+    now_s, cpu_s, audio_s = start_s, watch.cpu_s, watch.audio_s
+    while now_s < start_s + seconds:
+        now_s += 0.1
+        cpu_s += 0.1 * cores_used
+        watch.update(now_s, cpu_s, audio_s, num_audio=0, num_quiet=num_quiet)
+    return now_s
+
+
+def test_streams_that_play_no_audio_are_charged_their_own_cores_not_the_audio_seconds() -> None:
+    # Row 7 of docs/reliability.md: answers played earlier, then four long transcriptions
+    # take 1.8 of the 2 cores and deliver no audio. Charged to the audio seconds, the cost
+    # of one climbed past what any stream could have: every stream was refused.
+    admission = Admission(16, 0.05, headroom=False, cpu=True)
+    watch = admission.cpu
+    assert watch is not None
+    watch.cores = 2.0
+    now_s = _fed(watch, 0.75, 10.0)
+    _quiet_load(watch, 1.8, 4, 4.0, now_s)
+    assert watch.cpu_s_per_audio_s == pytest.approx(0.75, rel=0.01)  # audio's cost kept
+    assert watch.quiet_cores == pytest.approx(0.45, rel=0.01)  # a transcription's cores
+    # Another transcription beside them: nothing playing, nothing to keep: admitted.
+    assert admission.refusal(4, 4, [], 0.0, num_quiet=4, plays_audio=False) is None
+    # One that plays audio: they take 1.6 of the cores (their equal share, under 4 x 0.45),
+    # 0.4 left at 0.75 CPU s per audio s is 0.53x real time: refused, by the cores.
+    refusal = admission.refusal(4, 4, [], 0.0, num_quiet=4)
+    assert refusal is not None
+    assert refusal.problem is not None
+    assert "1 streams playing audio beside 4 playing none" in refusal.problem
+    # A transcription beside one answer playing and one transcription: 0.9 of the cores
+    # to the two, 1.1 left for the answer at 1.47x: admitted; beside four, 1.67 to the
+    # five, the answer at 0.44x: refused.
+    assert admission.refusal(2, 2, [], 0.0, num_quiet=1, plays_audio=False) is None
+    refusal = admission.refusal(5, 5, [], 0.0, num_quiet=4, plays_audio=False)
+    assert refusal is not None
+    assert refusal.problem is not None
+    assert "beside 5 playing none" in refusal.problem
+    # Before any is measured, a quiet stream is counted at its equal share of the cores.
+    fresh = CpuWatch(cores=2.0)
+    _fed(fresh, 0.5, 10.0)
+    assert fresh.quiet_cores is None
+    assert fresh.quiet_take(1, 1) == pytest.approx(1.0)
+    assert fresh.realtime_factor(1, 1) == pytest.approx(1.0 / 0.5)
+
+
+async def test_a_real_pipeline_admits_streams_that_play_no_audio_beside_a_spinning_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One core; b spins 20 ms a step per stream for 20 ms of audio (a CPU second per audio
+    # second). A stream plays 2 s, then two streams that play no audio (text instead of
+    # b's audio, as a transcription) spin the core: the second of them is admitted (the
+    # old rule charged their CPU to the audio seconds and refused it), and one that
+    # plays audio beside them is refused by the cores.
+    monkeypatch.setattr(_rule, "usable_cores", lambda: 1.0)
+    stages = [BUSY_STAGES[0], {**BUSY_STAGES[1], "cpu_bound": True}]
+    config = chain_config(stages, max_streams=8, max_batch_size=8, client_capacity=8)
+    config = config.model_copy(
+        update={"pipeline": config.pipeline.model_copy(update={"admission": "cpu"})}
+    )
+    quiet = omnitrio.Request(
+        "q", options={"modalities": "text", "steps": 100_000, "b.visible": "text"}
+    )
+
+    async def take(stream: omnitrio.Stream, count: int) -> list[object]:
+        items = []
+        async for item in stream:
+            items.append(item)
+            if len(items) == count:
+                break
+        return items
+
+    async with omnitrio.open_pipeline(config) as pipeline:
+        async with pipeline.open_stream(omnitrio.Request("x", options={"steps": 100_000})) as s:
+            assert all(isinstance(i, omnitrio.AudioChunk) for i in await take(s, 100))
+        async with pipeline.open_stream(quiet) as first:
+            texts = await take(first, 50)  # ~1 s of the core
+            assert all(isinstance(i, omnitrio.TextDelta) for i in texts)
+            async with pipeline.open_stream(quiet) as second:
+                assert len(await take(second, 25)) == 25
+                with pytest.raises(omnitrio.Overloaded) as refused:
+                    async with pipeline.open_stream(omnitrio.Request("y")):
+                        pass
+        stats = pipeline.statistics()
+    assert refused.value.problem is not None
+    assert "playing none" in refused.value.problem
+    assert stats.num_refused == 1
+    assert stats.num_shed == 0
+
+
+async def test_requests_that_arrive_together_are_admitted_while_the_cores_have_room(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Row 4's three clients asking for speech at once. The startup guard counted a
+    # stream on its way to its first audio at the slack its first chunk would give it
+    # (here 20 ms less the 0.25 s buffer: -0.23 s, less than any startup), so the
+    # second and third of a burst were refused; only streams that play count now.
+    monkeypatch.setattr(_rule, "usable_cores", lambda: 64.0)
+    config = chain_config(BUSY_STAGES, max_streams=8, max_batch_size=8, client_capacity=8)
+    config = config.model_copy(
+        update={"pipeline": config.pipeline.model_copy(update={"admission": "cpu"})}
+    )
+    async with omnitrio.open_pipeline(config) as pipeline:
+        for _ in range(2):  # two complete: the startup guard has a mean startup
+            async with pipeline.open_stream(omnitrio.Request("x", options={"steps": 60})) as s:
+                async for _ in s:
+                    pass
+        assert pipeline._admission.startup.mean_s is not None
+        received: list[int] = []
+
+        async def one() -> None:
+            async with pipeline.open_stream(omnitrio.Request("y", options={"steps": 10})) as s:
+                received.append(len([item async for item in s]))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(one)
+        stats = pipeline.statistics()
+    assert received == [10, 10, 10]
+    assert stats.num_refused == 0

@@ -47,11 +47,8 @@ def test_the_voice_chat_keeps_a_late_answer_that_headroom_admission_would_shed()
         update={"pipeline": config.pipeline.model_copy(update={"admission": "headroom"})}
     )
     assert _admission(headroom).behind(model, 4, audio_s)
-    assert config.pipeline.admission == "max_streams"  # the default; cpu is opt-in
-    cpu = config.model_copy(
-        update={"pipeline": config.pipeline.model_copy(update={"admission": "cpu"})}
-    )
-    voice = _admission(cpu)
+    assert config.pipeline.admission == "cpu"  # the default: by the cores the stages share
+    voice = _admission(config)
     assert voice.cpu is not None  # by the cores the stages share (no opinion yet here)
     assert not voice.behind(model, 4, audio_s)
     assert voice.refusal(4, 8, [("tts", model)], audio_s) is None
