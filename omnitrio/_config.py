@@ -361,12 +361,26 @@ def _checked_params(
         )
         if required and pname not in ("name", "device") and pname not in spec.params:
             problem(pname, f"{spec.impl} requires parameter {pname!r}; add it under params")
+    return _with_defaults(spec, parameters), problems
+
+
+def _with_defaults(spec: StageSpec, parameters: Mapping[str, inspect.Parameter]) -> dict[str, Any]:
+    """``spec.params`` over its constructor's defaults (``name`` and ``device`` aside)."""
     defaults = {
         n: p.default
         for n, p in parameters.items()
         if p.default is not inspect.Parameter.empty and n not in ("name", "device")
     }
-    return {**defaults, **spec.params}, problems
+    return {**defaults, **spec.params}
+
+
+def stage_params(spec: StageSpec, factory: Any) -> dict[str, Any]:
+    """The stage's params with its constructor's defaults filled in (as given where the
+    constructor cannot be introspected): what its class's declarations are asked for."""
+    try:
+        return _with_defaults(spec, inspect.signature(factory).parameters)
+    except (TypeError, ValueError):
+        return dict(spec.params)
 
 
 def _declared_limits(

@@ -20,14 +20,14 @@ made ``bench-qwen3-omni.yaml``'s talker measure 2-6 % slower than its profile.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .._config import PipelineConfig, StageSpec, resolve_impl
+from .._config import PipelineConfig, resolve_impl, stage_params
+from .._errors import ConfigError
 from ._headroom import StepPrior
 
 logger = logging.getLogger(__name__)
@@ -95,26 +95,21 @@ def declared_cost(factory: Any, params: Mapping[str, Any]) -> StepCost | None:
     return cost
 
 
-def _params(spec: StageSpec, factory: Any) -> dict[str, Any]:
-    """The stage's params with its factory's defaults filled in."""
-    try:
-        parameters = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return dict(spec.params)
-    defaults = {
-        name: p.default
-        for name, p in parameters.items()
-        if p.default is not inspect.Parameter.empty and name not in ("name", "device")
-    }
-    return {**defaults, **spec.params}
-
-
 def declared_priors(config: PipelineConfig) -> dict[str, StepPrior]:
-    """Each chain stage's prior, by name, from what its class declares (``compose``)."""
+    """Each chain stage's prior, by name, from what its class declares (``compose``).
+    Raises ``ConfigError`` naming the stage if its ``step_cost`` refuses its params or
+    returns something other than a ``StepCost``."""
     costs = []
     for spec in config.stages:
         factory = resolve_impl(spec.impl, config.source, f"stage {spec.name}.impl")
-        costs.append(declared_cost(factory, _params(spec, factory)))
+        try:
+            costs.append(declared_cost(factory, stage_params(spec, factory)))
+        except Exception as exc:
+            raise ConfigError(
+                config.source,
+                f"stage {spec.name}.params",
+                f"step_cost: {type(exc).__name__}: {exc}; fix the value or the stage",
+            ) from None
     priors = compose(costs)
     named = {s.name: p for s, p in zip(config.stages, priors, strict=True) if p is not None}
     if named:

@@ -63,6 +63,12 @@ def test_the_synthetic_stages_declare_their_profile() -> None:
     assert [p.audio_s_per_stream_step for p in omni.values()] == pytest.approx([0.02, 0.02, 0.08])
 
 
+def test_a_step_cost_that_refuses_its_params_is_a_config_error_naming_the_stage() -> None:
+    config = chain_config([{"steps": 4}, {"service_time_ms": "slow"}])
+    with pytest.raises(omnitrio.ConfigError, match=r"stage b\.params.*service_time_ms"):
+        declared_priors(config)
+
+
 def test_before_any_step_a_first_wave_is_admitted_only_as_far_as_the_prior_keeps() -> None:
     # bench-qwen3-omni's talker: 7 batches of 32 take 7 x 10.8 ms for an 80 ms frame,
     # 1.06x real time by its profile, which its steps on shared cores do not keep; 6
