@@ -487,7 +487,47 @@ def busy_seconds(base_url: str) -> dict[str, float]:
             rf'^omnitrio_speculative_answers_total\{{outcome="{outcome}"\}} (\S+)$', text, re.M
         )
         busy[f"speculations {outcome}"] = float(found.group(1)) if found else math.nan
+    busy.update(admission_waits(text))
     return busy
+
+
+# Admission waits (i41's block; pipeline.admission_wait_s): requests that waited to be
+# admitted, by how the wait ended, and the seconds waited; nan on servers without them.
+WAIT_OUTCOMES = ("admitted", "refused", "left")
+
+
+def admission_waits(metrics: str) -> dict[str, float]:
+    found = {
+        outcome: re.search(
+            rf'^omnitrio_admission_waits_total\{{outcome="{outcome}"\}} (\S+)$', metrics, re.M
+        )
+        for outcome in WAIT_OUTCOMES
+    }
+    waits = {f"waited {k}": float(m.group(1)) if m else math.nan for k, m in found.items()}
+    seconds = re.search(r"^omnitrio_admission_wait_seconds_total (\S+)$", metrics, re.M)
+    waits["waited s"] = float(seconds.group(1)) if seconds else math.nan
+    return waits
+
+
+def waits_report(levels: list[Level]) -> str:
+    """One line a level: the turns that waited to be admitted (and how long in all), and
+    how their waits ended."""
+    lines = []
+    for level in levels:
+        values = {k: level.busy_s.get(f"waited {k}", math.nan) for k in WAIT_OUTCOMES}
+        if any(math.isnan(value) for value in values.values()):
+            lines.append(f"{level.transport}, {level.conversations}: no admission waits reported")
+            continue
+        counts = {k: round(value) for k, value in values.items()}
+        waited = sum(counts.values())
+        seconds = level.busy_s["waited s"]
+        lines.append(
+            f"{level.transport}, {level.conversations} conversations: {waited} requests waited "
+            f"to be admitted ({seconds:.2f} s in all, {seconds / max(waited, 1):.2f} s each), "
+            f"{counts['admitted']} then admitted, {counts['refused']} refused, "
+            f"{counts['left']} left while waiting"
+        )
+    return "\n".join(lines)
 
 
 async def run_level(
@@ -822,6 +862,7 @@ def main() -> None:
     print(report(levels))
     print("\nWhere the time goes after speech_stopped, p50 (ms):\n")
     print(breakdown(levels))
+    print(f"\nAdmission waits (pipeline.admission_wait_s):\n\n{waits_report(levels)}")
     if args.trace:
         print(
             f"\nThe answers' later audio parts (--trace):\n\n{late_parts_report(levels, log_text)}"

@@ -65,6 +65,15 @@ class PipelineSection(_Strict):
     realtime_margin: float = pydantic.Field(default=0.05, ge=0, le=10, allow_inf_nan=False)
     """Admission by headroom keeps every stream at least ``1 + realtime_margin`` x real
     time (audio seconds made per second)."""
+    admission_wait_s: float = pydantic.Field(default=0.0, ge=0, le=60, allow_inf_nan=False)
+    """How long a request that admission turns away may wait for room instead
+    (``omnitrio/admission/_wait.py``): it waits while its retry hint falls within that,
+    first in first out, asking again when a round is applied or a stream ends, then is
+    admitted or refused with the hint of that moment. 0: refused at once. Under
+    ``admission: cpu`` a new stream that plays audio then also waits while another is
+    on its way to its first audio (``_guards.py``)."""
+    admission_max_waiting: int = pydantic.Field(default=16, ge=1, le=4096)
+    """The most requests waiting to be admitted at once; one more is refused at once."""
     warmup_streams: int | None = pydantic.Field(default=None, ge=1)
     """Admission by headroom: the most streams admitted before any stage's step-time
     model is ready (a burst at start, ``omnitrio/admission/_guards.py``); None: up to

@@ -11,17 +11,16 @@ actor and joins every worker thread, within the configured
 
 from __future__ import annotations
 
-import bisect
 import gc
 import itertools
 import logging
-import math
 import os
 import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from types import MappingProxyType
 
 import trio
@@ -37,6 +36,8 @@ from ._stream import DeliveryCounters, Stream, StreamHooks, StreamState
 from .admission import (
     ACTIVE_WINDOW_S,
     Admission,
+    AdmissionQueue,
+    LiveStreams,
     declared_priors,
     plays_audio,
     priority_of,
@@ -143,7 +144,6 @@ class Pipeline:
         self._num_refused = 0
         self._num_ended = 0  # admitted streams that failed or were cancelled, not yet released
         self._quiet: set[str] = set()  # live streams that play no audio (admission: cpu)
-        self._extremes: tuple[float, list[float]] | None = None  # _scan's, until a round or an end
         self._outcomes = {"completed": 0, "failed": 0, "cancelled": 0}
         self._delivery = DeliveryCounters()
         section = config.pipeline
@@ -162,6 +162,17 @@ class Pipeline:
             busy=section.admission == "busy",
             warmup_streams=section.warmup_streams,
             cpu=section.admission == "cpu",
+            hold_startups=section.admission == "cpu" and section.admission_wait_s > 0,
+        )
+        self._live = LiveStreams(
+            self._streams,
+            self._quiet,
+            self._admission.startup.guards,
+            section.first_audio_budget_s,
+            hold_startups=self._admission.hold_startups,
+        )
+        self._queue = AdmissionQueue(
+            section.admission_wait_s, section.admission_max_waiting, section.max_streams
         )
         priors = declared_priors(config) if section.admission == "headroom" else {}
         for actor in actors:
@@ -173,14 +184,25 @@ class Pipeline:
     async def open_stream(self, request: Request | str) -> AsyncIterator[Stream]:
         """Admit a stream and yield its handle; leaving the block cancels it if still running.
 
-        Raises ``Overloaded`` at once (no queueing) when ``max_streams`` streams
-        are open or a stage has no real-time headroom for one more (``omnitrio/admission/``),
-        and ``PipelineClosed`` once the pipeline is shutting down. The request option
-        ``priority`` (a number, default 0) orders shedding: lowest first.
-        Leaving the block waits until every stage has freed the stream (the steps
-        in progress plus at most one more); see ``Stream.aclose``.
+        Raises ``Overloaded`` when ``max_streams`` streams are open or a stage has no
+        real-time headroom for one more (``omnitrio/admission/``): at once, or, with
+        ``pipeline.admission_wait_s``, once a wait for room (bounded, first in first
+        out, ``admission/_wait.py``) ran out; and ``PipelineClosed`` once the pipeline
+        is shutting down. The request option ``priority`` (a number, default 0) orders
+        shedding: lowest first. Leaving the block waits until every stage has freed the
+        stream (the steps in progress plus at most one more); see ``Stream.aclose``.
         """
-        stream = Stream(self._admit(Request(text=request) if isinstance(request, str) else request))
+        request = Request(text=request) if isinstance(request, str) else request
+        priority_of(request)  # a bad one is refused before it waits
+        try:
+            state = await self._queue.admit(
+                partial(self._admit, request), partial(self.refusal, request)
+            )
+        except Overloaded as exc:
+            self._num_refused += 1
+            self._admission.num_refused_headroom += exc.problem is not None
+            raise
+        stream = Stream(state)
         try:
             yield stream
         finally:
@@ -188,8 +210,9 @@ class Pipeline:
 
     @property
     def is_full(self) -> bool:
-        """True when ``open_stream`` would raise ``Overloaded`` (or the pipeline is closing)."""
-        return self._closed or self.refusal() is not None
+        """True when ``open_stream`` would raise ``Overloaded`` at once, without waiting
+        (or the pipeline is closing)."""
+        return self._closed or self._queue.refuses(self.refusal())
 
     def refusal(self, request: Request | None = None) -> Overloaded | None:
         """The ``Overloaded`` that ``open_stream`` would raise now (with its retry hint),
@@ -209,44 +232,12 @@ class Pipeline:
             self._num_active,
             None if oldest is None else now_s - oldest.admitted_at_s,
             now_s,
-            self._most_lag_s,
-            self._least_slack_s,
+            self._live.most_lag_s,
+            self._live.least_slack_s,
             len(self._quiet),
             request is None or self._admission.cpu is None or plays_audio(request),
+            self._live.oldest_start_s,
         )
-
-    def _most_lag_s(self) -> float:
-        """The largest lag of a live stream at its latest audio (``StreamState.lag_s``)."""
-        return self._scan()[0]
-
-    def _least_slack_s(self) -> float:
-        """The least time a live stream the startup guard keeps has to its playback
-        deadline, not yet past (inf: none): one that has played audio, not longer than
-        ``Startup.guards`` allows (``_guards.py``)."""
-        now_s = time.perf_counter()
-        deadlines = self._scan()[1]
-        index = bisect.bisect_left(deadlines, now_s)
-        return deadlines[index] - now_s if index < len(deadlines) else math.inf
-
-    def _scan(self) -> tuple[float, list[float]]:
-        """The live streams' largest lag, and the playback deadlines (sorted) of those
-        the startup guard keeps. Kept until a stage applies a round (only a round puts
-        audio, which moves both) or a stream ends or is released: an admission adds a
-        stream with no audio yet, which moves neither, so a burst of admissions between
-        two rounds scans once, not once each."""
-        extremes = self._extremes
-        if extremes is None:
-            guards = self._admission.startup.guards
-            most_lag_s, deadlines = 0.0, []
-            for stream in self._streams.values():
-                if stream.ending or stream.first_audio_at_s is None:
-                    continue
-                most_lag_s = max(most_lag_s, stream.lag_s)
-                if guards(stream.audio_s):
-                    deadlines.append(stream.deadline_s)
-            deadlines.sort()
-            extremes = self._extremes = (most_lag_s, deadlines)
-        return extremes
 
     def _num_active(self, stage: str) -> int:
         actor = self._by_name[stage]
@@ -255,7 +246,8 @@ class Pipeline:
     def _after_round(self, actor: StageActor) -> None:
         """A stage applied a round: admission may shed streams there
         (``Admission.after_round``)."""
-        self._extremes = None  # its audio moved the streams' lags and deadlines
+        self._live.moved()  # its audio moved the streams' lags and deadlines
+        self._queue.wake()
         admission = self._admission
         if not (admission.headroom or admission.busy or admission.cpu):
             return
@@ -285,9 +277,7 @@ class Pipeline:
         priority = priority_of(request)
         refusal = self.refusal(request)
         if refusal is not None:
-            self._num_refused += 1
-            self._admission.num_refused_headroom += refusal.problem is not None
-            raise refusal
+            raise refusal  # counted by open_stream, once the wait (if any) is over
         stream_id = f"s{next(self._ids)}"
         actors = self._actors
         client = Link("client", self.config.pipeline.client_capacity, num_producers=len(actors))
@@ -302,8 +292,10 @@ class Pipeline:
         stream = StreamState(stream_id, request, client, edges, holders, self._hooks)
         stream.priority = priority
         self._streams[stream_id] = stream
-        if self._admission.cpu is not None and not plays_audio(request):
+        audio = self._admission.cpu is None or plays_audio(request)
+        if not audio:
             self._quiet.add(stream_id)
+        self._live.admitted(audio)
         self._num_admitted += 1
         links = list(edges.values())
         for index, actor in enumerate(actors):
@@ -341,7 +333,8 @@ class Pipeline:
             return
         self._num_ended += 1
         self._quiet.discard(stream.id)
-        self._extremes = None
+        self._live.moved()
+        self._queue.wake()
         for actor in self._actors:
             actor.drop(stream.id)
 
@@ -350,7 +343,8 @@ class Pipeline:
             return
         del self._streams[stream.id]
         self._quiet.discard(stream.id)
-        self._extremes = None
+        self._live.moved()
+        self._queue.wake()
         if stream.ending:
             self._num_ended -= 1
         else:
@@ -366,6 +360,7 @@ class Pipeline:
     @trio.lowlevel.enable_ki_protection
     def _close(self) -> None:
         self._closed = True
+        self._queue.close()
         for stream in [*self._streams.values(), *self._side_streams.values()]:
             stream.fail(PipelineClosed(stream.id))
 
@@ -395,6 +390,7 @@ class Pipeline:
             num_payloads_to_client=self._delivery.num_non_visible_seen,
             side_stage=None if self._side is None else self._side.statistics(),
             max_trio_stall_s=_stall_meter.max_stall_s,
+            admission_waits=self._queue.statistics(),
         )
 
 

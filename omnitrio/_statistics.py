@@ -93,6 +93,24 @@ class StreamStatistics:
 
 
 @dataclass(frozen=True)
+class AdmissionWaitStatistics:
+    """Requests that waited to be admitted (``pipeline.admission_wait_s``)."""
+
+    num_waiting: int = 0
+    """Waiting now."""
+    num_admitted: int = 0
+    """Waited, then admitted."""
+    num_refused: int = 0
+    """Waited, then refused (also counted in ``PipelineStatistics.num_refused``)."""
+    num_left: int = 0
+    """Their caller went away while they waited."""
+    wait_s: float = 0.0
+    """Seconds waited in all (those waiting now not yet counted)."""
+    longest_s: float = 0.0
+    """The longest single wait."""
+
+
+@dataclass(frozen=True)
 class PipelineStatistics:
     stages: Mapping[str, StageStatistics]
     streams: Mapping[str, StreamStatistics]
@@ -123,3 +141,5 @@ class PipelineStatistics:
     max_trio_stall_s: float = 0.0
     """The longest single task step on the trio thread while pipelines ran (a collector
     pause counts): the longest time no actor and no client could move."""
+    admission_waits: AdmissionWaitStatistics = field(default_factory=AdmissionWaitStatistics)
+    """Requests that waited to be admitted (``pipeline.admission_wait_s``)."""

@@ -31,7 +31,12 @@
   Nor does one already past its playback deadline (it ran dry: refusing others can no
   longer keep it), nor one longer than ``GUARDED_LENGTHS`` usual answers (``guards``):
   beside row 4's "W." x 100, made at about real time for half a minute, the guard
-  refused every other client's speech while it played.
+  refused every other client's speech while it played. Where requests may wait to be
+  admitted (``pipeline.admission_wait_s``, ``_wait.py``), the guard also holds a new
+  stream that plays audio while another is on its way to its first audio (admitted,
+  none yet, not past its first-audio budget): two startups at once take the cores
+  from each other and from the playing streams. Refusing for that failed the second
+  of two requests that arrive together; waiting delays it until the first one plays.
 """
 
 from __future__ import annotations
@@ -145,6 +150,21 @@ class Startup:
             f"a new stream's {startup_s:.2f} s to its first audio on the shared cores"
         )
         return problem, startup_s - least_slack_s
+
+    def starting_problem(self, oldest_start_s: float | None) -> tuple[str, float] | None:
+        """Why a new stream that plays audio waits while another, admitted
+        ``oldest_start_s`` ago, is on its way to its first audio, and when that one's
+        first audio is due (None: it does not: none is starting, or no startup is known
+        yet)."""
+        startup_s = self.mean_s
+        if oldest_start_s is None or startup_s is None:
+            return None
+        problem = (
+            f"a stream admitted {oldest_start_s:.2f} s ago is on its way to its first audio "
+            f"({startup_s:.2f} s lately); two startups on the shared cores would each take "
+            "longer (pipeline.admission_wait_s)"
+        )
+        return problem, startup_s - oldest_start_s
 
 
 def _mean(mean: float | None, value: float) -> float:

@@ -100,6 +100,7 @@ class Admission:
         busy: bool = False,
         warmup_streams: int | None = None,
         cpu: bool = False,
+        hold_startups: bool = False,
     ) -> None:
         self.max_streams = max_streams
         self.warmup = Warmup(warmup_streams)
@@ -112,6 +113,9 @@ class Admission:
         self.cpu = CpuWatch(usable_cores()) if cpu else None
         """Admit by the cores the stages share (``_cpu.py``); shed nothing
         (``admission: cpu``)."""
+        self.hold_startups = hold_startups
+        """``admission: cpu`` with a wait (``pipeline.admission_wait_s``): a new stream
+        that plays audio waits while another is on its way to its first audio."""
         self.num_refused_headroom = 0
         self.num_shed = 0
         self._mean_lifetime_s: float | None = None
@@ -150,6 +154,7 @@ class Admission:
         least_slack_s: Callable[[], float] | None = None,
         num_quiet: int = 0,
         plays_audio: bool = True,
+        oldest_start_s: Callable[[], float | None] | None = None,
     ) -> Overloaded | None:
         """Why one more stream must be refused now, or None to admit it. ``num_active``:
         each stage's active streams, by name (default: all ``num_live`` at every stage);
@@ -159,7 +164,9 @@ class Admission:
         largest lag of a live stream (``_guards.py``), asked last; ``least_slack_s``:
         the least time a live stream has to its playback deadline (``admission: cpu``'s
         startup guard); ``num_quiet``: the live streams that play no audio, and
-        ``plays_audio``: whether the new one does (``admission: cpu``, ``_cpu.py``)."""
+        ``plays_audio``: whether the new one does (``admission: cpu``, ``_cpu.py``);
+        ``oldest_start_s``: how long ago the longest-starting live stream that plays audio
+        and has none yet was admitted (None: none; ``hold_startups``)."""
         if num_open >= self.max_streams:
             return Overloaded(self.max_streams, self.retry_after_s(num_live, oldest_age_s))
         if num_live == 0:
@@ -170,6 +177,8 @@ class Admission:
             problem = self.cpu.problem(num_audio, self.needed, num_quiet, plays_audio)
             if problem is None and least_slack_s is not None:
                 startup = self.startup.problem(least_slack_s())
+                if startup is None and self.hold_startups and plays_audio and oldest_start_s:
+                    startup = self.startup.starting_problem(oldest_start_s())
                 if startup is not None:
                     problem, ahead_s = startup
                     retry_s = max(MIN_RETRY_AFTER_S, min(ahead_s, retry_s or math.inf))

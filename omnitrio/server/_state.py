@@ -17,6 +17,7 @@ from .._errors import Overloaded
 from .._heap import HeapTrims
 from .._items import Request
 from .._pipeline import Pipeline
+from .._statistics import AdmissionWaitStatistics
 from .._stream import Stream
 from ._api_errors import retry_after_s as retry_after_s
 from ._client_totals import ClientTotals
@@ -286,3 +287,30 @@ class _PipelineCollector(Collector):
         ):
             totals.add_metric([outcome], count)
         yield totals
+        yield from _admission_waits(stats.admission_waits)
+
+
+def _admission_waits(waits: AdmissionWaitStatistics) -> Iterator[Metric]:
+    """Requests that waited to be admitted (``pipeline.admission_wait_s``)."""
+    ended = CounterMetricFamily(
+        "omnitrio_admission_waits",
+        "Requests that waited to be admitted, by how the wait ended (left: the client went).",
+        labels=["outcome"],
+    )
+    for outcome, count in (
+        ("admitted", waits.num_admitted),
+        ("refused", waits.num_refused),
+        ("left", waits.num_left),
+    ):
+        ended.add_metric([outcome], count)
+    seconds = CounterMetricFamily(
+        "omnitrio_admission_wait_seconds", "Seconds requests waited to be admitted, in all."
+    )
+    seconds.add_metric([], waits.wait_s)
+    longest = GaugeMetricFamily(
+        "omnitrio_admission_longest_wait_seconds", "The longest single wait to be admitted."
+    )
+    longest.add_metric([], waits.longest_s)
+    waiting = GaugeMetricFamily("omnitrio_admission_waiting", "Requests waiting to be admitted.")
+    waiting.add_metric([], waits.num_waiting)
+    yield from (ended, seconds, longest, waiting)

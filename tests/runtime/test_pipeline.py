@@ -320,15 +320,16 @@ async def test_the_live_streams_most_lag_and_deadlines_are_kept_between_rounds()
 
     checked = 0
     async with omnitrio.open_pipeline(config) as pipeline, AsyncExitStack() as stack:
-        assert pipeline._scan() == (0.0, [])
-        assert pipeline._least_slack_s() == float("inf")
+        live = pipeline._live
+        assert live.scan()[:2] == (0.0, [])
+        assert live.least_slack_s() == float("inf")
         streams = []
         for steps in (40, 25, 60):
             request = omnitrio.Request("x", options={"steps": steps})
             streams.append(await stack.enter_async_context(pipeline.open_stream(request)))
-            assert pipeline._scan() == scanned(pipeline)  # admitted: no audio yet, kept
+            assert live.scan()[:2] == scanned(pipeline)  # admitted: no audio yet, kept
             async for _ in streams[-1]:
-                assert pipeline._scan() == scanned(pipeline)
+                assert live.scan()[:2] == scanned(pipeline)
                 checked += 1
                 break
         lags = set()
@@ -337,10 +338,10 @@ async def test_the_live_streams_most_lag_and_deadlines_are_kept_between_rounds()
             async def read(stream: omnitrio.Stream) -> None:
                 nonlocal checked
                 async for _ in stream:
-                    most_lag_s, deadlines = pipeline._scan()
+                    most_lag_s, deadlines, _ = live.scan()
                     assert (most_lag_s, deadlines) == scanned(pipeline)
                     lags.add(most_lag_s)
-                    slack_s = pipeline._least_slack_s()  # the nearest deadline not yet past
+                    slack_s = live.least_slack_s()  # the nearest deadline not yet past
                     assert slack_s >= 0.0
                     assert slack_s == float("inf") or any(
                         d - slack_s == pytest.approx(time.perf_counter(), abs=0.05)
@@ -350,6 +351,6 @@ async def test_the_live_streams_most_lag_and_deadlines_are_kept_between_rounds()
 
             for stream in streams:
                 nursery.start_soon(read, stream)
-        assert pipeline._scan() == scanned(pipeline) == (0.0, [])  # none live
+        assert live.scan()[:2] == scanned(pipeline) == (0.0, [])  # none live
     assert checked == 125
     assert len(lags) > 10  # the lag moved: the kept value was scanned again
