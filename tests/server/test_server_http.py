@@ -65,6 +65,9 @@ async def test_health_models_and_metrics(base_url: str) -> None:
         "# TYPE omnitrio_stage_steps_total counter",
         "# TYPE omnitrio_stage_model_scale gauge",
         "# TYPE omnitrio_stage_model_first_step_share gauge",
+        'omnitrio_admission_waits_total{outcome="left"} 0.0',  # admission_wait_s: _wait.py
+        "omnitrio_admission_wait_seconds_total 0.0",
+        "omnitrio_admission_waiting 0.0",
     ):
         assert name in text, name
 
