@@ -42,3 +42,26 @@ def test_track_gaps_counts_lost_frames_and_the_buffer_a_late_one_needs() -> None
     assert abs(late_s - 0.030) < 1e-9
     early = [(0.0, 0), (0.005, 960), (0.025, 1920)]  # a frame sent early: no lateness
     assert track_gaps(early) == (0, 0.0)
+
+
+# i41's block: the admission waits, read off the server's own /metrics families.
+def test_the_admission_waits_are_read_off_the_servers_metrics_per_level() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from benchmarks.voice_latency import Level, admission_waits, waits_report
+    from omnitrio._statistics import AdmissionWaitStatistics
+    from omnitrio.server._state import _admission_waits
+
+    def scraped(waits: AdmissionWaitStatistics) -> dict[str, float]:
+        registry = CollectorRegistry()
+        registry.register(type("Waits", (), {"collect": lambda self: _admission_waits(waits)})())
+        return admission_waits(generate_latest(registry).decode())
+
+    before = scraped(AdmissionWaitStatistics(num_admitted=2, wait_s=0.5))
+    after = scraped(AdmissionWaitStatistics(num_admitted=5, num_refused=1, wait_s=2.5))
+    level = Level(4, busy_s={name: after[name] - before[name] for name in after})
+    assert waits_report([level]) == (
+        "websocket, 4 conversations: 4 requests waited to be admitted (2.00 s in all, 0.50 s "
+        "each), 3 then admitted, 1 refused, 0 left while waiting"
+    )
+    assert "no admission waits reported" in waits_report([Level(1, busy_s=admission_waits(""))])
