@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
@@ -34,6 +35,7 @@ import trio
 
 from .._errors import OmnitrioError, Overloaded, StreamShed
 from .._items import AudioChunk, Request, VisibleItem
+from .._stream import Stream
 from .._trace import mark
 from ..realtime import (
     CancelResponse,
@@ -80,7 +82,8 @@ class _Speculation:
     speculation_id: str
     request: Request
     items: trio.MemoryReceiveChannel[VisibleItem]
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)  # the reading
+    waiting: trio.CancelScope = field(default_factory=trio.CancelScope)  # the admission wait
     closed: trio.Event = field(default_factory=trio.Event)  # the stream is freed everywhere
     error: OmnitrioError | None = None  # what ended the stream, if not its end
 
@@ -135,7 +138,8 @@ class RealtimeConnection:
         self._send, self._outbound = trio.open_memory_channel[ServerEvent](
             state.settings.outbound_capacity
         )
-        self._responses: dict[str, trio.CancelScope] = {}
+        # A response's cancel scopes: the admission wait's, then the reading's.
+        self._responses: dict[str, tuple[trio.CancelScope, trio.CancelScope]] = {}
         self._detector: SessionSideStream | None = None
         self._speculation: _Speculation | None = None
         self._totals: SessionTotals | None = None  # its part in the client's totals
@@ -230,7 +234,8 @@ class RealtimeConnection:
             elif isinstance(out, StartResponse):
                 await nursery.start(self._respond, nursery, out)
             elif isinstance(out, CancelResponse) and out.response_id in self._responses:
-                self._responses[out.response_id].cancel()
+                for scope in self._responses[out.response_id]:
+                    scope.cancel()
             elif isinstance(out, SideStageAudio):
                 self._listen(nursery, out)
             elif isinstance(out, Speculate):
@@ -294,10 +299,12 @@ class RealtimeConnection:
             # As in _respond: a cancel stops only the reading; leaving the block then
             # waits until every stage has freed the stream, and ``closed`` says so.
             with send:
-                async with self._state.open_stream(self._client, speculation.request) as stream:
-                    with speculation.scope:
-                        async for item in stream:
-                            await send.send(item)
+                async with AsyncExitStack() as opened:
+                    stream = await self._open(opened, speculation.waiting, speculation.request)
+                    if stream is not None:
+                        with speculation.scope:
+                            async for item in stream:
+                                await send.send(item)
         except OmnitrioError as exc:
             speculation.error = exc
         finally:
@@ -308,6 +315,7 @@ class RealtimeConnection:
         one runs (it frees itself in the background)."""
         speculation = self._speculation
         if speculation is not None and speculation_id in (None, speculation.speculation_id):
+            speculation.waiting.cancel()
             speculation.scope.cancel()
             self._speculation = None
             self._state.speculations.labels("dropped").inc()
@@ -345,6 +353,17 @@ class RealtimeConnection:
         if waited.cancelled_caught:
             raise _ClientTooSlow
 
+    async def _open(
+        self, opened: AsyncExitStack, waiting: trio.CancelScope, request: Request
+    ) -> Stream | None:
+        """``request``'s stream, entered on ``opened``; None if ``waiting`` was cancelled
+        while admission held the request (pipeline.admission_wait_s: nothing opened).
+        Only the wait is in ``waiting``: once admitted, leaving ``opened`` still waits
+        for every stage to free the stream."""
+        with waiting:
+            return await opened.enter_async_context(self._state.open_stream(self._client, request))
+        return None
+
     async def _respond(
         self,
         nursery: trio.Nursery,
@@ -360,8 +379,9 @@ class RealtimeConnection:
         retry_s: float | None = None  # a refused or shed response: when to ask again
         log = ResponseLog(self._state, "realtime", rid)
         busy: Busy | None = None
+        waiting = trio.CancelScope()  # a cancel while admission holds the request ends the wait
         reading = trio.CancelScope()
-        self._responses[rid] = reading
+        self._responses[rid] = (waiting, reading)
         speculation = self._take_speculation(start)
         task_status.started()
         try:
@@ -371,14 +391,17 @@ class RealtimeConnection:
             if speculation is not None:
                 with reading:
                     await self._forward(rid, speculation.items, log)
-                speculation.scope.cancel()  # a no-op unless the reading was cancelled
+                speculation.waiting.cancel()  # no-ops unless the reading was cancelled
+                speculation.scope.cancel()
                 await speculation.closed.wait()
                 if speculation.error is not None:
                     raise speculation.error
             else:
-                async with self._state.open_stream(self._client, start.request) as stream:
-                    with reading:
-                        await self._forward(rid, stream, log)
+                async with AsyncExitStack() as opened:
+                    stream = await self._open(opened, waiting, start.request)
+                    if stream is not None:
+                        with reading:
+                            await self._forward(rid, stream, log)
         except Overloaded as exc:
             if busy != "draining":  # counted by refuse
                 self._state.refusals.labels("overloaded").inc()
@@ -398,7 +421,7 @@ class RealtimeConnection:
             raise
         finally:
             del self._responses[rid]
-        if reading.cancelled_caught:
+        if reading.cancelled_caught or waiting.cancelled_caught:
             status = "cancelled"
         log.done(status)
         item_id = self._session.active_item_id

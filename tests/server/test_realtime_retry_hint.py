@@ -4,6 +4,7 @@ response's error, from the pipeline's own estimate (the HTTP API's Retry-After).
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import trio
 import trio_websocket
@@ -29,6 +30,11 @@ def test_a_failed_response_carries_the_retry_hint_it_is_given() -> None:
     *_, done = session.finish(start.response_id, "failed", "a stage failed")
     error = wire(session, done)["response"]["status_details"]["error"]  # type: ignore[arg-type]
     assert "retry_after_ms" not in error  # not refused: no hint
+
+
+def _metrics(base_url: str) -> str:
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as answer:
+        return str(answer.read().decode())
 
 
 async def _until(ws: trio_websocket.WebSocketConnection, kind: str) -> dict[str, object]:
@@ -84,3 +90,35 @@ async def test_a_response_over_the_clients_share_says_when_to_retry(
     error = await _refused_error(nursery, max_streams=4, max_streams_per_client=1)
     assert "max_streams_per_client" in str(error["message"])
     assert error["retry_after_ms"] == 1000  # as the HTTP 429's Retry-After: 1
+
+
+async def test_a_response_cancelled_while_admission_holds_it_ends_at_once(
+    nursery: trio.Nursery,
+) -> None:
+    # pipeline.admission_wait_s: a response.create past max_streams waits for a slot; a
+    # response.cancel then ends the wait (the client gave up), not the wait's 30 s.
+    config = chain_config(ENDLESS, max_streams=1)
+    waiting_pipeline = config.pipeline.model_copy(update={"admission_wait_s": 30.0})
+    config = config.model_copy(update={"pipeline": waiting_pipeline})
+    settings = ServerSettings(port=0, max_streams_per_client=2)
+    (base_url, *_) = await nursery.start(serve, config, settings)
+    url = base_url.replace("http", "ws") + "/v1/realtime"
+    async with (
+        trio_websocket.open_websocket_url(url) as playing,
+        trio_websocket.open_websocket_url(url) as held,
+    ):
+        await playing.get_message()
+        await held.get_message()
+        with trio.fail_after(10):
+            await playing.send_message(json.dumps({"type": "response.create"}))
+            await _until(playing, "response.output_audio.delta")  # the only slot is taken
+            await held.send_message(json.dumps({"type": "response.create"}))
+            await _until(held, "response.created")
+            await held.send_message(json.dumps({"type": "response.cancel"}))
+            done = await _until(held, "response.done")
+            await _until(playing, "response.output_audio.delta")  # the other plays on
+    response = done["response"]
+    assert isinstance(response, dict)
+    assert response["status"] == "cancelled"
+    metrics = await trio.to_thread.run_sync(_metrics, base_url)  # the server runs in this thread
+    assert 'omnitrio_admission_waits_total{outcome="left"} 1.0' in metrics
