@@ -95,27 +95,68 @@ class Planning(ActorBase):
     def _plan_batch(self) -> tuple[Slot, ...]:
         """The streams to step, by ``pick_batch``; stepped streams, and ready ones left
         out for want of credit, go to the back of ``slots`` (least recently stepped
-        first), and the latter leave the actor's wake-up on the channel that is short."""
+        first), and the latter leave the actor's wake-up on the channel that is short.
+        One pass over the streams: when every ready stream fits in the batch (the
+        usual case), it is the batch without a decision to make."""
         now_s = time.perf_counter()
-        decision = pick_batch(
-            self._candidates(now_s), self.spec.max_batch_size, self.scheduling, now_s
-        )
         slots = self.slots
-        self._skipped = bool(decision.skipped)
-        if decision.skipped:
-            self.counters.num_skipped_no_credit += len(decision.skipped)
-            for sid in decision.skipped:
-                slot = slots[sid] = slots.pop(sid)
+        if self.scheduling == "deadline":
+            ready, skipped = self._ready(now_s)
+            if len(ready) > self.spec.max_batch_size:
+                decision = pick_batch(
+                    (
+                        Candidate(s.id, True, True, s.stream.deadline_s, not s.num_steps)
+                        for s in ready
+                    ),
+                    self.spec.max_batch_size,
+                    self.scheduling,
+                    now_s,
+                )
+                ready = [slots[sid] for sid in decision.batch]
+        else:
+            decision = pick_batch(
+                self._candidates(now_s), self.spec.max_batch_size, self.scheduling, now_s
+            )
+            ready = [slots[sid] for sid in decision.batch]
+            skipped = [slots[sid] for sid in decision.skipped]
+        self._skipped = bool(skipped)
+        if skipped:
+            self.counters.num_skipped_no_credit += len(skipped)
+            for slot in skipped:
+                sid = slot.id
+                slots[sid] = slots.pop(sid)
                 if not slot.in_flight:
                     self._wait_for_credit(slot)
-        picked: list[Slot] = []
-        for sid in decision.batch:
-            slot = slots[sid] = slots.pop(sid)
-            picked.append(slot)
-        return tuple(picked)
+        for slot in ready:
+            sid = slot.id
+            slots[sid] = slots.pop(sid)
+        return tuple(ready)
+
+    def _ready(self, now_s: float) -> tuple[list[Slot], list[Slot]]:
+        """Streams with work that fit, and those that do not, least recently planned
+        first (``_candidates``' rules, without building a candidate for each)."""
+        self.num_behind_now = 0
+        ready: list[Slot] = []
+        skipped: list[Slot] = []
+        has_work, fits = self._has_work, self._fits
+        for slot in self.slots.values():
+            if not slot.steppable or not has_work(slot):
+                continue
+            slot.worked_at_s = now_s
+            if fits(slot):
+                ready.append(slot)
+            elif not slot.in_flight:
+                skipped.append(slot)
+            else:
+                continue
+            if slot.stream.deadline_s < now_s:
+                self.num_behind_now += 1
+        self.counters.num_behind_deadline += self.num_behind_now
+        return ready, skipped
 
     def _candidates(self, now_s: float) -> Iterator[Candidate]:
-        """Streams with work, least recently planned first (``slots`` is kept in that order).
+        """Streams with work, least recently planned first (``slots`` is kept in that order),
+        read lazily (round robin stops once the batch is full).
 
         A stream whose last round is still out is planned again on what trio knows
         (the runner skips it if that step said otherwise); one that does not fit a

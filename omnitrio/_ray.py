@@ -24,7 +24,9 @@ answered while a step runs); if it has not started, the process holds it, the
 supervisor builds the amended plan on trio and sends it (``release``), and the round
 starts with it. The round starts late only if the running step ends meanwhile (one
 round trip, and only when a newcomer comes). Steps, loads and closes keep the
-actor's default group: one at a time, in the order they were sent.
+actor's default group: one at a time, in the order they were sent. A stage that
+closes while a ``hold`` is unanswered sends the ``release`` itself, so the held step
+(and the close queued behind it) is never left waiting.
 """
 
 from __future__ import annotations
@@ -210,6 +212,7 @@ class RayPlacement:
         self._model: Mapping[str, float] = {}
         self._num_submitted = 0  # steps sent to the current actor
         self._asking = False  # a ``hold`` is out, unanswered
+        self._asked = -1  # the step that ``hold`` asked for
         self._started_up_to = -1  # steps the actor said had started when asked
         self.restarting = False
         self.num_payload_bytes_relayed = 0
@@ -245,7 +248,7 @@ class RayPlacement:
         if number <= self._started_up_to or self.restarting or self._actor is None:
             return False
         if not self._asking:
-            self._asking = True
+            self._asking, self._asked = True, number
             actor = self._actor
             ref = actor.hold.remote(number)
             self._when_ready(ref, partial(self._held, actor, number, build))
@@ -279,6 +282,8 @@ class RayPlacement:
         actor, self._actor = self._actor, None
         if actor is None:
             return True
+        if self._asking:  # its answer will find the actor gone: let a held step start
+            actor.release.remote(self._asked, None)
         done = trio.Event()
         self._when_ready(actor.close_all.remote(), lambda _: done.set())
         with trio.CancelScope(shield=True, deadline=deadline):

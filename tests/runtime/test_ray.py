@@ -22,6 +22,8 @@ import pytest
 import trio
 
 import omnitrio
+from omnitrio._runner import Plan
+from omnitrio._stage import StreamWork
 from tests.conftest import (
     Announced,
     chain_config,
@@ -36,6 +38,10 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 MB = 1024 * 1024
 REPO = Path(__file__).resolve().parents[2]
 CLI = (sys.executable, "-m", "omnitrio._cli")
+
+
+def _ignore(value: object) -> None:
+    """A round's result nobody waits for."""
 
 
 def _rss_bytes() -> int:
@@ -188,6 +194,27 @@ async def test_leaving_removes_every_ray_actor_within_the_shutdown_timeout() -> 
             assert pid is not None
             await wait_until_exited(pid)
     assert not any(_alive(pid) for pid in pids if pid is not None)
+
+
+async def test_a_stage_closing_while_its_queued_step_is_held_lets_it_start() -> None:
+    """The answer to ``hold`` comes after the stage began to close (so nobody builds an
+    amended plan): the held step still starts, with its own plan, and the stage closes
+    behind it at once instead of at the shutdown deadline."""
+    from omnitrio._ray import RayPlacement  # Ray is imported only with its cluster
+
+    spec = chain_config([{"steps": 4, "service_time_ms": 300}], placement="ray").stages[0]
+    placement = RayPlacement(spec, "test", feeds_edge=False, payloads_by_reference=False)
+    await placement.load()
+    request = omnitrio.Request("held")
+    placement.submit(Plan((), (("s", request),), (StreamWork("s", (), True),)), _ignore)
+    placement.submit(Plan((), (), (StreamWork("s", (), True),)), _ignore)
+    built: list[object] = []
+    assert placement.amend(lambda: built.append(1)) is None  # asked; answered later
+    started = trio.current_time()
+    closed = await placement.close(started + 10.0)
+    assert closed  # close_all ran: the held step was let go
+    assert trio.current_time() - started < 5.0
+    assert not built  # the actor was gone when the answer came
 
 
 async def test_a_stage_pinned_by_a_custom_resource_runs_on_the_second_node(

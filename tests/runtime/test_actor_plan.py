@@ -1,0 +1,118 @@
+"""A stage's plan of its batch (``_actor_plan.py``): one pass over its streams that takes
+every ready stream that fits when the batch holds them all, and asks ``pick_batch`` only
+when more are ready; either way the scheduler's decision, its order and its counts."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+import omnitrio
+from omnitrio._actor import StageActor
+from omnitrio._link import Link
+from omnitrio._scheduler import Candidate, Scheduling, pick_batch
+from omnitrio._slot import Phase, Slot
+from omnitrio._stage import StepLimits
+from omnitrio._stream import DeliveryCounters, StreamHooks, StreamState
+
+LIMITS = StepLimits(max_payloads_per_step=2, max_visible_per_step=1)
+
+
+def _actor(max_batch_size: int, scheduling: Scheduling) -> StageActor:
+    spec = omnitrio.StageSpec(
+        name="mid", impl="stages.synthetic:SyntheticStage", max_batch_size=max_batch_size
+    )
+    actor = StageActor(spec, "up", feeds_edge=True, scheduling=scheduling)
+    actor.limits = LIMITS
+    return actor
+
+
+def _slot(rng: random.Random, sid: str, now_s: float) -> Slot:
+    """A stream at the stage in a random state: open or not, a round out or not, input
+    or not, room downstream and at its client or not, late or not, stepped or not."""
+    hooks = StreamHooks(lambda s: None, lambda s: None, DeliveryCounters(), 1.0)
+    client = Link("client", 2)
+    stream = StreamState(sid, omnitrio.Request("x"), client, {}, frozenset(), hooks)
+    stream.deadline_s = now_s + rng.choice((-50.0, -10.0, 10.0, 50.0, 100.0))
+    in_link, out_link = Link("up->mid", 8), Link("mid->down", 4)
+    slot = Slot(stream, in_link, out_link)
+    slot.phase = rng.choice((Phase.OPEN, Phase.OPEN, Phase.OPEN, Phase.NEW))
+    slot.in_flight = rng.choice((0, 0, 1))
+    slot.num_steps = rng.choice((0, 3))
+    if rng.random() < 0.7:
+        in_link.reserve(1)
+        in_link.put(["payload"], wake=False)
+        in_link.settle(1, None)
+    if rng.random() < 0.3:  # downstream short of a step's room
+        out_link.reserve(3)
+    if rng.random() < 0.15:  # its client short of a step's room
+        client.reserve(2)
+    return slot
+
+
+def _expected(actor: StageActor, now_s: float) -> tuple[list[str], list[str], int, int]:
+    """The scheduler's decision over every stream, as candidates: (batch, skipped, late
+    streams, ready streams that fit)."""
+    candidates: list[Candidate] = []
+    late = 0
+    for slot in actor.slots.values():
+        if not (slot.steppable and actor._has_work(slot)):
+            continue
+        fits = actor._fits(slot)
+        if fits or not slot.in_flight:
+            late += slot.stream.deadline_s < now_s
+            candidates.append(
+                Candidate(slot.id, True, fits, slot.stream.deadline_s, not slot.num_steps)
+            )
+    decision = pick_batch(candidates, actor.spec.max_batch_size, actor.scheduling, now_s)
+    num_fit = sum(1 for c in candidates if c.fits)
+    return list(decision.batch), list(decision.skipped), late, num_fit
+
+
+@pytest.mark.parametrize("scheduling", ["deadline", "round_robin"])
+def test_the_plan_takes_the_schedulers_batch_and_moves_it_to_the_back(
+    scheduling: Scheduling,
+) -> None:
+    rng = random.Random(41)
+    paths = {"all fit": 0, "picked": 0}
+    for _ in range(400):
+        actor = _actor(rng.randint(1, 8), scheduling)
+        now_s = time.perf_counter()
+        for n in range(rng.randint(0, 12)):
+            slot = _slot(rng, f"s{n}", now_s)
+            actor.slots[slot.id] = slot
+        batch, skipped, late, num_fit = _expected(actor, now_s)
+        if num_fit:
+            paths["picked" if num_fit > actor.spec.max_batch_size else "all fit"] += 1
+        before = [sid for sid in actor.slots if sid not in batch and sid not in skipped]
+
+        planned = actor._plan_batch()
+
+        assert [slot.id for slot in planned] == batch
+        assert actor.counters.num_skipped_no_credit == len(skipped)
+        assert actor._skipped == bool(skipped)
+        # Stepped and skipped streams go to the back, least recently planned first.
+        assert list(actor.slots) == before + skipped + batch
+        for sid in skipped:
+            assert actor.slots[sid].waiting  # its wake-up waits on the short channel
+        if scheduling == "deadline":
+            assert actor.num_behind_now == late
+            assert actor.counters.num_behind_deadline == late
+    assert min(paths.values()) > 50  # both ways were taken, many times
+
+
+def test_a_full_batch_takes_first_steps_then_the_earliest_deadlines() -> None:
+    actor = _actor(2, "deadline")
+    now_s = time.perf_counter()
+    rng = random.Random(0)
+    for sid, deadline_s, num_steps in (("far", 90, 3), ("late", -5, 3), ("new", 99, 0)):
+        slot = _slot(rng, sid, now_s)
+        slot.phase, slot.in_flight, slot.num_steps = Phase.OPEN, 0, num_steps
+        slot.in_link, slot.out_link = None, None
+        slot.stream.client = Link("client", 2)
+        slot.stream.deadline_s = now_s + deadline_s
+        actor.slots[sid] = slot
+    assert [slot.id for slot in actor._plan_batch()] == ["late", "new"]
+    assert list(actor.slots) == ["far", "late", "new"]
