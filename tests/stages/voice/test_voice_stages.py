@@ -172,14 +172,6 @@ def test_the_int8_llm_quantizes_every_linear_layer_and_still_answers() -> None:
         stage.close()
 
 
-def test_an_unknown_llm_dtype_is_refused_naming_the_stage_and_the_choices() -> None:
-    pytest.importorskip("torch")
-    from stages.voice.llm import SmolLM2Llm
-
-    with pytest.raises(ValueError, match=r"stage 'llm': dtype must be one of .*'int8'.*'int4'"):
-        SmolLM2Llm("llm", dtype="int4")
-
-
 def test_the_llm_on_cuda_without_a_gpu_is_refused_naming_the_stage() -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
