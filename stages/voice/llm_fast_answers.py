@@ -26,6 +26,7 @@ from .llm_prompt import ChatPrompt
 from .llm_vllm import VllmRuntime
 from .payloads import TextPiece
 from .trace import mark
+from .trace import text as trace_text
 
 if TYPE_CHECKING:  # llama-cpp-python is optional (runtime: llamacpp)
     from .llm_llamacpp import LlamaRuntime
@@ -103,6 +104,8 @@ class FastAnswers:
         if text and not answer.text_out:
             answer.text_out = True
             mark("llm_first_text", sid)
+        if text:
+            trace_text(sid, text)
         done = answer.finished
         return StreamOutput(payloads=payloads, visible=tuple(visible), more=not done, done=done)
 

@@ -27,8 +27,10 @@ from there across a crossfaded join when it is complete (tts_join.py). A first p
 shorter than K words is spoken as before. With ``first_part_pauses_answer`` the
 answer's own next token waits while its first part is synthesised (first_audio.py).
 With ``first_phrase_cut_s`` (null: off), a first phrase still open when its first
-part's audio runs out within that many seconds ends at its last whole word
-(tts_schedule.py).
+part's audio runs out within that many seconds ends at its last whole word; with
+``later_phrase_cut_s`` (null: off), a later phrase still open when the answer's audio
+runs out within that many seconds ends before its last boundary word, else at its last
+whole word (tts_schedule.py).
 
 With param ``max_part_frames`` (null: off), a phrase longer than that many frames
 (~11.6 ms each) is spoken in parts of at most that many, a part a step, from one front
@@ -99,6 +101,7 @@ class PiperTts:
         first_part_words: int | None = None,
         first_part_pauses_answer: bool = False,
         first_phrase_cut_s: float | None = None,
+        later_phrase_cut_s: float | None = None,
         chunk_left_frames: int = 24,
         chunk_right_frames: int = 20,
         noise: bool = True,
@@ -118,6 +121,10 @@ class PiperTts:
             first_part_pauses_answer,
             first_phrase_cut_s,
         )
+        if later_phrase_cut_s is not None and not later_phrase_cut_s >= 0:
+            raise ValueError(
+                f"later_phrase_cut_s must be at least 0 or null, got {later_phrase_cut_s}"
+            )
         self.min_comma_words = min_comma_words
         self.max_phrase_words = max_phrase_words
         self.first_phrase_max_words = first_phrase_max_words
@@ -128,6 +135,7 @@ class PiperTts:
         self.first_part_words = first_part_words
         self.first_part_pauses_answer = first_part_pauses_answer
         self.first_phrase_cut_s = first_phrase_cut_s
+        self.later_phrase_cut_s = later_phrase_cut_s
         split = SplitParams(
             first_chunk_frames, max_part_frames, chunk_left_frames, chunk_right_frames
         )
@@ -147,6 +155,7 @@ class PiperTts:
         self.max_phoneme_ids = max_phoneme_ids  # one phrase's Piper input, at most
         self.joins = self.voice.joins  # tts_join.py: the first phrases spoken across a join
         self.first_phrase_cuts = 0  # first phrases cut short for time (first_phrase_cut_s)
+        self.later_phrase_cuts = 0  # later phrases cut short for time (later_phrase_cut_s)
 
     def open_stream(self, stream_id: str, request: Request) -> None:
         splitter = PhraseSplitter(
@@ -176,6 +185,8 @@ class PiperTts:
             speech.feed(work.inputs, work.input_closed)
             if speech.cut_if_late(self.first_phrase_cut_s):
                 self.first_phrase_cuts += 1
+            if speech.cut_later_if_late(self.later_phrase_cut_s):
+                self.later_phrase_cuts += 1
         later = later_phrase(self.streams, [w.stream_id for w in batch])  # tts_schedule.py
         return {
             w.stream_id: self._speak_or_fail(w.stream_id, later=w.stream_id == later) for w in batch

@@ -16,7 +16,13 @@ its first part's audio runs out within that many seconds ends at its last whole 
 its join made then (the rest of its text opens the next phrase): measured with
 ``--trace``, the few parts late for a 200 ms buffer at one conversation, and with
 ``admission: cpu`` at four, all waited on the LLM completing the first phrase, not on
-synthesis.
+synthesis. With ``later_phrase_cut_s`` (null: off), a later phrase still open when the
+answer's audio made so far runs out within that many seconds ends too: before its last
+boundary word, else at its last whole word (phrases.py ``cut_later``). Measured with
+``--trace`` at one conversation (issue 41, sixth session), the answers that ran dry
+for a 200 ms buffer all waited on a later phrase the LLM was still writing: a first
+phrase cut for length at a boundary left its words to the second, which then ran on to
+its sentence's end through quoted names of many tokens each.
 """
 
 from __future__ import annotations
@@ -76,6 +82,24 @@ class PhraseQueue(SplitState):
         if self.part_plays_until - time.perf_counter() >= cut_s:
             return False
         phrase = self.splitter.cut_first()
+        if phrase is None:
+            return False
+        self.phrases.append(phrase)
+        self.ready_at.append(time.monotonic())
+        return True
+
+    def cut_later_if_late(self, cut_s: float | None) -> bool:
+        """With ``cut_s`` (``later_phrase_cut_s``): once the answer's audio made so far
+        runs out within it, nothing is queued or going on and a later phrase is open, that
+        phrase ends now (phrases.py ``cut_later``), so its audio is made in time. Whether it
+        was cut."""
+        if cut_s is None or not self.runs_out or self.text_done or self.phrases:
+            return False
+        if self.join is not None or self.rest is not None or self.going_on is not None:
+            return False
+        if self.runs_out - time.monotonic() >= cut_s:
+            return False
+        phrase = self.splitter.cut_later()
         if phrase is None:
             return False
         self.phrases.append(phrase)

@@ -4,6 +4,7 @@ out first."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,6 +62,20 @@ def test_no_cut_without_a_first_part_out() -> None:
     assert queue.join is None
     assert not queue.cut_if_late(60.0)
     assert not queue.phrases
+
+
+def test_a_later_phrase_is_cut_only_once_the_answers_audio_runs_out_within_the_limit() -> None:
+    queue = PhraseQueue(splitter=PhraseSplitter(first_max_words=3), spoken=1)
+    queue.feed((TextPiece("A good name for a small dog could be "),), False)
+    assert queue.pop() == "A good name"
+    assert not queue.cut_later_if_late(0.4)  # no audio made yet: nothing runs out
+    queue.runs_out = time.monotonic() + 1.0
+    assert not queue.cut_later_if_late(0.4)  # a second of audio ahead
+    assert not queue.cut_later_if_late(None)  # off
+    queue.runs_out = time.monotonic() + 0.3
+    assert queue.cut_later_if_late(0.4)
+    assert list(queue.phrases) == ["for a small dog could be"]
+    assert not queue.cut_later_if_late(0.4)  # one is queued: no cut
 
 
 @pytest.fixture
@@ -125,3 +140,11 @@ def test_a_step_speaks_one_later_phrase_the_one_that_runs_out_first(tts: object)
     assert spoken == sorted(texts, key=runs_out.__getitem__)
     for sid in texts:
         tts.close_stream(sid)  # type: ignore[attr-defined]
+
+
+@needs_voice
+def test_a_negative_later_phrase_cut_is_refused() -> None:
+    from stages.voice.tts import PiperTts
+
+    with pytest.raises(ValueError, match="later_phrase_cut_s must be at least 0 or null"):
+        PiperTts("tts", later_phrase_cut_s=-0.1)
