@@ -67,10 +67,7 @@ class PhraseQueue(SplitState):
             self.part = None
         if input_closed and not self.text_done:
             self.text_done = True
-            rest = self.splitter.flush()
-            if rest:
-                self.phrases.append(rest)
-                self.ready_at.append(time.monotonic())
+            self._queue(self.splitter.flush())
 
     def cut_if_late(self, cut_s: float | None) -> bool:
         """With ``cut_s`` (``first_phrase_cut_s``): once the first part's audio runs out
@@ -81,12 +78,7 @@ class PhraseQueue(SplitState):
             return False
         if self.part_plays_until - time.perf_counter() >= cut_s:
             return False
-        phrase = self.splitter.cut_first()
-        if phrase is None:
-            return False
-        self.phrases.append(phrase)
-        self.ready_at.append(time.monotonic())
-        return True
+        return self._queue(self.splitter.cut_first())
 
     def cut_later_if_late(self, cut_s: float | None) -> bool:
         """With ``cut_s`` (``later_phrase_cut_s``): once the answer's audio made so far
@@ -99,7 +91,10 @@ class PhraseQueue(SplitState):
             return False
         if self.runs_out - time.monotonic() >= cut_s:
             return False
-        phrase = self.splitter.cut_later()
+        return self._queue(self.splitter.cut_later())
+
+    def _queue(self, phrase: str | None) -> bool:
+        """Queue ``phrase``, complete now, if there is one; whether there was."""
         if phrase is None:
             return False
         self.phrases.append(phrase)
