@@ -540,3 +540,22 @@ def test_ray_is_imported_only_by_pipelines_that_place_a_stage_on_it() -> None:
         "assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')]"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# Small files with one job (the house style: ~300 lines a module). A voice stage module
+# past this has more than one job: split it by job, as the TTS (tts.py: the step;
+# tts_schedule.py, tts_synthesis.py) and the LLM (llm.py: the step; llm_prompt.py,
+# llm_answer.py, llm_engines.py, llm_fast_answers.py) were.
+MAX_VOICE_MODULE_LINES = 450
+
+
+def test_no_voice_stage_module_holds_more_than_one_jobs_lines() -> None:
+    sizes = {
+        path.name: len(path.read_text().splitlines())
+        for path in sorted((REPO / "stages" / "voice").glob("*.py"))
+    }
+    assert len(sizes) > 20
+    assert sizes["tts.py"] <= 350
+    assert sizes["llm.py"] <= 350
+    over = {name: n for name, n in sizes.items() if n > MAX_VOICE_MODULE_LINES}
+    assert not over, f"split these by job: {over}"

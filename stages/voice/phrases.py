@@ -2,7 +2,10 @@
 
 Text arrives a token at a time. A phrase ends at a sentence end (. ! ? ; :
 followed by a space, not after an abbreviation such as "Dr." or an initial), at
-a comma once the phrase has ``min_comma_words`` words, or once it has
+a comma once the phrase has ``min_comma_words`` words (either of them also where a
+closing quote or bracket comes between it and the space: ``"Lady in Red." It``; the
+LLM quotes names it suggests, and a phrase that ran on past them to the next comma
+was the answer's audio running dry), or once it has
 ``max_words`` words (``first_max_words`` for the first phrase: the sooner it is
 out, the sooner the answer is heard). The first phrase also ends before a
 boundary word (below) that comes once it has ``first_min_words`` words, without
@@ -29,8 +32,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-_SENTENCE_END = re.compile(r"(\S*)[.!?;:]\s")
-_COMMA = re.compile(r",\s")
+_CLOSING = "[\"'\u201d\u2019)\\]]*"  # what may close after a sentence's end or a comma
+_SENTENCE_END = re.compile(r"(\S*?)[.!?;:]" + _CLOSING + r"\s")
+_COMMA = re.compile("," + _CLOSING + r"\s")
 _WORD = re.compile(r"\S+\s")
 _PIECE = re.compile(r"\s*\S*\s?")
 ABBREVIATIONS = frozenset(
@@ -134,6 +138,25 @@ class PhraseSplitter:
         if len(words) < (self.first_part_words or 0):
             return None
         cut = words[-1].end()
+        phrase, self._text = self._text[:cut].strip(), self._text[cut:]
+        self._num_phrases += 1
+        return phrase
+
+    def cut_later(self) -> str | None:
+        """A later phrase cut now, if it is open and holds ``MIN_WORDS`` whole words:
+        before its last boundary word that leaves ``MIN_WORDS`` before it, else after its
+        last whole word (None otherwise): for when the answer's audio would run out
+        before the phrase is complete."""
+        if not self._num_phrases:
+            return None
+        words = list(_WORD.finditer(self._text))
+        if len(words) < MIN_WORDS:
+            return None
+        cut = words[-1].end()
+        for word in reversed(words[MIN_WORDS:]):
+            if word.group().strip().lower() in BOUNDARY_WORDS:
+                cut = word.start()  # the boundary word opens the next phrase
+                break
         phrase, self._text = self._text[:cut].strip(), self._text[cut:]
         self._num_phrases += 1
         return phrase

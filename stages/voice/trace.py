@@ -34,3 +34,11 @@ def part(stream_id: str, kind: str, **seconds: float) -> None:
     if ENABLED:
         values = " ".join(f"{name}={value:.4f}" for name, value in seconds.items())
         _logger.info("voice-part %s %s %s", kind, stream_id, values)
+
+
+def text(stream_id: str, piece: str) -> None:
+    """Log the text ``piece`` of ``stream_id``'s answer the LLM hands on now
+    (``voice-text <stream id> <seconds> <text as a Python literal>``; only when tracing
+    is on)."""
+    if ENABLED:
+        _logger.info("voice-text %s %.6f %r", stream_id, time.monotonic(), piece)

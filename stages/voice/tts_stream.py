@@ -79,7 +79,7 @@ class SplitVoice:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = num_threads
         options.inter_op_num_threads = 1
-        options.enable_cpu_mem_arena = False  # as tts.py's session: no long phrase's peak kept
+        options.enable_cpu_mem_arena = False  # as the whole voice's: no long phrase's peak kept
         providers = ["CPUExecutionProvider"]
         front = _with_durations(onnx_lib.load(str(folder / meta.frontend)))
         self._front = onnxruntime.InferenceSession(front.SerializeToString(), options, providers)

@@ -62,7 +62,7 @@ def check_a_speaking_answer_waits_while_a_first_phrase_is_synthesised(
     from stages.voice.payloads import Utterance
 
     monkeypatch.setattr(FIRST_AUDIO, "max_hold_s", 600.0)  # the hold, not its cap, is tested
-    monkeypatch.setattr(llm, "first_audio_first", True)
+    monkeypatch.setattr(llm.answers, "first_audio_first", True)
     question = (Utterance("Tell me a long story about a dragon."),)
     held_before = FIRST_AUDIO.held_s
     texts = {"speaking": "", "writing": ""}

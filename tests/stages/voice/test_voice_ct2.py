@@ -48,7 +48,7 @@ def _static_and_question(llm: object, sid: str, history: str, question: str) -> 
 
     llm.open_stream(sid, Request(text=history))  # type: ignore[attr-defined]
     turn = llm.streams[sid]  # type: ignore[attr-defined]
-    prompt = llm._prompt_ids(turn, [Utterance(question)])  # type: ignore[attr-defined]
+    prompt = llm.prompt.prompt_ids(turn, [Utterance(question)])  # type: ignore[attr-defined]
     llm.close_stream(sid)  # type: ignore[attr-defined]
     return turn.static_len, len(prompt) - turn.static_len
 

@@ -85,7 +85,7 @@ def test_a_worker_reuses_the_cached_prefix_of_the_conversation(llm: object) -> N
     assert second.reused_tokens >= len(first_prompt)  # type: ignore[attr-defined]
     _, other, _ = answer_of("o", "Why is the sky blue?", "")
     llm.open_stream("probe", Request())  # type: ignore[attr-defined]
-    system = llm._system_ids(llm.streams["probe"])  # type: ignore[attr-defined]
+    system = llm.prompt.system_ids(llm.streams["probe"])  # type: ignore[attr-defined]
     llm.close_stream("probe")  # type: ignore[attr-defined]
     assert other.reused_tokens >= len(system)  # type: ignore[attr-defined]
 
@@ -141,15 +141,3 @@ def test_an_answer_speaking_waits_while_a_first_phrase_is_synthesised(
     llm: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     check_a_speaking_answer_waits_while_a_first_phrase_is_synthesised(llm, monkeypatch)
-
-
-def test_the_history_window_moves_in_steps_so_the_prompt_prefix_stays(
-    llm: object, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On llama.cpp the kept history starts at a multiple of max_history_messages: the
-    next turn's prompt starts with this turn's (a cache hit) until the window moves."""
-    monkeypatch.setattr(llm, "max_history_messages", 4)
-    starts = [llm._history_start(n) for n in range(0, 14, 2)]  # type: ignore[attr-defined]
-    assert starts == [0, 0, 0, 4, 4, 8, 8]
-    monkeypatch.setattr(llm, "runtime", "ctranslate2")  # the others: the last 4
-    assert [llm._history_start(n) for n in (2, 6, 8)] == [0, 2, 4]  # type: ignore[attr-defined]

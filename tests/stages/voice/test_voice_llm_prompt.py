@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from stages.voice.llm import MAX_CHARS_PER_TOKEN, cut_to_chars
+from stages.voice.llm_prompt import MAX_CHARS_PER_TOKEN, ChatPrompt, cut_to_chars
 from tests.stages.voice.llm_support import run_streams
 from tests.voice_support import needs_voice
 
@@ -56,3 +56,20 @@ def test_cut_to_chars_never_keeps_more(num_chars: int) -> None:
     messages = [{"role": "user", "content": "x" * 20}]
     kept = cut_to_chars(messages, num_chars)
     assert sum(len(m["content"]) for m in kept) == num_chars
+
+
+def test_the_history_window_moves_in_steps_so_the_prompt_prefix_stays() -> None:
+    """On llama.cpp (``moving_window``) the kept history starts at a multiple of
+    max_history_messages: the next turn's prompt starts with this turn's (a cache hit)
+    until the window moves; the other runtimes keep the last max_history_messages."""
+    prompt = ChatPrompt(
+        None,  # no tokenizer: the window is counted in messages
+        max_prompt_tokens=768,
+        max_history_messages=4,
+        moving_window=True,
+        static=False,
+        cache_history=True,
+    )
+    assert [prompt.history_start(n) for n in range(0, 14, 2)] == [0, 0, 0, 4, 4, 8, 8]
+    prompt.moving_window = False
+    assert [prompt.history_start(n) for n in (2, 6, 8)] == [0, 2, 4]

@@ -150,7 +150,7 @@ def test_a_word_of_emoji_is_spoken_within_the_phoneme_cap() -> None:
     ~11k ids in one Piper call; now at most ``max_phoneme_ids``."""
     tts = PiperTts("tts", max_phoneme_ids=400)
     symbols: VoiceSymbols = tts.symbols
-    ids, _ = tts._inputs("\U0001f600" * 60)
+    ids, _ = tts.voice.inputs("\U0001f600" * 60)
     assert ids.shape[1] <= 400
     assert ids[0, -1] == symbols.end
     tts.close()
@@ -162,7 +162,7 @@ def test_a_phrase_at_the_phoneme_cap_leaves_no_peak_behind() -> None:
     tts = PiperTts("tts")
     try:
         tts.synthesize(GREETING, noise=False)
-        ids, _ = tts._inputs("W. " * 100)
+        ids, _ = tts.voice.inputs("W. " * 100)
         assert ids.shape[1] > tts.max_phoneme_ids - 40  # cut at the cap (at a word)
         before = psutil.Process().memory_info().rss
         for _ in range(2):

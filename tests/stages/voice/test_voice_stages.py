@@ -77,6 +77,32 @@ def test_the_first_phrase_cut_now_ends_at_its_last_whole_word_if_it_holds_the_pa
     assert PhraseSplitter(first_max_words=12).cut_first() is None  # no first part at all
 
 
+def test_a_sentence_or_a_comma_ends_a_phrase_behind_a_closing_quote() -> None:
+    """The LLM quotes the names it suggests: 'or "Lady in Red." It' ends a sentence, and
+    before, the phrase ran on to the next comma (the answer's audio ran dry meanwhile)."""
+    splitter = PhraseSplitter(min_comma_words=2)
+    assert splitter.feed('Call her "Lady in Red." It') == ['Call her "Lady in Red."']
+    said = splitter.feed('\'s short, or "Max," or (Rex.) ')
+    assert said == ["It's short,", 'or "Max,"', "or (Rex.)"]
+    assert splitter.flush() is None
+    assert PhraseSplitter().feed('Ask "Dr." Smith ') == []  # still an abbreviation
+
+
+def test_a_later_phrase_cut_now_ends_before_its_last_boundary_word_or_after_its_last_word() -> None:
+    """cut_later (the TTS's later_phrase_cut_s): only a later phrase, only once it holds
+    two whole words; before the last boundary word that leaves two words before it."""
+    splitter = PhraseSplitter(first_max_words=3)
+    assert splitter.feed("A good name for a small ") == ["A good name"]
+    assert splitter.feed('dog could be "Lil') == []
+    assert splitter.cut_later() == "for a small dog could be"  # "for" leaves no words before
+    assert splitter.feed('ac" or') == []
+    assert splitter.cut_later() is None  # '"Lilac"' alone: one whole word
+    assert splitter.feed(' "Max" and "Rex" ') == []
+    assert splitter.cut_later() == '"Lilac" or "Max"'  # before "and"
+    assert splitter.flush() == 'and "Rex"'
+    assert PhraseSplitter().cut_later() is None  # the first phrase is not a later one
+
+
 @pytest.fixture
 def llm() -> Iterator[object]:
     """One per test: its packaging thread (started by the first step) ends with it."""
@@ -170,14 +196,6 @@ def test_the_int8_llm_quantizes_every_linear_layer_and_still_answers() -> None:
         assert "Paris" in answer
     finally:
         stage.close()
-
-
-def test_an_unknown_llm_dtype_is_refused_naming_the_stage_and_the_choices() -> None:
-    pytest.importorskip("torch")
-    from stages.voice.llm import SmolLM2Llm
-
-    with pytest.raises(ValueError, match=r"stage 'llm': dtype must be one of .*'int8'.*'int4'"):
-        SmolLM2Llm("llm", dtype="int4")
 
 
 def test_the_llm_on_cuda_without_a_gpu_is_refused_naming_the_stage() -> None:

@@ -64,7 +64,7 @@ def test_a_long_phrase_is_spoken_a_part_a_step_and_joins_into_one_pass(tts: obje
     from stages.voice.payloads import TextPiece
 
     whole = tts.synthesize(LONG, noise=False)  # type: ignore[attr-defined]
-    hop = tts._split.hop  # type: ignore[attr-defined]
+    hop = tts.voice.split.hop  # type: ignore[attr-defined]
     tts.open_stream("s", Request())  # type: ignore[attr-defined]
     outputs = [tts.step([StreamWork("s", (TextPiece(LONG),), True)])["s"]]  # type: ignore[attr-defined]
     while not outputs[-1].done:
@@ -109,7 +109,7 @@ def test_a_first_part_then_parts_of_the_rest(tmp_path: Path) -> None:
     tts = _stage(tmp_path, first_chunk_frames=24)
     try:
         whole = tts.synthesize(LONG, noise=False)
-        hop = tts._split.hop
+        hop = tts.voice.split.hop
         tts.open_stream("s", Request())
         outputs = [tts.step([StreamWork("s", (TextPiece(LONG),), True)])["s"]]
         assert tts.streams["s"].rest is not None

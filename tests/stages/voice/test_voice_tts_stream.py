@@ -36,13 +36,13 @@ def test_the_parts_join_into_the_one_pass_audio(tts: object, text: str, first_fr
     from stages.voice.tts import PiperTts
 
     assert isinstance(tts, PiperTts)
-    assert tts._split is not None
-    assert (tts._split.right_frames, tts._split.left_frames) == (20, 24)
+    assert tts.voice.split is not None
+    assert (tts.voice.split.right_frames, tts.voice.split.left_frames) == (20, 24)
     whole = tts.synthesize(text, noise=False)  # the voice's own graph, no sampled noise
-    phrase = tts._split.front(*tts._inputs(text, noise=False))
-    first = tts._split.speak(phrase, first_frames)
-    rest = tts._split.speak(phrase, phrase.num_frames)
-    assert first.size == first_frames * tts._split.hop
+    phrase = tts.voice.split.front(*tts.voice.inputs(text, noise=False))
+    first = tts.voice.split.speak(phrase, first_frames)
+    rest = tts.voice.split.speak(phrase, phrase.num_frames)
+    assert first.size == first_frames * tts.voice.split.hop
     joined = np.concatenate([first, rest])
     assert joined.size == whole.size
     np.testing.assert_allclose(joined, whole, atol=2e-3)
@@ -52,9 +52,9 @@ def test_the_parts_join_into_the_one_pass_audio(tts: object, text: str, first_fr
 def test_a_margin_narrower_than_the_field_that_matters_does_not_join(tts: object) -> None:
     """What the test above would catch: with 8 frames of look-ahead the first part's
     last frames are audibly off the one pass."""
-    split = tts._split  # type: ignore[attr-defined]
+    split = tts.voice.split  # type: ignore[attr-defined]
     whole = tts.synthesize(PHRASE, noise=False)  # type: ignore[attr-defined]
-    phrase = split.front(*tts._inputs(PHRASE, noise=False))  # type: ignore[attr-defined]
+    phrase = split.front(*tts.voice.inputs(PHRASE, noise=False))  # type: ignore[attr-defined]
     split.right_frames = 8
     first = split.speak(phrase, 32)
     assert np.abs(first - whole[: first.size]).max() > 2e-2
@@ -89,7 +89,7 @@ def test_the_first_part_goes_out_a_step_before_the_rest(tts: object) -> None:
     tts.close_stream("s")  # type: ignore[attr-defined]
     chunks = [item for out in outputs for item in out.visible if isinstance(item, AudioChunk)]
     assert len(chunks) == 3  # the first phrase in two parts, the second whole
-    first_samples = FIRST_FRAMES * tts._split.hop  # type: ignore[attr-defined]
+    first_samples = FIRST_FRAMES * tts.voice.split.hop  # type: ignore[attr-defined]
     quiet_start = int(0.06 * 22050)  # cut from an answer's first audio (pcm.without_quiet_start)
     assert 2 * (first_samples - quiet_start) <= len(chunks[0].pcm16) <= 2 * first_samples
     assert outputs[0].more
@@ -114,7 +114,7 @@ def test_a_first_phrase_too_short_to_gain_from_parts_is_spoken_whole(tmp_path: P
     tts.close_stream("s")  # type: ignore[attr-defined]
     chunks = [item for out in outputs for item in out.visible if isinstance(item, AudioChunk)]
     assert len(chunks) == 2  # each phrase whole
-    split = tts._split  # type: ignore[attr-defined]
+    split = tts.voice.split  # type: ignore[attr-defined]
     assert len(chunks[0].pcm16) > 2 * FIRST_FRAMES * split.hop
     assert len(chunks[0].pcm16) <= 2 * (FIRST_FRAMES + split.right_frames) * split.hop
     tts.close()
@@ -143,61 +143,6 @@ def test_the_first_phrase_marks_the_stream_as_speaking_until_it_closes(tts: obje
     assert not FIRST_AUDIO.speaking("m")
 
 
-@needs_voice
-def test_a_first_phrase_is_spoken_before_another_answers_later_phrase(tts: object) -> None:
-    """A step that speaks one answer's first phrase (both its parts) defers another's
-    later phrase to a later step, so the first audio is not held behind it."""
-    from stages.voice.payloads import TextPiece
-
-    def audio(output: object) -> int:
-        return sum(isinstance(i, AudioChunk) for i in output.visible)  # type: ignore[attr-defined]
-
-    for sid in ("old", "new"):
-        tts.open_stream(sid, Request())  # type: ignore[attr-defined]
-    second = (TextPiece(PHRASE), TextPiece(" Dogs like bones too."))
-    for inputs in (second, ()):  # the old answer's first phrase, in its two parts
-        assert audio(tts.step([StreamWork("old", inputs, True)])["old"])  # type: ignore[attr-defined]
-    steps = [
-        tts.step([StreamWork("old", (), True), StreamWork("new", inputs, True)])  # type: ignore[attr-defined]
-        for inputs in ((TextPiece(PHRASE),), (), ())
-    ]
-    assert [audio(s["new"]) for s in steps] == [1, 1, 0]  # its first phrase's two parts
-    assert [audio(s["old"]) for s in steps] == [0, 0, 1]  # then its second phrase
-    assert steps[0]["old"].more
-    assert not steps[0]["old"].done
-    assert steps[2]["old"].done
-    for sid in ("old", "new"):
-        tts.close_stream(sid)  # type: ignore[attr-defined]
-
-
-@needs_voice
-def test_a_step_speaks_one_later_phrase_the_one_that_runs_out_first(tts: object) -> None:
-    """With no first phrase due, a step speaks one later phrase: that of the answer whose
-    audio, played from its first audio on, runs out first (the others wait a step, so an
-    answer's first phrase arriving meanwhile waits behind one later phrase at most)."""
-    from stages.voice.payloads import TextPiece
-
-    texts = {"long": PHRASE, "yes": "Yes.", "no": "No."}  # each first phrase, then one more
-    for sid, first in texts.items():  # one after another: "long" runs out last
-        tts.open_stream(sid, Request())  # type: ignore[attr-defined]
-        inputs: tuple[object, ...] = (TextPiece(f"{first} Birds like seeds and crumbs."),)
-        while tts._first_due(tts.streams[sid]) or inputs:  # type: ignore[attr-defined]
-            tts.step([StreamWork(sid, inputs, True)])  # type: ignore[attr-defined]
-            inputs = ()
-    runs_out = {sid: tts.streams[sid].runs_out for sid in texts}  # type: ignore[attr-defined]
-    assert max(runs_out, key=runs_out.__getitem__) == "long"
-    spoken = []
-    for _ in texts:
-        outputs = tts.step([StreamWork(sid, (), True) for sid in texts])  # type: ignore[attr-defined]
-        speaking = [sid for sid, out in outputs.items() if out.visible]
-        assert len(speaking) == 1, outputs
-        assert all(out.more for sid, out in outputs.items() if sid not in speaking + spoken)
-        spoken += speaking
-    assert spoken == sorted(texts, key=runs_out.__getitem__)
-    for sid in texts:
-        tts.close_stream(sid)  # type: ignore[attr-defined]
-
-
 def test_word_starts_come_from_the_durations() -> None:
     """A word begins where the space before it begins: the frames of every id before it."""
     from stages.voice.tts_stream import word_starts, words_of
@@ -212,8 +157,8 @@ def test_word_starts_come_from_the_durations() -> None:
 @needs_voice
 def test_the_fronts_durations_are_its_frames(tts: object) -> None:
     """The durations the front now gives out add up to the phrase's frames, one per id."""
-    split = tts._split  # type: ignore[attr-defined]
-    ids, scales = tts._inputs(PHRASE)  # type: ignore[attr-defined]
+    split = tts.voice.split  # type: ignore[attr-defined]
+    ids, scales = tts.voice.inputs(PHRASE)  # type: ignore[attr-defined]
     phrase = split.front(ids, scales)
     assert phrase.durations.shape == (ids.shape[1],)
     assert int(phrase.durations.sum()) == phrase.num_frames
@@ -267,13 +212,13 @@ def test_the_first_part_joins_the_whole_phrase_without_a_word_lost(
     )
     try:
         fed, chunks = _spoken(stage, text)
-        split = stage._split
+        split = stage.voice.split
         assert split is not None
         space = stage.symbols.ids[" "]
         part = " ".join(text.split()[:4])
         starts = []
         for words in (part, text):
-            ids, scales = stage._inputs(words, noise=False)
+            ids, scales = stage.voice.inputs(words, noise=False)
             phrase = split.front(ids, scales)
             starts.append((word_starts(ids[0].tolist(), phrase.durations, space), phrase))
         (part_starts, _), (whole_starts, whole) = starts
