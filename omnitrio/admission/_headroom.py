@@ -52,6 +52,7 @@ import math
 from dataclasses import dataclass
 
 from .._statistics import StepModelStatistics
+from ._cohort import Cohorts
 
 SHAPE_HALF_LIFE_STEPS = 2000.0
 """Half-life of a step in the fitted lines."""
@@ -170,6 +171,7 @@ class StepModel:
         self._busy_s = 0.0  # these four: weighted sums over every step, as the lines'
         self._first_n = self._first_b = self._first_t = 0.0  # over the first steps
         self.scale = 1.0
+        self.cohorts = Cohorts()
         self.num_completed = 0
         self._yield_audio_s = 0.0
         self._yield_steps = 0.0
@@ -186,6 +188,7 @@ class StepModel:
         first, k = num_first > 0, _SHAPE_KEEP
         kind = self._first if first else self._plain
         kind.add(batch_size, step_s)
+        self.cohorts.stepped(num_first)
         expected = kind(batch_size)
         if expected > 0:
             self.scale = self.scale * _SCALE_KEEP + (step_s / expected) * (1 - _SCALE_KEEP)
@@ -206,20 +209,25 @@ class StepModel:
 
     def round_s(self, num_streams: int) -> float:
         """Time to step each of ``num_streams`` streams once, at the recent pace, with
-        the time the stage spends on arriving streams' first steps as it has lately."""
+        the time the stage spends on other cohorts' first steps as it has lately, the
+        last batch charged as the streams arrive (``_cohort.py``)."""
         if num_streams <= 0:
             return 0.0
         batch = self.max_batch_size
         steps = math.ceil(num_streams / batch)
         line = self._plain if self._plain.fitted else self._first
         size = min(num_streams, batch)
+        last = self.cohorts.last_batch(num_streams, batch)
+        step_s = (steps - 1) * self._step_s(line, size) + self._step_s(line, last)
+        share = self.cohorts.foreign_share(self.first_step_share, num_streams)
+        return self.scale * step_s / (1.0 - share)
+
+    def _step_s(self, line: _Line, size: int) -> float:
         if self.ramp:
-            step_s = line.beyond(size)
-        elif self.prior is not None and not line.identified and line.mean_b > 0:
-            step_s = max(0.0, line(size) + self.prior.per_stream_s * (size - line.mean_b))
-        else:
-            step_s = line(size)
-        return steps * self.scale * step_s / (1.0 - self.first_step_share)
+            return line.beyond(size)
+        if self.prior is not None and not line.identified and line.mean_b > 0:
+            return max(0.0, line(size) + self.prior.per_stream_s * (size - line.mean_b))
+        return line(size)
 
     def prior_round_s(self, num_streams: int) -> float:
         """``round_s`` by the stage's declared cost (``prior``), ``PRIOR_SLACK`` over it."""

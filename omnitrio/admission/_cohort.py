@@ -1,0 +1,79 @@
+"""How streams arrive at a stage: one at a time (staggered) or together (in lockstep),
+and what that changes in a round's cost (``StepModel.round_s``, ``_headroom.py``).
+
+A *cohort* is the streams whose first steps at a stage fall in one run of consecutive
+steps that each take some stream's first step: a closed loop's first wave (192 streams
+in six prefill steps of 32), the streams a closed loop's completions send back
+together, or an open loop's lone arrival. ``Cohorts.size`` is the cohort a stream
+arrives in, on average over the recent streams (each stream weighs one): 1 where every
+stream arrives alone, the whole of the live streams in lockstep.
+
+Two of the round's charges depend on it:
+
+- **The first-step share** (``StepModel.first_step_share``: the stage's time on
+  prefills) hurts a stream only where it lands during the stream's playback: its own
+  cohort's prefill comes before its first audio. Of ``n`` streams in cohorts of ``c``,
+  a playing stream shares the stage with the prefills of the other ``n - c``, so the
+  round is charged ``share x (n - c) / (n - 1)`` (``foreign_share``): the whole share
+  for streams that arrive alone (``c = 1``, as before), none in lockstep. Measured on
+  the thinker at 0.6 ms a stream (``omnitrio bench --find-limit``), a closed loop of 36
+  clients arrived in cohorts of 13.5 at 27-29 streams, and the whole share (0.09-0.12)
+  was what held admission at 27, where 32 played through in lockstep.
+- **A round's last, partial batch**: ``n`` streams take ``ceil(n / max_batch_size)``
+  steps a round. Streams that arrive alone spread over the steps, so the last batch
+  costs a step of its own size (the line at the remainder); a cohort of a whole batch or
+  more steps together, and the last batch is charged as a whole one (``last_batch``),
+  as before: on ``bench-qwen3-omni.yaml`` the closed loop's lockstep limit is 192 (six
+  batches of 32), where 224 by the partial charge ran streams dry, while in open loop
+  (cohorts of 1.7) every fixed cap up to 224 kept every stream continuous.
+"""
+
+from __future__ import annotations
+
+COHORT_HALF_LIFE_STREAMS = 256.0
+"""Half-life, in arriving streams, of the past in ``Cohorts.size``."""
+
+_KEEP = float(0.5 ** (1.0 / COHORT_HALF_LIFE_STREAMS))
+
+
+class Cohorts:
+    """The cohorts streams arrive at one stage in. Fed by ``StepModel.observe``."""
+
+    def __init__(self) -> None:
+        self._run = 0  # first steps in the current run of steps that take some
+        self._streams = 0.0  # weighted sums over cohorts: streams, and streams x size
+        self._weighted = 0.0
+
+    def stepped(self, num_first: int) -> None:
+        """A step took ``num_first`` streams' first steps here."""
+        if num_first > 0:
+            self._run += num_first
+            return
+        if self._run:
+            size, self._run = self._run, 0
+            keep = _KEEP**size
+            self._streams = self._streams * keep + size
+            self._weighted = self._weighted * keep + float(size * size)
+
+    @property
+    def size(self) -> float:
+        """The cohort a stream arrives in, on average (1 before any has arrived)."""
+        return self._weighted / self._streams if self._streams > 0 else 1.0
+
+    def foreign_share(self, share: float, num_streams: int) -> float:
+        """Of the stage's first-step ``share``, what ``num_streams`` streams' playback
+        shares the stage with: the prefills of the streams outside a stream's cohort."""
+        if num_streams <= 1:
+            return share
+        others = (num_streams - min(self.size, num_streams)) / (num_streams - 1)
+        return share * others
+
+    def last_batch(self, num_streams: int, max_batch_size: int) -> int:
+        """The batch size a round of ``num_streams`` streams' last step is charged at:
+        its own where streams arrive alone, a whole batch where they arrive a batch or
+        more at once (in between, in proportion)."""
+        remainder = num_streams % max_batch_size
+        if num_streams <= max_batch_size or remainder == 0:
+            return min(num_streams, max_batch_size)
+        together = min(1.0, (self.size - 1.0) / (max_batch_size - 1))
+        return round(remainder + (max_batch_size - remainder) * together)
