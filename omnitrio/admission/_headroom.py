@@ -9,7 +9,8 @@ steps), and keeps apart ``first_step_share``, the share of the stage's time its
 first steps took beyond a plain step's: the cost of the streams that arrive,
 which depends on how fast they arrive, not on how many are in a batch (one line
 over every step reads prefills, denser as arrivals speed up, as a cost per
-stream). A round then takes ``scale x line / (1 - first_step_share)``, ``scale``
+stream). A round then takes ``scale x line / (1 - share)``, ``share`` the part
+of it other cohorts' first steps take during a stream's playback (``_cohort.py``), ``scale``
 being the recent steps' measured over expected time (fast: tens of steps), each
 step against a line fitted to steps of its own kind (with a first step or
 without): a stage that slows down (a noisy neighbour) shows within a fraction of
@@ -17,7 +18,8 @@ a second, while a burst of arrivals, which the share already counts, does not
 move ``scale`` as well.
 
 With ``n`` streams a stage runs ``ceil(n / max_batch_size)`` steps per *round*
-(each stream stepped once); each stream-step yields, on average,
+(each stream stepped once; the last, partial one charged as the streams arrive:
+``Cohorts.last_batch``); each stream-step yields, on average,
 ``audio_s_per_stream_step`` seconds of audio, learned too, from the streams that
 play (``StreamFlow``): for each, this stage's steps since its first audio against
 the audio delivered since then, counted up to the latest step here at which more of
