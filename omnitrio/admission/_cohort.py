@@ -8,24 +8,22 @@ together, or an open loop's lone arrival. ``Cohorts.size`` is the cohort a strea
 arrives in, on average over the recent streams (each stream weighs one): 1 where every
 stream arrives alone, the whole of the live streams in lockstep.
 
-Two of the round's charges depend on it:
+**The first-step share** (``StepModel.first_step_share``: the stage's time on
+prefills) hurts a stream only where it lands during the stream's playback: its own
+cohort's prefill comes before its first audio. Of ``n`` streams in cohorts of ``c``, a
+playing stream shares the stage with the prefills of the other ``n - c``, so the round
+is charged ``share x (n - c) / (n - 1)`` (``foreign_share``): the whole share for
+streams that arrive alone (``c = 1``, as before), none in lockstep. Measured on the
+thinker at 0.6 ms a stream (``omnitrio bench --find-limit``), a closed loop of 36
+clients arrived in cohorts of 13.5 at 27-29 streams, and the whole share (0.09-0.12)
+was what held admission at 27, where 32 played through in lockstep.
 
-- **The first-step share** (``StepModel.first_step_share``: the stage's time on
-  prefills) hurts a stream only where it lands during the stream's playback: its own
-  cohort's prefill comes before its first audio. Of ``n`` streams in cohorts of ``c``,
-  a playing stream shares the stage with the prefills of the other ``n - c``, so the
-  round is charged ``share x (n - c) / (n - 1)`` (``foreign_share``): the whole share
-  for streams that arrive alone (``c = 1``, as before), none in lockstep. Measured on
-  the thinker at 0.6 ms a stream (``omnitrio bench --find-limit``), a closed loop of 36
-  clients arrived in cohorts of 13.5 at 27-29 streams, and the whole share (0.09-0.12)
-  was what held admission at 27, where 32 played through in lockstep.
-- **A round's last, partial batch**: ``n`` streams take ``ceil(n / max_batch_size)``
-  steps a round. Streams that arrive alone spread over the steps, so the last batch
-  costs a step of its own size (the line at the remainder); a cohort of a whole batch or
-  more steps together, and the last batch is charged as a whole one (``last_batch``),
-  as before: on ``bench-qwen3-omni.yaml`` the closed loop's lockstep limit is 192 (six
-  batches of 32), where 224 by the partial charge ran streams dry, while in open loop
-  (cohorts of 1.7) every fixed cap up to 224 kept every stream continuous.
+Not kept: charging a round's last, partial batch at its own size where streams arrive
+alone and as a whole batch where a batch or more arrive at once. On
+``bench-qwen3-omni.yaml`` it lifted the open loop (cohorts of 1.7 at the talker) from a
+median of 188 to 198.5-204 streams, all continuous, but the closed loop's cohorts at the
+talker read 12.7 (the thinker's 41.5 arrive there over several runs of steps), so it
+held 223 where the lockstep limit is 192 and ran 13 % of the streams dry by the gaps rule.
 """
 
 from __future__ import annotations
@@ -67,13 +65,3 @@ class Cohorts:
             return share
         others = (num_streams - min(self.size, num_streams)) / (num_streams - 1)
         return share * others
-
-    def last_batch(self, num_streams: int, max_batch_size: int) -> int:
-        """The batch size a round of ``num_streams`` streams' last step is charged at:
-        its own where streams arrive alone, a whole batch where they arrive a batch or
-        more at once (in between, in proportion)."""
-        remainder = num_streams % max_batch_size
-        if num_streams <= max_batch_size or remainder == 0:
-            return min(num_streams, max_batch_size)
-        together = min(1.0, (self.size - 1.0) / (max_batch_size - 1))
-        return round(remainder + (max_batch_size - remainder) * together)

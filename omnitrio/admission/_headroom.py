@@ -18,8 +18,7 @@ a second, while a burst of arrivals, which the share already counts, does not
 move ``scale`` as well.
 
 With ``n`` streams a stage runs ``ceil(n / max_batch_size)`` steps per *round*
-(each stream stepped once; the last, partial one charged as the streams arrive:
-``Cohorts.last_batch``); each stream-step yields, on average,
+(each stream stepped once); each stream-step yields, on average,
 ``audio_s_per_stream_step`` seconds of audio, learned too, from the streams that
 play (``StreamFlow``): for each, this stage's steps since its first audio against
 the audio delivered since then, counted up to the latest step here at which more of
@@ -211,16 +210,14 @@ class StepModel:
 
     def round_s(self, num_streams: int) -> float:
         """Time to step each of ``num_streams`` streams once, at the recent pace, with
-        the time the stage spends on other cohorts' first steps as it has lately, the
-        last batch charged as the streams arrive (``_cohort.py``)."""
+        the time the stage spends on other cohorts' first steps as it has lately
+        (``_cohort.py``)."""
         if num_streams <= 0:
             return 0.0
         batch = self.max_batch_size
         steps = math.ceil(num_streams / batch)
         line = self._plain if self._plain.fitted else self._first
-        size = min(num_streams, batch)
-        last = self.cohorts.last_batch(num_streams, batch)
-        step_s = (steps - 1) * self._step_s(line, size) + self._step_s(line, last)
+        step_s = steps * self._step_s(line, min(num_streams, batch))
         share = self.cohorts.foreign_share(self.first_step_share, num_streams)
         return self.scale * step_s / (1.0 - share)
 

@@ -1,6 +1,6 @@
 """The cohorts streams arrive at a stage in (``omnitrio/admission/_cohort.py``) and what
 they change in headroom's round: the first-step share a playing stream shares the stage
-with, and the charge for a round's last, partial batch. On made-up steps (no timing)."""
+with. On made-up steps (no timing)."""
 
 from __future__ import annotations
 
@@ -37,18 +37,6 @@ def test_only_the_other_cohorts_prefills_land_during_a_streams_playback() -> Non
     assert cohorts.foreign_share(0.1, 1) == pytest.approx(0.1)
 
 
-def test_the_last_batch_is_its_own_size_for_lone_arrivals_a_whole_one_in_lockstep() -> None:
-    cohorts = Cohorts()
-    assert cohorts.last_batch(200, 32) == 8  # 6 x 32 + 8
-    assert cohorts.last_batch(20, 32) == 20  # one step, whatever the cohort
-    assert cohorts.last_batch(192, 32) == 32
-    for _ in range(6):
-        cohorts.stepped(32)
-    cohorts.stepped(0)
-    assert cohorts.last_batch(200, 32) == 32
-    assert cohorts.last_batch(20, 32) == 20
-
-
 def _thinker(cohort: int, num_cohorts: int = 20) -> StepModel:
     """The thinker at 0.6 ms a stream (8 ms + 0.6 ms x b, 20 ms of audio a step), its
     streams arriving in cohorts of ``cohort`` (a 38 ms prefill each, one in 12 steps:
@@ -75,24 +63,3 @@ def test_streams_that_arrive_together_are_not_charged_their_own_prefills() -> No
     assert 0.09 < together.first_step_share < 0.2
     assert alone.realtime_streams(audio_s, needed, 64) <= 28  # as before
     assert together.realtime_streams(audio_s, needed, 64) >= 31
-
-
-def test_a_partial_last_batch_is_charged_at_its_size_only_for_staggered_streams() -> None:
-    """``bench-qwen3-omni.yaml``'s talker (batches of 32, 80 ms of audio a step) as it
-    measured in its runs, a little over its profile's 6 ms + 0.15 ms a stream: in open
-    loop (streams arriving alone) every fixed cap up to 224 kept every stream
-    continuous, in a closed loop's lockstep 192 (seven whole batches do not fit)."""
-    audio_s, needed = 100.0, 1.013  # answers of 9 s, a 2 s first chunk
-
-    def talker(cohort: int) -> StepModel:
-        model = StepModel(32)
-        for i in range(4000):
-            b = 24 + i % 9
-            first = cohort if i % 40 == 0 else 0
-            model.observe(b, 0.0063 + 0.000165 * b, first)
-        model.completed(112, 112 * 0.08)
-        return model
-
-    assert talker(cohort=32).realtime_streams(audio_s, needed, 256) == 192
-    staggered = talker(cohort=1).realtime_streams(audio_s, needed, 256)
-    assert staggered == 192 + 19  # the seventh batch at 19: 6.3 + 0.165 x 19 = 9.4 ms
