@@ -10,19 +10,16 @@ from omnitrio.admission._cohort import Cohorts
 from omnitrio.admission._headroom import StepModel
 
 
-def test_a_cohort_is_the_first_steps_of_one_run_of_steps() -> None:
+def test_a_cohort_is_the_first_steps_of_one_step() -> None:
     cohorts = Cohorts()
     assert cohorts.size == 1.0  # nothing arrived: as if alone
     for _ in range(6):  # a first wave of 192 in six prefill steps of 32
         cohorts.stepped(32)
-    assert cohorts.size == 1.0  # the run has not ended
     cohorts.stepped(0)
-    assert cohorts.size == pytest.approx(192)
+    assert cohorts.size == pytest.approx(32)
     alone = Cohorts()
-    for _ in range(100):  # an open loop: a stream arrives, a few plain steps follow
+    for _ in range(100):  # an open loop: a stream a step, for a hundred steps in a row
         alone.stepped(1)
-        alone.stepped(0)
-        alone.stepped(0)
     assert alone.size == pytest.approx(1.0)
 
 
@@ -31,7 +28,6 @@ def test_only_the_other_cohorts_prefills_land_during_a_streams_playback() -> Non
     assert cohorts.foreign_share(0.1, 30) == pytest.approx(0.1)  # alone: the whole share
     for _ in range(10):  # cohorts of 15
         cohorts.stepped(15)
-        cohorts.stepped(0)
     assert cohorts.foreign_share(0.1, 30) == pytest.approx(0.1 * 15 / 29)
     assert cohorts.foreign_share(0.1, 15) == 0.0  # one cohort: its prefill came first
     assert cohorts.foreign_share(0.1, 1) == pytest.approx(0.1)
