@@ -9,7 +9,8 @@ steps), and keeps apart ``first_step_share``, the share of the stage's time its
 first steps took beyond a plain step's: the cost of the streams that arrive,
 which depends on how fast they arrive, not on how many are in a batch (one line
 over every step reads prefills, denser as arrivals speed up, as a cost per
-stream). A round then takes ``scale x line / (1 - first_step_share)``, ``scale``
+stream). A round then takes ``scale x line / (1 - share)``, ``share`` the part
+of it other cohorts' first steps take during a stream's playback (``_cohort.py``), ``scale``
 being the recent steps' measured over expected time (fast: tens of steps), each
 step against a line fitted to steps of its own kind (with a first step or
 without): a stage that slows down (a noisy neighbour) shows within a fraction of
@@ -52,6 +53,7 @@ import math
 from dataclasses import dataclass
 
 from .._statistics import StepModelStatistics
+from ._cohort import Cohorts
 
 SHAPE_HALF_LIFE_STEPS = 2000.0
 """Half-life of a step in the fitted lines."""
@@ -170,6 +172,7 @@ class StepModel:
         self._busy_s = 0.0  # these four: weighted sums over every step, as the lines'
         self._first_n = self._first_b = self._first_t = 0.0  # over the first steps
         self.scale = 1.0
+        self.cohorts = Cohorts()
         self.num_completed = 0
         self._yield_audio_s = 0.0
         self._yield_steps = 0.0
@@ -186,6 +189,7 @@ class StepModel:
         first, k = num_first > 0, _SHAPE_KEEP
         kind = self._first if first else self._plain
         kind.add(batch_size, step_s)
+        self.cohorts.stepped(num_first)
         expected = kind(batch_size)
         if expected > 0:
             self.scale = self.scale * _SCALE_KEEP + (step_s / expected) * (1 - _SCALE_KEEP)
@@ -206,20 +210,23 @@ class StepModel:
 
     def round_s(self, num_streams: int) -> float:
         """Time to step each of ``num_streams`` streams once, at the recent pace, with
-        the time the stage spends on arriving streams' first steps as it has lately."""
+        the time the stage spends on other cohorts' first steps as it has lately
+        (``_cohort.py``)."""
         if num_streams <= 0:
             return 0.0
         batch = self.max_batch_size
         steps = math.ceil(num_streams / batch)
         line = self._plain if self._plain.fitted else self._first
-        size = min(num_streams, batch)
+        step_s = steps * self._step_s(line, min(num_streams, batch))
+        share = self.cohorts.foreign_share(self.first_step_share, num_streams)
+        return self.scale * step_s / (1.0 - share)
+
+    def _step_s(self, line: _Line, size: int) -> float:
         if self.ramp:
-            step_s = line.beyond(size)
-        elif self.prior is not None and not line.identified and line.mean_b > 0:
-            step_s = max(0.0, line(size) + self.prior.per_stream_s * (size - line.mean_b))
-        else:
-            step_s = line(size)
-        return steps * self.scale * step_s / (1.0 - self.first_step_share)
+            return line.beyond(size)
+        if self.prior is not None and not line.identified and line.mean_b > 0:
+            return max(0.0, line(size) + self.prior.per_stream_s * (size - line.mean_b))
+        return line(size)
 
     def prior_round_s(self, num_streams: int) -> float:
         """``round_s`` by the stage's declared cost (``prior``), ``PRIOR_SLACK`` over it."""
