@@ -9,6 +9,7 @@ import urllib.request
 import trio
 import trio_websocket
 
+from omnitrio import PipelineConfig
 from omnitrio.server import ServerSettings, serve
 from tests.conftest import chain_config
 from tests.realtime.test_realtime_protocol import open_session, start_response, wire
@@ -44,30 +45,47 @@ async def _until(ws: trio_websocket.WebSocketConnection, kind: str) -> dict[str,
             return event
 
 
-async def _refused_error(
-    nursery: trio.Nursery, *, max_streams: int, max_streams_per_client: int
-) -> dict[str, object]:
-    """One client plays a stream on one session, then asks on a second: the failed
-    ``response.done``'s error."""
-    config = chain_config(ENDLESS, max_streams=max_streams)
-    settings = ServerSettings(port=0, max_streams_per_client=max_streams_per_client)
+async def _second_response(
+    nursery: trio.Nursery,
+    config: PipelineConfig,
+    settings: ServerSettings,
+    *,
+    cancel: bool = False,
+) -> tuple[str, dict[str, object]]:
+    """One client plays a stream on one session, then asks on a second (with ``cancel``,
+    cancels it once created): the server's URL, and the second ``response.done``'s
+    response."""
     (base_url, *_) = await nursery.start(serve, config, settings)
     url = base_url.replace("http", "ws") + "/v1/realtime"
     async with (
         trio_websocket.open_websocket_url(url) as playing,
-        trio_websocket.open_websocket_url(url) as refused,
+        trio_websocket.open_websocket_url(url) as second,
     ):
         await playing.get_message()
-        await refused.get_message()
+        await second.get_message()
         with trio.fail_after(10):
             await playing.send_message(json.dumps({"type": "response.create"}))
             await _until(playing, "response.output_audio.delta")  # the stream is taken
-            await refused.send_message(json.dumps({"type": "response.create"}))
-            done = await _until(refused, "response.done")
+            await second.send_message(json.dumps({"type": "response.create"}))
+            if cancel:
+                await _until(second, "response.created")
+                await second.send_message(json.dumps({"type": "response.cancel"}))
+            done = await _until(second, "response.done")
+            await _until(playing, "response.output_audio.delta")  # the first plays on
     response = done["response"]
     assert isinstance(response, dict)
+    return base_url, response
+
+
+async def _refused_error(
+    nursery: trio.Nursery, *, max_streams: int, max_streams_per_client: int
+) -> dict[str, object]:
+    """The second response's error: refused."""
+    config = chain_config(ENDLESS, max_streams=max_streams)
+    settings = ServerSettings(port=0, max_streams_per_client=max_streams_per_client)
+    _, response = await _second_response(nursery, config, settings)
     assert response["status"] == "failed"
-    error = response["status_details"]["error"]
+    error = response["status_details"]["error"]  # type: ignore[index]
     assert isinstance(error, dict)
     return error
 
@@ -101,24 +119,7 @@ async def test_a_response_cancelled_while_admission_holds_it_ends_at_once(
     waiting_pipeline = config.pipeline.model_copy(update={"admission_wait_s": 30.0})
     config = config.model_copy(update={"pipeline": waiting_pipeline})
     settings = ServerSettings(port=0, max_streams_per_client=2)
-    (base_url, *_) = await nursery.start(serve, config, settings)
-    url = base_url.replace("http", "ws") + "/v1/realtime"
-    async with (
-        trio_websocket.open_websocket_url(url) as playing,
-        trio_websocket.open_websocket_url(url) as held,
-    ):
-        await playing.get_message()
-        await held.get_message()
-        with trio.fail_after(10):
-            await playing.send_message(json.dumps({"type": "response.create"}))
-            await _until(playing, "response.output_audio.delta")  # the only slot is taken
-            await held.send_message(json.dumps({"type": "response.create"}))
-            await _until(held, "response.created")
-            await held.send_message(json.dumps({"type": "response.cancel"}))
-            done = await _until(held, "response.done")
-            await _until(playing, "response.output_audio.delta")  # the other plays on
-    response = done["response"]
-    assert isinstance(response, dict)
+    base_url, response = await _second_response(nursery, config, settings, cancel=True)
     assert response["status"] == "cancelled"
     metrics = await trio.to_thread.run_sync(_metrics, base_url)  # the server runs in this thread
     assert 'omnitrio_admission_waits_total{outcome="left"} 1.0' in metrics
