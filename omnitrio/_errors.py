@@ -41,8 +41,9 @@ class ConfigError(OmnitrioError):
 
 
 class Overloaded(OmnitrioError):
-    """A new stream is refused at once: the pipeline serves ``max_streams`` streams, or
-    (``problem`` set) one more would push a stage below real time for every stream.
+    """A new stream is refused (at once, or once ``pipeline.admission_wait_s`` ran out):
+    the pipeline serves ``max_streams`` streams, or (``problem`` set) one more would push
+    a stage below real time for every stream.
 
     ``retry_after_s``: when a retry may find room, from the stages' step-time models
     (HTTP sends it as ``Retry-After``), or None when there is no estimate.
