@@ -210,9 +210,17 @@ class Pipeline:
 
     @property
     def is_full(self) -> bool:
-        """True when ``open_stream`` would raise ``Overloaded`` at once, without waiting
-        (or the pipeline is closing)."""
-        return self._closed or self._queue.refuses(self.refusal())
+        """True when ``open_stream`` of a request that plays audio would raise
+        ``Overloaded`` at once, without waiting (or the pipeline is closing)."""
+        return self.refuses()
+
+    def refuses(self, request: Request | None = None) -> bool:
+        """True when ``open_stream(request)`` would raise ``Overloaded`` at once, without
+        waiting, or the pipeline is closing: the servers' look before a stream opens.
+        Asked for ``request``'s kind (``refusal``): under ``admission: cpu`` a request
+        that plays no audio (a transcription) is admitted beside audio streams that fill
+        the cores, and is not held by the startup hold; None: one that plays audio."""
+        return self._closed or self._queue.refuses(self.refusal(request))
 
     def refusal(self, request: Request | None = None) -> Overloaded | None:
         """The ``Overloaded`` that ``open_stream`` would raise now (with its retry hint),

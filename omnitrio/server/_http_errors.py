@@ -14,10 +14,11 @@ from __future__ import annotations
 from quart import Response
 
 from .._errors import OmnitrioError, Overloaded, PipelineClosed
+from .._items import Request
 from ._api_errors import ApiError, bad_request_error, busy_error, pipeline_error, share_error
 from ._requests import BadRequest
 from ._shares import ShareExceeded
-from ._state import Busy, ServerState
+from ._state import ServerState
 
 
 def respond(error: ApiError) -> Response:
@@ -35,12 +36,14 @@ def bad_request(exc: BadRequest) -> Response:
     return respond(bad_request_error(exc))
 
 
-def admit(state: ServerState, client: str) -> Response | None:
-    """None when a stream may open now; else the 503 (pipeline full, or draining) or
-    the 429 (``client`` holds its share of the streams)."""
-    reason = state.busy()
+def admit(state: ServerState, client: str, request: Request) -> Response | None:
+    """None when a stream for ``request`` may open now; else the 503 (the pipeline
+    would refuse ``request`` at once: asked for its kind, so a transcription is not
+    refused for the audio streams' room; or draining) or the 429 (``client`` holds its
+    share of the streams)."""
+    reason = state.busy(request)
     if reason is not None:
-        return _busy(state, reason)
+        return respond(busy_error(state.refuse(reason, request)))
     try:
         state.shares.check_stream(client)
     except ShareExceeded as exc:
@@ -57,12 +60,10 @@ def over_share(state: ServerState, exc: ShareExceeded) -> Response:
 def failure(state: ServerState, exc: OmnitrioError) -> Response:
     """The answer to a stream that failed before its status was sent: the 503 or 429
     for one refused after ``admit`` let it through (a race), else a 500."""
-    if isinstance(exc, Overloaded | PipelineClosed):
-        return _busy(state, "overloaded" if isinstance(exc, Overloaded) else "draining")
+    if isinstance(exc, Overloaded):  # the pipeline's own refusal, with its hint
+        return respond(busy_error(state.refuse("overloaded", refusal=exc)))
+    if isinstance(exc, PipelineClosed):
+        return respond(busy_error(state.refuse("draining")))
     if isinstance(exc, ShareExceeded):
         return over_share(state, exc)
     return respond(pipeline_error(exc))
-
-
-def _busy(state: ServerState, reason: Busy) -> Response:
-    return respond(busy_error(state.refuse(reason)))

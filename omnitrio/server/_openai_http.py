@@ -54,7 +54,7 @@ async def chat_completions(state: ServerState, raw: bytes, client: str) -> Respo
         assert call.chat.audio is not None  # only an encoded audio format needs PyAV
         return respond(needs_pyav_error("audio.format", call.chat.audio.format))
     log = ResponseLog(state, "chat.completion", answer.id)
-    refusal = admit(state, client)
+    refusal = admit(state, client, call.request)
     if refusal is not None:
         return refusal
 
@@ -132,7 +132,7 @@ async def speech(state: ServerState, raw: bytes, client: str) -> Response:
         call = prepare_speech(raw, pipeline_voices(state.pipeline.config))
     except BadRequest as exc:
         return bad_request(exc)
-    refusal = admit(state, client)
+    refusal = admit(state, client, call.request)
     if refusal is not None:
         return refusal
     try:

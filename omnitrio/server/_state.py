@@ -105,18 +105,26 @@ class ServerState:
     def model_name(self) -> str:
         return self.pipeline.config.pipeline.name
 
-    def busy(self) -> Busy | None:
+    def busy(self, request: Request | None = None) -> Busy | None:
         """The one look before a stream or a session opens: why none may now
-        (draining first, then a full pipeline), or None."""
+        (draining first, then a full pipeline), or None. Asked for ``request``'s kind
+        (``Pipeline.refuses``: a transcription is not refused for the audio streams'
+        room); None (a session, whose responses are not known yet): one that plays audio."""
         if self.draining:
             return "draining"
-        return "overloaded" if self.pipeline.is_full else None
+        return "overloaded" if self.pipeline.refuses(request) else None
 
-    def refuse(self, reason: Busy) -> Overloaded:
-        """Count a refusal for ``reason``; the ``Overloaded`` to answer it with (the
-        pipeline's own, with its retry estimate, where it has one)."""
+    def refuse(
+        self, reason: Busy, request: Request | None = None, refusal: Overloaded | None = None
+    ) -> Overloaded:
+        """Count a refusal for ``reason``; the ``Overloaded`` to answer it with: ``refusal``
+        where the pipeline already raised it, else the pipeline's own for ``request``
+        (with its retry estimate, where it has one)."""
         self.refusals.labels(reason).inc()
-        return self.pipeline.refusal() or Overloaded(self.pipeline.config.pipeline.max_streams)
+        pipeline = self.pipeline
+        return (
+            refusal or pipeline.refusal(request) or Overloaded(pipeline.config.pipeline.max_streams)
+        )
 
     @asynccontextmanager
     async def open_stream(self, client: str, request: Request) -> AsyncIterator[Stream]:

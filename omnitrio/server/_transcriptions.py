@@ -73,10 +73,10 @@ async def transcriptions(state: ServerState, form: Any, files: Any, client: str)
         return error_response(400, f"file: {exc}", "invalid_audio", "file")
     except NoDecoder as exc:
         return error_response(501, str(exc), "not_implemented")
-    refusal = admit(state, client)
+    request = Request(audio=AudioInput(pcm16, DECODE_RATE_HZ), options=ResponseOptions(task=TASK))
+    refusal = admit(state, client, request)  # asked for a transcription: it plays no audio
     if refusal is not None:
         return refusal
-    request = Request(audio=AudioInput(pcm16, DECODE_RATE_HZ), options=ResponseOptions(task=TASK))
     log = ResponseLog(state, "transcription", new_id("trans"))
     texts: list[str] = []
     try:

@@ -1,0 +1,82 @@
+"""The HTTP API's one admission check (``omnitrio/server/_http_errors.py``'s ``admit``):
+asked for the kind of request it is, not as if every request played audio."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from omnitrio.admission import _rule
+from omnitrio.server import ServerSettings, serve
+from omnitrio.server._audio import wav_bytes
+from stages.synthetic import SyntheticStage
+from tests.conftest import SYNTHETIC, chain_config
+
+
+class Transcriber(SyntheticStage):
+    """The synthetic stage, declaring that it transcribes: the server then serves
+    /v1/audio/transcriptions (``_capabilities.py``)."""
+
+    tasks = ("transcribe",)
+
+
+# a: every stream's first step sleeps 1.5 s (a prompt's prefill), so a stream's way to
+# its first audio takes that; b says 20 ms of audio per input, text for a transcription.
+STAGES = [
+    {"steps": 10, "visible_every": 0, "prefill_ms": 1500.0},
+    {"outputs_per_input": 0, "visible": "audio", "audio_samples": 320, "service_time_ms": 1.0},
+]
+
+
+def _post(base: str, path: str, **kwargs: Any) -> int:
+    return httpx.post(f"{base}{path}", timeout=30, **kwargs).status_code
+
+
+def _open_streams(base: str) -> float:
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    match = re.search(r"^omnitrio_open_streams (\S+)$", text, re.MULTILINE)
+    assert match is not None
+    return float(match.group(1))
+
+
+async def test_a_transcription_is_admitted_while_a_startup_holds_the_audio_streams(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # admission: cpu with a wait: a new stream that plays audio is held while another is
+    # on its way to its first audio (the startup hold), here for longer than its wait:
+    # refused at once, 503. A transcription plays no audio and is not held: the rule
+    # admits it, so the look before it opens must too (it asked for an audio stream,
+    # and refused the transcription with the speech).
+    monkeypatch.setattr(_rule, "usable_cores", lambda: 64.0)  # the cores never refuse
+    config = chain_config(STAGES, impls=[SYNTHETIC, f"{__name__}:Transcriber"])
+    update = {"admission": "cpu", "admission_wait_s": 0.3}
+    config = config.model_copy(update={"pipeline": config.pipeline.model_copy(update=update)})
+    (base, *_) = await nursery.start(serve, config, ServerSettings(port=0))
+    speech = {"model": "m", "input": "hello", "voice": "alloy", "response_format": "pcm"}
+    upload = {"file": ("one.wav", wav_bytes(b"\x00\x00" * 16000, 16000))}
+
+    def run() -> tuple[int, int, int]:
+        assert _post(base, "/v1/audio/speech", json=speech) == 200  # a startup of ~1.5 s
+        starting: list[int] = []
+        first = threading.Thread(
+            target=lambda: starting.append(_post(base, "/v1/audio/speech", json=speech))
+        )
+        first.start()
+        deadline = time.monotonic() + 10.0
+        while _open_streams(base) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # until it is admitted, in its prefill
+        held = _post(base, "/v1/audio/speech", json=speech)
+        transcribed = _post(base, "/v1/audio/transcriptions", files=upload, data={"model": "m"})
+        first.join()
+        return starting[0], held, transcribed
+
+    starting, held, transcribed = await trio.to_thread.run_sync(run)
+    assert starting == 200
+    assert held == 503  # speech: held by the startup hold past its wait, at once
+    assert transcribed == 200
