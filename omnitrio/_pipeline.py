@@ -194,9 +194,14 @@ class Pipeline:
         """
         request = Request(text=request) if isinstance(request, str) else request
         priority_of(request)  # a bad one is refused before it waits
+        audio = self._admission.cpu is None or plays_audio(request)
+        unheld = partial(self.refusal, request, hold=False) if self._live.hold_startups else None
         try:
             state = await self._queue.admit(
-                partial(self._admit, request), partial(self.refusal, request)
+                partial(self._admit, request),
+                partial(self.refusal, request),
+                audio=audio,
+                unheld=unheld if audio else None,
             )
         except Overloaded as exc:
             self._num_refused += 1
@@ -222,12 +227,13 @@ class Pipeline:
         the cores, and is not held by the startup hold; None: one that plays audio."""
         return self._closed or self._queue.refuses(self.refusal(request))
 
-    def refusal(self, request: Request | None = None) -> Overloaded | None:
+    def refusal(self, request: Request | None = None, *, hold: bool = True) -> Overloaded | None:
         """The ``Overloaded`` that ``open_stream`` would raise now (with its retry hint),
         or None if a stream would be admitted. Counts nothing. Each stage is charged
         its active streams (``StageActor.active_streams``) plus the new one; under
         ``admission: cpu`` the new stream is ``request``'s (one that plays audio where
-        None)."""
+        None). ``hold`` False: the answer but for the startup hold (``_guards.py``), the
+        one guard that holds only streams that play audio."""
         streams = self._streams
         num_open = len(streams)
         oldest = next(iter(streams.values()), None)  # admitted first (dicts keep order)
@@ -244,7 +250,7 @@ class Pipeline:
             self._live.least_slack_s,
             len(self._quiet),
             request is None or self._admission.cpu is None or plays_audio(request),
-            self._live.oldest_start_s,
+            self._live.oldest_start_s if hold else None,
         )
 
     def _num_active(self, stage: str) -> int:

@@ -13,7 +13,15 @@ away waits instead, while all of these hold:
   is refused at once;
 - **first in, first out**: only the request at the head of the queue asks the rule
   again, and a newcomer queues behind the waiting ones rather than going before them,
-  so no request waits behind later ones;
+  so no request waits behind later ones; with one exception:
+- **a quiet request passes a head held for its audio**: a request that plays no audio
+  (a transcription, a text chat: ``audio`` False) behind a head that plays audio and is
+  held only by a guard that holds audio streams alone (``unheld``: the rule would admit
+  the head but for it; ``admission: cpu``'s startup hold) asks the rule at once, and is
+  admitted where the rule admits it, rather than waiting for a startup it has no part
+  in. Requests that play audio never pass one another, and a head is passed at most
+  ``MAX_PASSES`` times (then the queue is first in, first out again until it leaves),
+  so a stream of transcriptions cannot hold a held answer back beyond that;
 - **woken, never polled**: the head asks again when the pipeline tells the queue that
   something that moves the rule happened (``wake``: a stage applied a round, which is
   where audio is made and the CPU sampled; a stream ended or was released), or at its
@@ -38,13 +46,18 @@ from .._statistics import AdmissionWaitStatistics
 
 T = TypeVar("T")
 _Outcome = Literal["admitted", "refused", "left"]
+MAX_PASSES = 4
+"""How many quiet requests may pass one held head that plays audio."""
 
 
 class _Waiter:
-    __slots__ = ("wake",)
+    __slots__ = ("audio", "num_passed", "unheld", "wake")
 
-    def __init__(self) -> None:
+    def __init__(self, audio: bool, unheld: Callable[[], Overloaded | None] | None) -> None:
         self.wake = trio.Event()
+        self.audio = audio
+        self.unheld = unheld
+        self.num_passed = 0
 
 
 class AdmissionQueue:
@@ -89,9 +102,27 @@ class AdmissionQueue:
         return refusal is not None and not self.waits_for(refusal)
 
     def wake(self) -> None:
-        """Something that moves the rule happened: the head asks again."""
-        if self._waiters:
-            self._waiters[0].wake.set()
+        """Something that moves the rule happened: the head asks again, and so do the
+        quiet requests behind a head that plays audio and may still be passed."""
+        if not self._waiters:
+            return
+        head = self._waiters[0]
+        head.wake.set()
+        if head.audio and head.unheld is not None and head.num_passed < MAX_PASSES:
+            for waiter in self._waiters:
+                if not waiter.audio:
+                    waiter.wake.set()
+
+    def _passes(self, waiter: _Waiter | None) -> _Waiter | None:
+        """The head ``waiter`` (None: a newcomer that plays no audio if it is quiet) may
+        pass now, or None: it plays no audio, the head plays audio and is held only by
+        a guard for audio streams, and has been passed fewer than ``MAX_PASSES`` times."""
+        head = self._waiters[0]
+        if head is waiter or (waiter is not None and waiter.audio):
+            return None
+        if not head.audio or head.unheld is None or head.num_passed >= MAX_PASSES:
+            return None
+        return head if head.unheld() is None else None
 
     def close(self) -> None:
         """The pipeline is closing: every waiter asks again (and is told so)."""
@@ -99,12 +130,22 @@ class AdmissionQueue:
         for waiter in self._waiters:
             waiter.wake.set()
 
-    async def admit(self, attempt: Callable[[], T], refusal: Callable[[], Overloaded | None]) -> T:
+    async def admit(
+        self,
+        attempt: Callable[[], T],
+        refusal: Callable[[], Overloaded | None],
+        *,
+        audio: bool = True,
+        unheld: Callable[[], Overloaded | None] | None = None,
+    ) -> T:
         """``attempt()``'s stream, asked at once where nobody waits, else (or if it
         raises ``Overloaded`` that may wait) once this request is the head of the queue
         and something moved; raises the last ``Overloaded`` when the wait runs out, or
         one saying the queue is full. ``refusal()``: the rule's answer now, counting
-        nothing (the hint for a newcomer refused because the queue is full)."""
+        nothing (the hint for a newcomer refused because the queue is full).
+        ``audio``: whether the request plays audio (one that plays none may pass a head
+        held for its audio, see the module); ``unheld()``: the rule's answer for it but
+        for the guards that hold only streams that play audio (None: it has none)."""
         if not self._waiters:
             try:
                 return attempt()
@@ -115,11 +156,19 @@ class AdmissionQueue:
         elif len(self._waiters) >= self.max_waiting:
             raise refusal() or self._queue_full()
         else:
+            head = None if audio else self._passes(None)
+            if head is not None:
+                try:
+                    stream = attempt()
+                except Overloaded:
+                    pass
+                else:
+                    head.num_passed += 1
+                    return stream
             last = refusal() or self._queue_full()
-        return await self._wait(attempt, last)
+        return await self._wait(attempt, last, _Waiter(audio, unheld))
 
-    async def _wait(self, attempt: Callable[[], T], last: Overloaded) -> T:
-        waiter = _Waiter()
+    async def _wait(self, attempt: Callable[[], T], last: Overloaded, waiter: _Waiter) -> T:
         self._waiters.append(waiter)
         started_s = trio.current_time()
         deadline_s = started_s + self.max_wait_s
@@ -134,16 +183,21 @@ class AdmissionQueue:
                     await waiter.wake.wait()
                 waiter.wake = trio.Event()
                 now_s = trio.current_time()
+                passes: _Waiter | None = None
                 if self._waiters[0] is not waiter and now_s < deadline_s and not self.closed:
-                    continue  # not the head yet: only the head asks
+                    passes = self._passes(waiter)
+                    if passes is None:
+                        continue  # not the head yet: only the head asks
                 try:
                     stream = attempt()
                 except Overloaded as exc:
                     left_s = deadline_s - now_s
-                    if not self.waits_for(exc, left_s):
+                    if passes is None and not self.waits_for(exc, left_s):
                         raise
-                    last = exc
+                    last = exc if passes is None else last
                     continue
+                if passes is not None:
+                    passes.num_passed += 1
                 outcome = "admitted"
                 return stream
         except trio.Cancelled:

@@ -140,6 +140,55 @@ async def test_a_waiter_whose_caller_goes_away_leaves_the_queue_and_the_next_is_
     assert (stats.num_admitted, stats.num_left, stats.num_waiting) == (1, 1, 0)
 
 
+async def test_quiet_requests_pass_a_head_held_for_its_audio_a_bounded_number_of_times(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    queue, room = AdmissionQueue(30.0, 16, 8), Room()
+    held_only_for_audio = True  # the rule would admit the head but for the startup hold
+    quiet: list[str] = []
+
+    def unheld() -> omnitrio.Overloaded | None:
+        return None if held_only_for_audio else omnitrio.Overloaded(8, 10.0, "cores")
+
+    async def ask_audio(name: str) -> None:
+        await queue.admit(lambda: room.attempt(name), room.refusal, unheld=unheld)
+
+    async def ask_quiet(name: str) -> None:  # the rule admits every quiet one
+        await queue.admit(lambda: quiet.append(name), room.refusal, audio=False)
+
+    async with trio.open_nursery() as nursery:
+        for name in ("a0", "a1"):
+            nursery.start_soon(ask_audio, name)
+            await trio.sleep(0.01)
+        held_only_for_audio = False  # held by the cores too: a quiet one waits
+        nursery.start_soon(ask_quiet, "q0")
+        await trio.sleep(0.01)
+        assert quiet == []
+        held_only_for_audio = True
+        queue.wake()  # the waiting quiet one asks, and passes
+        await trio.sleep(0.01)
+        assert quiet == ["q0"]
+        for name in ("q1", "q2", "q3", "q4"):  # newcomers: asked at once
+            nursery.start_soon(ask_quiet, name)
+            await trio.sleep(0.01)
+        assert quiet == ["q0", "q1", "q2", "q3"]  # MAX_PASSES: then first in, first out
+        room.free = 1
+        nursery.start_soon(ask_audio, "a2")  # an audio newcomer never passes
+        await trio.sleep(0.01)
+        assert room.admitted == []
+        queue.wake()  # a0 is admitted; a1, the new head, may be passed: q4 passes it
+        await trio.sleep(0.01)
+        assert room.admitted == ["a0"]
+        assert quiet == ["q0", "q1", "q2", "q3", "q4"]
+        for _ in range(2):
+            room.free = 1
+            queue.wake()
+            await trio.sleep(0.01)
+    assert room.admitted == ["a0", "a1", "a2"]
+    assert quiet == ["q0", "q1", "q2", "q3", "q4"]
+    assert queue.statistics().num_refused == 0
+
+
 def _waiting_config(
     admission: str = "max_streams", max_streams: int = 1, **pipeline: Any
 ) -> omnitrio.PipelineConfig:
@@ -238,6 +287,47 @@ async def test_two_requests_arriving_together_the_second_waits_for_the_first_one
     first, second = states
     assert first.first_audio_at_s is not None
     assert second.admitted_at_s >= first.first_audio_at_s
+
+
+async def test_a_quiet_request_is_admitted_past_an_answer_held_by_a_startup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Under admission: cpu with a wait, an answer that arrives while another is on its
+    # way to its first audio waits (the startup hold); a transcription that arrives
+    # behind it plays no audio, the rule admits it: it no longer waits for that startup.
+    # An answer that arrives after it still waits behind the held one.
+    monkeypatch.setattr(_rule, "usable_cores", lambda: 64.0)
+    stages = [{**STAGES[0], "prefill_ms": 600.0}, STAGES[1]]
+    config = chain_config(stages, max_streams=8, max_batch_size=8, client_capacity=8)
+    update = {"admission": "cpu", "admission_wait_s": 5.0}
+    config = config.model_copy(update={"pipeline": config.pipeline.model_copy(update=update)})
+    quiet = omnitrio.Request("q", options={"modalities": "text", "steps": 5, "b.visible": "text"})
+    async with omnitrio.open_pipeline(config) as pipeline:
+        await _read_all(pipeline, 10, [])  # a startup of ~0.6 s learned
+        states: dict[str, Any] = {}
+
+        async def one(name: str, request: omnitrio.Request) -> None:
+            async with pipeline.open_stream(request) as stream:
+                states[name] = stream._state
+                async for _ in stream:
+                    pass
+
+        answer = omnitrio.Request("y", options={"steps": 10})
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, "starting", answer)
+            await trio.sleep(0.05)  # admitted, in its prefill
+            nursery.start_soon(one, "held", answer)
+            await trio.sleep(0.05)
+            assert pipeline.statistics().admission_waits.num_waiting == 1
+            nursery.start_soon(one, "transcription", quiet)
+            await trio.sleep(0.05)
+            nursery.start_soon(one, "later", answer)
+        stats = pipeline.statistics()
+    assert stats.num_refused == 0
+    first_audio_s = states["starting"].first_audio_at_s
+    assert states["transcription"].admitted_at_s < first_audio_s
+    assert states["held"].admitted_at_s >= first_audio_s
+    assert states["later"].admitted_at_s >= states["held"].admitted_at_s
 
 
 @pytest.mark.parametrize(
