@@ -110,6 +110,7 @@ class SmolLM2Llm(AutoregressiveStage):
         first_audio_min_slack_s: float | None = None,
         cache_history: bool = True,
         ctranslate2_cache_tokens: int = 4096,
+        ctranslate2_nice: int = 0,
         vllm_max_num_seqs: int = 32,
         vllm_max_model_len: int | None = None,
         vllm_kv_cache_bytes: int = 1 << 30,
@@ -136,6 +137,7 @@ class SmolLM2Llm(AutoregressiveStage):
             vllm_max_model_len,
             vllm_kv_cache_bytes,
             vllm_compile,
+            ctranslate2_nice,
         )
         # The runtime of spoken answers (llm_engines.py); None: torch.
         self.fast = open_fast(runtime, folder, cache_dir, params, dtype=dtype, llamacpp=llamacpp)

@@ -97,9 +97,15 @@ class Ct2Runtime(TokenHandover, WarmTarget):
     static prompts' states it keeps (llm_ct2_states.py: bounded by ``cache_tokens``)."""
 
     def __init__(
-        self, folder: Path, *, num_workers: int, num_threads: int, cache_tokens: int
+        self,
+        folder: Path,
+        *,
+        num_workers: int,
+        num_threads: int,
+        cache_tokens: int,
+        nice: int = 0,
     ) -> None:
-        self._open = partial(
+        generator = partial(
             ctranslate2.Generator,
             str(folder),
             device="cpu",
@@ -107,6 +113,7 @@ class Ct2Runtime(TokenHandover, WarmTarget):
             inter_threads=num_workers,
             intra_threads=num_threads,
         )
+        self._open = generator if not nice else partial(niced, nice, generator)
         self.generator = self._open()
         self.states = StaticStates(cache_tokens)
         self._lock = threading.Lock()  # the generator, the ledger, the answers
@@ -269,3 +276,26 @@ class Ct2Runtime(TokenHandover, WarmTarget):
                 answer.result.result()
         self._warmer.close()
         self._release_retired()
+
+
+def niced(nice: int, open_generator: Callable[[], ctranslate2.Generator]) -> ctranslate2.Generator:
+    """``open_generator()`` on a thread of its own whose nice value is raised by
+    ``nice``: the generator's worker threads (and their OpenMP threads) are made there
+    and keep it (Linux: a thread's nice value is its own, and threads it starts inherit
+    it; raising it needs no privilege). The LLM param ``ctranslate2_nice``."""
+    opened: list[ctranslate2.Generator] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            opened.append(open_generator())
+        except BaseException as exc:  # handed to the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="ct2-open", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return opened[0]

@@ -9,7 +9,8 @@ faster per token than torch; param ``ctranslate2_threads`` per answer). Its stat
 prompt is the system message and, with param ``cache_history``, the earlier turns:
 their KV state is kept, and once an answer has ended the next turn's is prefilled
 ahead, so the next answer prefills only its question; the states kept are bounded by
-param ``ctranslate2_cache_tokens`` (llm_ct2_states.py). ``llamacpp``: llama.cpp on
+param ``ctranslate2_cache_tokens`` (llm_ct2_states.py); param ``ctranslate2_nice``
+raises its threads' nice value (llm_ct2.py ``niced``). ``llamacpp``: llama.cpp on
 the GGUF itself (llm_llamacpp.py: re-quantized once to param ``llamacpp_type``,
 Q8_0; one thread per answer, param ``llamacpp_threads``; each worker keeps its last
 conversation's KV cache, and an answer reuses the longest cached prefix of its
@@ -65,6 +66,12 @@ class FastParams:
     vllm_max_model_len: int | None = None
     vllm_kv_cache_bytes: int = 1 << 30
     vllm_compile: bool = False
+    ctranslate2_nice: int = 0  # the generator's threads' nice value, raised by this
+
+    def __post_init__(self) -> None:
+        nice = self.ctranslate2_nice
+        if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
+            raise ValueError(f"ctranslate2_nice must be an integer from 0 to 19, got {nice!r}")
 
 
 def check_engine(stage: str, device: str, device_type: str, dtype: str, runtime: str) -> None:
@@ -112,6 +119,7 @@ def open_fast(
             num_workers=params.num_workers,
             num_threads=params.ctranslate2_threads,
             cache_tokens=params.ctranslate2_cache_tokens,
+            nice=params.ctranslate2_nice,
         )
     if runtime == "vllm":
         return VllmRuntime(

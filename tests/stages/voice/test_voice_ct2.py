@@ -167,3 +167,37 @@ def test_an_answer_speaking_waits_while_a_first_phrase_is_synthesised(
     llm: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     check_a_speaking_answer_waits_while_a_first_phrase_is_synthesised(llm, monkeypatch)
+
+
+def _nice_of_threads() -> dict[str, int]:
+    """Each thread of this process: its nice value (Linux)."""
+    import os
+
+    nice = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/stat") as stat:
+            nice[tid] = int(stat.read().rsplit(")", 1)[1].split()[16])
+    return nice
+
+
+def test_ctranslate2_nice_raises_the_generators_threads_nice_value_only() -> None:
+    """``ctranslate2_nice``: the generator's worker threads run at that nice value (the
+    cores go to the TTS's and the ASR's threads first when all want them); the stage's
+    own thread keeps its own, and a wrong value is refused naming the param."""
+    import os
+
+    from stages.voice.llm import SmolLM2Llm
+
+    before = _nice_of_threads()
+    stage = SmolLM2Llm("llm", runtime="ctranslate2", num_workers=2, ctranslate2_nice=5)
+    try:
+        new = {tid: n for tid, n in _nice_of_threads().items() if tid not in before}
+        assert sorted(new.values()).count(5) >= 2  # the two workers
+        assert os.getpriority(os.PRIO_PROCESS, 0) == before[str(os.getpid())]
+    finally:
+        stage.close()
+    from stages.voice.llm_engines import FastParams
+
+    for wrong in (-1, 20, 2.5, True):
+        with pytest.raises(ValueError, match="ctranslate2_nice"):
+            FastParams(ctranslate2_nice=wrong)  # type: ignore[arg-type]
