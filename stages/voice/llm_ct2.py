@@ -22,7 +22,9 @@ grammar-constrained call) and turns with a ``seed`` stay on the stage's torch mo
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -47,6 +49,8 @@ from .llm_ct2_states import (
     prefill,
 )
 from .llm_fast import FastAnswer, TokenHandover, hand_over
+
+logger = logging.getLogger(__name__)
 
 CACHE_SUFFIX = "-ct2-int8"
 
@@ -282,7 +286,13 @@ def niced(nice: int, open_generator: Callable[[], ctranslate2.Generator]) -> ctr
     """``open_generator()`` on a thread of its own whose nice value is raised by
     ``nice``: the generator's worker threads (and their OpenMP threads) are made there
     and keep it (Linux: a thread's nice value is its own, and threads it starts inherit
-    it; raising it needs no privilege). The LLM param ``ctranslate2_nice``."""
+    it; raising it needs no privilege). The LLM param ``ctranslate2_nice``. Elsewhere a
+    thread's nice value is the process's, so the generator opens as it is, with a warning."""
+    if sys.platform != "linux":
+        logger.warning(
+            "ctranslate2_nice=%d needs Linux; the LLM's threads keep their priority", nice
+        )
+        return open_generator()
     opened: list[ctranslate2.Generator] = []
     failed: list[BaseException] = []
 
