@@ -23,7 +23,9 @@ arrivals at ``OPEN_LOOP_LOAD`` times the rate the closed-loop limit's run comple
 (Poisson, for ``--open-loop-s``; a refused request stays refused), first under each
 fixed cap (the open-loop limit: the largest cap whose admitted streams all stayed
 continuous; arrivals one at a time take a prefill each, so it may lie below the
-closed loop's), then under headroom.
+closed loop's), then under headroom. An open loop's median counts its ramp-up and
+drain, so headroom's is reported against the limit and against the median the limit's
+own cap held under the same arrivals.
 """
 
 from __future__ import annotations
@@ -206,6 +208,21 @@ def _rate(rate: float | None) -> str:
     return "-" if rate is None else f"{rate:.1%}"
 
 
+def _held(runs: Sequence[CapRun], cap: int, arrivals_per_s: float | None) -> float | None:
+    """The median streams the fixed ``cap`` held under the same open-loop arrivals."""
+    return next(
+        (
+            run.open_streams_p50
+            for run in runs
+            if run.admission == "max_streams"
+            and run.cap == cap
+            and run.arrivals_per_s == arrivals_per_s
+            and run.open_streams_p50
+        ),
+        None,
+    )
+
+
 def limit_table(runs: Sequence[CapRun]) -> str:
     """The sweep, then the headroom run against the true limits, as markdown."""
     rows = [
@@ -244,6 +261,13 @@ def limit_table(runs: Sequence[CapRun]) -> str:
             lines.append(
                 f"  - headroom ({_loop(run)}) admitted a median of {median} streams{share}"
             )
+            held = _held(runs, limit, run.arrivals_per_s) if open_loop else None
+            if held is not None and median is not None:
+                lines.append(
+                    f"  - the cap of {limit} itself held a median of {held} under the same "
+                    f"arrivals (its ramp-up and drain counted too): headroom {median / held:.0%} "
+                    "of it"
+                )
     for run in headroom:
         lines.append(
             f"- headroom ({_loop(run)}) admitted at most {run.open_streams_max} streams, "

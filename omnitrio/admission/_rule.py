@@ -20,7 +20,12 @@ a live stream is behind its playback by more than half its client buffer, nothin
 is admitted. A stream is active at a stage while it has work there or had some within
 the last ``ACTIVE_WINDOW_S`` (or was added there that recently): a stream the stage
 holds idle (a voice chat's TTS between answers) costs it no step per round, so it is
-not charged one.
+not charged one. A stage is charged no fewer streams than any stage before it has
+active: those are on their way to it. (Charged only its own, a first wave's later
+cohorts, which a deadline-first thinker leaves for the first cohort after their
+prefills, had no work at ``bench-qwen3-omni.yaml``'s talker for half a second, so the
+talker counted 160 of 192 live streams and let a closed loop of 256 admit 64 past the
+192 it keeps in real time: 224 of the first wave's 256 ran dry.)
 
 Once streams are admitted the runtime protects them, but only from a real,
 sustained slowdown, never from the model's noise (a few slow steps dip the fast
@@ -158,7 +163,8 @@ class Admission:
     ) -> Overloaded | None:
         """Why one more stream must be refused now, or None to admit it. ``num_active``:
         each stage's active streams, by name (default: all ``num_live`` at every stage);
-        asked only of a stage that would refuse with all of them charged.
+        asked only of a stage that would refuse with all of them charged, and of the
+        stages before it (``models`` come in chain order).
         ``oldest_age_s``: how long the oldest live stream has run (the retry hint);
         ``now_s`` (perf_counter s): when, for ``busy`` admission; ``most_lag_s``: the
         largest lag of a live stream (``_guards.py``), asked last; ``least_slack_s``:
@@ -204,13 +210,17 @@ class Admission:
         audio_s: float,
         num_active: ActiveCounts | None,
     ) -> str | None:
-        """Headroom's refusal by the stages' step-time models (the module's rule)."""
+        """Headroom's refusal by the stages' step-time models (the module's rule),
+        ``models`` in chain order: a stage is charged the most streams active at it or
+        at any stage before it (those are on their way here)."""
         needed = self.needed
+        names: list[str] = []  # this stage and those before it, in chain order
         for name, model in models:
+            names.append(name)
             count = num_live + 1
             factor = model.realtime_factor(count, audio_s)
             if factor < needed and num_active is not None:  # fewer may be active there
-                count = 1 + active_at(num_active, name, num_live)
+                count = 1 + max(active_at(num_active, n, num_live) for n in names)
                 factor = model.realtime_factor(count, audio_s)
             if factor < needed:
                 audio = self._mean_audio_s

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness._limit import CapRun, buffered_stall_s, true_limit
+from benchmarks.harness._limit import CapRun, buffered_stall_s, limit_table, true_limit
 from benchmarks.harness._record import AudioArrival
 from benchmarks.harness._runner import LoadSettings, retry_delay_s
 from benchmarks.harness._target import Refused
@@ -61,6 +61,16 @@ def test_find_limit_sweeps_fixed_caps_then_headroom(
     assert "true real-time limit" in out
     assert "headroom (closed loop) admitted at most" in out
     assert "headroom (open loop) admitted at most" in out
+
+
+def test_in_open_loop_headroom_is_also_set_against_what_the_limits_own_cap_held() -> None:
+    def run(cap: int, admission: str, median: float) -> CapRun:
+        return CapRun(cap, admission, 10, 0, 3, 1.0, 1.0, median, cap, 1.0, 9.0)
+
+    table = limit_table([run(224, "max_streams", 217.0), run(224, "headroom", 196.0)])
+    assert "admitted a median of 196.0 streams (88% of it)" in table
+    assert "the cap of 224 itself held a median of 217.0 under the same arrivals" in table
+    assert "headroom 90% of it" in table
 
 
 def test_a_buffering_player_waits_only_where_the_lag_passes_its_buffer() -> None:

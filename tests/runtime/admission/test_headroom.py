@@ -293,6 +293,23 @@ def test_idle_held_streams_are_not_charged_against_headroom() -> None:
     assert f"with {admitted + 1} active streams" in refusal.problem
 
 
+def test_streams_active_upstream_are_charged_downstream_they_are_on_their_way() -> None:
+    # A first wave a deadline-first thinker serves cohort by cohort: the later cohorts
+    # have work at the thinker but have had none at the talker for a while.
+    model, audio_s, admitted = _at_the_admission_edge()
+    admission = Admission(512, 0.05, headroom=True)
+    models = [("thinker", learned(0.001, 0.00001)), ("talker", model)]
+    assert models[0][1].realtime_factor(admitted + 1, audio_s) > 2  # never the thinker's
+    idle_here = {"thinker": admitted, "talker": admitted - 32}
+    refusal = admission.refusal(admitted, admitted, models, audio_s, idle_here)
+    assert refusal is not None
+    assert refusal.problem is not None
+    assert f"with {admitted + 1} active streams stage 'talker'" in refusal.problem
+    # Streams idle at every stage up to the talker are still not charged there.
+    idle = {"thinker": admitted - 32, "talker": admitted - 32}
+    assert admission.refusal(admitted, admitted, models, audio_s, idle) is None
+
+
 # Before any stream completed, a stage's yield comes from the streams that play: the
 # tests below drive a stage's model with streams whose audio lags their steps here,
 # as a pipeline's stages do (virtual rounds: every live stream stepped once each).
