@@ -51,11 +51,17 @@ MAX_PASSES = 4
 
 
 class _Waiter:
-    __slots__ = ("audio", "num_passed", "unheld", "wake")
+    __slots__ = ("audio", "num_passed", "refusal", "unheld", "wake")
 
-    def __init__(self, audio: bool, unheld: Callable[[], Overloaded | None] | None) -> None:
+    def __init__(
+        self,
+        audio: bool,
+        refusal: Callable[[], Overloaded | None],
+        unheld: Callable[[], Overloaded | None] | None,
+    ) -> None:
         self.wake = trio.Event()
         self.audio = audio
+        self.refusal = refusal
         self.unheld = unheld
         self.num_passed = 0
 
@@ -114,15 +120,18 @@ class AdmissionQueue:
                     waiter.wake.set()
 
     def _passes(self, waiter: _Waiter | None) -> _Waiter | None:
-        """The head ``waiter`` (None: a newcomer that plays no audio if it is quiet) may
-        pass now, or None: it plays no audio, the head plays audio and is held only by
-        a guard for audio streams, and has been passed fewer than ``MAX_PASSES`` times."""
+        """The head that ``waiter`` (None: a newcomer that plays no audio) may pass now,
+        or None. It may when it plays no audio and the head plays audio, has been passed
+        fewer than ``MAX_PASSES`` times, and is refused now but would be admitted but for
+        a guard that holds audio streams alone: a head the rule admits now is never
+        passed, so a quiet request woken beside it never takes its room."""
         head = self._waiters[0]
         if head is waiter or (waiter is not None and waiter.audio):
             return None
         if not head.audio or head.unheld is None or head.num_passed >= MAX_PASSES:
             return None
-        return head if head.unheld() is None else None
+        held = head.unheld() is None and head.refusal() is not None
+        return head if held else None
 
     def close(self) -> None:
         """The pipeline is closing: every waiter asks again (and is told so)."""
@@ -166,7 +175,7 @@ class AdmissionQueue:
                     head.num_passed += 1
                     return stream
             last = refusal() or self._queue_full()
-        return await self._wait(attempt, last, _Waiter(audio, unheld))
+        return await self._wait(attempt, last, _Waiter(audio, refusal, unheld))
 
     async def _wait(self, attempt: Callable[[], T], last: Overloaded, waiter: _Waiter) -> T:
         self._waiters.append(waiter)

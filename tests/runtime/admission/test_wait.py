@@ -4,6 +4,7 @@ on the virtual clock, then on real pipelines (``pipeline.admission_wait_s``)."""
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import pytest
@@ -186,6 +187,47 @@ async def test_quiet_requests_pass_a_head_held_for_its_audio_a_bounded_number_of
             await trio.sleep(0.01)
     assert room.admitted == ["a0", "a1", "a2"]
     assert quiet == ["q0", "q1", "q2", "q3", "q4"]
+    assert queue.statistics().num_refused == 0
+
+
+async def test_a_quiet_request_never_passes_a_head_the_rule_admits_now(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Once the hold that kept the head waiting is over (its room is there, nobody has
+    told it yet), a quiet newcomer queues behind it rather than taking that room."""
+    queue, room = AdmissionQueue(30.0, 16, 8), Room(free=1)
+    starting = True  # another answer is on its way to its first audio: the startup hold
+    quiet: list[str] = []
+
+    def held() -> omnitrio.Overloaded | None:
+        return omnitrio.Overloaded(8, 10.0, "starting") if starting else room.refusal()
+
+    def answer() -> str:
+        refusal = held()
+        if refusal is not None:
+            raise refusal
+        return room.attempt("a0")
+
+    def transcription() -> None:
+        room.attempt("q")
+        quiet.append("q")
+
+    async def ask_quiet() -> None:
+        await queue.admit(transcription, room.refusal, audio=False)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(queue.admit, answer, held, unheld=room.refusal))
+        await trio.sleep(0.01)
+        starting = False  # the other answer played: the head would be admitted now
+        nursery.start_soon(ask_quiet)
+        await trio.sleep(0.01)
+        assert quiet == []  # it did not take the head's room
+        queue.wake()
+        await trio.sleep(0.01)
+        assert room.admitted == ["a0"]
+        room.free = 1
+        queue.wake()
+    assert room.admitted == ["a0", "q"]
     assert queue.statistics().num_refused == 0
 
 
