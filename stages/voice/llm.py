@@ -125,20 +125,23 @@ class SmolLM2Llm(AutoregressiveStage):
             )
         if runtime == "vllm":
             check_vllm_params(name, dtype, first_audio_first)
+        try:  # a wrong one is refused before the weights load
+            params = FastParams(
+                num_workers=num_workers,
+                ctranslate2_threads=ctranslate2_threads,
+                ctranslate2_cache_tokens=ctranslate2_cache_tokens,
+                llamacpp_threads=llamacpp_threads,
+                llamacpp_type=llamacpp_type,
+                vllm_max_num_seqs=vllm_max_num_seqs,
+                vllm_max_model_len=vllm_max_model_len,
+                vllm_kv_cache_bytes=vllm_kv_cache_bytes,
+                vllm_compile=vllm_compile,
+                ctranslate2_nice=ctranslate2_nice,
+            )
+        except ValueError as exc:
+            raise ValueError(f"stage {name!r}: {exc}") from None
         llamacpp = llamacpp_gguf(name, model_path) if runtime == "llamacpp" else None
         model, self.tokenizer, folder = load_llm(model_path, cache_dir)
-        params = FastParams(
-            num_workers,
-            ctranslate2_threads,
-            ctranslate2_cache_tokens,
-            llamacpp_threads,
-            llamacpp_type,
-            vllm_max_num_seqs,
-            vllm_max_model_len,
-            vllm_kv_cache_bytes,
-            vllm_compile,
-            ctranslate2_nice,
-        )
         # The runtime of spoken answers (llm_engines.py); None: torch.
         self.fast = open_fast(runtime, folder, cache_dir, params, dtype=dtype, llamacpp=llamacpp)
         self.model = placed(model, self.device, dtype)

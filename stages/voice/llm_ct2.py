@@ -298,7 +298,10 @@ def niced(nice: int, open_generator: Callable[[], ctranslate2.Generator]) -> ctr
 
     def run() -> None:
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            tid = threading.get_native_id()  # made by the caller's: its nice value
+            os.setpriority(
+                os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+            )
             opened.append(open_generator())
         except BaseException as exc:  # handed to the caller's thread
             failed.append(exc)

@@ -182,22 +182,19 @@ def _nice_of_threads() -> dict[str, int]:
 
 def test_ctranslate2_nice_raises_the_generators_threads_nice_value_only() -> None:
     """``ctranslate2_nice``: the generator's worker threads run at that nice value (the
-    cores go to the TTS's and the ASR's threads first when all want them); the stage's
-    own thread keeps its own, and a wrong value is refused naming the param."""
+    cores go to the TTS's and the ASR's threads first when all want them), raised by it
+    from the caller's; the stage's own thread keeps its own."""
     import os
+    import threading
 
     from stages.voice.llm import SmolLM2Llm
 
     before = _nice_of_threads()
+    own = before[str(threading.get_native_id())]  # raised from the caller's, not set
     stage = SmolLM2Llm("llm", runtime="ctranslate2", num_workers=2, ctranslate2_nice=5)
     try:
         new = {tid: n for tid, n in _nice_of_threads().items() if tid not in before}
-        assert sorted(new.values()).count(5) >= 2  # the two workers
+        assert sorted(new.values()).count(min(19, own + 5)) >= 2  # the two workers
         assert os.getpriority(os.PRIO_PROCESS, 0) == before[str(os.getpid())]
     finally:
         stage.close()
-    from stages.voice.llm_engines import FastParams
-
-    for wrong in (-1, 20, 2.5, True):
-        with pytest.raises(ValueError, match="ctranslate2_nice"):
-            FastParams(ctranslate2_nice=wrong)  # type: ignore[arg-type]

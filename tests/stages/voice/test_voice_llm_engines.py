@@ -35,6 +35,17 @@ def test_an_engine_that_does_not_fit_is_refused(
     check_engine("llm", "cpu", "cpu", dtype, "vllm" if runtime == "onnx" else runtime)
 
 
+@pytest.mark.parametrize("wrong", [-1, 20, 2.5, True])
+def test_a_wrong_ctranslate2_nice_is_refused_naming_the_stage_before_a_model_loads(
+    wrong: object,
+) -> None:
+    from stages.voice.llm import SmolLM2Llm
+
+    refusal = r"stage 'llm': ctranslate2_nice must be an integer from 0 to 19"
+    with pytest.raises(ValueError, match=refusal):
+        SmolLM2Llm("llm", runtime="ctranslate2", ctranslate2_nice=wrong, model_path="/nowhere")
+
+
 def test_int8_quantizes_every_linear_layer() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     quantized = int8_linear(model)
