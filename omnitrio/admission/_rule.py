@@ -212,7 +212,9 @@ class Admission:
     ) -> str | None:
         """Headroom's refusal by the stages' step-time models (the module's rule),
         ``models`` in chain order: a stage is charged the most streams active at it or
-        at any stage before it (those are on their way here)."""
+        at any stage before it (those are on their way here; one that will never reach
+        it, a text-only answer at the thinker, is charged there too, on the side of
+        caution)."""
         needed = self.needed
         names: list[str] = []  # this stage and those before it, in chain order
         for name, model in models:
