@@ -148,3 +148,12 @@ def test_a_negative_later_phrase_cut_is_refused() -> None:
 
     with pytest.raises(ValueError, match="later_phrase_cut_s must be at least 0 or null"):
         PiperTts("tts", later_phrase_cut_s=-0.1)
+
+
+@needs_voice
+@pytest.mark.parametrize("words", [1, 9])
+def test_a_first_phrase_boundary_minimum_outside_its_bounds_is_refused(words: int) -> None:
+    from stages.voice.tts import PiperTts
+
+    with pytest.raises(ValueError, match=f"first_phrase_boundary_min_words .*got {words}"):
+        PiperTts("tts", first_phrase_max_words=8, first_phrase_boundary_min_words=words)
