@@ -279,6 +279,7 @@ class PiperTts:
             end=now,
             runs_out=runs_out,
             text=speech.text_ready,
+            written=speech.text_written,
             prev=speech.made_at,
             audio=samples.size / self.sample_rate_hz,
         )
