@@ -72,7 +72,7 @@ class PhraseQueue(SplitState):
             self.part = None
         if input_closed and not self.text_done:
             self.text_done = True
-            self._queue(self.splitter.flush())
+            self._queue(self.splitter.flush(), self.last_written)
 
     def cut_if_late(self, cut_s: float | None) -> bool:
         """With ``cut_s`` (``first_phrase_cut_s``): once the first part's audio runs out
@@ -98,13 +98,15 @@ class PhraseQueue(SplitState):
             return False
         return self._queue(self.splitter.cut_later())
 
-    def _queue(self, phrase: str | None) -> bool:
-        """Queue ``phrase``, complete now, if there is one; whether there was."""
+    def _queue(self, phrase: str | None, written_s: float | None = None) -> bool:
+        """Queue ``phrase``, complete now, if there is one; whether there was. Its text
+        left the LLM at ``written_s`` (None: it is complete only now, a cut for time)."""
         if phrase is None:
             return False
+        now = time.monotonic()
         self.phrases.append(phrase)
-        self.ready_at.append(time.monotonic())
-        self.written_at.append(self.last_written)
+        self.ready_at.append(now)
+        self.written_at.append(now if written_s is None else written_s)
         return True
 
     def first_due(self) -> bool:
