@@ -4,11 +4,15 @@ held it.
 With tracing on, the TTS stage logs every audio part it makes (stages/voice/trace.py
 ``part``): when its synthesis started and ended, when the answer's audio made before
 it runs out (played from its first audio on, in real time), when its text was complete
-and when the answer's previous part was made. A part is late for a client that buffers
-``buffer_s`` when it is made after that audio plus ``buffer_s``. Its lateness is blamed
-on the longest of three waits, one after the other: the text (its phrase completed
-after the previous part was made: the LLM), the queue (ready, but the TTS stage was
-busy with other parts or answers) and the synthesis itself.
+at the TTS, when that text had left the LLM stage and when the answer's previous part
+was made. A part is late for a client that buffers ``buffer_s`` when it is made after
+that audio plus ``buffer_s``. Its lateness is blamed on the longest of four waits, one
+after the other: the text (the LLM wrote its phrase's last piece after the previous
+part was made), the delivery (the LLM had handed that piece on, but the TTS stage had
+it only later: its steps for other answers, and the round the runtime had queued
+behind the running one without this answer), the queue (ready, but the TTS stage was
+busy with other parts or answers) and the synthesis itself. A trace without the LLM's
+time (``written``) blames what was the delivery on the text.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 PART = re.compile(r"voice-part (\S+) (\S+) (.*)$", re.MULTILINE)
-CAUSES = ("text", "queue", "synthesis")
+CAUSES = ("text", "delivery", "queue", "synthesis")
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class Part:
     text_s: float  # when its phrase's text was complete (0: a phrase already begun)
     previous_s: float  # when the answer's previous part was made
     audio_s: float
+    written_s: float = 0.0  # when its phrase's last piece left the LLM (0: not known)
 
 
 def parts(log_text: str) -> list[Part]:
@@ -46,17 +51,21 @@ def parts(log_text: str) -> list[Part]:
                 v["text"],
                 v["prev"],
                 v["audio"],
+                v.get("written", 0.0),
             )
         )
     return out
 
 
 def blame(part: Part) -> str:
-    """What held a late part longest: its text, the queue, or its synthesis."""
-    text = max(0.0, part.text_s - part.previous_s)
+    """What held a late part longest: its text, its delivery, the queue, or its
+    synthesis."""
+    written = part.written_s or part.text_s  # not known: all of it the text's
+    text = max(0.0, min(written, part.text_s) - part.previous_s)
+    delivery = max(0.0, part.text_s - max(written, part.previous_s))
     queue = part.start_s - max(part.previous_s, part.text_s)
     synthesis = part.end_s - part.start_s
-    return max(zip((text, queue, synthesis), CAUSES, strict=True))[1]
+    return max(zip((text, delivery, queue, synthesis), CAUSES, strict=True))[1]
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@ clients never see them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,3 +19,6 @@ class TextPiece:
     """llm -> tts: the next piece of the answer's text, in order."""
 
     text: str
+    written_s: float = field(default_factory=time.monotonic, compare=False)
+    """When the LLM stage handed it on (``time.monotonic``; the TTS's trace: how long
+    after it the TTS had it)."""

@@ -1,7 +1,7 @@
 """Cutting streamed answer text into phrases to speak, so speech starts early.
 
 Text arrives a token at a time. A phrase ends at a sentence end (. ! ? ; :
-followed by a space, not after an abbreviation such as "Dr." or an initial), at
+followed by a space (below: or none), not after an abbreviation such as "Dr." or an initial), at
 a comma once the phrase has ``min_comma_words`` words (either of them also where a
 closing quote or bracket comes between it and the space: ``"Lady in Red." It``; the
 LLM quotes names it suggests, and a phrase that ran on past them to the next comma
@@ -13,7 +13,19 @@ waiting for ``first_max_words``. A cut for length falls at a prosodic
 boundary where there is one — before a conjunction, preposition or relative
 word, never leaving fewer than two words — because Piper speaks each phrase on
 its own and a cut inside a tight word group ("France | is Paris") blurs the
-words either side of the join. Whatever is left is spoken when the text ends.
+words either side of the join. With ``first_boundary_min_words`` (M), the first
+phrase's cut for length never falls before a boundary word that would leave it fewer
+than M words ("A good name | for a small dog could" left a first phrase no longer than
+its first part, with the whole wait for the second phrase behind it). Whatever is left
+is spoken when the text ends.
+
+A sentence's end that needs no space after it to be sure of ends a phrase as soon as
+it comes, not when the next token brings the space (``ends_sentence_now``): a ``!`` or
+``?``, or a full stop after a word of letters that is not an abbreviation or an
+initial. The LLM writes "Luna" "." " The" as three tokens, and at four conversations
+the next one came ~0.1-0.4 s later, the answer's audio running dry meanwhile. Never
+after a number ("3." "5") or a letter ("e." "g."); SmolLM2's tokenizer also writes
+"example" "." "com", so a name with a dot inside may be spoken in two phrases.
 
 A phrase is also at most ``max_chars`` characters, however few its words: a
 "word" of 700 emoji (each named by espeak-ng) was one phrase of ~11k phonemes,
@@ -37,6 +49,10 @@ _SENTENCE_END = re.compile(r"(\S*?)[.!?;:]" + _CLOSING + r"\s")
 _COMMA = re.compile("," + _CLOSING + r"\s")
 _WORD = re.compile(r"\S+\s")
 _PIECE = re.compile(r"\s*\S*\s?")
+_CLOSERS = "\"'\u201d\u2019)]"  # _CLOSING's characters
+_OPENERS = "\"'(\u201c\u2018["
+_LETTERS = re.compile(r"[^\W\d_]+(?:['\u2019-][^\W\d_]+)*")  # "Luna", "don't", "well-known"
+NOT_SENTENCE_ENDS = frozenset(["www"])  # a full stop after it goes on ("www.example")
 ABBREVIATIONS = frozenset(
     ["mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "prof", "inc", "ltd"]
 )
@@ -94,6 +110,7 @@ class PhraseSplitter:
     first_max_words: int = 24
     first_min_words: int | None = None  # None: the first phrase waits for first_max_words
     first_part_words: int | None = None  # None: the first phrase is offered only whole
+    first_boundary_min_words: int | None = None  # None: a length cut leaves MIN_WORDS
     max_chars: int = 240  # a phrase, at most: a long "word" (emoji, a URL) is cut too
     _text: str = field(default="", repr=False)
     _num_phrases: int = field(default=0, repr=False)
@@ -170,6 +187,8 @@ class PhraseSplitter:
         for sentence in _SENTENCE_END.finditer(self._text):
             if not is_abbreviation(sentence.group(1)):
                 return sentence.end()
+        if ends_sentence_now(self._text):
+            return len(self._text)
         for comma in _COMMA.finditer(self._text):
             if len(self._text[: comma.start()].split()) >= self.min_comma_words:
                 return comma.end()
@@ -186,6 +205,8 @@ class PhraseSplitter:
                     return word.start()  # the boundary word opens the next phrase
         if len(words) < limit:
             return self._cut_for_chars()
+        if not self._num_phrases and self.first_boundary_min_words is not None:
+            shortest = max(shortest, self.first_boundary_min_words)
         for index in range(limit - 1, shortest - 1, -1):
             if words[index].group().strip().lower() in BOUNDARY_WORDS:
                 return words[index].start()  # the boundary word opens the next phrase
@@ -197,6 +218,25 @@ class PhraseSplitter:
             return None
         space = self._text.rfind(" ", 0, self.max_chars)
         return space + 1 if space > 0 else self.max_chars
+
+
+def ends_sentence_now(text: str) -> bool:
+    """``text`` ends at a sentence's end that needs no space after it to be sure of: a
+    ``!`` or ``?`` after a word, or a full stop after a word of two or more letters
+    (an apostrophe or hyphen inside) that is not an abbreviation, with what may close
+    after it. Not a full stop after a digit ("3." may go on to "3.5"), a single letter
+    ("e." to "e.g."), another full stop ("U.S", "..."), "www" or an abbreviation."""
+    bare = text.rstrip(_CLOSERS)
+    if not bare or bare[-1] not in ".!?":
+        return False
+    word = bare[:-1].rsplit(None, 1)[-1].lstrip(_OPENERS) if bare[:-1].strip() else ""
+    if bare[-1] != ".":
+        return any(c.isalnum() for c in word)
+    return (
+        _LETTERS.fullmatch(word) is not None
+        and not is_abbreviation(word)
+        and word.lower() not in NOT_SENTENCE_ENDS
+    )
 
 
 def is_abbreviation(word: str) -> bool:

@@ -30,7 +30,8 @@ With ``first_phrase_cut_s`` (null: off), a first phrase still open when its firs
 part's audio runs out within that many seconds ends at its last whole word; with
 ``later_phrase_cut_s`` (null: off), a later phrase still open when the answer's audio
 runs out within that many seconds ends before its last boundary word, else at its last
-whole word (tts_schedule.py).
+whole word (tts_schedule.py). With ``first_phrase_boundary_min_words`` (null: off), the
+first phrase's cut for length never leaves it fewer words (phrases.py).
 
 With param ``max_part_frames`` (null: off), a phrase longer than that many frames
 (~11.6 ms each) is spoken in parts of at most that many, a part a step, from one front
@@ -93,6 +94,7 @@ class PiperTts:
         max_phrase_words: int = 24,
         first_phrase_max_words: int = 24,
         first_phrase_min_words: int | None = None,
+        first_phrase_boundary_min_words: int | None = None,
         espeak_timeout_s: float = 5.0,
         max_phoneme_ids: int = 600,
         num_threads: int = 1,
@@ -121,6 +123,12 @@ class PiperTts:
             first_part_pauses_answer,
             first_phrase_cut_s,
         )
+        boundary_min = first_phrase_boundary_min_words
+        if boundary_min is not None and not 2 <= boundary_min <= first_phrase_max_words:
+            raise ValueError(
+                "first_phrase_boundary_min_words must be at least 2 and at most"
+                f" first_phrase_max_words ({first_phrase_max_words}), got {boundary_min}"
+            )
         if later_phrase_cut_s is not None and not later_phrase_cut_s >= 0:
             raise ValueError(
                 f"later_phrase_cut_s must be at least 0 or null, got {later_phrase_cut_s}"
@@ -129,6 +137,7 @@ class PiperTts:
         self.max_phrase_words = max_phrase_words
         self.first_phrase_max_words = first_phrase_max_words
         self.first_phrase_min_words = first_phrase_min_words
+        self.first_phrase_boundary_min_words = boundary_min
         self.streams: dict[str, _Stream] = {}
         self.first_chunk_frames = first_chunk_frames
         self.max_part_frames = max_part_frames
@@ -164,6 +173,7 @@ class PiperTts:
             self.first_phrase_max_words,
             self.first_phrase_min_words,
             self.first_part_words,
+            first_boundary_min_words=self.first_phrase_boundary_min_words,
         )
         self.streams[stream_id] = _Stream(splitter=splitter)
 
@@ -269,6 +279,7 @@ class PiperTts:
             end=now,
             runs_out=runs_out,
             text=speech.text_ready,
+            written=speech.text_written,
             prev=speech.made_at,
             audio=samples.size / self.sample_rate_hz,
         )

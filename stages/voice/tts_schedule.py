@@ -51,6 +51,9 @@ class PhraseQueue(SplitState):
     going_on: SplitPhrase | None = None  # a phrase spoken in parts, its first part out
     ready_at: deque[float] = field(default_factory=deque)  # when each queued phrase was complete
     text_ready: float = 0.0  # ... and the phrase being spoken (trace.py)
+    written_at: deque[float] = field(default_factory=deque)  # ... its text left the LLM
+    text_written: float = 0.0  # ... and the phrase being spoken's
+    last_written: float = 0.0  # when the last piece fed left the LLM
 
     def feed(self, pieces: Sequence[object], input_closed: bool) -> None:
         """Queue the phrases ``pieces`` (the step's inputs) complete; at the end of the
@@ -60,6 +63,8 @@ class PhraseQueue(SplitState):
                 phrases = self.splitter.feed(piece.text)
                 self.phrases.extend(phrases)
                 self.ready_at.extend(time.monotonic() for _ in phrases)
+                self.last_written = piece.written_s
+                self.written_at.extend(piece.written_s for _ in phrases)
                 part = self.splitter.first_part()
                 if part is not None and not self.phrases:
                     self.part = part  # spoken unless the whole phrase comes first
@@ -67,7 +72,7 @@ class PhraseQueue(SplitState):
             self.part = None
         if input_closed and not self.text_done:
             self.text_done = True
-            self._queue(self.splitter.flush())
+            self._queue(self.splitter.flush(), self.last_written)
 
     def cut_if_late(self, cut_s: float | None) -> bool:
         """With ``cut_s`` (``first_phrase_cut_s``): once the first part's audio runs out
@@ -93,12 +98,15 @@ class PhraseQueue(SplitState):
             return False
         return self._queue(self.splitter.cut_later())
 
-    def _queue(self, phrase: str | None) -> bool:
-        """Queue ``phrase``, complete now, if there is one; whether there was."""
+    def _queue(self, phrase: str | None, written_s: float | None = None) -> bool:
+        """Queue ``phrase``, complete now, if there is one; whether there was. Its text
+        left the LLM at ``written_s`` (None: it is complete only now, a cut for time)."""
         if phrase is None:
             return False
+        now = time.monotonic()
         self.phrases.append(phrase)
-        self.ready_at.append(time.monotonic())
+        self.ready_at.append(now)
+        self.written_at.append(now if written_s is None else written_s)
         return True
 
     def first_due(self) -> bool:
@@ -115,6 +123,7 @@ class PhraseQueue(SplitState):
     def pop(self) -> str:
         """The next phrase, off the queue."""
         self.text_ready = self.ready_at.popleft() if self.ready_at else 0.0
+        self.text_written = self.written_at.popleft() if self.written_at else 0.0
         return self.phrases.popleft()
 
 

@@ -27,6 +27,21 @@ def test_a_late_part_is_blamed_on_its_longest_wait() -> None:
     assert blame(part(0.6, 2.0, 0.6)) == "synthesis"
 
 
+def test_a_phrase_the_tts_had_long_after_the_llm_wrote_it_is_blamed_on_its_delivery() -> None:
+    """written: the LLM handed the phrase's last piece on at 0.6, 0.1 s after the last
+    part was made; the TTS had it at 1.4 (its steps for other answers, the queued round)."""
+
+    def part(written: float) -> Part:
+        return Part("next", "s", 1.4, 1.5, 1.0, 1.4, 0.5, 1.0, written)
+
+    assert blame(part(0.6)) == "delivery"
+    assert blame(part(1.3)) == "text"  # written 0.8 s after the last part, had 0.1 s later
+    assert blame(part(0.0)) == "text"  # an older trace: no LLM time
+    line = "voice-part next s1 start=2.0 end=2.1 runs_out=1.0 text=1.9 prev=0.5 audio=1.0"
+    assert parts(line + " written=1.2")[0].written_s == 1.2
+    assert parts(line)[0].written_s == 0.0
+
+
 def test_lateness_counts_only_later_parts_late_for_the_buffer_in_the_window() -> None:
     found = parts(LOG)
     seen = lateness(found, 0.0, 100.0, buffer_s=0.2)

@@ -18,13 +18,79 @@ def test_phrases_end_at_sentence_ends_long_commas_and_the_word_limit() -> None:
     splitter = PhraseSplitter(min_comma_words=3, max_words=6)
     tokens = ["Hi", ",", " there", ".", " Cats", " eat", " meat", ",", " fish", " and", " more"]
     phrases = [p for token in tokens for p in splitter.feed(token)]
-    # "Hi," is too short to stand alone; "there." waits for the space after it.
+    # "Hi," is too short to stand alone.
     assert phrases == ["Hi, there.", "Cats eat meat,"]
-    assert splitter.feed("!") == []
-    assert splitter.flush() == "fish and more!"
+    assert splitter.feed(" :)") == []
+    assert splitter.flush() == "fish and more :)"
     assert splitter.flush() is None
     splitter = PhraseSplitter(max_words=3, first_max_words=2)
     assert splitter.feed("one two three four five six seven ") == ["one two", "three four five"]
+
+
+def _fed(splitter: PhraseSplitter, tokens: list[str]) -> list[list[str]]:
+    """What each token, fed in turn, completed."""
+    return [splitter.feed(token) for token in tokens]
+
+
+def test_a_sentence_end_ends_a_phrase_without_waiting_for_the_next_tokens_space() -> None:
+    """SmolLM2 writes "Luna" "." " The": the full stop ends the phrase as it comes, not
+    when the next token (~0.1-0.4 s later at four conversations) brings the space."""
+    splitter = PhraseSplitter()
+    assert _fed(splitter, ["Her", " name", " is", " Luna", "."]) == [
+        [],
+        [],
+        [],
+        [],
+        ["Her name is Luna."],
+    ]
+    assert _fed(splitter, [" The", " End", "!"]) == [[], [], ["The End!"]]
+    assert _fed(splitter, [" Really", "?!"]) == [[], ["Really?!"]]
+    assert _fed(splitter, [" Call", " her", ' "', "L", "una", '."']) == [[]] * 5 + [
+        ['Call her "Luna."']
+    ]
+    assert _fed(splitter, [" It", "'s", " short", " (", "Rex", ".)"]) == [[]] * 5 + [
+        ["It's short (Rex.)"]
+    ]
+    assert _fed(splitter, [" We", "'re", " well", "-known", "."])[-1] == ["We're well-known."]
+    assert splitter.flush() is None
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        [" It", " is", " ", "3", "."],  # "3.5"
+        [" Buy", " v", "2", "."],  # "v2.0"
+        [" Use", " e", "."],  # "e.g."
+        [" Use", " e", ".", "g", "."],  # "e.g." goes on: "e.g. salt"
+        [" Ask", " Dr", "."],  # "Dr. Smith"
+        [" Apples", " and", " pears", " etc", "."],
+        [" In", " the", " U", ".", "S", "."],
+        [" Wait", "..."],
+        [" See", " www", "."],  # "www.example.com"
+        [" Say", " I", "."],  # an initial
+    ],
+)
+def test_a_full_stop_after_a_number_a_letter_or_an_abbreviation_waits(tokens: list[str]) -> None:
+    """Where the text may go on after the full stop ("3." "5", "e." "g.", "Dr." " Smith",
+    "U.S", "...", "www." "example"), the phrase waits for the space as before."""
+    splitter = PhraseSplitter(min_comma_words=9)
+    assert _fed(splitter, tokens) == [[]] * len(tokens)
+    assert splitter.feed("5 more") == []  # no space after the full stop: it went on
+
+
+def test_the_first_phrases_length_cut_keeps_first_boundary_min_words() -> None:
+    """first_boundary_min_words: "A good name | for ..." left a first phrase of three
+    words, no longer than its first part; with 4 it runs on to its length limit."""
+    tokens = ["A", " good", " name", " for", " a", " small", " dog", " could", " be"]
+    kept = PhraseSplitter(first_max_words=8, first_min_words=4, first_part_words=3)
+    assert [p for t in tokens for p in kept.feed(t)] == ["A good name"]
+    at_least = PhraseSplitter(
+        first_max_words=8, first_min_words=4, first_part_words=3, first_boundary_min_words=4
+    )
+    assert [p for t in tokens for p in at_least.feed(t)] == ["A good name for a small dog could"]
+    assert at_least.feed(" in the garden ") == []  # a later phrase: the usual cut
+    before = PhraseSplitter(first_max_words=6, first_boundary_min_words=3)
+    assert before.feed("Cats like to eat fish and meat ") == ["Cats like to eat fish"]
 
 
 def test_a_cut_for_length_falls_before_a_boundary_word_and_not_after_an_abbreviation() -> None:

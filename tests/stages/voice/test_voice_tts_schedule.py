@@ -38,6 +38,23 @@ def test_a_queue_holds_each_phrase_once_complete_and_the_rest_at_the_end() -> No
     assert queue.text_ready > 0  # when it was complete, for the trace
 
 
+def test_a_phrase_keeps_when_its_text_left_the_llm_or_when_it_was_cut_for_time() -> None:
+    """For the trace (voice_late_parts.py's delivery): a phrase completed by a piece is
+    written when that piece left the LLM; one the TTS cut for time is complete only then,
+    and the rest at the text's end when its last piece left."""
+    queue = PhraseQueue(splitter=PhraseSplitter(first_max_words=3), spoken=1)
+    queue.feed((TextPiece("A good name for a small", written_s=2.0),), False)
+    assert (queue.pop(), queue.text_written) == ("A good name", 2.0)
+    queue.feed((TextPiece(" dog could", written_s=3.0),), False)
+    queue.runs_out = time.monotonic() + 0.1
+    before = time.monotonic()
+    assert queue.cut_later_if_late(0.4)
+    assert queue.pop() == "for a small dog"
+    assert queue.text_written >= before  # cut for time: written when it was cut
+    queue.feed((TextPiece(" be Max", written_s=4.0),), True)
+    assert (queue.pop(), queue.text_written) == ("could be Max", 4.0)
+
+
 def test_a_first_phrase_due_holds_every_later_phrase_back() -> None:
     queues = {"old": _queue("Yes. No.", spoken=1, runs_out=5.0), "new": _queue("Hello.")}
     assert queues["old"].later_due()
@@ -148,3 +165,12 @@ def test_a_negative_later_phrase_cut_is_refused() -> None:
 
     with pytest.raises(ValueError, match="later_phrase_cut_s must be at least 0 or null"):
         PiperTts("tts", later_phrase_cut_s=-0.1)
+
+
+@needs_voice
+@pytest.mark.parametrize("words", [1, 9])
+def test_a_first_phrase_boundary_minimum_outside_its_bounds_is_refused(words: int) -> None:
+    from stages.voice.tts import PiperTts
+
+    with pytest.raises(ValueError, match=f"first_phrase_boundary_min_words .*got {words}"):
+        PiperTts("tts", first_phrase_max_words=8, first_phrase_boundary_min_words=words)
