@@ -64,6 +64,7 @@ from .._stream import StreamState
 from ._cpu import CpuWatch, process_cpu_s, usable_cores
 from ._guards import Startup, Warmup, lateness_problem
 from ._headroom import StepModel
+from ._margin import stage_margin
 from ._utilisation import ActiveCounts, BusyWatch, active_at, busy_problem
 
 LIFETIME_KEEP = 0.9
@@ -138,8 +139,17 @@ class Admission:
 
     @property
     def needed(self) -> float:
-        """The realtime factor admission keeps for every active stream."""
+        """The realtime factor admission keeps for every active stream at most (a stage
+        may keep less of the margin: ``needed_at``)."""
         return (1.0 + self.realtime_margin) * self.length_factor
+
+    def needed_at(self, model: StepModel, num_streams: int, audio_s: float) -> float:
+        """The realtime factor admission keeps at ``model``'s stage for ``num_streams``
+        active streams: ``needed`` with the margin that stage keeps (``_margin.py``)."""
+        margin = stage_margin(
+            model, num_streams, self.realtime_margin, self.client_buffer_s, audio_s
+        )
+        return (1.0 + margin) * self.length_factor
 
     @property
     def shed_below(self) -> float:
@@ -215,15 +225,16 @@ class Admission:
         at any stage before it (those are on their way here; one that will never reach
         it, a text-only answer at the thinker, is charged there too, on the side of
         caution)."""
-        needed = self.needed
         names: list[str] = []  # this stage and those before it, in chain order
         for name, model in models:
             names.append(name)
             count = num_live + 1
             factor = model.realtime_factor(count, audio_s)
+            needed = self.needed_at(model, count, audio_s)
             if factor < needed and num_active is not None:  # fewer may be active there
                 count = 1 + max(active_at(num_active, n, num_live) for n in names)
                 factor = model.realtime_factor(count, audio_s)
+                needed = self.needed_at(model, count, audio_s)
             if factor < needed:
                 audio = self._mean_audio_s
                 asks = "" if audio is None else f" and answers of {audio:.1f} s"
