@@ -3,11 +3,11 @@
 The rule (``docs/design.md``, "Admission"): a new stream is admitted only while,
 with it, every stage's learned realtime factor (``StepModel``, ``_headroom.py``) for its
 *active* streams plus the new one is at least ``needed``: ``1 + realtime_margin``
-times ``A / (A + B)``, ``A`` the mean audio of the streams that completed with audio,
-less their first chunk (before any did: ``1 + realtime_margin``), ``B`` the configured
-client buffer (``pipeline.client_buffer_s``). A stream's first chunk is made before its
-client plays; the ``A`` seconds after it, made at ``f`` x real time while the client
-plays, end ``A x (1/f - 1)`` behind its playback; a client that buffers ``B``
+(at most: the margin a stage keeps is its own, ``_margin.py``) times ``A / (A + B)``,
+``A`` the mean audio of the streams that completed with audio, less their first chunk
+(before any did: ``1 + realtime_margin``), ``B`` the configured client buffer
+(``pipeline.client_buffer_s``). A stream's first chunk is made before its client plays;
+the ``A`` seconds after it, made at ``f`` x real time while the client plays, end ``A x (1/f - 1)`` behind its playback; a client that buffers ``B``
 absorbs that while it is at most ``B``, so a stage falls behind only below
 ``A / (A + B)``: short answers tolerate a stage somewhat slower than real time (a
 closed loop at the limit, whose prefills take a share of the first stage's time),
