@@ -7,12 +7,13 @@ with it, every stage's learned realtime factor (``StepModel``, ``_headroom.py``)
 ``A`` the mean audio of the streams that completed with audio, less their first chunk
 (before any did: ``1 + realtime_margin``), ``B`` the configured client buffer
 (``pipeline.client_buffer_s``). A stream's first chunk is made before its client plays;
-the ``A`` seconds after it, made at ``f`` x real time while the client plays, end ``A x (1/f - 1)`` behind its playback; a client that buffers ``B``
-absorbs that while it is at most ``B``, so a stage falls behind only below
-``A / (A + B)``: short answers tolerate a stage somewhat slower than real time (a
-closed loop at the limit, whose prefills take a share of the first stage's time),
-long ones do not (the factor tends to ``1 + realtime_margin``);
-``max_streams`` stays a hard cap, and the first stream is always admitted. Two guards
+the ``A`` seconds after it, made at ``f`` x real time while the client plays, end
+``A x (1/f - 1)`` behind its playback; a client that buffers ``B`` absorbs that while
+it is at most ``B``, so a stage falls behind only below ``A / (A + B)``: short answers
+tolerate a stage somewhat slower than real time (a closed loop at the limit, whose
+prefills take a share of the first stage's time), long ones do not (the factor tends
+to ``1 + realtime_margin``); ``max_streams`` stays a hard cap, and the first stream is
+always admitted. Two guards
 cover what the models cannot see (``_guards.py``): before any model is ready a first
 wave is admitted up to ``warmup_streams`` where that is set (and, where the stages
 declare what a step costs, only as far as that keeps real time: ``_prior.py``), and while
