@@ -74,6 +74,8 @@ FLOW_HALF_LIFE_STEPS = 20000.0
 """Half-life, in stream-steps, of the past in the playing streams' yield."""
 PRIOR_SLACK = 1.05
 """A declared step (``StepPrior``) is charged this much more than declared (``_prior.py``)."""
+ERROR_HALF_LIFE_STEPS = 256.0
+"""Half-life of a step in ``StepModel.step_error``."""
 
 
 def _keep(half_life: float) -> float:
@@ -83,6 +85,7 @@ def _keep(half_life: float) -> float:
 _SHAPE_KEEP = _keep(SHAPE_HALF_LIFE_STEPS)
 _SCALE_KEEP = _keep(SCALE_HALF_LIFE_STEPS)
 _FLOW_KEEP = _keep(FLOW_HALF_LIFE_STEPS)
+_ERROR_KEEP = _keep(ERROR_HALF_LIFE_STEPS)
 
 
 class _Line:
@@ -172,6 +175,7 @@ class StepModel:
         self._busy_s = 0.0  # these four: weighted sums over every step, as the lines'
         self._first_n = self._first_b = self._first_t = 0.0  # over the first steps
         self.scale = 1.0
+        self._error_w = self._error_sq = 0.0  # weighted count and squares of plain steps' errors
         self.cohorts = Cohorts()
         self.num_completed = 0
         self._yield_audio_s = 0.0
@@ -188,6 +192,10 @@ class StepModel:
         self.num_stream_steps += batch_size
         first, k = num_first > 0, _SHAPE_KEEP
         kind = self._first if first else self._plain
+        if not first and kind.fitted and kind(batch_size) > 0:  # predicted before it was taken
+            error = step_s / (self.scale * kind(batch_size)) - 1.0
+            self._error_w = self._error_w * _ERROR_KEEP + 1.0
+            self._error_sq = self._error_sq * _ERROR_KEEP + error * error
         kind.add(batch_size, step_s)
         self.cohorts.stepped(num_first)
         expected = kind(batch_size)
@@ -197,6 +205,15 @@ class StepModel:
         self._first_n = self._first_n * k + first
         self._first_b = self._first_b * k + batch_size * first
         self._first_t = self._first_t * k + step_s * first
+
+    @property
+    def step_error(self) -> float | None:
+        """The model's own error, lately: the root mean square of a plain step's time
+        against what the model predicted for it just before (relative; None: no plain
+        step was predicted yet)."""
+        if self._error_w <= 0:
+            return None
+        return math.sqrt(self._error_sq / self._error_w)
 
     @property
     def first_step_share(self) -> float:

@@ -3,16 +3,17 @@
 The rule (``docs/design.md``, "Admission"): a new stream is admitted only while,
 with it, every stage's learned realtime factor (``StepModel``, ``_headroom.py``) for its
 *active* streams plus the new one is at least ``needed``: ``1 + realtime_margin``
-times ``A / (A + B)``, ``A`` the mean audio of the streams that completed with audio,
-less their first chunk (before any did: ``1 + realtime_margin``), ``B`` the configured
-client buffer (``pipeline.client_buffer_s``). A stream's first chunk is made before its
-client plays; the ``A`` seconds after it, made at ``f`` x real time while the client
-plays, end ``A x (1/f - 1)`` behind its playback; a client that buffers ``B``
-absorbs that while it is at most ``B``, so a stage falls behind only below
-``A / (A + B)``: short answers tolerate a stage somewhat slower than real time (a
-closed loop at the limit, whose prefills take a share of the first stage's time),
-long ones do not (the factor tends to ``1 + realtime_margin``);
-``max_streams`` stays a hard cap, and the first stream is always admitted. Two guards
+(at most: the margin a stage keeps is its own, ``_margin.py``) times ``A / (A + B)``,
+``A`` the mean audio of the streams that completed with audio, less their first chunk
+(before any did: ``1 + realtime_margin``), ``B`` the configured client buffer
+(``pipeline.client_buffer_s``). A stream's first chunk is made before its client plays;
+the ``A`` seconds after it, made at ``f`` x real time while the client plays, end
+``A x (1/f - 1)`` behind its playback; a client that buffers ``B`` absorbs that while
+it is at most ``B``, so a stage falls behind only below ``A / (A + B)``: short answers
+tolerate a stage somewhat slower than real time (a closed loop at the limit, whose
+prefills take a share of the first stage's time), long ones do not (the factor tends
+to ``1 + realtime_margin``); ``max_streams`` stays a hard cap, and the first stream is
+always admitted. Two guards
 cover what the models cannot see (``_guards.py``): before any model is ready a first
 wave is admitted up to ``warmup_streams`` where that is set (and, where the stages
 declare what a step costs, only as far as that keeps real time: ``_prior.py``), and while
@@ -64,6 +65,7 @@ from .._stream import StreamState
 from ._cpu import CpuWatch, process_cpu_s, usable_cores
 from ._guards import Startup, Warmup, lateness_problem
 from ._headroom import StepModel
+from ._margin import stage_margin
 from ._utilisation import ActiveCounts, BusyWatch, active_at, busy_problem
 
 LIFETIME_KEEP = 0.9
@@ -138,8 +140,17 @@ class Admission:
 
     @property
     def needed(self) -> float:
-        """The realtime factor admission keeps for every active stream."""
+        """The realtime factor admission keeps for every active stream at most (a stage
+        may keep less of the margin: ``needed_at``)."""
         return (1.0 + self.realtime_margin) * self.length_factor
+
+    def needed_at(self, model: StepModel, num_streams: int, audio_s: float) -> float:
+        """The realtime factor admission keeps at ``model``'s stage for ``num_streams``
+        active streams: ``needed`` with the margin that stage keeps (``_margin.py``)."""
+        margin = stage_margin(
+            model, num_streams, self.realtime_margin, self.client_buffer_s, audio_s
+        )
+        return (1.0 + margin) * self.length_factor
 
     @property
     def shed_below(self) -> float:
@@ -215,15 +226,16 @@ class Admission:
         at any stage before it (those are on their way here; one that will never reach
         it, a text-only answer at the thinker, is charged there too, on the side of
         caution)."""
-        needed = self.needed
         names: list[str] = []  # this stage and those before it, in chain order
         for name, model in models:
             names.append(name)
             count = num_live + 1
             factor = model.realtime_factor(count, audio_s)
+            needed = self.needed_at(model, count, audio_s)
             if factor < needed and num_active is not None:  # fewer may be active there
                 count = 1 + max(active_at(num_active, n, num_live) for n in names)
                 factor = model.realtime_factor(count, audio_s)
+                needed = self.needed_at(model, count, audio_s)
             if factor < needed:
                 audio = self._mean_audio_s
                 asks = "" if audio is None else f" and answers of {audio:.1f} s"
