@@ -63,8 +63,11 @@ class PipelineSection(_Strict):
     second of audio has cost lately, beside the cores the streams that play none take
     (stages that share a few cores, ``omnitrio/admission/_cpu.py``); sheds nothing."""
     realtime_margin: float = pydantic.Field(default=0.05, ge=0, le=10, allow_inf_nan=False)
-    """Admission by headroom keeps every stream at least ``1 + realtime_margin`` x real
-    time (audio seconds made per second)."""
+    """The most margin admission keeps: a stream plays at least ``1 + margin`` x real
+    time (audio seconds made per second). Under ``headroom`` a stage keeps all of it
+    while judged by its declared cost or where streams reach it in groups, and otherwise
+    the step-time error its model has shown lately, at least 2 % and never more than this
+    (``omnitrio/admission/_margin.py``); ``busy`` and ``cpu`` keep all of it."""
     admission_wait_s: float = pydantic.Field(default=0.0, ge=0, le=60, allow_inf_nan=False)
     """How long a request that admission turns away may wait for room instead
     (``omnitrio/admission/_wait.py``): it waits while its retry hint falls within that,
