@@ -131,7 +131,7 @@ class PhraseSplitter:
             self._offer_part()
             while (cut := self._cut()) is not None:
                 phrase, self._text = self._text[:cut].strip(), self._text[cut:]
-                if phrase:
+                if says_something(phrase):  # not "!" or a closing quote a token late
                     phrases.append(phrase)
                     self._num_phrases += 1
         return phrases
@@ -181,7 +181,7 @@ class PhraseSplitter:
     def flush(self) -> str | None:
         """The rest of the text as a last phrase (None if there is nothing to say)."""
         rest, self._text = self._text.strip(), ""
-        return rest or None
+        return rest if says_something(rest) else None
 
     def _cut(self) -> int | None:
         for sentence in _SENTENCE_END.finditer(self._text):
@@ -199,14 +199,14 @@ class PhraseSplitter:
         if self._part_offered and not self._num_phrases:
             shortest = max(shortest, self.first_part_words or 0)  # it holds the part's words
             limit = max(limit, shortest + 1)
+        if not self._num_phrases and self.first_boundary_min_words is not None:
+            shortest = max(shortest, self.first_boundary_min_words)
         if early is not None:
             for word in words[max(early, shortest) : limit]:
                 if word.group().strip().lower() in BOUNDARY_WORDS:
                     return word.start()  # the boundary word opens the next phrase
         if len(words) < limit:
             return self._cut_for_chars()
-        if not self._num_phrases and self.first_boundary_min_words is not None:
-            shortest = max(shortest, self.first_boundary_min_words)
         for index in range(limit - 1, shortest - 1, -1):
             if words[index].group().strip().lower() in BOUNDARY_WORDS:
                 return words[index].start()  # the boundary word opens the next phrase
@@ -225,7 +225,8 @@ def ends_sentence_now(text: str) -> bool:
     ``!`` or ``?`` after a word, or a full stop after a word of two or more letters
     (an apostrophe or hyphen inside) that is not an abbreviation, with what may close
     after it. Not a full stop after a digit ("3." may go on to "3.5"), a single letter
-    ("e." to "e.g."), another full stop ("U.S", "..."), "www" or an abbreviation."""
+    ("e." to "e.g."), another full stop ("U.S", "..."), "www", an abbreviation, or a
+    capitalised word of two letters ("Ph." may go on to "Ph.D.", "Mt." to "Mt. Fuji")."""
     bare = text.rstrip(_CLOSERS)
     if not bare or bare[-1] not in ".!?":
         return False
@@ -236,7 +237,15 @@ def ends_sentence_now(text: str) -> bool:
         _LETTERS.fullmatch(word) is not None
         and not is_abbreviation(word)
         and word.lower() not in NOT_SENTENCE_ENDS
+        and not (len(word) <= 2 and word[0].isupper())
     )
+
+
+def says_something(phrase: str) -> bool:
+    """``phrase`` has a letter or digit to speak: a sentence end cut as it comes can
+    leave what its next token brings ("!", a closing quote, "..") with nothing to say,
+    which is dropped rather than synthesised alone."""
+    return any(c.isalnum() for c in phrase)
 
 
 def is_abbreviation(word: str) -> bool:

@@ -78,6 +78,46 @@ def test_a_full_stop_after_a_number_a_letter_or_an_abbreviation_waits(tokens: li
     assert splitter.feed("5 more") == []  # no space after the full stop: it went on
 
 
+def test_what_a_sentence_end_cut_as_it_comes_leaves_alone_is_not_a_phrase() -> None:
+    """ "Really" "?" "!": the phrase ends at "?", and the "!" (or a closing quote, "..")
+    that the next token brings has nothing to say: it is not synthesised alone."""
+    splitter = PhraseSplitter()
+    assert [p for t in ["Really", "?", "!", " Yes", "."] for p in splitter.feed(t)] == [
+        "Really?",
+        "Yes.",
+    ]
+    assert [
+        p
+        for t in [" Call", " her", " Luna", ".", '"', " It", " fits", "."]
+        for p in splitter.feed(t)
+    ] == [
+        "Call her Luna.",
+        '" It fits.',
+    ]
+    assert splitter.feed('"') == []
+    assert splitter.flush() is None
+    assert splitter.feed(" Well") == []
+    assert splitter.feed(".") == ["Well."]
+    assert splitter.feed("..") == []
+    assert splitter.flush() is None
+
+
+def test_a_full_stop_after_a_capitalised_two_letter_word_waits_for_the_space() -> None:
+    """ "Ph" "." "D" "." " degree": "Ph." may go on, so it is not cut there."""
+    splitter = PhraseSplitter(min_comma_words=9)
+    assert [
+        p for t in [" A", " Ph", ".", "D", ".", " degree", " helps", "."] for p in splitter.feed(t)
+    ] == ["A Ph.D.", "degree helps."]  # as before: "Ph.D." whole, its space taken as an end
+
+
+def test_a_first_boundary_minimum_holds_the_early_boundary_cut_too() -> None:
+    """With first_min_words 2 and first_boundary_min_words 6, "A b c d | of" is not cut
+    at "of": the first phrase keeps six words."""
+    splitter = PhraseSplitter(first_min_words=2, first_max_words=8, first_boundary_min_words=6)
+    tokens = ["Cats", " like", " fish", " a", " lot", " and", " dogs", " like", " meat", " more"]
+    assert [p for t in tokens for p in splitter.feed(t)] == ["Cats like fish a lot and dogs like"]
+
+
 def test_the_first_phrases_length_cut_keeps_first_boundary_min_words() -> None:
     """first_boundary_min_words: "A good name | for ..." left a first phrase of three
     words, no longer than its first part; with 4 it runs on to its length limit."""
