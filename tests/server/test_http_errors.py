@@ -1,5 +1,6 @@
 """The HTTP API's one admission check (``omnitrio/server/_http_errors.py``'s ``admit``):
-asked for the kind of request it is, not as if every request played audio."""
+asked for the kind of request it is, not as if every request played audio; and the
+answer to a refusal that comes after it (``failure``): the pipeline's own."""
 
 from __future__ import annotations
 
@@ -80,3 +81,49 @@ async def test_a_transcription_is_admitted_while_a_startup_holds_the_audio_strea
     assert starting == 200
     assert held == 503  # speech: held by the startup hold past its wait, at once
     assert transcribed == 200
+
+
+# a: a long answer (1000 steps of 10 ms, 20 ms of audio each: twice real time) that
+# plays while another request looks and waits.
+LONG_STAGES = [
+    {"steps": 1000, "visible_every": 0, "service_time_ms": 10.0},
+    {"outputs_per_input": 0, "visible": "audio", "audio_samples": 320, "service_time_ms": 1.0},
+]
+
+
+async def test_a_refusal_after_the_look_answers_with_the_pipelines_own_refusal(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # admission: cpu on cores far too few for two streams, with a wait: once the answer
+    # playing has cost the cores its CPU seconds, the rule refuses a transcription beside
+    # it, with no retry hint yet (no stream completed), so the look lets it through (it
+    # may wait); its wait runs out in open_stream, which raises the pipeline's refusal
+    # for a transcription. The 503 says that refusal (the transcription beside the audio
+    # stream), not a fresh one asked as if it played audio ("with 2 streams playing").
+    monkeypatch.setattr(_rule, "usable_cores", lambda: 0.001)
+    config = chain_config(LONG_STAGES, impls=[SYNTHETIC, f"{__name__}:Transcriber"])
+    update = {"admission": "cpu", "admission_wait_s": 0.3}
+    config = config.model_copy(update={"pipeline": config.pipeline.model_copy(update=update)})
+    (base, *_) = await nursery.start(serve, config, ServerSettings(port=0))
+    speech = {"model": "m", "input": "hello", "voice": "alloy", "response_format": "pcm"}
+    upload = {"file": ("one.wav", wav_bytes(b"\x00\x00" * 16000, 16000))}
+
+    def run() -> tuple[httpx.Response, str]:
+        with httpx.stream("POST", f"{base}/v1/audio/speech", json=speech, timeout=30) as playing:
+            assert playing.status_code == 200
+            rate_hz = int(playing.headers["X-Sample-Rate"])
+            chunks = playing.iter_bytes()  # kept open (a loop left by break closes it)
+            received = 0
+            while received < 2 * rate_hz * 2:  # 2 s of PCM16: its CPU cost is known
+                received += len(next(chunks))
+            refused = httpx.post(
+                f"{base}/v1/audio/transcriptions", files=upload, data={"model": "m"}, timeout=30
+            )
+        return refused, httpx.get(f"{base}/metrics", timeout=10).text
+
+    refused, metrics = await trio.to_thread.run_sync(run)
+    assert refused.status_code == 503
+    message = refused.json()["error"]["message"]
+    assert "with 1 streams playing audio beside 1 playing none" in message, message
+    assert refused.headers["Retry-After"] == "1"  # the pipeline has no estimate yet
+    assert re.search(r'^omnitrio_admission_waits_total\{outcome="refused"\} 1', metrics, re.M)
