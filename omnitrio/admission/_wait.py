@@ -10,7 +10,7 @@ away waits instead, while all of these hold:
   the hint (when there is one) falls within what is left of that; then it is refused
   with the rule's hint of that moment;
 - **bounded in number**: at most ``max_waiting`` requests wait; a newcomer beyond them
-  is refused at once;
+  is refused at once (unless it passes the head, below: that takes no place);
 - **first in, first out**: only the request at the head of the queue asks the rule
   again, and a newcomer queues behind the waiting ones rather than going before them,
   so no request waits behind later ones; with one exception:
@@ -100,10 +100,14 @@ class AdmissionQueue:
         hint_s = refusal.retry_after_s
         return left_s > 0 and (hint_s is None or hint_s <= left_s)
 
-    def refuses(self, refusal: Overloaded | None) -> bool:
+    def refuses(self, refusal: Overloaded | None, audio: bool = True) -> bool:
         """Whether a newcomer is refused at once, the rule answering ``refusal`` now
-        (``Pipeline.is_full``): it neither is admitted nor may wait."""
-        if self._waiters:  # it would queue behind them
+        (``Pipeline.refuses``; ``audio``: whether it plays audio): it neither is admitted
+        nor may wait. One that plays no audio, which the rule admits and which may pass
+        the head, is admitted at once however many wait: it takes no place in the queue."""
+        if self._waiters:  # it would queue behind them, unless it passes the head
+            if refusal is None and not audio and self._passes(None) is not None:
+                return False
             return len(self._waiters) >= self.max_waiting
         return refusal is not None and not self.waits_for(refusal)
 
@@ -162,11 +166,9 @@ class AdmissionQueue:
                 if not self.waits_for(exc):
                     raise
                 last: Overloaded = exc
-        elif len(self._waiters) >= self.max_waiting:
-            raise refusal() or self._queue_full()
         else:
             head = None if audio else self._passes(None)
-            if head is not None:
+            if head is not None:  # asked before the queue's bound: passing takes no place
                 try:
                     stream = attempt()
                 except Overloaded:
@@ -174,6 +176,8 @@ class AdmissionQueue:
                 else:
                     head.num_passed += 1
                     return stream
+            if len(self._waiters) >= self.max_waiting:
+                raise refusal() or self._queue_full()
             last = refusal() or self._queue_full()
         return await self._wait(attempt, last, _Waiter(audio, refusal, unheld))
 
