@@ -172,7 +172,10 @@ class Pipeline:
             hold_startups=self._admission.hold_startups,
         )
         self._queue = AdmissionQueue(
-            section.admission_wait_s, section.admission_max_waiting, section.max_streams
+            section.admission_wait_s,
+            section.admission_max_waiting,
+            section.max_streams,
+            section.admission_max_passes,
         )
         priors = declared_priors(config) if section.admission == "headroom" else {}
         for actor in actors:

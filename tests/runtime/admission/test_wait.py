@@ -370,20 +370,26 @@ async def test_two_requests_arriving_together_the_second_waits_for_the_first_one
     assert second.admitted_at_s >= first.first_audio_at_s
 
 
-@pytest.mark.parametrize("max_waiting", [16, 1])
+@pytest.mark.parametrize(("max_waiting", "max_passes"), [(16, 4), (1, 4), (16, 0)])
 async def test_a_quiet_request_is_admitted_past_an_answer_held_by_a_startup(
-    monkeypatch: pytest.MonkeyPatch, max_waiting: int
+    monkeypatch: pytest.MonkeyPatch, max_waiting: int, max_passes: int
 ) -> None:
     # Under admission: cpu with a wait, an answer that arrives while another is on its
     # way to its first audio waits (the startup hold); a transcription that arrives
     # behind it plays no audio, the rule admits it: it no longer waits for that startup,
     # even where the held answer fills the queue (max_waiting 1: the look lets it
     # through, and an answer is refused at once). An answer that arrives after it
-    # still waits behind the held one.
+    # still waits behind the held one. With admission_max_passes 0 none passes: the
+    # transcription waits its turn.
     monkeypatch.setattr(_rule, "usable_cores", lambda: 64.0)
     stages = [{**STAGES[0], "prefill_ms": 600.0}, STAGES[1]]
     config = chain_config(stages, max_streams=8, max_batch_size=8, client_capacity=8)
-    update = {"admission": "cpu", "admission_wait_s": 5.0, "admission_max_waiting": max_waiting}
+    update = {
+        "admission": "cpu",
+        "admission_wait_s": 5.0,
+        "admission_max_waiting": max_waiting,
+        "admission_max_passes": max_passes,
+    }
     config = config.model_copy(update={"pipeline": config.pipeline.model_copy(update=update)})
     quiet = omnitrio.Request("q", options={"modalities": "text", "steps": 5, "b.visible": "text"})
     async with omnitrio.open_pipeline(config) as pipeline:
@@ -412,7 +418,8 @@ async def test_a_quiet_request_is_admitted_past_an_answer_held_by_a_startup(
         stats = pipeline.statistics()
     assert stats.num_refused == 0
     first_audio_s = states["starting"].first_audio_at_s
-    assert states["transcription"].admitted_at_s < first_audio_s
+    passed = states["transcription"].admitted_at_s < first_audio_s
+    assert passed == (max_passes > 0)
     assert states["held"].admitted_at_s >= first_audio_s
     if max_waiting > 1:
         assert states["later"].admitted_at_s >= states["held"].admitted_at_s
@@ -426,6 +433,8 @@ async def test_a_quiet_request_is_admitted_past_an_answer_held_by_a_startup(
         ("admission_wait_s", 61.0),
         ("admission_wait_s", "soon"),
         ("admission_max_waiting", 0),
+        ("admission_max_passes", -1),
+        ("admission_max_passes", "four"),
     ],
 )
 def test_a_bad_wait_is_a_config_error_naming_the_key(key: str, value: object) -> None:
