@@ -1,6 +1,8 @@
 """The HTTP API's one admission check (``omnitrio/server/_http_errors.py``'s ``admit``):
-asked for the kind of request it is, not as if every request played audio; and the
-answer to a refusal that comes after it (``failure``): the pipeline's own."""
+asked for the kind of request it is, not as if every request played audio; the answer
+to a refusal that comes after it (``failure``): the pipeline's own; and a Realtime
+session's look at connect (``ServerState.session_busy``), whose responses are each
+admitted by their kind."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import time
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import trio
 
@@ -127,3 +130,56 @@ async def test_a_refusal_after_the_look_answers_with_the_pipelines_own_refusal(
     assert "with 1 streams playing audio beside 1 playing none" in message, message
     assert refused.headers["Retry-After"] == "1"  # the pipeline has no estimate yet
     assert re.search(r'^omnitrio_admission_waits_total\{outcome="refused"\} 1', metrics, re.M)
+
+
+async def test_a_realtime_session_connects_while_a_startup_holds_the_audio_streams(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As in the first test, while one speech is on its way to its first audio a new
+    # audio stream would be refused at once. The session's look at connect asked as for
+    # one that plays audio, and refused the session (an error event, then 1013), though
+    # a text response on it is admitted: now it connects, and its text response runs
+    # (the synthetic stage's audio is not sent on a text response: it ends with none).
+    monkeypatch.setattr(_rule, "usable_cores", lambda: 64.0)
+    config = chain_config(STAGES, impls=[SYNTHETIC, f"{__name__}:Transcriber"])
+    update = {"admission": "cpu", "admission_wait_s": 0.3}
+    config = config.model_copy(update={"pipeline": config.pipeline.model_copy(update=update)})
+    (base, *_) = await nursery.start(serve, config, ServerSettings(port=0))
+    speech = {"model": "m", "input": "hello", "voice": "alloy", "response_format": "pcm"}
+
+    def run() -> tuple[int, int, str | None, list[str]]:
+        assert _post(base, "/v1/audio/speech", json=speech) == 200  # a startup of ~1.5 s
+        starting: list[int] = []
+        first = threading.Thread(
+            target=lambda: starting.append(_post(base, "/v1/audio/speech", json=speech))
+        )
+        first.start()
+        deadline = time.monotonic() + 10.0
+        while _open_streams(base) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # until it is admitted, in its prefill
+        held = _post(base, "/v1/audio/speech", json=speech)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        with client.realtime.connect(model="m") as conn:
+            created = conn.recv()
+            assert created.type == "session.created", created
+            conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+            assert conn.recv().type == "session.updated"
+            content = [{"type": "input_text", "text": "hello"}]
+            conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": content}
+            )
+            conn.response.create()
+            types = []
+            for event in conn:
+                types.append(event.type)
+                if event.type == "response.done":
+                    status = event.response.status
+                    break
+        first.join()
+        return starting[0], held, status, types
+
+    with trio.fail_after(30):
+        starting, held, status, types = await trio.to_thread.run_sync(run)
+    assert (starting, held) == (200, 503)  # an audio stream is refused at once meanwhile
+    assert status == "completed"  # admitted: a refused response ends "failed"
+    assert "response.created" in types
