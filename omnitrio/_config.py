@@ -77,6 +77,11 @@ class PipelineSection(_Strict):
     on its way to its first audio (``_guards.py``)."""
     admission_max_waiting: int = pydantic.Field(default=16, ge=1, le=4096)
     """The most requests waiting to be admitted at once; one more is refused at once."""
+    admission_max_passes: int = pydantic.Field(default=4, ge=0, le=4096)
+    """How many requests that play no audio (a transcription, a text chat) may pass one
+    waiting request that plays audio and is held only by ``admission: cpu``'s startup
+    hold, before the queue is first in, first out again until that one leaves
+    (``omnitrio/admission/_wait.py``). 0: none passes."""
     warmup_streams: int | None = pydantic.Field(default=None, ge=1)
     """Admission by headroom: the most streams admitted before any stage's step-time
     model is ready (a burst at start, ``omnitrio/admission/_guards.py``); None: up to

@@ -172,7 +172,10 @@ class Pipeline:
             hold_startups=self._admission.hold_startups,
         )
         self._queue = AdmissionQueue(
-            section.admission_wait_s, section.admission_max_waiting, section.max_streams
+            section.admission_wait_s,
+            section.admission_max_waiting,
+            section.max_streams,
+            section.admission_max_passes,
         )
         priors = declared_priors(config) if section.admission == "headroom" else {}
         for actor in actors:
@@ -194,7 +197,7 @@ class Pipeline:
         """
         request = Request(text=request) if isinstance(request, str) else request
         priority_of(request)  # a bad one is refused before it waits
-        audio = self._admission.cpu is None or plays_audio(request)
+        audio = self._plays_audio(request)
         unheld = partial(self.refusal, request, hold=False) if self._live.hold_startups else None
         try:
             state = await self._queue.admit(
@@ -225,7 +228,8 @@ class Pipeline:
         Asked for ``request``'s kind (``refusal``): under ``admission: cpu`` a request
         that plays no audio (a transcription) is admitted beside audio streams that fill
         the cores, and is not held by the startup hold; None: one that plays audio."""
-        return self._closed or self._queue.refuses(self.refusal(request))
+        audio = self._plays_audio(request)
+        return self._closed or self._queue.refuses(self.refusal(request), audio)
 
     def refusal(self, request: Request | None = None, *, hold: bool = True) -> Overloaded | None:
         """The ``Overloaded`` that ``open_stream`` would raise now (with its retry hint),
@@ -249,9 +253,14 @@ class Pipeline:
             self._live.most_lag_s,
             self._live.least_slack_s,
             len(self._quiet),
-            request is None or self._admission.cpu is None or plays_audio(request),
+            self._plays_audio(request),
             self._live.oldest_start_s if hold else None,
         )
+
+    def _plays_audio(self, request: Request | None) -> bool:
+        """Whether admission counts ``request``'s stream as one that plays audio: every
+        stream does but under ``admission: cpu`` (``plays_audio``); None: one that does."""
+        return request is None or self._admission.cpu is None or plays_audio(request)
 
     def _num_active(self, stage: str) -> int:
         actor = self._by_name[stage]
@@ -306,7 +315,7 @@ class Pipeline:
         stream = StreamState(stream_id, request, client, edges, holders, self._hooks)
         stream.priority = priority
         self._streams[stream_id] = stream
-        audio = self._admission.cpu is None or plays_audio(request)
+        audio = self._plays_audio(request)
         if not audio:
             self._quiet.add(stream_id)
         self._live.admitted(audio)

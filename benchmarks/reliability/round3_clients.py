@@ -96,17 +96,26 @@ def chat_normal(port: int) -> float | None:
     return time.perf_counter() - started if status == 200 else None
 
 
+VOICE_PARTS: list[tuple[float, float, float]] = []
+"""Each whole ``voice_normal``'s seconds by part (speech, transcription, chat), in order:
+what the judge splits its median by."""
+
+
 def voice_normal(port: int, clip_mp3: bytes) -> float | None:
     """A voice client's requests, one after another: a short speech, a 1 s transcription
     and a short chat (12 tokens); their seconds, None if one failed."""
     started = time.perf_counter()
     status, _ = speech(port, "Good morning to you.")
+    spoken = time.perf_counter()
     if status != 200 or transcribe(port, clip_mp3, "a.mp3")[0] != 200:
         return None
+    transcribed = time.perf_counter()
     body = {"model": "m", "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 12}
     if post_json(port, "/v1/chat/completions", body)[0] != 200:
         return None
-    return time.perf_counter() - started
+    ended = time.perf_counter()
+    VOICE_PARTS.append((spoken - started, transcribed - spoken, ended - transcribed))
+    return ended - started
 
 
 def judge(server: Server, attack: Callable[[], str], normal: Callable[[], float | None]) -> str:
@@ -114,6 +123,7 @@ def judge(server: Server, attack: Callable[[], str], normal: Callable[[], float 
     worst, ratio); the server's RSS before / peak / 5 s after, /health meanwhile; and
     the exit status and seconds of a SIGTERM sent 2 s into a second run of the attack."""
     alone = [s for s in (normal() for _ in range(8)) if s is not None]
+    num_parts_alone = len(VOICE_PARTS)
     baseline = server.rss_mb()
     peak = [baseline]
     health: Counter[int | None] = Counter()
@@ -146,6 +156,8 @@ def judge(server: Server, attack: Callable[[], str], normal: Callable[[], float 
     attacker.join()
     done.set()
     watcher.join()
+    parts = _parts(VOICE_PARTS[:num_parts_alone], VOICE_PARTS[num_parts_alone:])
+    waits = _admission_waits(http(server.port, "GET", "/metrics", timeout_s=5.0)[1])
     time.sleep(5.0)
     after = server.rss_mb()
     threading.Thread(target=run, daemon=True).start()  # again, and SIGTERM meanwhile
@@ -155,12 +167,39 @@ def judge(server: Server, attack: Callable[[], str], normal: Callable[[], float 
     return (
         f"{outcome[0]} || normal: failed {failed} of {failed + len(during)}, median "
         f"{_ms(alone)} -> {_ms(during)} ms (ratio {ratio:.2f}), worst {_ms(alone, max)} -> "
-        f"{_ms(during, max)} ms || RSS {baseline:.0f} MB, peak +{max(peak) - baseline:.0f}, "
+        f"{_ms(during, max)} ms{parts}{waits} || RSS {baseline:.0f} MB, peak "
+        f"+{max(peak) - baseline:.0f}, "
         f"after {after - baseline:+.0f} || /health {dict(health)} || SIGTERM during it: "
         f"exit {code} in {exit_s:.1f} s || tracebacks {server.tracebacks()}"
         if ratio is not None
         else f"{outcome[0]} || normal: none served (failed {failed})"
     )
+
+
+def _parts(alone: list[tuple[float, ...]], during: list[tuple[float, ...]]) -> str:
+    """The voice client's median by part, alone -> during ("" for another client)."""
+    if not alone or not during:
+        return ""
+    medians = [
+        "/".join(_ms([p[index] for p in runs]) for index in range(3)) for runs in (alone, during)
+    ]
+    return f", by part (speech/transcription/chat) {medians[0]} -> {medians[1]} ms"
+
+
+def _admission_waits(metrics: bytes) -> str:
+    """The server's admission waits so far (``/metrics``: by outcome, their seconds, the
+    longest) and its refusals by reason."""
+    counts: dict[str, float] = {}
+    for line in metrics.decode(errors="replace").splitlines():
+        for name in (
+            "omnitrio_admission_wait",
+            "omnitrio_admission_longest",
+            "omnitrio_refusals_total",
+        ):
+            if line.startswith(name):
+                key = line.split("{", 1)[1].split("}")[0] if "{" in line else line.split()[0]
+                counts[key] = float(line.rsplit(" ", 1)[1])
+    return f", admission waits {counts}" if counts else ""
 
 
 def _ms(values: list[float], pick: Callable[[list[float]], float] = statistics.median) -> str:

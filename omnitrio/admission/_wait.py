@@ -10,7 +10,7 @@ away waits instead, while all of these hold:
   the hint (when there is one) falls within what is left of that; then it is refused
   with the rule's hint of that moment;
 - **bounded in number**: at most ``max_waiting`` requests wait; a newcomer beyond them
-  is refused at once;
+  is refused at once (unless it passes the head, below: that takes no place);
 - **first in, first out**: only the request at the head of the queue asks the rule
   again, and a newcomer queues behind the waiting ones rather than going before them,
   so no request waits behind later ones; with one exception:
@@ -20,7 +20,8 @@ away waits instead, while all of these hold:
   the head but for it; ``admission: cpu``'s startup hold) asks the rule at once, and is
   admitted where the rule admits it, rather than waiting for a startup it has no part
   in. Requests that play audio never pass one another, and a head is passed at most
-  ``MAX_PASSES`` times (then the queue is first in, first out again until it leaves),
+  ``max_passes`` times (``pipeline.admission_max_passes``, default ``MAX_PASSES``; then
+  the queue is first in, first out again until it leaves),
   so a stream of transcriptions cannot hold a held answer back beyond that;
 - **woken, never polled**: the head asks again when the pipeline tells the queue that
   something that moves the rule happened (``wake``: a stage applied a round, which is
@@ -47,7 +48,8 @@ from .._statistics import AdmissionWaitStatistics
 T = TypeVar("T")
 _Outcome = Literal["admitted", "refused", "left"]
 MAX_PASSES = 4
-"""How many quiet requests may pass one held head that plays audio."""
+"""How many quiet requests may pass one held head that plays audio, by default
+(``pipeline.admission_max_passes``)."""
 
 
 class _Waiter:
@@ -68,12 +70,16 @@ class _Waiter:
 
 class AdmissionQueue:
     """The requests waiting to be admitted (trio thread only). ``max_wait_s`` 0: none
-    waits, every refusal is at once (the rule's answer as it is)."""
+    waits, every refusal is at once (the rule's answer as it is). ``max_passes``: how
+    many quiet requests may pass one held head (see the module)."""
 
-    def __init__(self, max_wait_s: float, max_waiting: int, max_streams: int) -> None:
+    def __init__(
+        self, max_wait_s: float, max_waiting: int, max_streams: int, max_passes: int = MAX_PASSES
+    ) -> None:
         self.max_wait_s = max_wait_s
         self.max_waiting = max_waiting
         self.max_streams = max_streams
+        self.max_passes = max_passes
         self.closed = False
         self._ended = {"admitted": 0, "refused": 0, "left": 0}
         self._wait_s = 0.0
@@ -100,10 +106,14 @@ class AdmissionQueue:
         hint_s = refusal.retry_after_s
         return left_s > 0 and (hint_s is None or hint_s <= left_s)
 
-    def refuses(self, refusal: Overloaded | None) -> bool:
+    def refuses(self, refusal: Overloaded | None, audio: bool = True) -> bool:
         """Whether a newcomer is refused at once, the rule answering ``refusal`` now
-        (``Pipeline.is_full``): it neither is admitted nor may wait."""
-        if self._waiters:  # it would queue behind them
+        (``Pipeline.refuses``; ``audio``: whether it plays audio): it neither is admitted
+        nor may wait. One that plays no audio, which the rule admits and which may pass
+        the head, is admitted at once however many wait: it takes no place in the queue."""
+        if self._waiters:  # it would queue behind them, unless it passes the head
+            if refusal is None and not audio and self._passes(None) is not None:
+                return False
             return len(self._waiters) >= self.max_waiting
         return refusal is not None and not self.waits_for(refusal)
 
@@ -114,7 +124,7 @@ class AdmissionQueue:
             return
         head = self._waiters[0]
         head.wake.set()
-        if head.audio and head.unheld is not None and head.num_passed < MAX_PASSES:
+        if head.audio and head.unheld is not None and head.num_passed < self.max_passes:
             for waiter in self._waiters:
                 if not waiter.audio:
                     waiter.wake.set()
@@ -122,13 +132,13 @@ class AdmissionQueue:
     def _passes(self, waiter: _Waiter | None) -> _Waiter | None:
         """The head that ``waiter`` (None: a newcomer that plays no audio) may pass now,
         or None. It may when it plays no audio and the head plays audio, has been passed
-        fewer than ``MAX_PASSES`` times, and is refused now but would be admitted but for
+        fewer than ``max_passes`` times, and is refused now but would be admitted but for
         a guard that holds audio streams alone: a head the rule admits now is never
         passed, so a quiet request woken beside it never takes its room."""
         head = self._waiters[0]
         if head is waiter or (waiter is not None and waiter.audio):
             return None
-        if not head.audio or head.unheld is None or head.num_passed >= MAX_PASSES:
+        if not head.audio or head.unheld is None or head.num_passed >= self.max_passes:
             return None
         held = head.unheld() is None and head.refusal() is not None
         return head if held else None
@@ -162,11 +172,9 @@ class AdmissionQueue:
                 if not self.waits_for(exc):
                     raise
                 last: Overloaded = exc
-        elif len(self._waiters) >= self.max_waiting:
-            raise refusal() or self._queue_full()
         else:
             head = None if audio else self._passes(None)
-            if head is not None:
+            if head is not None:  # asked before the queue's bound: passing takes no place
                 try:
                     stream = attempt()
                 except Overloaded:
@@ -174,6 +182,8 @@ class AdmissionQueue:
                 else:
                     head.num_passed += 1
                     return stream
+            if len(self._waiters) >= self.max_waiting:
+                raise refusal() or self._queue_full()
             last = refusal() or self._queue_full()
         return await self._wait(attempt, last, _Waiter(audio, refusal, unheld))
 

@@ -19,7 +19,7 @@ from ._http_errors import error_response
 from ._openai_http import chat_completions, speech
 from ._realtime import RealtimeConnection, refuse_busy, session_config
 from ._shares import client_of
-from ._state import ServerState
+from ._state import SESSION_LOOK, ServerState
 from ._transcriptions import transcriptions
 
 logger = logging.getLogger(__name__)
@@ -165,10 +165,10 @@ def create_app(state: ServerState) -> QuartTrio:
             # makes h11 raise here; it costs that connection only.
             logger.warning("realtime handshake failed", exc_info=True)
             return None
-        reason = state.busy()
+        reason = state.session_busy()  # each response is then admitted by its kind
         if reason is not None:  # an error event with retry_after_ms, then 1013
             session = RealtimeSession(session_config(state, framing, beta))
-            await refuse_busy(websocket, session, state.refuse(reason))
+            await refuse_busy(websocket, session, state.refuse(reason, SESSION_LOOK))
             return None
         state.connections.inc()
         session = RealtimeSession(session_config(state, framing, beta))

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 from .._errors import Overloaded
 from .._heap import HeapTrims
 from .._items import Request
+from .._options import ResponseOptions
 from .._pipeline import Pipeline
 from .._statistics import AdmissionWaitStatistics
 from .._stream import Stream
@@ -28,6 +29,10 @@ from ._shares import ClientShares
 from ._side_stage import SideStage
 
 logger = logging.getLogger("omnitrio.server")
+
+SESSION_LOOK = Request(options=ResponseOptions(modalities=("text",)))
+"""What a Realtime/WebRTC session's look at connect asks admission for: a response
+that plays no audio, the kind every admission admits first (``ServerState.session_busy``)."""
 
 Busy = Literal["draining", "overloaded"]
 
@@ -109,10 +114,19 @@ class ServerState:
         """The one look before a stream or a session opens: why none may now
         (draining first, then a full pipeline), or None. Asked for ``request``'s kind
         (``Pipeline.refuses``: a transcription is not refused for the audio streams'
-        room); None (a session, whose responses are not known yet): one that plays audio."""
+        room); None: one that plays audio (a session asks ``session_busy``)."""
         if self.draining:
             return "draining"
         return "overloaded" if self.pipeline.refuses(request) else None
+
+    def session_busy(self) -> Busy | None:
+        """The look before a Realtime/WebRTC session opens: why none may now (draining, or
+        the pipeline would refuse at once even a response that plays no audio,
+        ``SESSION_LOOK``), or None. Its responses are not known yet, and each is
+        admitted or refused as it is asked for (a refused one ends ``failed`` with
+        ``retry_after_ms``), so a session used for text or transcription alone is not
+        refused for the audio streams' room; ``refuse(reason, SESSION_LOOK)`` answers it."""
+        return self.busy(SESSION_LOOK)
 
     def refuse(
         self, reason: Busy, request: Request | None = None, refusal: Overloaded | None = None

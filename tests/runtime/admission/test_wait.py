@@ -231,6 +231,45 @@ async def test_a_quiet_request_never_passes_a_head_the_rule_admits_now(
     assert queue.statistics().num_refused == 0
 
 
+async def test_a_full_queue_refuses_no_quiet_newcomer_that_may_pass_its_head(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A quiet request that passes the head is admitted at once and takes no place in
+    the queue, so a queue full of answers held by a startup does not refuse it; one the
+    rule refuses, or an answer, still is."""
+    queue, room = AdmissionQueue(30.0, 2, 8), Room()
+    quiet_refusal: omnitrio.Overloaded | None = None  # the rule admits a quiet one
+    quiet: list[str] = []
+
+    def transcription(name: str) -> None:
+        if quiet_refusal is not None:
+            raise quiet_refusal
+        quiet.append(name)
+
+    async def ask_audio(name: str) -> None:
+        await queue.admit(lambda: room.attempt(name), room.refusal, unheld=lambda: None)
+
+    async with trio.open_nursery() as nursery:
+        for name in ("a0", "a1"):  # held only by the startup hold: the queue is full
+            nursery.start_soon(ask_audio, name)
+            await trio.sleep(0.01)
+        assert queue.refuses(room.refusal())  # an answer is refused at once
+        assert not queue.refuses(None, audio=False)  # a transcription is not
+        await queue.admit(partial(transcription, "q0"), lambda: None, audio=False)
+        assert quiet == ["q0"]
+        quiet_refusal = omnitrio.Overloaded(8, 10.0, "cores")  # the rule refuses it now
+        assert queue.refuses(quiet_refusal, audio=False)
+        with pytest.raises(omnitrio.Overloaded):
+            await queue.admit(partial(transcription, "q1"), lambda: quiet_refusal, audio=False)
+        assert queue.statistics().num_waiting == 2
+        for _ in range(2):
+            room.free = 1
+            queue.wake()
+            await trio.sleep(0.01)
+    assert room.admitted == ["a0", "a1"]
+    assert quiet == ["q0"]
+
+
 def _waiting_config(
     admission: str = "max_streams", max_streams: int = 1, **pipeline: Any
 ) -> omnitrio.PipelineConfig:
@@ -331,17 +370,26 @@ async def test_two_requests_arriving_together_the_second_waits_for_the_first_one
     assert second.admitted_at_s >= first.first_audio_at_s
 
 
+@pytest.mark.parametrize(("max_waiting", "max_passes"), [(16, 4), (1, 4), (16, 0)])
 async def test_a_quiet_request_is_admitted_past_an_answer_held_by_a_startup(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, max_waiting: int, max_passes: int
 ) -> None:
     # Under admission: cpu with a wait, an answer that arrives while another is on its
     # way to its first audio waits (the startup hold); a transcription that arrives
-    # behind it plays no audio, the rule admits it: it no longer waits for that startup.
-    # An answer that arrives after it still waits behind the held one.
+    # behind it plays no audio, the rule admits it: it no longer waits for that startup,
+    # even where the held answer fills the queue (max_waiting 1: the look lets it
+    # through, and an answer is refused at once). An answer that arrives after it
+    # still waits behind the held one. With admission_max_passes 0 none passes: the
+    # transcription waits its turn.
     monkeypatch.setattr(_rule, "usable_cores", lambda: 64.0)
     stages = [{**STAGES[0], "prefill_ms": 600.0}, STAGES[1]]
     config = chain_config(stages, max_streams=8, max_batch_size=8, client_capacity=8)
-    update = {"admission": "cpu", "admission_wait_s": 5.0}
+    update = {
+        "admission": "cpu",
+        "admission_wait_s": 5.0,
+        "admission_max_waiting": max_waiting,
+        "admission_max_passes": max_passes,
+    }
     config = config.model_copy(update={"pipeline": config.pipeline.model_copy(update=update)})
     quiet = omnitrio.Request("q", options={"modalities": "text", "steps": 5, "b.visible": "text"})
     async with omnitrio.open_pipeline(config) as pipeline:
@@ -361,15 +409,20 @@ async def test_a_quiet_request_is_admitted_past_an_answer_held_by_a_startup(
             nursery.start_soon(one, "held", answer)
             await trio.sleep(0.05)
             assert pipeline.statistics().admission_waits.num_waiting == 1
+            assert pipeline.refuses(answer) == (max_waiting == 1)
+            assert not pipeline.refuses(quiet)
             nursery.start_soon(one, "transcription", quiet)
             await trio.sleep(0.05)
-            nursery.start_soon(one, "later", answer)
+            if max_waiting > 1:
+                nursery.start_soon(one, "later", answer)
         stats = pipeline.statistics()
     assert stats.num_refused == 0
     first_audio_s = states["starting"].first_audio_at_s
-    assert states["transcription"].admitted_at_s < first_audio_s
+    passed = states["transcription"].admitted_at_s < first_audio_s
+    assert passed == (max_passes > 0)
     assert states["held"].admitted_at_s >= first_audio_s
-    assert states["later"].admitted_at_s >= states["held"].admitted_at_s
+    if max_waiting > 1:
+        assert states["later"].admitted_at_s >= states["held"].admitted_at_s
 
 
 @pytest.mark.parametrize(
@@ -380,6 +433,8 @@ async def test_a_quiet_request_is_admitted_past_an_answer_held_by_a_startup(
         ("admission_wait_s", 61.0),
         ("admission_wait_s", "soon"),
         ("admission_max_waiting", 0),
+        ("admission_max_passes", -1),
+        ("admission_max_passes", "four"),
     ],
 )
 def test_a_bad_wait_is_a_config_error_naming_the_key(key: str, value: object) -> None:
