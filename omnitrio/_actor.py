@@ -44,7 +44,7 @@ from ._slot import HOLDING, Event, Phase, Slot
 from ._stage import StepLimits
 from ._statistics import StageStatistics
 from ._stream import StreamState
-from .admission import ACTIVE_WINDOW_S
+from .admission import ACTIVE_WINDOW_S, Factor
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class StageActor(Applying, Planning):
 
     @trio.lowlevel.enable_ki_protection
     def statistics(
-        self, audio_s_delivered: float = 0.0, cap: int = 0, factor: float = 1.0
+        self, audio_s_delivered: float = 0.0, cap: int = 0, factor: Factor = 1.0
     ) -> StageStatistics:
         """A frozen snapshot of this stage (``factor``: the realtime factor its model's
         ``realtime_streams`` counts at). Cheap; never blocks."""
@@ -292,7 +292,7 @@ def stage_statistics(
     actors: Mapping[str, StageActor],
     audio_s_delivered: float = 0.0,
     cap: int = 0,
-    factor: float = 1.0,
+    factor: Factor = 1.0,
 ) -> Mapping[str, StageStatistics]:
     return MappingProxyType(
         {name: actor.statistics(audio_s_delivered, cap, factor) for name, actor in actors.items()}

@@ -392,7 +392,7 @@ class Pipeline:
         actors = self._actors
         audio_s = self._delivery.audio_s_put
         cap = self.config.pipeline.max_streams
-        needed = self._admission.needed  # what admission asks: realtime_streams counts at it
+        needed = self._admission.needed_at  # what admission asks: realtime_streams counts at it
         stages = stage_statistics({a.name: a for a in actors}, audio_s, cap, needed)
         return PipelineStatistics(
             stages=stages,

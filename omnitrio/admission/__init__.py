@@ -9,6 +9,7 @@ ends), and ``AdmissionQueue`` before it, where a request the rule turns away may
 """
 
 from ._cpu import plays_audio as plays_audio
+from ._headroom import Factor as Factor
 from ._headroom import StepModel as StepModel
 from ._headroom import StepPrior as StepPrior
 from ._headroom import StreamFlow as StreamFlow

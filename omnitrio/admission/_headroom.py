@@ -39,7 +39,8 @@ is shed before a stream completed. The stage keeps ``n`` streams in real time wh
 ``realtime_factor(n) = audio_s_per_stream_step / round_s(n)`` is at least 1.
 Here ``n`` counts a stage's *active* streams (with work there lately), not
 those it holds idle. The pipeline admits a stream only while, with it, every
-stage's factor is at least ``1 + realtime_margin`` (``Pipeline._admit``), and
+stage's factor is at least ``1 + margin``, the margin that stage keeps (at most
+``realtime_margin``: ``_margin.py``; ``Pipeline._admit``), and
 sheds streams only once a busy stage's factor has stayed below
 ``1 - 2 x realtime_margin`` for a quarter of a second while streams there are
 past their playback deadlines (``Pipeline._after_round``, ``Admission.should_shed``):
@@ -50,7 +51,9 @@ it to be deep and to last, so the fast scale's noise sheds nothing.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from .._statistics import StepModelStatistics
 from ._cohort import Cohorts
@@ -86,6 +89,10 @@ _SHAPE_KEEP = _keep(SHAPE_HALF_LIFE_STEPS)
 _SCALE_KEEP = _keep(SCALE_HALF_LIFE_STEPS)
 _FLOW_KEEP = _keep(FLOW_HALF_LIFE_STEPS)
 _ERROR_KEEP = _keep(ERROR_HALF_LIFE_STEPS)
+
+Factor: TypeAlias = "float | Callable[[StepModel, int, float], float]"
+"""A realtime factor to keep: a number, or one asked of a stage's model for ``n`` streams
+at the audio delivered so far (``Admission.needed_at``)."""
 
 
 class _Line:
@@ -192,8 +199,9 @@ class StepModel:
         self.num_stream_steps += batch_size
         first, k = num_first > 0, _SHAPE_KEEP
         kind = self._first if first else self._plain
-        if not first and kind.fitted and kind(batch_size) > 0:  # predicted before it was taken
-            error = step_s / (self.scale * kind(batch_size)) - 1.0
+        expected_s = self.scale * kind(batch_size) if kind.fitted else 0.0
+        if not first and expected_s > 0:  # predicted before it was taken
+            error = step_s / expected_s - 1.0
             self._error_w = self._error_w * _ERROR_KEEP + 1.0
             self._error_sq = self._error_sq * _ERROR_KEEP + error * error
         kind.add(batch_size, step_s)
@@ -318,22 +326,27 @@ class StepModel:
             return math.inf
         return self.audio_s_per_stream_step(audio_s_delivered) / round_s
 
-    def realtime_streams(self, audio_s_delivered: float, factor: float, cap: int) -> int:
-        """The most streams (up to ``cap``) whose realtime factor stays at least ``factor``."""
+    def realtime_streams(self, audio_s_delivered: float, factor: Factor, cap: int) -> int:
+        """The most streams (up to ``cap``) whose realtime factor stays at least ``factor``
+        (a number, or what admission asks of this stage for ``n`` streams:
+        ``Admission.needed_at``)."""
         if not self.has_opinion(audio_s_delivered):
             return cap
         best = 0
         for n in range(1, cap + 1):  # the round grows with n: stop at the first miss
-            if self.realtime_factor(n, audio_s_delivered) < factor:
+            wanted = (
+                factor if isinstance(factor, float | int) else factor(self, n, audio_s_delivered)
+            )
+            if self.realtime_factor(n, audio_s_delivered) < wanted:
                 break
             best = n
         return best
 
     def statistics(
-        self, audio_s_delivered: float, cap: int, factor: float = 1.0
+        self, audio_s_delivered: float, cap: int, factor: Factor = 1.0
     ) -> StepModelStatistics:
         """A snapshot; ``realtime_streams`` counts the streams kept at ``factor`` (the
-        pipeline passes what admission asks, ``Admission.needed``)."""
+        pipeline passes what admission asks, ``Admission.needed_at``)."""
         ready = self.has_opinion(audio_s_delivered)
         return StepModelStatistics(
             num_steps=self.num_steps,

@@ -376,8 +376,8 @@ class Admission:
         ``SHED_HORIZON_S`` ahead of its deadline is kept first (it will not miss it)."""
         num_live = len(live)
         factor = model.realtime_factor(num_live, audio_s)
-        needed = self.needed  # as admission would: the kept streams catch up
-        keep = max(1, model.realtime_streams(audio_s, needed, num_live))
+        # as admission would, with the margin the stage keeps: the kept streams catch up
+        keep = max(1, model.realtime_streams(audio_s, self.needed_at, num_live))
         problem = (
             f"stage {stage!r} slowed to {factor:.2f} s of audio per second for each of "
             f"{num_live} streams; it keeps {keep} in real time"

@@ -156,7 +156,10 @@ def test_shedding_keeps_what_the_stage_can_carry_newest_and_lowest_priority_go_f
     model.completed(100, 100 * 0.02)
     for _ in range(200):
         model.observe(64, 2.0 * (0.008 + 0.00015 * 64))  # the stage got 2x slower
-    keep = model.realtime_streams(audio_s, 1.05, 100)
+    # It keeps what admission would let in: the margin this stage keeps (``_margin.py``),
+    # at most the whole 5 %.
+    keep = model.realtime_streams(audio_s, admission.needed_at, 100)
+    assert keep >= model.realtime_streams(audio_s, 1.05, 100)
     # Above the shedding threshold (1 - 2 x margin) nothing is shed; below, the rest go.
     assert admission.shed_below == pytest.approx(0.9)
     assert not admission.behind(model, model.realtime_streams(audio_s, 0.9, 100), audio_s)
@@ -170,6 +173,21 @@ def test_shedding_keeps_what_the_stage_can_carry_newest_and_lowest_priority_go_f
     error = streams[0].failure
     assert isinstance(error, omnitrio.StreamShed)
     assert error.stage == "thinker"
+
+
+def test_shedding_keeps_the_streams_admission_would_let_back_in() -> None:
+    """A stage whose model is right keeps less than the whole margin; shedding keeps the
+    streams at that margin too, so admission does not let straight back in a stream
+    that shedding has just failed."""
+    model = learned(0.008, 0.00015, max_batch_size=128, num_steps=4000)
+    audio_s = model.num_stream_steps * 0.02
+    model.completed(100, 100 * 0.02)
+    admission = Admission(256, 0.05, headroom=True)
+    admitted = model.realtime_streams(audio_s, admission.needed_at, 256)
+    assert admitted > model.realtime_streams(audio_s, admission.needed, 256)
+    streams = _streams(admitted + 8, {})
+    admission.shed("thinker", model, streams, audio_s)
+    assert sum(s.failure is None for s in streams) == admitted
 
 
 def test_priority_must_be_a_number() -> None:
@@ -254,15 +272,15 @@ def test_a_sustained_slowdown_sheds_the_newest_streams_with_stream_shed() -> Non
     streams[-1].deadline_s = shed_at_s + 10.0  # ... but the newest, 10 s ahead
     admission.shed("thinker", model, streams, audio_s, now_s=shed_at_s)
     shed = [s for s in streams if s.failure is not None]
-    keep = model.realtime_streams(audio_s, 1.05, admitted)
+    keep = model.realtime_streams(audio_s, admission.needed_at, admitted)
     assert 0 < len(shed) == admitted - keep == admission.num_shed
     # Newest first, but the stream far ahead of its deadline will not miss it: kept.
     assert [s.id for s in shed] == [f"s{i}" for i in range(keep - 1, admitted - 1)]
     for stream in shed:
         assert isinstance(stream.failure, omnitrio.StreamShed)
         assert stream.failure.stage == "thinker"
-    # What is kept plays in real time again, with admission's margin.
-    assert model.realtime_factor(keep, audio_s) >= 1.05
+    # What is kept plays in real time again, with the margin admission keeps there.
+    assert model.realtime_factor(keep, audio_s) >= admission.needed_at(model, keep, audio_s) > 1.0
 
 
 def test_shedding_waits_for_a_busy_stage_and_a_late_stream() -> None:
