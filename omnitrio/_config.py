@@ -66,8 +66,9 @@ class PipelineSection(_Strict):
     """The most margin admission keeps: a stream plays at least ``1 + margin`` x real
     time (audio seconds made per second). Under ``headroom`` a stage keeps all of it
     while judged by its declared cost or where streams reach it in groups, and otherwise
-    the step-time error its model has shown lately, at least 2 % and never more than this
-    (``omnitrio/admission/_margin.py``); ``busy`` and ``cpu`` keep all of it."""
+    the step-time error its model has shown lately, at least 2 % (all of it, if that is
+    less) and never more (``omnitrio/admission/_margin.py``); shedding keeps as many;
+    ``busy`` and ``cpu`` keep all of it."""
     admission_wait_s: float = pydantic.Field(default=0.0, ge=0, le=60, allow_inf_nan=False)
     """How long a request that admission turns away may wait for room instead
     (``omnitrio/admission/_wait.py``): it waits while its retry hint falls within that,
