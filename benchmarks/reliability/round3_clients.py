@@ -122,6 +122,7 @@ def judge(server: Server, attack: Callable[[], str], normal: Callable[[], float 
     """The attack's report; the normal client alone and beside it (failed, median and
     worst, ratio); the server's RSS before / peak / 5 s after, /health meanwhile; and
     the exit status and seconds of a SIGTERM sent 2 s into a second run of the attack."""
+    first_part = len(VOICE_PARTS)  # an earlier attack's in this process are not this one's
     alone = [s for s in (normal() for _ in range(8)) if s is not None]
     num_parts_alone = len(VOICE_PARTS)
     baseline = server.rss_mb()
@@ -156,7 +157,7 @@ def judge(server: Server, attack: Callable[[], str], normal: Callable[[], float 
     attacker.join()
     done.set()
     watcher.join()
-    parts = _parts(VOICE_PARTS[:num_parts_alone], VOICE_PARTS[num_parts_alone:])
+    parts = _parts(VOICE_PARTS[first_part:num_parts_alone], VOICE_PARTS[num_parts_alone:])
     waits = _admission_waits(http(server.port, "GET", "/metrics", timeout_s=5.0)[1])
     time.sleep(5.0)
     after = server.rss_mb()
@@ -196,9 +197,9 @@ def _admission_waits(metrics: bytes) -> str:
             "omnitrio_admission_longest",
             "omnitrio_refusals_total",
         ):
-            if line.startswith(name):
-                key = line.split("{", 1)[1].split("}")[0] if "{" in line else line.split()[0]
-                counts[key] = float(line.rsplit(" ", 1)[1])
+            if line.startswith(name) and "_created" not in line:  # not a counter's birth time
+                key, value = line.rsplit(" ", 1)
+                counts[key] = float(value)
     return f", admission waits {counts}" if counts else ""
 
 

@@ -29,7 +29,6 @@ from ..realtime import ClientEventError, RealtimeSession, new_id
 from ._api_errors import Refused, busy_error
 from ._client_totals import SessionRefused, SessionTotals
 from ._realtime import RealtimeConnection, session_config
-from ._state import SESSION_LOOK
 
 if TYPE_CHECKING:
     from ..webrtc import AsyncioThread, CallLink
@@ -68,9 +67,9 @@ class Calls:
         """Answer ``offer`` and start the call: (call id, SDP answer). ``Refused`` when
         it is refused (busy, bad SDP, a bad session object, no aiortc)."""
         state, settings = self._state, self._state.settings
-        reason = state.session_busy()  # each response is then admitted by its kind
+        reason = state.busy()
         if reason is not None:
-            raise Refused.of(busy_error(state.refuse(reason, SESSION_LOOK)))
+            raise Refused.of(busy_error(state.refuse(reason)))
         if len(self._calls) >= settings.max_calls:
             state.refusals.labels("calls").inc()
             message = f"the server has {settings.max_calls} calls up (max_calls); retry later"

@@ -31,8 +31,9 @@ from ._side_stage import SideStage
 logger = logging.getLogger("omnitrio.server")
 
 SESSION_LOOK = Request(options=ResponseOptions(modalities=("text",)))
-"""What a Realtime/WebRTC session's look at connect asks admission for: a response
-that plays no audio, the kind every admission admits first (``ServerState.session_busy``)."""
+"""What a Realtime session's look at connect asks admission for: a response that plays
+no audio (under ``admission: cpu`` the kind admitted beside audio streams that fill the
+cores; ``ServerState.session_busy``). A WebRTC call, which is voice, asks as for audio."""
 
 Busy = Literal["draining", "overloaded"]
 
@@ -120,7 +121,7 @@ class ServerState:
         return "overloaded" if self.pipeline.refuses(request) else None
 
     def session_busy(self) -> Busy | None:
-        """The look before a Realtime/WebRTC session opens: why none may now (draining, or
+        """The look before a Realtime session opens: why none may now (draining, or
         the pipeline would refuse at once even a response that plays no audio,
         ``SESSION_LOOK``), or None. Its responses are not known yet, and each is
         admitted or refused as it is asked for (a refused one ends ``failed`` with
