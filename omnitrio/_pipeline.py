@@ -231,6 +231,11 @@ class Pipeline:
         audio = self._plays_audio(request)
         return self._closed or self._queue.refuses(self.refusal(request), audio)
 
+    def queue_refusal(self) -> Overloaded:
+        """Why ``refuses`` turned away a request the rule admits: the requests already
+        waiting to be admitted fill the queue (``pipeline.admission_max_waiting``)."""
+        return self._queue.full_refusal()
+
     def refusal(self, request: Request | None = None, *, hold: bool = True) -> Overloaded | None:
         """The ``Overloaded`` that ``open_stream`` would raise now (with its retry hint),
         or None if a stream would be admitted. Counts nothing. Each stage is charged

@@ -183,8 +183,8 @@ class AdmissionQueue:
                     head.num_passed += 1
                     return stream
             if len(self._waiters) >= self.max_waiting:
-                raise refusal() or self._queue_full()
-            last = refusal() or self._queue_full()
+                raise refusal() or self.full_refusal()
+            last = refusal() or self.full_refusal()
         return await self._wait(attempt, last, _Waiter(audio, refusal, unheld))
 
     async def _wait(self, attempt: Callable[[], T], last: Overloaded, waiter: _Waiter) -> T:
@@ -234,7 +234,9 @@ class AdmissionQueue:
         if was_head:
             self.wake()  # the next one asks at once: what let this one in may fit it too
 
-    def _queue_full(self) -> Overloaded:
+    def full_refusal(self) -> Overloaded:
+        """The refusal of a newcomer that the rule admits but that would wait behind
+        ``max_waiting`` requests already waiting."""
         return Overloaded(
             self.max_streams,
             None,

@@ -134,12 +134,16 @@ class ServerState:
     ) -> Overloaded:
         """Count a refusal for ``reason``; the ``Overloaded`` to answer it with: ``refusal``
         where the pipeline already raised it, else the pipeline's own for ``request``
-        (with its retry estimate, where it has one)."""
+        (with its retry estimate, where it has one), else, overloaded, the full wait
+        queue's (a request the rule admits but the requests waiting fill the queue)."""
         self.refusals.labels(reason).inc()
         pipeline = self.pipeline
-        return (
-            refusal or pipeline.refusal(request) or Overloaded(pipeline.config.pipeline.max_streams)
-        )
+        refusal = refusal or pipeline.refusal(request)
+        if refusal is not None:
+            return refusal
+        if reason == "overloaded":
+            return pipeline.queue_refusal()
+        return Overloaded(pipeline.config.pipeline.max_streams)
 
     @asynccontextmanager
     async def open_stream(self, client: str, request: Request) -> AsyncIterator[Stream]:

@@ -169,7 +169,7 @@ async def test_a_realtime_session_connects_while_a_startup_holds_the_audio_strea
                 item={"type": "message", "role": "user", "content": content}
             )
             conn.response.create()
-            types = []
+            types, status = [], None
             for event in conn:
                 types.append(event.type)
                 if event.type == "response.done":
@@ -178,8 +178,8 @@ async def test_a_realtime_session_connects_while_a_startup_holds_the_audio_strea
         first.join()
         return starting[0], held, status, types
 
-    with trio.fail_after(30):
-        starting, held, status, types = await trio.to_thread.run_sync(run)
+    with trio.fail_after(30):  # a response that never ends fails the test, not hangs it
+        starting, held, status, types = await trio.to_thread.run_sync(run, abandon_on_cancel=True)
     assert (starting, held) == (200, 503)  # an audio stream is refused at once meanwhile
     assert status == "completed"  # admitted: a refused response ends "failed"
     assert "response.created" in types

@@ -270,6 +270,33 @@ async def test_a_full_queue_refuses_no_quiet_newcomer_that_may_pass_its_head(
     assert quiet == ["q0"]
 
 
+async def test_a_full_queue_refuses_a_quiet_newcomer_once_its_head_has_been_passed_enough(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The bound on passing: with ``max_passes`` 1, the first transcription passes the
+    held head of a full queue; the second, which the rule admits too, is refused at once
+    with the full queue's refusal (naming ``admission_max_waiting``)."""
+    queue, room = AdmissionQueue(30.0, 1, 8, max_passes=1), Room()
+    quiet: list[str] = []
+
+    async def ask_audio(name: str) -> None:
+        await queue.admit(lambda: room.attempt(name), room.refusal, unheld=lambda: None)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask_audio, "a0")  # held only by the startup hold: the queue is full
+        await trio.sleep(0.01)
+        await queue.admit(partial(quiet.append, "q0"), lambda: None, audio=False)
+        assert quiet == ["q0"]
+        assert queue.refuses(None, audio=False)  # passed once: the head holds now
+        with pytest.raises(omnitrio.Overloaded, match="admission_max_waiting"):
+            await queue.admit(partial(quiet.append, "q1"), lambda: None, audio=False)
+        assert "admission_max_waiting" in str(queue.full_refusal())
+        room.free = 1
+        queue.wake()
+    assert room.admitted == ["a0"]
+    assert quiet == ["q0"]
+
+
 def _waiting_config(
     admission: str = "max_streams", max_streams: int = 1, **pipeline: Any
 ) -> omnitrio.PipelineConfig:
