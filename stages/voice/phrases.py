@@ -51,6 +51,7 @@ _WORD = re.compile(r"\S+\s")
 _PIECE = re.compile(r"\s*\S*\s?")
 _CLOSERS = "\"'\u201d\u2019)]"  # _CLOSING's characters
 _OPENERS = "\"'(\u201c\u2018["
+_PUNCTUATION = frozenset(".!?;:,\u2026" + _CLOSERS + _OPENERS + "\u201c\u201d")
 _LETTERS = re.compile(r"[^\W\d_]+(?:['\u2019-][^\W\d_]+)*")  # "Luna", "don't", "well-known"
 NOT_SENTENCE_ENDS = frozenset(["www"])  # a full stop after it goes on ("www.example")
 ABBREVIATIONS = frozenset(
@@ -242,10 +243,10 @@ def ends_sentence_now(text: str) -> bool:
 
 
 def says_something(phrase: str) -> bool:
-    """``phrase`` has a letter or digit to speak: a sentence end cut as it comes can
-    leave what its next token brings ("!", a closing quote, "..") with nothing to say,
-    which is dropped rather than synthesised alone."""
-    return any(c.isalnum() for c in phrase)
+    """``phrase`` is more than sentence punctuation, quotes and brackets: a sentence end
+    cut as it comes can leave what its next token brings ("!", a closing quote, "..")
+    with nothing to say, which is dropped rather than synthesised alone."""
+    return any(not c.isspace() and c not in _PUNCTUATION for c in phrase)
 
 
 def is_abbreviation(word: str) -> bool:
