@@ -167,8 +167,8 @@ async def test_a_stalled_client_is_bounded_and_leaving_is_prompt_and_clean(
             stalled = await streams.enter_async_context(pipeline.open_stream(request))
             async with pipeline.open_stream(_request("beside it", 10)) as stream:
                 beside = await collect(stream)
-            # The stalled stream did not hold it up: the same text (how it is cut into
-            # deltas follows how many the talker took a step, which timing decides).
+            # The stalled stream did not hold it up: the same text (its cut into deltas
+            # differed once in CI, "x;" against "x" ";"; not traced).
             assert "".join(texts(beside)) == "".join(texts(alone))
             stats = pipeline.statistics()
             thinker = stats.stages["thinker"].model
