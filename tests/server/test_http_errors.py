@@ -2,7 +2,7 @@
 asked for the kind of request it is, not as if every request played audio; the answer
 to a refusal that comes after it (``failure``): the pipeline's own; and a Realtime
 session's look at connect (``ServerState.session_busy``), whose responses are each
-admitted by their kind."""
+admitted by their kind; a draining server's refusal."""
 
 from __future__ import annotations
 
@@ -15,10 +15,14 @@ import httpx
 import openai
 import pytest
 import trio
+from prometheus_client import generate_latest
 
+from omnitrio import open_pipeline
 from omnitrio.admission import _rule
 from omnitrio.server import ServerSettings, serve
+from omnitrio.server._api_errors import busy_error
 from omnitrio.server._audio import wav_bytes
+from omnitrio.server._state import SESSION_LOOK, ServerState
 from stages.synthetic import SyntheticStage
 from tests.conftest import SYNTHETIC, chain_config
 
@@ -183,3 +187,23 @@ async def test_a_realtime_session_connects_while_a_startup_holds_the_audio_strea
     assert (starting, held) == (200, 503)  # an audio stream is refused at once meanwhile
     assert status == "completed"  # admitted: a refused response ends "failed"
     assert "response.created" in types
+
+
+async def test_a_draining_server_refuses_saying_so_not_naming_max_streams() -> None:
+    """A draining server's refusal (``ServerState.refuse("draining")``, the 503 of the
+    HTTP API, the Realtime session's error) says the server is draining: before, it
+    said the pipeline served its ``max_streams`` (or gave the pipeline's own refusal when
+    the pipeline was full too), which tells the client to retry here."""
+    config = chain_config([{"steps": 1000, "service_time_ms": 5.0}], max_streams=1)
+    async with open_pipeline(config) as pipeline, pipeline.open_stream("held"):
+        state = ServerState(pipeline, ServerSettings(port=0))
+        assert state.busy() == "overloaded"  # the one stream fills it
+        state.draining = True
+        assert state.busy() == "draining"
+        for refusal in (state.refuse("draining"), state.refuse("draining", SESSION_LOOK)):
+            error = busy_error(refusal)
+            assert error.status == 503
+            assert "the server is draining" in error.message
+            assert "max_streams" not in error.message
+        metrics = generate_latest(state.registry).decode()
+        assert 'omnitrio_refusals_total{reason="draining"} 2.0' in metrics
