@@ -177,14 +177,6 @@ class Pipeline:
             section.max_streams,
             section.admission_max_passes,
         )
-        self._models = tuple((a.name, a.step_model) for a in actors)
-        self._holders = frozenset(a.name for a in actors)
-        # Read off the config once, not per admission: per edge, its name, capacity, consumer.
-        self._edges: list[tuple[str, int, StageActor]] = []
-        for upstream, downstream in itertools.pairwise(actors):
-            edge = config.edge_from(upstream.name)
-            assert edge is not None  # the config guarantees a chain
-            self._edges.append((edge.name, edge.capacity, downstream))
         priors = declared_priors(config) if section.admission == "headroom" else {}
         for actor in actors:
             actor.on_round = self._after_round
@@ -204,17 +196,15 @@ class Pipeline:
         stream (the steps in progress plus at most one more); see ``Stream.aclose``.
         """
         request = Request(text=request) if isinstance(request, str) else request
-        priority = priority_of(request)  # a bad one is refused before it waits
+        priority_of(request)  # a bad one is refused before it waits
         audio = self._plays_audio(request)
-        unheld = (
-            partial(self._refusal, audio, False) if audio and self._live.hold_startups else None
-        )
+        unheld = partial(self.refusal, request, hold=False) if self._live.hold_startups else None
         try:
             state = await self._queue.admit(
-                partial(self._admit, request, priority, audio),
-                partial(self._refusal, audio),
+                partial(self._admit, request),
+                partial(self.refusal, request),
                 audio=audio,
-                unheld=unheld,
+                unheld=unheld if audio else None,
             )
         except Overloaded as exc:
             self._num_refused += 1
@@ -253,28 +243,23 @@ class Pipeline:
         ``admission: cpu`` the new stream is ``request``'s (one that plays audio where
         None). ``hold`` False: the answer but for the startup hold (``_guards.py``), the
         one guard that holds only streams that play audio."""
-        return self._refusal(self._plays_audio(request), hold)
-
-    def _refusal(self, audio: bool, hold: bool = True) -> Overloaded | None:
-        """``refusal`` for a request that plays audio or not (``audio``)."""
         streams = self._streams
         num_open = len(streams)
         oldest = next(iter(streams.values()), None)  # admitted first (dicts keep order)
         now_s = time.perf_counter()
-        live = self._live
         return self._admission.refusal(
             num_open - self._num_ended,
             num_open,
-            self._models,
+            ((a.name, a.step_model) for a in self._actors),
             self._delivery.audio_s_put,
             self._num_active,
             None if oldest is None else now_s - oldest.admitted_at_s,
             now_s,
-            live.most_lag_s,
-            live.least_slack_s,
+            self._live.most_lag_s,
+            self._live.least_slack_s,
             len(self._quiet),
-            audio,
-            live.oldest_start_s if hold else None,
+            self._plays_audio(request),
+            self._live.oldest_start_s if hold else None,
         )
 
     def _plays_audio(self, request: Request | None) -> bool:
@@ -314,31 +299,36 @@ class Pipeline:
         return None if self._side is None else self._side.name
 
     @trio.lowlevel.enable_ki_protection
-    def _admit(self, request: Request, priority: float, audio: bool) -> StreamState:
-        """Admit ``request`` now (``priority``: its ``priority_of``; ``audio``: whether
-        it plays audio, ``_plays_audio``) or raise the rule's refusal."""
+    def _admit(self, request: Request) -> StreamState:
         if self._closed:
             raise PipelineClosed("<new>")
-        refusal = self._refusal(audio)
+        priority = priority_of(request)
+        refusal = self.refusal(request)
         if refusal is not None:
             raise refusal  # counted by open_stream, once the wait (if any) is over
         stream_id = f"s{next(self._ids)}"
         actors = self._actors
         client = Link("client", self.config.pipeline.client_capacity, num_producers=len(actors))
         edges: dict[str, Link] = {}
-        for name, capacity, downstream in self._edges:
-            link = edges[name] = Link(name, capacity)
+        for upstream, downstream in itertools.pairwise(actors):
+            edge = self.config.edge_from(upstream.name)
+            assert edge is not None  # the config guarantees a chain
+            link = Link(edge.name, edge.capacity)
             link.consumer_wakeup = downstream.wakeup
-        stream = StreamState(stream_id, request, client, edges, self._holders, self._hooks)
+            edges[edge.name] = link
+        holders = frozenset(a.name for a in actors)
+        stream = StreamState(stream_id, request, client, edges, holders, self._hooks)
         stream.priority = priority
         self._streams[stream_id] = stream
+        audio = self._plays_audio(request)
         if not audio:
             self._quiet.add(stream_id)
         self._live.admitted(audio)
         self._num_admitted += 1
         links = list(edges.values())
-        ins, outs = (None, *links), (*links, None)
-        for actor, in_link, out_link in zip(actors, ins, outs, strict=True):
+        for index, actor in enumerate(actors):
+            in_link = links[index - 1] if index > 0 else None
+            out_link = links[index] if index < len(links) else None
             actor.add(stream, in_link, out_link)
         return stream
 
