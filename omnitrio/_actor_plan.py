@@ -225,9 +225,13 @@ class Planning(ActorBase):
         slots = self.slots
         position = rounds.index(queued)
         running = {s.id for s in rounds[position - 1].batch} if position else set()
+        # On Ray the answer to ``hold`` may come after the running round came back and
+        # a later one was planned: a stream that round steps does not leave ``queued``
+        # (its inputs would be stepped after that round's).
+        later = {s.id for r in list(rounds)[position + 1 :] for s in r.batch}
         for slot in firsts:
             if len(batch) >= self.spec.max_batch_size:
-                out = displaced([queued_candidate(s, running) for s in batch], now_s)
+                out = _displaced(batch, running, later, now_s)
                 if out is None:
                     break  # every one is on its first step: the rest wait for the next round
                 leave_out(batch.pop(out), works.pop(out), self.limits)
@@ -244,3 +248,11 @@ class Planning(ActorBase):
             queued.plan.closes, tuple((s.id, s.stream.request) for s in opens), tuple(works)
         )
         return queued.plan
+
+
+def _displaced(batch: list[Slot], running: set[str], later: set[str], now_s: float) -> int | None:
+    """Which member of the queued round's full ``batch`` (its index) gives its place:
+    ``displaced``'s choice among those no later round steps (ids ``later``)."""
+    free = [index for index, slot in enumerate(batch) if slot.id not in later]
+    out = displaced([queued_candidate(batch[i], running) for i in free], now_s)
+    return None if out is None else free[out]

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 
 import pytest
+import trio
 
 import omnitrio
 from omnitrio._actor import StageActor
@@ -116,3 +118,21 @@ def test_a_full_batch_takes_first_steps_then_the_earliest_deadlines() -> None:
         actor.slots[sid] = slot
     assert [slot.id for slot in actor._plan_batch()] == ["late", "new"]
     assert list(actor.slots) == ["far", "late", "new"]
+
+
+# ----- a stage's streams, as its actor sees them --------------------------------------
+
+
+def _add(actor: StageActor, sid: str, deadline_s: float) -> Slot:
+    """A stream at the stage, fed by an upstream edge, playing to ``deadline_s``."""
+    hooks = StreamHooks(lambda s: None, lambda s: None, DeliveryCounters(), 1.0)
+    stream = StreamState(sid, omnitrio.Request("x"), Link("client", 64), {}, frozenset(), hooks)
+    stream.deadline_s = deadline_s
+    actor.add(stream, Link("up->mid", 64), None)
+    return actor.slots[sid]
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    with trio.fail_after(10):
+        while not done():  # noqa: ASYNC110 - the actor's state has no event to wait on
+            await trio.sleep(0.001)
