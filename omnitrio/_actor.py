@@ -13,8 +13,9 @@ The task decides, the thread executes. Each *round* is::
 Up to two rounds are out at once: while the thread runs round N, round N+1 is
 already planned, its credit reserved, and queued behind it, so the thread goes
 from one step to the next without waiting for trio. A newcomer whose first input
-comes meanwhile joins round N+1 while the thread has not started it (``_amend``),
-so it waits for the running step alone, not for two. One crossing into the
+comes meanwhile, or an open stream round N+1 does not step whose next input comes
+(a playing answer's text), joins round N+1 while the thread has not started it
+(``_amend``), so it waits for the running step alone, not for two. One crossing into the
 thread and one back per round, whatever the batch size. Planning starts in one
 place, ``_advance`` (apply the rounds that came back, then plan while fewer than
 two are out), called where a round's result lands, where upstream offers work,
@@ -232,7 +233,7 @@ class StageActor(Applying, Planning):
             acted = True
             if round_.has_work:
                 self._submit(round_)
-        if self._lifecycle and self.scheduling == "deadline":
+        if self.scheduling == "deadline":
             started = time.perf_counter()
             acted |= self._amend()
             self.counters.trio_s += time.perf_counter() - started

@@ -1,5 +1,5 @@
 """A stage actor's planning (on trio): a round's opens, closes and batch, and a newcomer
-put into the round queued behind the running one."""
+or an open stream's new input put into the round queued behind the running one."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from functools import partial
 
 from ._actor_base import ActorBase
-from ._newcomers import leave_out, queued_candidate
+from ._newcomers import leave_out, leaving, queued_candidate
 from ._round import EMPTY_ROUND, Round
 from ._runner import Plan
-from ._scheduler import Candidate, displaced, pick_batch
+from ._scheduler import Candidate, pick_batch, urgency
 from ._slot import Event, Phase, Slot
 
 
@@ -175,24 +175,34 @@ class Planning(ActorBase):
                     self.counters.num_behind_deadline += 1
                 yield Candidate(slot.id, True, fits, deadline_s, not slot.num_steps)
 
-    # ----- a newcomer into the queued round -----------------------------------------
+    # ----- a newcomer, or an open stream's new input, into the queued round ----------
 
     def _amend(self) -> bool:
-        """With two rounds out, newcomers whose first input has come (a first stage's: the
-        stream itself) join the queued round if its execution has not started: a first
-        step is the most urgent there is. In a full batch a newcomer takes the place of
-        the least urgent stream not on its first step, whose inputs wait on its slot for
-        its next step. True if the queued round changed. On Ray the answer comes later
-        (the stage's process holds the round meanwhile): a newcomer's wait then counts
-        from that answer, when the stage heard of it."""
+        """With two rounds out, the queued round takes, while its execution has not
+        started, the streams whose input came after it was planned: newcomers whose
+        first input has come (a first stage's: the stream itself), a first step being the
+        most urgent there is, and open streams it does not step (a playing answer's next
+        text), so neither waits for the running step and the queued one. In a full batch
+        a newcomer takes the place of the least urgent stream not on its first step; an
+        open stream only of one less urgent than itself (``displaced``); whoever gives its
+        place keeps its inputs on its slot for its next step. True if the queued round
+        changed. On Ray the answer comes later (the stage's process holds the round
+        meanwhile): a newcomer's wait then counts from that answer, when the stage heard
+        of it."""
         queued = self._rounds[-1]
-        firsts = [slot for slot in self._firsts() if slot.id not in queued.tried]
-        if not firsts:
+        if queued.started:
             return False
-        queued.tried.update(slot.id for slot in firsts)
+        tried = queued.tried
+        firsts = [slot for slot in self._firsts() if slot.id not in tried]
+        joiners = [slot for slot in self._joiners(queued) if slot.id not in tried]
+        if not (firsts or joiners):
+            return False
+        tried.update(slot.id for slot in firsts)
+        tried.update(slot.id for slot in joiners)
         amended = self._placement.amend(partial(self._amended, queued))
         if amended is None:
             return False
+        queued.started = not amended
         for slot in firsts:  # not amended: the queued round had started when they came
             self._first_waits.seen(slot)
         return amended
@@ -207,38 +217,79 @@ class Planning(ActorBase):
             and (slot.in_link is None or self._has_work(slot))
         ]
 
+    def _joiners(self, queued: Round, left_out: frozenset[str] = frozenset()) -> list[Slot]:
+        """Open streams with work that fit and that ``queued`` does not step (nor left out
+        just now, nor stepped or opened by a round after it: ``left_out``)."""
+        if len(queued.batch) == len(self.slots):
+            return []  # it steps every stream (the common case at a busy stage)
+        stepped = {slot.id for slot in queued.batch} | left_out
+        has_work, fits = self._has_work, self._fits
+        return [
+            slot
+            for sid, slot in self.slots.items()
+            if sid not in stepped and slot.steppable and has_work(slot) and fits(slot)
+        ]
+
     def _amended(self, queued: Round) -> Plan | None:
-        """The queued round with the newcomers in it (on the trio thread, while its
-        execution cannot start); None if there are none by now, or ``queued`` is no
-        longer out."""
-        firsts = self._firsts()
+        """The queued round with the newcomers and joiners in it (on the trio thread,
+        while its execution cannot start); None if there are none by now, or ``queued``
+        is no longer out."""
         rounds = self._rounds
-        if not firsts or not self._serving or self._hang is not None or queued.result is not None:
+        if not self._serving or self._hang is not None or queued.result is not None:
             return None
         if queued not in rounds:  # Round compares by identity
             return None
+        firsts = self._firsts()
         now_s = time.perf_counter()
         for slot in firsts:
             self._first_waits.seen(slot, now_s)
         batch, works = list(queued.batch), list(queued.plan.batch)
         opens = list(queued.opens)
-        slots = self.slots
+        slots, limit = self.slots, self.spec.max_batch_size
         position = rounds.index(queued)
         running = {s.id for s in rounds[position - 1].batch} if position else set()
+        # On Ray the answer to ``hold`` may come after the running round came back and
+        # a later one was planned: a stream that round opens or steps neither joins
+        # ``queued`` (its new input would be stepped before the inputs it took there, or
+        # before it is open) nor leaves it (its inputs would go after that round's).
+        later = {s.id for r in list(rounds)[position + 1 :] for s in (*r.batch, *r.opens)}
+        left_out: set[str] = set()
+        changed = False
         for slot in firsts:
-            if len(batch) >= self.spec.max_batch_size:
-                out = displaced([queued_candidate(s, running) for s in batch], now_s)
+            if len(batch) >= limit:
+                out = leaving(batch, running, later, now_s)
                 if out is None:
                     break  # every one is on its first step: the rest wait for the next round
+                left_out.add(batch[out].id)
                 leave_out(batch.pop(out), works.pop(out), self.limits)
             del self._lifecycle[slot.id]
             slot.on(Event.PLAN_OPEN)
             slot.in_flight += 1
             opens.append(slot)
+            changed = True
             if self._fits(slot):
                 slots[slot.id] = slots.pop(slot.id)  # the most recently stepped
                 batch.append(slot)
                 works.append(self._take_work(slot))
+        queued.batch = tuple(batch)
+        joiners = [
+            queued_candidate(s, running) for s in self._joiners(queued, frozenset(left_out | later))
+        ]
+        for candidate in sorted(joiners, key=partial(urgency, now_s=now_s)):
+            if len(batch) >= limit:
+                own = urgency(candidate, now_s)
+                out = leaving(batch, running, later, now_s)
+                if out is None or urgency(queued_candidate(batch[out], running), now_s) <= own:
+                    break  # none less urgent than it: it (and the rest) wait their turn
+                leave_out(batch.pop(out), works.pop(out), self.limits)
+            slot = slots.pop(candidate.stream_id)
+            slots[slot.id] = slot  # the most recently stepped
+            slot.worked_at_s = now_s
+            batch.append(slot)
+            works.append(self._take_work(slot))
+            changed = True
+        if not changed:
+            return None
         queued.batch, queued.opens = tuple(batch), tuple(opens)
         queued.plan = Plan(
             queued.plan.closes, tuple((s.id, s.stream.request) for s in opens), tuple(works)

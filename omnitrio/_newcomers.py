@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from ._scheduler import Candidate
+from ._scheduler import Candidate, displaced
 from ._slot import Slot
 from ._stage import StepLimits, StreamWork
 
@@ -52,6 +52,14 @@ def queued_candidate(slot: Slot, running: set[str]) -> Candidate:
     it has had none and the running round (stream ids ``running``) does not step it."""
     first = not slot.num_steps and slot.id not in running
     return Candidate(slot.id, True, True, slot.stream.deadline_s, first)
+
+
+def leaving(batch: list[Slot], running: set[str], later: set[str], now_s: float) -> int | None:
+    """Which member of the queued round's full ``batch`` (its index) gives its place:
+    ``displaced``'s choice among those no round after it steps (ids ``later``)."""
+    free = [index for index, slot in enumerate(batch) if slot.id not in later]
+    out = displaced([queued_candidate(batch[i], running) for i in free], now_s)
+    return None if out is None else free[out]
 
 
 def leave_out(slot: Slot, work: StreamWork, limits: StepLimits) -> None:

@@ -23,7 +23,8 @@ class Round:
     opens: tuple[Slot, ...]
     since: float  # trio time it became the oldest round out (the watchdog's start)
     result: outcome.Outcome[Result] | None = None
-    tried: set[str] = field(default_factory=set)  # newcomers the actor tried to put in it
+    tried: set[str] = field(default_factory=set)  # streams the actor tried to put in it
+    started: bool = False  # the actor found its execution started: nothing joins it now
 
     @property
     def has_work(self) -> bool:

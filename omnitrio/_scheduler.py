@@ -26,7 +26,10 @@ So a newcomer waits at most for the rounds already out, whatever the batch size
 and whatever backlog another stream has; and the actor puts a newcomer into the
 round queued behind the running one while it has not started (on a thread, or held
 in a Ray actor's process while the supervisor amends it; ``displaced`` says whom it
-takes the place of in a full batch), so it waits for the running step alone.
+takes the place of in a full batch), so it waits for the running step alone. So does
+an open stream's input that comes after the queued round was planned, where that round
+does not step it: in a full batch it takes the place of a stream less urgent than
+itself only, never of one on its first step.
 
 **Round robin** (``scheduling: round_robin``, the runtime before deadlines):
 candidates in the given order, least recently stepped first, read lazily, so

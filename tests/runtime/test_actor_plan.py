@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 
 import pytest
+import trio
 
 import omnitrio
 from omnitrio._actor import StageActor
@@ -16,6 +18,8 @@ from omnitrio._scheduler import Candidate, Scheduling, pick_batch
 from omnitrio._slot import Phase, Slot
 from omnitrio._stage import StepLimits
 from omnitrio._stream import DeliveryCounters, StreamHooks, StreamState
+from stages.synthetic import Gate
+from tests.conftest import SYNTHETIC
 
 LIMITS = StepLimits(max_payloads_per_step=2, max_visible_per_step=1)
 
@@ -116,3 +120,92 @@ def test_a_full_batch_takes_first_steps_then_the_earliest_deadlines() -> None:
         actor.slots[sid] = slot
     assert [slot.id for slot in actor._plan_batch()] == ["late", "new"]
     assert list(actor.slots) == ["far", "late", "new"]
+
+
+# ----- a stage's streams, as its actor sees them --------------------------------------
+
+
+def _add(actor: StageActor, sid: str, deadline_s: float) -> Slot:
+    """A stream at the stage, fed by an upstream edge, playing to ``deadline_s``."""
+    hooks = StreamHooks(lambda s: None, lambda s: None, DeliveryCounters(), 1.0)
+    stream = StreamState(sid, omnitrio.Request("x"), Link("client", 64), {}, frozenset(), hooks)
+    stream.deadline_s = deadline_s
+    actor.add(stream, Link("up->mid", 64), None)
+    return actor.slots[sid]
+
+
+def _give(actor: StageActor, slot: Slot, item: object) -> None:
+    """Upstream hands ``slot`` one input, as an upstream stage's apply does."""
+    assert slot.in_link is not None
+    slot.in_link.reserve(1)
+    slot.in_link.put([item], wake=False)
+    slot.in_link.settle(1, None)
+    actor.offer()
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    with trio.fail_after(10):
+        while not done():  # noqa: ASYNC110 - the actor's state has no event to wait on
+            await trio.sleep(0.001)
+
+
+# ----- an open stream's new input joins the queued round --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("max_batch_size", "playing_first", "joins"),
+    [
+        (2, False, True),  # room in the batch: it joins
+        (1, True, True),  # full: it takes the place of a less urgent stream
+        (1, False, False),  # full, and it is the less urgent: it waits its turn
+    ],
+)
+async def test_an_open_streams_new_input_joins_the_round_queued_behind_the_running_one(
+    max_batch_size: int, playing_first: bool, joins: bool
+) -> None:
+    # A playing answer's next text comes while the stage runs a step (held at a gate)
+    # and the next round is queued, planned before the text came: the text goes into
+    # that queued round, not the one after it.
+    name = f"test-join-queued-{max_batch_size}-{playing_first}"
+    gate = Gate.named(name)
+    params = {"gate": name, "outputs_per_input": 0, "visible_every": 0}
+    spec = omnitrio.StageSpec(
+        name="mid", impl=SYNTHETIC, max_batch_size=max_batch_size, params=params
+    )
+    actor = StageActor(spec, "up", feeds_edge=False)
+    await actor.load()
+    now_s = time.perf_counter()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(actor.serve)
+            await _until(lambda: actor._serving)
+            busy = _add(actor, "busy", now_s + 50.0)
+            playing = _add(actor, "playing", now_s + (10.0 if playing_first else 90.0))
+            for slot in (busy, playing):
+                _give(actor, slot, f"{slot.id}-0")
+            await _until(lambda: busy.num_steps >= 1 and playing.num_steps >= 1)
+            gate.close()
+            _give(actor, busy, "busy-1")  # the running round, held at the gate
+            assert await trio.to_thread.run_sync(gate.wait_until_blocked, 10.0)
+            _give(actor, busy, "busy-2")  # the queued round
+            queued = actor._rounds[-1]
+            assert len(actor._rounds) == 2
+            assert [slot.id for slot in queued.batch] == ["busy"]
+
+            _give(actor, playing, "playing-1")
+
+            assert actor._rounds[-1] is queued
+            works = {work.stream_id: work.inputs for work in queued.plan.batch}
+            if joins:
+                assert works.get("playing") == ("playing-1",)
+                assert ("busy" in works) is (max_batch_size > 1)
+                if max_batch_size == 1:  # busy keeps its input for its next step
+                    assert busy.carry == ("busy-2",)
+            else:
+                assert works == {"busy": ("busy-2",)}
+            gate.open()
+            await _until(lambda: playing.num_steps == 2 and busy.num_steps == 3)
+            nursery.cancel_scope.cancel()
+    finally:
+        gate.open()
+        await actor.shutdown(5.0)

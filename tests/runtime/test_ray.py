@@ -22,7 +22,9 @@ import pytest
 import trio
 
 import omnitrio
+from omnitrio import Event
 from omnitrio._runner import Plan
+from omnitrio._slot import Slot
 from omnitrio._stage import StreamWork
 from tests.conftest import (
     Announced,
@@ -374,3 +376,76 @@ def test_a_ray_address_that_does_not_answer_is_a_config_error_at_once() -> None:
     )
     assert "start one (ray start --head) or fix the address" in done.stderr
     assert time.monotonic() - started < 30
+
+
+async def test_a_late_answer_to_hold_keeps_every_streams_inputs_in_order() -> None:
+    """The answer to ``hold`` comes after the running step came back and the next round
+    was planned (a loaded machine, a slow reply): that round opens the newcomer ``x``
+    and steps ``busy`` too. ``x``'s next input, come meanwhile, must not join the held
+    round (there, before ``x`` is open, the stage would drop it), nor may ``busy`` give
+    its place in the held round to a later newcomer ``z`` (its input would then go
+    after the later round's). Every stream's inputs are stepped, each one, in order."""
+    from omnitrio._actor import StageActor
+    from omnitrio._ray import RayPlacement  # Ray is imported only with its cluster
+    from stages.synthetic import SyntheticPayload
+    from tests.conftest import SYNTHETIC
+    from tests.runtime.test_actor_plan import _add, _until
+
+    params = {"service_time_ms": 300, "inputs_per_step": 1, "outputs_per_input": 0}
+    params["visible"] = "trace"
+    spec = omnitrio.StageSpec(
+        name="mid", impl=SYNTHETIC, max_batch_size=2, params=params, placement="ray"
+    )
+    actor = StageActor(spec, "up", feeds_edge=False)
+    placement = actor._placement
+    assert isinstance(placement, RayPlacement)
+    answers: list[tuple[Any, ...]] = []
+    placement._held = lambda *answer: answers.append(answer)  # type: ignore[method-assign]
+    await actor.load()
+    now_s = time.perf_counter()
+    given: dict[str, int] = {}
+
+    def give(*slots: Slot) -> None:
+        for slot in slots:  # upstream hands each one input, then offers once
+            index = given[slot.id] = given.get(slot.id, -1) + 1
+            assert slot.in_link is not None
+            slot.in_link.reserve(1)
+            slot.in_link.put([SyntheticPayload(slot.id, "up", index, float(index), b"")])
+            slot.in_link.settle(1, None)
+        actor.offer()
+
+    def idle() -> bool:
+        return not actor._rounds and not any(map(actor._has_work, actor.slots.values()))
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(actor.serve)
+            await _until(lambda: actor._serving)
+            busy = _add(actor, "busy", now_s + 90.0)  # the least urgent
+            w = _add(actor, "w", now_s + 50.0)
+            give(busy, w)
+            await _until(idle)
+            give(busy, w)  # the running round (300 ms)
+            give(busy, w)  # the round queued behind it, held once its answer is in
+            held = actor._rounds[-1]
+            x = _add(actor, "x", now_s + 70.0)
+            give(x)  # a newcomer: the actor asks to hold the queued round
+            give(busy)
+            await _until(lambda: bool(answers))  # kept back until the next round is out
+            await _until(lambda: actor._rounds[0] is held and len(actor._rounds) == 2)
+            later = actor._rounds[-1]
+            assert {slot.id for slot in later.batch} == {"x", "busy"}
+            give(x)
+            z = _add(actor, "z", now_s + 10.0)
+            give(z)
+            RayPlacement._held(placement, *answers.pop())
+            assert {slot.id for slot in held.batch} == {"busy", "z"}  # w gave z its place
+            await _until(idle)
+            nursery.cancel_scope.cancel()
+    finally:
+        await actor.shutdown(5.0)
+    causes: dict[str, list[object]] = {}
+    for slot in (busy, w, x, z):
+        items, _ = slot.stream.client.take(None)
+        causes[slot.id] = [i.data["upstream_produced_s"] for i in items if isinstance(i, Event)]
+    assert causes == {sid: [float(n) for n in range(last + 1)] for sid, last in given.items()}
