@@ -227,11 +227,13 @@ class PiperTts:
             FIRST_AUDIO.first_phrase_out(stream_id)
             with FIRST_AUDIO.synthesizing():
                 samples = voice.timed(voice.after_join, speech)
+            FIRST_AUDIO.first_phrase_made(stream_id)
         elif speech.spoken == 0:
             mark("tts_first_phrase", stream_id)
             FIRST_AUDIO.first_phrase_out(stream_id)
             with FIRST_AUDIO.synthesizing():
                 samples = voice.timed(self._first_phrase(), speech)
+            FIRST_AUDIO.first_phrase_made(stream_id)
         elif not later:
             return StreamOutput(more=True)  # a later phrase, after the first audio
         elif self.max_part_frames is not None:
