@@ -25,6 +25,15 @@ on 2 cores its own decoding beside it (two CTranslate2 threads) slowed it by ~60
 Its later words wait that long; the join across to its whole first phrase still has
 the first part's audio (~0.4 s) to be made in (tts.py counts and logs late joins).
 
+With ``through_first_phrase`` (the LLM stage's param ``first_audio_through_first_phrase``;
+needs ``hold_for_starting``), an answer counts as starting on past its first audio until
+its first phrase is whole (the TTS made it: its join, or the phrase spoken whole; at
+most ``THROUGH_MAX_S`` after its ASR started). Traced at four conversations on 2 cores
+(issue 41, eighth session's runs), 13 of the 18 later parts late for a 200 ms buffer in
+16 runs were an answer's second or third part (mostly its first phrase's join): its first
+~0.3-0.6 s of audio ran out while the LLM, beside the answers already speaking, was still
+writing the phrase's last words (no hold on the way: tokens 40-70 ms apart).
+
 With ``min_slack_s`` (the LLM stage's param ``first_audio_min_slack_s``; None: off),
 an answer holds only while it can afford to: while the audio it has made runs out more
 than ``min_slack_s`` from now (the TTS stage tells when, ``audio_made``), and never once
@@ -50,6 +59,7 @@ from contextlib import contextmanager
 
 MAX_HOLD_S = 0.5  # a hold never lasts longer than this, whatever the synthesis does
 STARTING_MAX_S = 1.5  # an answer counts as starting at most this long after its ASR
+THROUGH_MAX_S = 2.5  # ... with through_first_phrase, until its first phrase is whole
 
 
 class FirstAudio:
@@ -65,6 +75,7 @@ class FirstAudio:
         self.min_slack_s: float | None = None  # hold only with more audio ahead than this
         self.max_hold_s = MAX_HOLD_S
         self.hold_for_starting = False
+        self.through_first_phrase = False  # an answer starts until its first phrase is whole
         self.held_s = 0.0  # time answers spent holding, in all
 
     def answer_starting(self, stream_id: str) -> None:
@@ -73,7 +84,18 @@ class FirstAudio:
             self._starting[stream_id] = time.monotonic()
 
     def first_audio_made(self, stream_id: str) -> None:
-        """The stream's first audio is out: it no longer holds the others."""
+        """The stream's first audio is out: it no longer holds the others (with
+        ``through_first_phrase``, once its first phrase is whole)."""
+        if not self.through_first_phrase:
+            self._started(stream_id)
+
+    def first_phrase_made(self, stream_id: str) -> None:
+        """The stream's first phrase is whole (its join, or the phrase spoken whole):
+        with ``through_first_phrase``, it no longer holds the others."""
+        if self.through_first_phrase:
+            self._started(stream_id)
+
+    def _started(self, stream_id: str) -> None:
         with self._changed:
             if self._starting.pop(stream_id, None) is not None:
                 self._changed.notify_all()
@@ -159,7 +181,7 @@ class FirstAudio:
             return True
         if not self.hold_for_starting:
             return False
-        oldest = time.monotonic() - STARTING_MAX_S
+        oldest = time.monotonic() - (THROUGH_MAX_S if self.through_first_phrase else STARTING_MAX_S)
         for sid, since in list(self._starting.items()):
             if since < oldest:
                 del self._starting[sid]  # dropped on the way, or its TTS never saw it

@@ -6,7 +6,8 @@ folder or a ``.gguf`` file of another instruct model with a chat template
 (llm_engines.py, llm_fast_answers.py); then only turns that may call a tool (or set a
 ``seed``) use torch. With param ``first_audio_first``, such an answer whose first
 phrase is out waits while another answer's first audio is on its way (first_audio.py;
-params ``first_audio_from_asr`` and ``first_audio_min_slack_s``).
+params ``first_audio_from_asr``, ``first_audio_min_slack_s`` and
+``first_audio_through_first_phrase``).
 
 A stream waits for the user's ``Utterance`` from the ASR stage, builds the chat
 (llm_prompt.py: the session's instructions, the earlier turns from ``Request.text``,
@@ -108,6 +109,7 @@ class SmolLM2Llm(AutoregressiveStage):
         first_audio_first: bool = False,
         first_audio_from_asr: bool = False,
         first_audio_min_slack_s: float | None = None,
+        first_audio_through_first_phrase: bool = False,
         cache_history: bool = True,
         ctranslate2_cache_tokens: int = 4096,
         ctranslate2_nice: int = 0,
@@ -148,6 +150,9 @@ class SmolLM2Llm(AutoregressiveStage):
         self.runtime = runtime
         FIRST_AUDIO.hold_for_starting = first_audio_first and first_audio_from_asr
         FIRST_AUDIO.min_slack_s = first_audio_min_slack_s
+        FIRST_AUDIO.through_first_phrase = (
+            FIRST_AUDIO.hold_for_starting and first_audio_through_first_phrase
+        )
         self.max_new_tokens = max_new_tokens
         self.prompt = ChatPrompt(
             self.tokenizer,

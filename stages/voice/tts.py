@@ -11,7 +11,7 @@ answer's first phrase speaks no other answer's later phrase, else the one later 
 whose answer runs out soonest), how the audio is made (tts_synthesis.py: espeak-ng's
 phonemes, a phrase that espeak-ng fails on failing only its own stream, and Piper),
 and this stage's step, which joins them and logs each part it made under ``--trace``
-(trace.py).
+(trace.py). Its params that shape phrases and parts are checked in tts_params.py.
 
 With param ``first_chunk_frames`` (null: off), an answer's first phrase is spoken
 in two steps (tts_stream.py): its first ``first_chunk_frames`` frames (~11.6 ms
@@ -64,8 +64,8 @@ from .pcm import Floats, float_to_pcm16, without_quiet_start
 from .phonemes import PhonemizerError
 from .phrases import PhraseSplitter
 from .trace import mark, part
+from .tts_params import check_cuts, check_parts
 from .tts_schedule import PhraseQueue, later_phrase
-from .tts_stream import MIN_PART_FRAMES
 from .tts_synthesis import PiperVoice, SplitParams, voice_files
 
 
@@ -115,7 +115,7 @@ class PiperTts:
         onnx, config = voice_files(voice_path, voice_config_path)
         if max_phoneme_ids < 8:
             raise ValueError(f"max_phoneme_ids must be at least 8, got {max_phoneme_ids}")
-        _check_parts(
+        check_parts(
             first_chunk_frames,
             max_part_frames,
             first_part_words,
@@ -123,21 +123,12 @@ class PiperTts:
             first_part_pauses_answer,
             first_phrase_cut_s,
         )
-        boundary_min = first_phrase_boundary_min_words
-        if boundary_min is not None and not 2 <= boundary_min <= first_phrase_max_words:
-            raise ValueError(
-                "first_phrase_boundary_min_words must be at least 2 and at most"
-                f" first_phrase_max_words ({first_phrase_max_words}), got {boundary_min}"
-            )
-        if later_phrase_cut_s is not None and not later_phrase_cut_s >= 0:
-            raise ValueError(
-                f"later_phrase_cut_s must be at least 0 or null, got {later_phrase_cut_s}"
-            )
+        check_cuts(first_phrase_boundary_min_words, first_phrase_max_words, later_phrase_cut_s)
         self.min_comma_words = min_comma_words
         self.max_phrase_words = max_phrase_words
         self.first_phrase_max_words = first_phrase_max_words
         self.first_phrase_min_words = first_phrase_min_words
-        self.first_phrase_boundary_min_words = boundary_min
+        self.first_phrase_boundary_min_words = first_phrase_boundary_min_words
         self.streams: dict[str, _Stream] = {}
         self.first_chunk_frames = first_chunk_frames
         self.max_part_frames = max_part_frames
@@ -236,11 +227,13 @@ class PiperTts:
             FIRST_AUDIO.first_phrase_out(stream_id)
             with FIRST_AUDIO.synthesizing():
                 samples = voice.timed(voice.after_join, speech)
+            FIRST_AUDIO.first_phrase_made(stream_id)
         elif speech.spoken == 0:
             mark("tts_first_phrase", stream_id)
             FIRST_AUDIO.first_phrase_out(stream_id)
             with FIRST_AUDIO.synthesizing():
                 samples = voice.timed(self._first_phrase(), speech)
+            FIRST_AUDIO.first_phrase_made(stream_id)
         elif not later:
             return StreamOutput(more=True)  # a later phrase, after the first audio
         elif self.max_part_frames is not None:
@@ -294,34 +287,3 @@ class PiperTts:
 def _marker(stream_id: str) -> Callable[[str], None]:
     """Marks ``stream_id``'s steps for the trace (trace.py)."""
     return lambda what: mark(what, stream_id)
-
-
-def _check_parts(
-    first_chunk_frames: int | None,
-    max_part_frames: int | None,
-    first_part_words: int | None,
-    first_phrase_max_words: int,
-    first_part_pauses_answer: bool,
-    first_phrase_cut_s: float | None,
-) -> None:
-    """The params that speak phrases in parts, or a ``ValueError`` naming the wrong one."""
-    if first_chunk_frames is not None and first_chunk_frames < 1:
-        raise ValueError(f"first_chunk_frames must be positive or null, got {first_chunk_frames}")
-    if max_part_frames is not None and max_part_frames < MIN_PART_FRAMES:
-        raise ValueError(
-            f"max_part_frames must be at least {MIN_PART_FRAMES} or null, got {max_part_frames}"
-        )
-    if first_part_words is not None and (
-        first_chunk_frames is None or not 2 <= first_part_words < first_phrase_max_words
-    ):
-        raise ValueError(
-            "first_part_words needs first_chunk_frames and must be at least 2 and below"
-            f" first_phrase_max_words ({first_phrase_max_words}), got {first_part_words}"
-        )
-    if first_part_pauses_answer and first_part_words is None:
-        raise ValueError("first_part_pauses_answer needs first_part_words")
-    if first_phrase_cut_s is not None and (first_part_words is None or first_phrase_cut_s < 0):
-        raise ValueError(
-            "first_phrase_cut_s needs first_part_words and must be at least 0,"
-            f" got {first_phrase_cut_s}"
-        )

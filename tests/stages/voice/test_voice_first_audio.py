@@ -74,6 +74,56 @@ def test_with_hold_for_starting_a_speaking_stream_waits_for_another_answers_firs
     assert not starting_alone.is_alive()
 
 
+def _beside_a_start(*, through: bool) -> FirstAudio:
+    """A gate with an answer speaking and a new one starting (``hold_for_starting``)."""
+    gate = FirstAudio()
+    gate.max_hold_s = 600.0
+    gate.hold_for_starting = True
+    gate.through_first_phrase = through
+    gate.first_phrase_out("speaking")
+    gate.answer_starting("new")
+    return gate
+
+
+def test_through_the_first_phrase_an_answer_holds_the_others_until_its_phrase_is_whole() -> None:
+    """``through_first_phrase``: a new answer's first audio does not end the others' hold;
+    its first phrase made whole does."""
+    gate = _beside_a_start(through=True)
+    speaking = _holding(gate, "speaking")
+    gate.first_audio_made("new")  # its first part is out, the phrase not yet whole
+    speaking.join(timeout=0.2)
+    assert speaking.is_alive()
+    gate.first_phrase_made("new")
+    speaking.join(timeout=60)
+    assert not speaking.is_alive()
+
+
+def test_without_through_first_phrase_the_first_audio_ends_the_hold() -> None:
+    gate = _beside_a_start(through=False)
+    gate.first_phrase_made("new")  # counts only with through_first_phrase
+    speaking = _holding(gate, "speaking")
+    speaking.join(timeout=0.2)
+    assert speaking.is_alive()
+    gate.first_audio_made("new")
+    speaking.join(timeout=60)
+    assert not speaking.is_alive()
+
+
+def test_through_the_first_phrase_a_start_counts_for_longer_but_not_for_ever() -> None:
+    import stages.voice.first_audio as first_audio
+
+    gate = _beside_a_start(through=True)
+    gate._starting["new"] -= first_audio.STARTING_MAX_S + 0.1  # past the first audio's cap
+    held = _holding(gate, "speaking")
+    held.join(timeout=0.2)
+    assert held.is_alive()
+    gate._starting["new"] -= first_audio.THROUGH_MAX_S  # and past its own
+    with gate._changed:
+        gate._changed.notify_all()
+    held.join(timeout=60)
+    assert not held.is_alive()
+
+
 def test_without_hold_for_starting_or_once_forgotten_a_starting_answer_holds_nobody() -> None:
     gate = FirstAudio()
     gate.max_hold_s = 600.0

@@ -1,0 +1,54 @@
+"""The TTS stage's params that shape its phrases and parts (tts.py), checked: a wrong
+one is a ``ValueError`` naming it, raised when the stage is built."""
+
+from __future__ import annotations
+
+from .tts_stream import MIN_PART_FRAMES
+
+
+def check_parts(
+    first_chunk_frames: int | None,
+    max_part_frames: int | None,
+    first_part_words: int | None,
+    first_phrase_max_words: int,
+    first_part_pauses_answer: bool,
+    first_phrase_cut_s: float | None,
+) -> None:
+    """The params that speak phrases in parts, or a ``ValueError`` naming the wrong one."""
+    if first_chunk_frames is not None and first_chunk_frames < 1:
+        raise ValueError(f"first_chunk_frames must be positive or null, got {first_chunk_frames}")
+    if max_part_frames is not None and max_part_frames < MIN_PART_FRAMES:
+        raise ValueError(
+            f"max_part_frames must be at least {MIN_PART_FRAMES} or null, got {max_part_frames}"
+        )
+    if first_part_words is not None and (
+        first_chunk_frames is None or not 2 <= first_part_words < first_phrase_max_words
+    ):
+        raise ValueError(
+            "first_part_words needs first_chunk_frames and must be at least 2 and below"
+            f" first_phrase_max_words ({first_phrase_max_words}), got {first_part_words}"
+        )
+    if first_part_pauses_answer and first_part_words is None:
+        raise ValueError("first_part_pauses_answer needs first_part_words")
+    if first_phrase_cut_s is not None and (first_part_words is None or first_phrase_cut_s < 0):
+        raise ValueError(
+            "first_phrase_cut_s needs first_part_words and must be at least 0,"
+            f" got {first_phrase_cut_s}"
+        )
+
+
+def check_cuts(
+    first_phrase_boundary_min_words: int | None,
+    first_phrase_max_words: int,
+    later_phrase_cut_s: float | None,
+) -> None:
+    """The params that cut phrases (phrases.py, tts_schedule.py), or a ``ValueError``
+    naming the wrong one."""
+    boundary_min = first_phrase_boundary_min_words
+    if boundary_min is not None and not 2 <= boundary_min <= first_phrase_max_words:
+        raise ValueError(
+            "first_phrase_boundary_min_words must be at least 2 and at most"
+            f" first_phrase_max_words ({first_phrase_max_words}), got {boundary_min}"
+        )
+    if later_phrase_cut_s is not None and not later_phrase_cut_s >= 0:
+        raise ValueError(f"later_phrase_cut_s must be at least 0 or null, got {later_phrase_cut_s}")
