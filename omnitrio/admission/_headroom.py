@@ -18,7 +18,9 @@ a second, while a burst of arrivals, which the share already counts, does not
 move ``scale`` as well.
 
 With ``n`` streams a stage runs ``ceil(n / max_batch_size)`` steps per *round*
-(each stream stepped once); each stream-step yields, on average,
+(each stream stepped once; the last, partial one charged at its own size where
+streams arrive alone and as a whole batch where they arrive in lockstep,
+``_cohort.py``); each stream-step yields, on average,
 ``audio_s_per_stream_step`` seconds of audio, learned too, from the streams that
 play (``StreamFlow``): for each, this stage's steps since its first audio against
 the audio delivered since then, counted up to the latest step here at which more of
@@ -121,10 +123,10 @@ class _Line:
         self.per_stream_s = max(0.0, slope)
         self.intercept_s = max(0.0, mean_t - self.per_stream_s * mean_b)
 
-    def __call__(self, batch_size: int) -> float:
+    def __call__(self, batch_size: float) -> float:
         return self.intercept_s + self.per_stream_s * batch_size
 
-    def beyond(self, batch_size: int) -> float:
+    def beyond(self, batch_size: float) -> float:
         """A step of ``batch_size``; past the batch sizes seen, with no slope fitted (a
         first wave in lockstep), charged all per stream: the most it may cost, so
         admission past what was seen ramps up rather than leaps (``StepModel.ramp``)."""
@@ -235,18 +237,23 @@ class StepModel:
 
     def round_s(self, num_streams: int) -> float:
         """Time to step each of ``num_streams`` streams once, at the recent pace, with
-        the time the stage spends on other cohorts' first steps as it has lately
-        (``_cohort.py``)."""
+        the time the stage spends on other cohorts' first steps as it has lately, and
+        a partial last batch charged as far towards a whole one as the streams arrive
+        in lockstep (``_cohort.py``)."""
         if num_streams <= 0:
             return 0.0
         batch = self.max_batch_size
-        steps = math.ceil(num_streams / batch)
+        whole, rest = divmod(num_streams, batch)
         line = self._plain if self._plain.fitted else self._first
-        step_s = steps * self._step_s(line, min(num_streams, batch))
+        if whole and rest:
+            charged = rest + (batch - rest) * self.cohorts.lockstep
+            step_s = whole * self._step_s(line, batch) + self._step_s(line, charged)
+        else:
+            step_s = max(1, whole) * self._step_s(line, min(num_streams, batch))
         share = self.cohorts.foreign_share(self.first_step_share, num_streams)
         return self.scale * step_s / (1.0 - share)
 
-    def _step_s(self, line: _Line, size: int) -> float:
+    def _step_s(self, line: _Line, size: float) -> float:
         if self.ramp:
             return line.beyond(size)
         if self.prior is not None and not line.identified and line.mean_b > 0:
