@@ -9,9 +9,10 @@ import pytest
 import omnitrio
 from omnitrio._link import Link
 from omnitrio._stream import DeliveryCounters, StreamHooks, StreamState
-from omnitrio.admission._headroom import MIN_STEPS, StepModel, StreamFlow, _Line
+from omnitrio.admission._headroom import MIN_STEPS, StepModel, _Line
 from omnitrio.admission._margin import MIN_MARGIN
 from omnitrio.admission._rule import Admission, priority_of
+from omnitrio.admission._yield import StreamFlow
 
 
 def learned(
