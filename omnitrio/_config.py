@@ -52,7 +52,8 @@ class PipelineSection(_Strict):
     """Before its first audio, a stream's deadline is its admission plus this."""
     admission: Literal["headroom", "max_streams", "busy", "cpu"] = "headroom"
     """``headroom``: admit a stream only while every stage keeps every admitted stream
-    faster than real time by ``realtime_margin`` (its learned step-time model), and
+    faster than real time by at most ``realtime_margin`` (its learned step-time model;
+    the margin each stage keeps, ``omnitrio/admission/_margin.py``), and
     shed the newest (or lowest ``priority``) streams when a stage falls behind;
     ``max_streams`` stays a hard cap. ``max_streams``: the count alone. ``busy``: admit
     a stream only while, with it, every stage stays busy at most ``1 / (1 +

@@ -12,7 +12,6 @@ from ._cpu import plays_audio as plays_audio
 from ._headroom import Factor as Factor
 from ._headroom import StepModel as StepModel
 from ._headroom import StepPrior as StepPrior
-from ._headroom import StreamFlow as StreamFlow
 from ._live import LiveStreams as LiveStreams
 from ._prior import StepCost as StepCost
 from ._prior import declared_priors as declared_priors
@@ -20,6 +19,7 @@ from ._rule import ACTIVE_WINDOW_S as ACTIVE_WINDOW_S
 from ._rule import Admission as Admission
 from ._rule import priority_of as priority_of
 from ._wait import AdmissionQueue as AdmissionQueue
+from ._yield import StreamFlow as StreamFlow
 
 __all__ = [
     "ACTIVE_WINDOW_S",

@@ -20,18 +20,29 @@ thinker at 0.6 ms a stream (``omnitrio bench --find-limit``), a closed loop of 3
 clients arrived in cohorts of 13.5 at 27-29 streams, and the whole share (0.09-0.12)
 was what held admission at 27, where 32 played through in lockstep.
 
-Not kept: charging a round's last, partial batch at its own size where streams arrive
-alone and as a whole batch where a batch or more arrive at once. On
-``bench-qwen3-omni.yaml`` it lifted the open loop (cohorts of 1.7 at the talker) from a
-median of 188 to 198.5-204 streams, all continuous, but the closed loop's cohorts at the
-talker read 12.7 (the thinker's 41.5 arrive there over several runs of steps), so it
-held 223 where the lockstep limit is 192 and ran 13 % of the streams dry by the gaps rule.
+**A round's last, partial batch** (``StepModel.round_s``): ``n`` streams in batches of
+``b`` take ``n // b`` whole steps and one of ``r = n % b``. Where streams arrive one at
+a time that last step runs at its own size; where they arrive in lockstep the stages'
+loads come due together (a closed loop's waves) and the fixed caps past a whole number
+of batches fail, so there it is charged as a whole batch: ``r + (b - r) x lockstep``,
+``lockstep`` running from 0 for cohorts of 1 to 1 for cohorts of ``LOCKSTEP_COHORT`` or
+more (``Cohorts.lockstep``; the same measure ``_margin.py`` keeps the margin by).
+Scaled over a whole batch instead (``(c - 1) / (b - 1)``), the closed loop's cohorts of
+12.7 at ``bench-qwen3-omni.yaml``'s talker (batches of 32) charged the seventh batch at
+about 40 % and held 223 streams where the lockstep limit is 192, 13 % of them dry by the
+gaps rule; its open loop (cohorts of 1.7) is where the partial batch matters: charged
+whole, every count from 193 to 224 read the same factor, and ``scale``'s noise decided
+whether the seventh batch was admitted.
 """
 
 from __future__ import annotations
 
 COHORT_HALF_LIFE_STREAMS = 256.0
 """Half-life, in arriving streams, of the past in ``Cohorts.size``."""
+LOCKSTEP_COHORT = 4.0
+"""Streams that arrive in cohorts of this many or more move in lockstep
+(``Cohorts.lockstep``; none below 1, linear between). qwen3's talker read 1.7 in open
+loop and 12.7 in a closed loop."""
 
 _KEEP = float(0.5 ** (1.0 / COHORT_HALF_LIFE_STREAMS))
 
@@ -55,6 +66,12 @@ class Cohorts:
     def size(self) -> float:
         """The cohort a stream arrives in, on average (1 before any has arrived)."""
         return self._weighted / self._streams if self._streams > 0 else 1.0
+
+    @property
+    def lockstep(self) -> float:
+        """How far the streams move together: 0 for cohorts of 1 (arrivals alone), 1 for
+        cohorts of ``LOCKSTEP_COHORT`` or more, linear between."""
+        return min(1.0, max(0.0, (self.size - 1.0) / (LOCKSTEP_COHORT - 1.0)))
 
     def foreign_share(self, share: float, num_streams: int) -> float:
         """Of the stage's first-step ``share``, what ``num_streams`` streams' playback

@@ -18,24 +18,12 @@ a second, while a burst of arrivals, which the share already counts, does not
 move ``scale`` as well.
 
 With ``n`` streams a stage runs ``ceil(n / max_batch_size)`` steps per *round*
-(each stream stepped once); each stream-step yields, on average,
-``audio_s_per_stream_step`` seconds of audio, learned too, from the streams that
-play (``StreamFlow``): for each, this stage's steps since its first audio against
-the audio delivered since then, counted up to the latest step here at which more of
-its audio had arrived. A stage's steps run ahead of the audio they become (the
-steps before a stream's first audio yield nothing yet), but once audio flows both
-move at the stream's pace, so this is the steady-state yield: what a client playing
-since the first chunk needs the stage to keep up with. Counting to the latest new
-audio (not the latest step) keeps the chunks' lag out of it, and the first chunk
-(made before its client plays) and a last chunk that comes after the stream's last
-step here (a vocoder's padded final window: 2 s of audio for a 12-frame tail) out
-of it too: over whole streams, audio over steps would read such a tail as yield
-(12 % high on ``bench-qwen3-omni.yaml``'s talker, which then admitted 224 streams
-where 192 is the limit). Until the streams have played ``MIN_FLOW_AUDIO_S`` so, the
-yield is that of the streams that completed (their audio over the steps they took
-here, ``completed``), else audio delivered over all stream-steps so far (a lower
-bound: every second of audio came from a step already taken). Nothing
-is shed before a stream completed. The stage keeps ``n`` streams in real time when
+(each stream stepped once; the last, partial one charged at its own size where
+streams arrive alone and as a whole batch where they arrive in lockstep,
+``_cohort.py``); each stream-step yields, on average,
+``audio_s_per_stream_step`` seconds of audio, learned too (``_yield.py``: the
+steady-state yield of the streams that play, else that of completed streams, else a
+lower bound). The stage keeps ``n`` streams in real time when
 ``realtime_factor(n) = audio_s_per_stream_step / round_s(n)`` is at least 1.
 Here ``n`` counts a stage's *active* streams (with work there lately), not
 those it holds idle. The pipeline admits a stream only while, with it, every
@@ -57,6 +45,7 @@ from typing import TypeAlias
 
 from .._statistics import StepModelStatistics
 from ._cohort import Cohorts
+from ._yield import StreamFlow, Yield
 
 SHAPE_HALF_LIFE_STEPS = 2000.0
 """Half-life of a step in the fitted lines."""
@@ -66,15 +55,8 @@ MIN_STEPS = 32
 """Steps a stage takes before its model has an opinion."""
 MIN_AUDIO_S = 0.5
 """Audio delivered (seconds, pipeline-wide) before any model has an opinion."""
-MIN_FLOW_AUDIO_S = 0.5
-"""Audio the playing streams delivered past their first chunks before a stage's yield
-comes from them (``StreamFlow``) rather than from all its steps."""
 MAX_FIRST_STEP_SHARE = 0.9
 """The most of a stage's time ``round_s`` leaves to first steps (prefills)."""
-YIELD_KEEP = 0.98
-"""Weight of the past in the audio per stream-step, per completed stream."""
-FLOW_HALF_LIFE_STEPS = 20000.0
-"""Half-life, in stream-steps, of the past in the playing streams' yield."""
 PRIOR_SLACK = 1.05
 """A declared step (``StepPrior``) is charged this much more than declared (``_prior.py``)."""
 ERROR_HALF_LIFE_STEPS = 256.0
@@ -87,7 +69,6 @@ def _keep(half_life: float) -> float:
 
 _SHAPE_KEEP = _keep(SHAPE_HALF_LIFE_STEPS)
 _SCALE_KEEP = _keep(SCALE_HALF_LIFE_STEPS)
-_FLOW_KEEP = _keep(FLOW_HALF_LIFE_STEPS)
 _ERROR_KEEP = _keep(ERROR_HALF_LIFE_STEPS)
 
 Factor: TypeAlias = "float | Callable[[StepModel, int, float], float]"
@@ -121,10 +102,10 @@ class _Line:
         self.per_stream_s = max(0.0, slope)
         self.intercept_s = max(0.0, mean_t - self.per_stream_s * mean_b)
 
-    def __call__(self, batch_size: int) -> float:
+    def __call__(self, batch_size: float) -> float:
         return self.intercept_s + self.per_stream_s * batch_size
 
-    def beyond(self, batch_size: int) -> float:
+    def beyond(self, batch_size: float) -> float:
         """A step of ``batch_size``; past the batch sizes seen, with no slope fitted (a
         first wave in lockstep), charged all per stream: the most it may cost, so
         admission past what was seen ramps up rather than leaps (``StepModel.ramp``)."""
@@ -145,18 +126,6 @@ class StepPrior:
     step_s: float
     per_stream_s: float
     audio_s_per_stream_step: float
-
-
-@dataclass(slots=True)
-class StreamFlow:
-    """One stream at one stage, for its steady-state yield: the stage's steps and the
-    stream's audio since the stage's first step after its first audio, as of the
-    latest step here at which more of its audio had arrived (``StepModel.stepped``)."""
-
-    mark_steps: int | None = None
-    mark_audio_s: float = 0.0
-    steps: int = 0
-    audio_s: float = 0.0
 
 
 class StepModel:
@@ -184,11 +153,8 @@ class StepModel:
         self.scale = 1.0
         self._error_w = self._error_sq = 0.0  # weighted count and squares of plain steps' errors
         self.cohorts = Cohorts()
-        self.num_completed = 0
-        self._yield_audio_s = 0.0
-        self._yield_steps = 0.0
-        self._flow_steps = 0.0
-        self._flow_audio_s = 0.0
+        self.audio = Yield()
+        """The audio a stream-step yields here (``_yield.py``)."""
 
     def observe(self, batch_size: int, step_s: float, num_first: int = 0) -> None:
         """One step of ``batch_size`` streams took ``step_s``; ``num_first`` of them
@@ -235,18 +201,23 @@ class StepModel:
 
     def round_s(self, num_streams: int) -> float:
         """Time to step each of ``num_streams`` streams once, at the recent pace, with
-        the time the stage spends on other cohorts' first steps as it has lately
-        (``_cohort.py``)."""
+        the time the stage spends on other cohorts' first steps as it has lately, and
+        a partial last batch charged as far towards a whole one as the streams arrive
+        in lockstep (``_cohort.py``)."""
         if num_streams <= 0:
             return 0.0
         batch = self.max_batch_size
-        steps = math.ceil(num_streams / batch)
+        whole, rest = divmod(num_streams, batch)
         line = self._plain if self._plain.fitted else self._first
-        step_s = steps * self._step_s(line, min(num_streams, batch))
+        if whole and rest:
+            charged = rest + (batch - rest) * self.cohorts.lockstep
+            step_s = whole * self._step_s(line, batch) + self._step_s(line, charged)
+        else:
+            step_s = max(1, whole) * self._step_s(line, min(num_streams, batch))
         share = self.cohorts.foreign_share(self.first_step_share, num_streams)
         return self.scale * step_s / (1.0 - share)
 
-    def _step_s(self, line: _Line, size: int) -> float:
+    def _step_s(self, line: _Line, size: float) -> float:
         if self.ramp:
             return line.beyond(size)
         if self.prior is not None and not line.identified and line.mean_b > 0:
@@ -263,51 +234,36 @@ class StepModel:
         return steps * PRIOR_SLACK * (prior.step_s + prior.per_stream_s * size)
 
     def stepped(self, flow: StreamFlow, num_steps: int, audio_s: float) -> None:
-        """A stream took its ``num_steps``-th step here; ``audio_s`` of its audio has been
-        delivered so far. Once more of its audio has come since its last count here,
-        the steps and audio since then join the yield."""
-        if flow.mark_steps is None:
-            if audio_s > 0:
-                flow.mark_steps, flow.mark_audio_s = num_steps, audio_s
-            return
-        audio = audio_s - flow.mark_audio_s
-        if audio <= flow.audio_s:  # no new audio yet: these steps' audio is on its way
-            return
-        steps = num_steps - flow.mark_steps
-        new_steps = steps - flow.steps
-        keep = _FLOW_KEEP**new_steps
-        self._flow_steps = self._flow_steps * keep + new_steps
-        self._flow_audio_s = self._flow_audio_s * keep + (audio - flow.audio_s)
-        flow.steps, flow.audio_s = steps, audio
+        """A stream took its ``num_steps``-th step here, ``audio_s`` of its audio delivered."""
+        self.audio.stepped(flow, num_steps, audio_s)
 
     def completed(self, num_steps: int, audio_s: float) -> None:
         """A stream completed after ``num_steps`` steps here and ``audio_s`` of audio."""
-        if num_steps <= 0:
-            return
-        self.num_completed += 1
-        self._yield_audio_s = self._yield_audio_s * YIELD_KEEP + audio_s
-        self._yield_steps = self._yield_steps * YIELD_KEEP + num_steps
+        self.audio.completed(num_steps, audio_s)
 
     def audio_s_per_stream_step(self, audio_s_delivered: float) -> float:
-        if self._flow_audio_s >= MIN_FLOW_AUDIO_S and self._flow_steps > 0:
-            return self._flow_audio_s / self._flow_steps
-        if self.prior is not None:  # declared: no padded last chunk, no lag in it
+        """The playing streams' yield; before they have played enough, the declared one
+        (no padded last chunk, no lag in it), else completed streams', else the lower
+        bound, ``audio_s_delivered`` over all stream-steps here."""
+        playing = self.audio.playing
+        if playing is not None:
+            return playing
+        if self.prior is not None:
             return self.prior.audio_s_per_stream_step
-        if self._yield_steps > 0 and self._yield_audio_s > 0:
-            return self._yield_audio_s / self._yield_steps
+        completed = self.audio.of_completed
+        if completed is not None:
+            return completed
         if not self.num_stream_steps:
             return 0.0
         return audio_s_delivered / self.num_stream_steps
 
     def ready(self, audio_s_delivered: float) -> bool:
-        return self.num_steps >= MIN_STEPS and (
-            self._yield_audio_s > 0 or audio_s_delivered >= MIN_AUDIO_S
-        )
+        return self.num_steps >= MIN_STEPS and (self.settled or audio_s_delivered >= MIN_AUDIO_S)
 
     @property
     def settled(self) -> bool:
-        """Its audio per stream-step comes from completed streams (no lag in it)."""
-        return self._yield_audio_s > 0
+        """A stream with audio completed here (its yield has no lag in it)."""
+        return self.audio.settled
 
     def has_opinion(self, audio_s_delivered: float) -> bool:
         """Measured (``ready``), or declared (``prior``)."""

@@ -13,7 +13,7 @@ each is measured at the stage (``stage_margin``):
   over those as ``step_error / sqrt(steps)``. Probed under headroom: 1-8 % a step,
   1.5-3 % over the seven steps of a round of 224 at qwen3's talker.
 - **Arrivals in lockstep where a round takes several steps.** A cohort of streams
-  that arrive together (``Cohorts.size``, ``_cohort.py``) is on its way to its first
+  that arrive together (``Cohorts.lockstep``, ``_cohort.py``) is on its way to its first
   audio, the tightest deadline there is, so deadline-first steps it ahead of the
   streams already playing, step after step: where a round is one step every active
   stream steps in it and none waits behind another, but where it is several the
@@ -39,10 +39,6 @@ from ._headroom import StepModel
 
 MIN_MARGIN = 0.02
 """The least margin a stage keeps (its model measured)."""
-LOCKSTEP_COHORT = 4.0
-"""A stage whose streams arrive in cohorts of this many or more keeps the whole
-``realtime_margin`` where a round takes several steps (none below 1; linear between).
-qwen3's talker read 1.7 in open loop and 12.7 in a closed loop."""
 
 
 def stage_margin(
@@ -61,9 +57,7 @@ def stage_margin(
     if error is None or num_streams <= 0 or not model.ready(audio_s_delivered):
         return realtime_margin
     steps = math.ceil(num_streams / model.max_batch_size)
-    lockstep = 0.0
-    if steps > 1:
-        lockstep = min(1.0, max(0.0, (model.cohorts.size - 1.0) / (LOCKSTEP_COHORT - 1.0)))
+    lockstep = model.cohorts.lockstep if steps > 1 else 0.0
     round_s = model.round_s(num_streams)
     rounds = client_buffer_s / round_s if round_s > 0 else 1.0
     noise = error / math.sqrt(steps * max(1.0, rounds))

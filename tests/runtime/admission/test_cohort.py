@@ -8,6 +8,7 @@ import pytest
 
 from omnitrio.admission._cohort import Cohorts
 from omnitrio.admission._headroom import StepModel
+from omnitrio.admission._rule import Admission
 
 
 def test_a_cohort_is_the_first_steps_of_one_step() -> None:
@@ -59,3 +60,59 @@ def test_streams_that_arrive_together_are_not_charged_their_own_prefills() -> No
     assert 0.09 < together.first_step_share < 0.2
     assert alone.realtime_streams(audio_s, needed, 64) <= 28  # as before
     assert together.realtime_streams(audio_s, needed, 64) >= 31
+
+
+def test_lockstep_runs_from_streams_alone_to_cohorts_of_four() -> None:
+    assert Cohorts().lockstep == 0.0  # nothing arrived: as if alone
+    for cohort, lockstep in ((1, 0.0), (2, 1 / 3), (4, 1.0), (13, 1.0)):
+        cohorts = Cohorts()
+        for _ in range(50):
+            cohorts.stepped(cohort)
+        assert cohorts.lockstep == pytest.approx(lockstep)
+
+
+def _talker(cohort: int) -> StepModel:
+    """``bench-qwen3-omni.yaml``'s talker as its model read: 6.1 ms + 0.165 ms a stream,
+    batches of 32, learned from steps of 24-32 streams, its streams arriving in cohorts
+    of ``cohort`` (one every eight steps)."""
+    model = StepModel(32)
+    for i in range(512):
+        b = 24 + i % 9
+        first = cohort if i % 8 == 0 else 0
+        model.observe(b, 0.0061 + 0.000165 * b, first)  # the prefill costs nothing extra
+    return model
+
+
+def test_a_rounds_partial_last_batch_is_charged_by_how_the_streams_arrive() -> None:
+    alone, waves = _talker(1), _talker(16)
+    assert alone.first_step_share == 0.0
+    whole = 6 * (0.0061 + 0.000165 * 32)
+    assert waves.round_s(200) == pytest.approx(whole + 0.0061 + 0.000165 * 32)
+    assert alone.round_s(200) == pytest.approx(whole + 0.0061 + 0.000165 * 8)
+    # Whole batches, and a round of one batch, are charged alike either way.
+    assert alone.round_s(192) == pytest.approx(waves.round_s(192))
+    assert alone.round_s(20) == pytest.approx(waves.round_s(20))
+
+
+def test_headroom_admits_a_partial_batch_more_for_streams_that_arrive_alone() -> None:
+    """Measured on ``bench-qwen3-omni.yaml`` (``--find-limit 192,224``): its closed loop
+    (cohorts of 12.7 at the talker) keeps 192 streams and fails at 224; its open loop
+    (cohorts of 1.7) keeps 224. With the seventh batch charged whole in both, every
+    count from 193 to 224 read the same factor and the open loop held 84-96 % of 224."""
+    models = {cohort: _talker(cohort) for cohort in (1, 16)}
+    for model in models.values():  # 80 ms of audio a stream-step, at 1.0x for 224
+        model.completed(100, 100 * 7 * (0.0061 + 0.000165 * 32) * 1.0)
+
+    def admitted(cohort: int) -> int:
+        admission = Admission(256, 0.05, headroom=True)
+        for _ in range(20):  # answers of 8.96 s, the first 2 s in the first chunk
+            admission.completed(9.5, 8.96, 2.0)
+        live = 192
+        while (
+            live < 256 and admission.refusal(live, live, [("talker", models[cohort])], 1e3) is None
+        ):
+            live += 1
+        return live
+
+    assert admitted(16) == 192  # the seventh batch charged whole: refused
+    assert admitted(1) >= 210
