@@ -100,8 +100,10 @@ def test_headroom_admits_a_partial_batch_more_for_streams_that_arrive_alone() ->
     (cohorts of 1.7) keeps 224. With the seventh batch charged whole in both, every
     count from 193 to 224 read the same factor and the open loop held 84-96 % of 224."""
     models = {cohort: _talker(cohort) for cohort in (1, 16)}
-    for model in models.values():  # 80 ms of audio a stream-step, at 1.0x for 224
-        model.completed(100, 100 * 7 * (0.0061 + 0.000165 * 32) * 1.0)
+    # 80 ms of audio a stream-step; steps at 0.98 of 1.0x for 224, so that 224 streams
+    # keep just the 2 % margin: charged whole, the seventh batch is refused (192 held).
+    for model in models.values():
+        model.completed(100, 100 * 7 * (0.0061 + 0.000165 * 32) * 0.98)
 
     def admitted(cohort: int) -> int:
         admission = Admission(256, 0.05, headroom=True)
@@ -115,4 +117,4 @@ def test_headroom_admits_a_partial_batch_more_for_streams_that_arrive_alone() ->
         return live
 
     assert admitted(16) == 192  # the seventh batch charged whole: refused
-    assert admitted(1) >= 210
+    assert admitted(1) >= 210  # charged at its own size: most of it admitted (221)
