@@ -17,13 +17,14 @@ If the actor's process dies, every round out fails with ``StageLost`` (the actor
 then fails the streams the stage held) and a fresh actor loads the stage; until it
 has, the stage is out of service (``restarting``, so ``/health`` says degraded).
 
-A newcomer joins the queued round here too (``amend``), though that round's plan is
+A newcomer, or an open stream's input that came after the queued round was planned,
+joins that round here too (``amend``), though the round's plan is
 already in the actor's process, queued behind the running step: the supervisor asks
 the process to hold it (``hold``, a method of its own concurrency group, so it is
 answered while a step runs); if it has not started, the process holds it, the
 supervisor builds the amended plan on trio and sends it (``release``), and the round
 starts with it. The round starts late only if the running step ends meanwhile (one
-round trip, and only when a newcomer comes). Steps, loads and closes keep the
+round trip, and only when something joins). Steps, loads and closes keep the
 actor's default group: one at a time, in the order they were sent. A stage that
 closes while a ``hold`` is unanswered sends the ``release`` itself, so the held step
 (and the close queued behind it) is never left waiting.

@@ -41,7 +41,8 @@ COHORT_HALF_LIFE_STREAMS = 256.0
 """Half-life, in arriving streams, of the past in ``Cohorts.size``."""
 LOCKSTEP_COHORT = 4.0
 """Streams that arrive in cohorts of this many or more move in lockstep
-(``Cohorts.lockstep``; none below 1, linear between). qwen3's talker read 1.7 in open
+(``Cohorts.lockstep``; none below 1, linear between; a whole batch where batches
+hold fewer). qwen3's talker read 1.7 in open
 loop and 12.7 in a closed loop."""
 
 _KEEP = float(0.5 ** (1.0 / COHORT_HALF_LIFE_STREAMS))
@@ -67,11 +68,13 @@ class Cohorts:
         """The cohort a stream arrives in, on average (1 before any has arrived)."""
         return self._weighted / self._streams if self._streams > 0 else 1.0
 
-    @property
-    def lockstep(self) -> float:
+    def lockstep(self, max_batch_size: int) -> float:
         """How far the streams move together: 0 for cohorts of 1 (arrivals alone), 1 for
-        cohorts of ``LOCKSTEP_COHORT`` or more, linear between."""
-        return min(1.0, max(0.0, (self.size - 1.0) / (LOCKSTEP_COHORT - 1.0)))
+        cohorts of ``LOCKSTEP_COHORT`` or more, linear between. A cohort is counted
+        within a batch, so a stage whose batches hold fewer than ``LOCKSTEP_COHORT``
+        is in lockstep at cohorts of a whole batch."""
+        whole = max(2.0, min(LOCKSTEP_COHORT, float(max_batch_size)))
+        return min(1.0, max(0.0, (self.size - 1.0) / (whole - 1.0)))
 
     def foreign_share(self, share: float, num_streams: int) -> float:
         """Of the stage's first-step ``share``, what ``num_streams`` streams' playback

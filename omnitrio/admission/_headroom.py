@@ -210,7 +210,7 @@ class StepModel:
         whole, rest = divmod(num_streams, batch)
         line = self._plain if self._plain.fitted else self._first
         if whole and rest:
-            charged = rest + (batch - rest) * self.cohorts.lockstep
+            charged = rest + (batch - rest) * self.cohorts.lockstep(batch)
             step_s = whole * self._step_s(line, batch) + self._step_s(line, charged)
         else:
             step_s = max(1, whole) * self._step_s(line, min(num_streams, batch))

@@ -57,7 +57,7 @@ def stage_margin(
     if error is None or num_streams <= 0 or not model.ready(audio_s_delivered):
         return realtime_margin
     steps = math.ceil(num_streams / model.max_batch_size)
-    lockstep = model.cohorts.lockstep if steps > 1 else 0.0
+    lockstep = model.cohorts.lockstep(model.max_batch_size) if steps > 1 else 0.0
     round_s = model.round_s(num_streams)
     rounds = client_buffer_s / round_s if round_s > 0 else 1.0
     noise = error / math.sqrt(steps * max(1.0, rounds))

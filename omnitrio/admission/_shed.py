@@ -20,7 +20,7 @@ at once, lowest ``priority`` request option first, then newest first; a stream
 whose client holds more than ``SHED_HORIZON_S`` of audio beyond its buffer is not
 projected to miss its deadline and is kept before any other. Each fails with
 ``StreamShed``; failing a stream drops it at every stage at once. The shedding
-threshold is scaled by the same ``A / (A + B)``.
+threshold is scaled by the same ``A / (A + B)`` as admission's (``_rule.py``).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ class BusyWatch:
     busy_s: float
     busy_fraction: float = 0.0
     below_since_s: float | None = None
-    """Since when its realtime factor has been below the shedding threshold (``_rule.py``)."""
+    """Since when its realtime factor has been below the shedding threshold (``_shed.py``)."""
 
     def update(self, now_s: float, busy_s: float) -> None:
         """The stage had been busy ``busy_s`` in all by ``now_s``."""

@@ -104,6 +104,7 @@ class _AsrStage:
         self.max_step_s = max_step_s
         self.streams: dict[str, _Utterance | None] = {}
         self._transcribe_only: set[str] = set()
+        self._starting: set[str] = set()  # marked as starting, no Utterance handed on yet
         self.audio_s = 0.0  # audio transcribed, for the real-time factor
         self.busy_s = 0.0
 
@@ -122,9 +123,15 @@ class _AsrStage:
     def close_stream(self, stream_id: str) -> None:
         del self.streams[stream_id]
         self._transcribe_only.discard(stream_id)
+        if stream_id in self._starting:  # cancelled before the LLM had it: holds no one
+            self._starting.discard(stream_id)
+            FIRST_AUDIO.forget(stream_id)
 
     def close(self) -> None:
         self.streams.clear()
+        for stream_id in self._starting:
+            FIRST_AUDIO.forget(stream_id)
+        self._starting.clear()
 
     def transcribe(self, samples: Floats) -> str:
         """Text of 16 kHz float samples (also used by the tests as an independent check)."""
@@ -166,6 +173,7 @@ class _AsrStage:
             end = next_cut(samples, start, self.max_chunk, search, window)
             if end >= samples.size and stream_id not in self._transcribe_only:
                 FIRST_AUDIO.answer_starting(stream_id)  # first_audio.py: its last chunk begins
+                self._starting.add(stream_id)
             utterance.chunk, utterance.chunk_end = self._pieces(samples[start:end]), end
         try:
             while True:
@@ -183,6 +191,7 @@ class _AsrStage:
         mark("asr_end", stream_id)
         text = " ".join(t for t in utterance.texts if t)
         onward = () if stream_id in self._transcribe_only else (Utterance(text),)
+        self._starting.discard(stream_id)  # the LLM's and the TTS's to clear from here on
         return StreamOutput(
             payloads=onward, visible=(Event("transcript", {"text": text}),), done=True
         )

@@ -50,7 +50,7 @@ def test_the_admission_waits_are_read_off_the_servers_metrics_per_level() -> Non
 
     from benchmarks.voice_latency import Level, admission_waits, waits_report
     from omnitrio._statistics import AdmissionWaitStatistics
-    from omnitrio.server._state import _admission_waits
+    from omnitrio.server._collectors import _admission_waits
 
     def scraped(waits: AdmissionWaitStatistics) -> dict[str, float]:
         registry = CollectorRegistry()

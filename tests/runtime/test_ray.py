@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import outcome
 import pytest
 import trio
 
@@ -391,7 +392,9 @@ async def test_a_late_answer_to_hold_keeps_every_streams_inputs_in_order() -> No
     from tests.conftest import SYNTHETIC
     from tests.runtime.test_actor_plan import _add, _until
 
-    params = {"service_time_ms": 300, "inputs_per_step": 1, "outputs_per_input": 0}
+    # Steps of 1 s: the ask to hold reaches the stage's process while one runs, even on
+    # a loaded machine (the answer itself is kept back, so this costs no wall time).
+    params = {"service_time_ms": 1000, "inputs_per_step": 1, "outputs_per_input": 0}
     params["visible"] = "trace"
     spec = omnitrio.StageSpec(
         name="mid", impl=SYNTHETIC, max_batch_size=2, params=params, placement="ray"
@@ -425,13 +428,19 @@ async def test_a_late_answer_to_hold_keeps_every_streams_inputs_in_order() -> No
             w = _add(actor, "w", now_s + 50.0)
             give(busy, w)
             await _until(idle)
-            give(busy, w)  # the running round (300 ms)
+            give(busy, w)  # the running round (1 s)
             give(busy, w)  # the round queued behind it, held once its answer is in
             held = actor._rounds[-1]
             x = _add(actor, "x", now_s + 70.0)
             give(x)  # a newcomer: the actor asks to hold the queued round
             give(busy)
             await _until(lambda: bool(answers))  # kept back until the next round is out
+            answer = answers[0][-1]
+            assert isinstance(answer, outcome.Value)
+            assert answer.value is True, (
+                "hold reached the stage's process after the running step had ended "
+                "(a loaded machine): the queued round was not held, nothing to test"
+            )
             await _until(lambda: actor._rounds[0] is held and len(actor._rounds) == 2)
             later = actor._rounds[-1]
             assert {slot.id for slot in later.batch} == {"x", "busy"}

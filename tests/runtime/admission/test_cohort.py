@@ -63,12 +63,22 @@ def test_streams_that_arrive_together_are_not_charged_their_own_prefills() -> No
 
 
 def test_lockstep_runs_from_streams_alone_to_cohorts_of_four() -> None:
-    assert Cohorts().lockstep == 0.0  # nothing arrived: as if alone
+    assert Cohorts().lockstep(32) == 0.0  # nothing arrived: as if alone
     for cohort, lockstep in ((1, 0.0), (2, 1 / 3), (4, 1.0), (13, 1.0)):
         cohorts = Cohorts()
         for _ in range(50):
             cohorts.stepped(cohort)
-        assert cohorts.lockstep == pytest.approx(lockstep)
+        assert cohorts.lockstep(32) == pytest.approx(lockstep)
+
+
+def test_a_stage_whose_batches_hold_fewer_than_four_is_in_lockstep_at_a_whole_batch() -> None:
+    """A cohort is counted within a batch: at batches of 2 it is 2 at most, and two
+    streams that always arrive together are as much in lockstep as it can show."""
+    for batch, cohort, lockstep in ((2, 2, 1.0), (3, 2, 0.5), (3, 3, 1.0), (1, 1, 0.0)):
+        cohorts = Cohorts()
+        for _ in range(50):
+            cohorts.stepped(cohort)
+        assert cohorts.lockstep(batch) == pytest.approx(lockstep)
 
 
 def _talker(cohort: int) -> StepModel:

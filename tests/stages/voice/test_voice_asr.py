@@ -182,3 +182,34 @@ async def test_a_short_transcription_is_not_behind_four_long_ones(tmp_path: Path
     assert word_error_rate(QUESTION, heard["short"]) == 0.0, heard["short"]
     for n in range(4):
         assert word_error_rate(STORY, heard[f"long{n}"]) < 0.1, heard[f"long{n}"]
+
+
+def test_an_utterance_closed_before_its_text_went_on_no_longer_counts_as_starting() -> None:
+    """An answer counts as starting from its ASR's last chunk (first_audio.py), and the LLM
+    and the TTS clear that; a turn cancelled before the LLM had its text is the ASR's to
+    clear, or it would hold the answers already speaking until the age cap."""
+    from stages.voice.asr import ASR_RATE_HZ, _AsrStage
+    from stages.voice.first_audio import FIRST_AUDIO
+
+    class _Sliced(_AsrStage):
+        def _text(self, samples: np.ndarray) -> str:
+            return "hi"
+
+        def _pieces(self, samples: np.ndarray):  # type: ignore[no-untyped-def]
+            yield  # a piece of work, then the text: a step may stop between the two
+            return self._text(samples)
+
+    stage = _Sliced("asr", max_chunk_s=1.0, max_step_s=0.0)
+    pcm16 = (np.sin(np.arange(int(1.5 * ASR_RATE_HZ)) / 5) * 8000).astype("<i2").tobytes()
+    for stream_id in ("cancelled", "heard"):
+        stage.open_stream(stream_id, Request(audio=AudioInput(pcm16, ASR_RATE_HZ)))
+    for _ in range(3):  # the first chunk's two steps, then the last chunk's first piece
+        assert stage.step([StreamWork("cancelled", (), True)])["cancelled"].more
+    assert "cancelled" in FIRST_AUDIO._starting  # its last chunk began
+    stage.close_stream("cancelled")
+    assert "cancelled" not in FIRST_AUDIO._starting
+    _steps_until_done(stage, ["heard"])
+    stage.close_stream("heard")  # its Utterance went on: the LLM's and the TTS's to clear
+    assert "heard" in FIRST_AUDIO._starting
+    FIRST_AUDIO.forget("heard")
+    stage.close()
