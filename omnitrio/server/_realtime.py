@@ -58,10 +58,11 @@ from ._client_totals import SessionRefused, SessionTotals
 from ._precheck import may_carry_tools, tool_verdicts
 from ._shares import ShareExceeded
 from ._side_stage import SessionSideStream
-from ._state import Busy, ResponseLog, ServerState, retry_after_s
+from ._state import Busy, Draining, ResponseLog, ServerState, retry_after_s
 
 logger = logging.getLogger(__name__)
 
+CLOSE_GOING_AWAY = 1001
 CLOSE_TOO_SLOW = 1008
 CLOSE_TRY_AGAIN_LATER = 1013
 
@@ -497,7 +498,8 @@ class RealtimeConnection:
 async def refuse_busy(ws: Transport, session: RealtimeSession, refusal: Overloaded) -> None:
     """A new session on a full (or draining) server: an ``error`` event naming the
     refusal with ``retry_after_ms`` (the pipeline's estimate of when a stream frees, else
-    1 s), then 1013 with the same hint in its reason, for a client that reads only that."""
+    1 s), then 1013 with the same hint in its reason, for a client that reads only that
+    (1001, going away, where the server is draining)."""
     retry_ms = math.ceil(retry_after_s(refusal) * 1000)
     error = {
         "type": "server_error",
@@ -510,7 +512,10 @@ async def refuse_busy(ws: Transport, session: RealtimeSession, refusal: Overload
     logger.info("refusing a realtime session: %s", refusal)
     with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
         await ws.send(session.encode(ServerEvent("error", {"error": error})))
-        await ws.close(CLOSE_TRY_AGAIN_LATER, f"server busy; retry after {retry_ms} ms")
+        if isinstance(refusal, Draining):  # this server will not have room again
+            await ws.close(CLOSE_GOING_AWAY, "server draining; retry on another server")
+        else:
+            await ws.close(CLOSE_TRY_AGAIN_LATER, f"server busy; retry after {retry_ms} ms")
 
 
 def session_config(

@@ -49,6 +49,9 @@ class Draining(Overloaded):
             "retry on another server or once it has restarted",
         )
 
+    def __reduce__(self) -> tuple[type[Draining], tuple[int]]:  # type: ignore[override]
+        return (Draining, (self.max_streams,))
+
 
 @dataclass
 class ServerState:

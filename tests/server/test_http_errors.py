@@ -6,6 +6,7 @@ admitted by their kind; a draining server's refusal."""
 
 from __future__ import annotations
 
+import pickle
 import re
 import threading
 import time
@@ -201,6 +202,7 @@ async def test_a_draining_server_refuses_saying_so_not_naming_max_streams() -> N
         state.draining = True
         assert state.busy() == "draining"
         for refusal in (state.refuse("draining"), state.refuse("draining", SESSION_LOOK)):
+            assert str(pickle.loads(pickle.dumps(refusal))) == str(refusal)
             error = busy_error(refusal)
             assert error.status == 503
             assert "the server is draining" in error.message
