@@ -37,7 +37,7 @@ from functools import partial
 
 import torch
 
-from omnitrio import Request, StreamOutput, StreamWork, TextDelta
+from omnitrio import Request, StepLimits, StreamOutput, StreamWork, TextDelta
 from omnitrio.tools import TOOL_CALL_OPEN, new_call_id
 from stages.kit import (
     AutoregressiveStage,
@@ -50,7 +50,7 @@ from stages.kit import (
     step_output,
 )
 
-from .first_audio import FIRST_AUDIO
+from .first_audio import FIRST_AUDIO, FirstAudioParams
 from .llm_answer import Answer, finish_event, open_answer, passed_through
 from .llm_calls import ToolCall
 from .llm_ct2 import Ct2Runtime
@@ -87,6 +87,12 @@ class SmolLM2Llm(AutoregressiveStage):
     max_payloads_per_step = 1
     max_visible_per_step = 3  # e.g. the last arguments delta, tool_call.done, llm.finish
 
+    @classmethod
+    def step_limits(cls, params: Mapping[str, object]) -> StepLimits | None:
+        """As declared; a first_audio param that would do nothing is a config error."""
+        FirstAudioParams.of(params)  # first_audio.py
+        return StepLimits.of_attributes(cls)
+
     def __init__(
         self,
         name: str,
@@ -120,14 +126,15 @@ class SmolLM2Llm(AutoregressiveStage):
     ) -> None:
         super().__init__(name, device, num_threads=num_threads, packaging_queue=packaging_queue)
         check_engine(name, device, self.device.type, dtype, runtime)
-        if first_audio_min_slack_s is not None and not first_audio_min_slack_s >= 0:
-            raise ValueError(
-                f"stage {name!r}: first_audio_min_slack_s must be at least 0 or null,"
-                f" got {first_audio_min_slack_s}"
-            )
         if runtime == "vllm":
             check_vllm_params(name, dtype, first_audio_first)
         try:  # a wrong one is refused before the weights load
+            first_audio = FirstAudioParams(
+                first_audio_first,
+                first_audio_from_asr,
+                first_audio_min_slack_s,
+                first_audio_through_first_phrase,
+            )
             params = FastParams(
                 num_workers=num_workers,
                 ctranslate2_threads=ctranslate2_threads,
@@ -148,11 +155,7 @@ class SmolLM2Llm(AutoregressiveStage):
         self.fast = open_fast(runtime, folder, cache_dir, params, dtype=dtype, llamacpp=llamacpp)
         self.model = placed(model, self.device, dtype)
         self.runtime = runtime
-        FIRST_AUDIO.hold_for_starting = first_audio_first and first_audio_from_asr
-        FIRST_AUDIO.min_slack_s = first_audio_min_slack_s
-        FIRST_AUDIO.through_first_phrase = (
-            FIRST_AUDIO.hold_for_starting and first_audio_through_first_phrase
-        )
+        first_audio.apply(FIRST_AUDIO)
         self.max_new_tokens = max_new_tokens
         self.prompt = ChatPrompt(
             self.tokenizer,
@@ -218,7 +221,7 @@ class SmolLM2Llm(AutoregressiveStage):
                 if not utterances and not work.input_closed:
                     continue
                 turn.prompt = self.prompt.prompt_ids(turn, utterances)
-                if self.answers is not None and self._on_fast(turn):
+                if self.answers is not None and not turn.tools and turn.sampler.params.seed is None:
                     mark("llm_start", work.stream_id)
                     turn.fast = self.answers.start(work.stream_id, turn)
                 else:
@@ -242,10 +245,6 @@ class SmolLM2Llm(AutoregressiveStage):
             if output.payloads:
                 self.streams[sid].spoke = True
         return outputs
-
-    def _on_fast(self, turn: Answer) -> bool:
-        """Whether the fast runtime generates this turn's answer (see the module docstring)."""
-        return self.fast is not None and not turn.tools and turn.sampler.params.seed is None
 
     def close_stream(self, stream_id: str) -> None:
         turn = self.streams.get(stream_id)

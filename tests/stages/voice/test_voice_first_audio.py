@@ -4,6 +4,7 @@ is synthesised, and only then; others never wait."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -223,3 +224,74 @@ def test_with_min_slack_an_answer_holds_only_while_its_audio_ahead_affords_it() 
         forgotten = _holding(gate, "ahead")  # its audio forgotten with it
         forgotten.join(timeout=60)
         assert not forgotten.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("params", "refusal"),
+    [
+        (
+            {"first_audio_first": True, "first_audio_through_first_phrase": True},
+            r"first_audio_through_first_phrase acts only with first_audio_from_asr, which is off",
+        ),
+        (
+            {"first_audio_from_asr": True},
+            r"first_audio_from_asr acts only with first_audio_first, which is off",
+        ),
+        (
+            {"first_audio_min_slack_s": 1.5},
+            r"first_audio_min_slack_s acts only with first_audio_first, which is off",
+        ),
+        (
+            {"first_audio_first": True, "first_audio_min_slack_s": -1},
+            r"first_audio_min_slack_s must be at least 0 or null",
+        ),
+    ],
+)
+def test_a_first_audio_param_that_would_do_nothing_is_refused_naming_it(
+    params: dict[str, object], refusal: str
+) -> None:
+    """A param that acts only with another is refused while that one is off (it was
+    ignored), naming the stage and both params, before the model loads."""
+    pytest.importorskip("torch")
+    from stages.voice.llm import SmolLM2Llm
+
+    with pytest.raises(ValueError, match=rf"stage 'llm': {refusal}"):
+        SmolLM2Llm("llm", runtime="ctranslate2", model_path="/nowhere", **params)  # type: ignore[arg-type]
+
+
+def test_the_first_audio_params_set_the_gate() -> None:
+    from stages.voice.first_audio import FirstAudioParams
+
+    gate = FirstAudio()
+    FirstAudioParams(True, True, 1.5, True).apply(gate)
+    assert (gate.hold_for_starting, gate.min_slack_s, gate.through_first_phrase) == (
+        True,
+        1.5,
+        True,
+    )
+    FirstAudioParams(True).apply(gate)
+    assert (gate.hold_for_starting, gate.min_slack_s, gate.through_first_phrase) == (
+        False,
+        None,
+        False,
+    )
+
+
+def test_a_config_whose_first_audio_param_would_do_nothing_is_a_config_error(
+    tmp_path: Path,
+) -> None:
+    """``omnitrio check-config`` (and so a server's start) names the param: the voice
+    chat's config with ``first_audio_from_asr`` off keeps ``first_audio_through_first_phrase``
+    on."""
+    pytest.importorskip("torch")
+    from omnitrio import ConfigError
+    from omnitrio._config import load_config
+
+    repo = Path(__file__).resolve().parents[3]
+    text = (repo / "configs" / "voice-chat.yaml").read_text()
+    assert "first_audio_from_asr: true" in text
+    load_config(repo / "configs" / "voice-chat.yaml")  # the config as it is passes
+    bad = tmp_path / "voice-chat.yaml"
+    bad.write_text(text.replace("first_audio_from_asr: true", "first_audio_from_asr: false"))
+    with pytest.raises(ConfigError, match=r"first_audio_through_first_phrase acts only with"):
+        load_config(bad)
