@@ -12,7 +12,9 @@ part was made), the delivery (the LLM had handed that piece on, but the TTS stag
 it only later: its steps for other answers, and the round the runtime had queued
 behind the running one without this answer), the queue (ready, but the TTS stage was
 busy with other parts or answers) and the synthesis itself. A trace without the LLM's
-time (``written``) blames what was the delivery on the text.
+time (``written``) blames what was the delivery on the text. ``late_list`` lists the late
+parts one by one, with how long their answer held its tokens (first_audio.py's
+``voice-held`` lines) since its previous part.
 """
 
 from __future__ import annotations
@@ -57,15 +59,57 @@ def parts(log_text: str) -> list[Part]:
     return out
 
 
-def blame(part: Part) -> str:
-    """What held a late part longest: its text, its delivery, the queue, or its
-    synthesis."""
+def waits(part: Part) -> tuple[float, float, float, float]:
+    """A part's four waits, one after the other (s): its text, its delivery, the queue
+    and its synthesis (``CAUSES``)."""
     written = part.written_s or part.text_s  # not known: all of it the text's
     text = max(0.0, min(written, part.text_s) - part.previous_s)
     delivery = max(0.0, part.text_s - max(written, part.previous_s))
     queue = part.start_s - max(part.previous_s, part.text_s)
     synthesis = part.end_s - part.start_s
-    return max(zip((text, delivery, queue, synthesis), CAUSES, strict=True))[1]
+    return text, delivery, queue, synthesis
+
+
+def blame(part: Part) -> str:
+    """What held a late part longest: its text, its delivery, the queue, or its
+    synthesis."""
+    return max(zip(waits(part), CAUSES, strict=True))[1]
+
+
+HELD = re.compile(r"voice-held (\S+) ([\d.]+) ([\d.]+)")
+
+
+def held(log_text: str) -> dict[str, list[tuple[float, float]]]:
+    """Each answer's holds (first_audio.py, ``voice-held`` lines): since and until when
+    it held its next token while another answer's first audio was on its way."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for stream_id, since, until in HELD.findall(log_text):
+        out.setdefault(stream_id, []).append((float(since), float(until)))
+    return out
+
+
+def late_list(log_text: str, start_s: float, end_s: float, buffer_s: float) -> list[str]:
+    """One line for each later part made between ``start_s`` and ``end_s`` too late for
+    a client that buffers ``buffer_s``: its answer, which of its parts it was, how late,
+    its four waits, and how long its answer held its tokens since its previous part."""
+    found = parts(log_text)
+    holds = held(log_text)
+    lines = []
+    for part in found:
+        late_s = part.end_s - (part.runs_out_s + buffer_s)
+        if part.kind != "next" or not start_s <= part.end_s <= end_s or late_s <= 0:
+            continue
+        index = [p for p in found if p.stream_id == part.stream_id].index(part)
+        spent = " / ".join(f"{cause} {s:.2f}" for cause, s in zip(CAUSES, waits(part), strict=True))
+        held_s = sum(
+            max(0.0, min(until, part.end_s) - max(since, part.previous_s))
+            for since, until in holds.get(part.stream_id, [])
+        )
+        lines.append(
+            f"{part.stream_id} part {index + 1}: {late_s:.2f} s late; waited {spent} s;"
+            f" its tokens held {held_s:.2f} s"
+        )
+    return lines
 
 
 @dataclass(frozen=True)

@@ -764,6 +764,11 @@ def late_parts_report(levels: list[Level], log_text: str) -> str:
         seen = late_parts.lateness(found, *level.clock_span_s, CLIENT_BUFFER_S)
         causes = " | ".join(f"{n} ({s:.2f})" for n, s in seen.late.values())
         lines.append(f"| {level.transport} | {level.conversations} | {seen.num_parts} | {causes} |")
+    for level in levels:
+        late = late_parts.late_list(log_text, *level.clock_span_s, CLIENT_BUFFER_S)
+        if late:
+            lines.append(f"\nLate at {level.conversations} ({level.transport}), one by one:")
+            lines.extend(f"- {line}" for line in late)
     return "\n".join(lines)
 
 

@@ -58,6 +58,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from . import trace
+
 MAX_HOLD_S = 0.5  # a hold never lasts longer than this, whatever the synthesis does
 STARTING_MAX_S = 1.5  # an answer counts as starting at most this long after its ASR
 THROUGH_MAX_S = 2.5  # ... with through_first_phrase, until its first phrase is whole
@@ -151,11 +153,20 @@ class FirstAudio:
             if not self._waits(stream_id):
                 return
             started = time.perf_counter()
+            since, why = time.monotonic(), self._why(stream_id) if trace.ENABLED else ""
             deadline = started + self.max_hold_s
             while self._waits(stream_id) and (left := deadline - time.perf_counter()) > 0:
                 # Woken when a synthesis or a start ends, or when its slack is spent.
                 self._changed.wait(min(left, self._affordable_s(stream_id)))
             self.held_s += time.perf_counter() - started
+            trace.held(stream_id, since, why)
+
+    def _why(self, stream_id: str) -> str:
+        """What ``stream_id`` holds for, for the trace (the lock held)."""
+        if stream_id in self._own_paused:
+            return "own"
+        starting = ",".join(sid for sid in self._starting if sid != stream_id)
+        return f"synth={self._synthesizing};starting={starting or '-'}"
 
     def _waits(self, stream_id: str) -> bool:
         """Whether ``stream_id``'s next token waits now (the lock held)."""

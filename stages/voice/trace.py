@@ -42,3 +42,11 @@ def text(stream_id: str, piece: str) -> None:
     is on)."""
     if ENABLED:
         _logger.info("voice-text %s %.6f %r", stream_id, time.monotonic(), piece)
+
+
+def held(stream_id: str, since_s: float, why: str) -> None:
+    """Log that ``stream_id``'s answer held its next token from ``since_s`` until now
+    (first_audio.py; ``voice-held <stream id> <since> <until> <why>``, ``why`` the
+    streams it held for; only when tracing is on)."""
+    if ENABLED:
+        _logger.info("voice-held %s %.6f %.6f %s", stream_id, since_s, time.monotonic(), why)

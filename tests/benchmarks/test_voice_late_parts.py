@@ -3,7 +3,7 @@ blamed on its text, its queue or its synthesis."""
 
 from __future__ import annotations
 
-from benchmarks.voice_late_parts import Part, blame, lateness, parts
+from benchmarks.voice_late_parts import Part, blame, held, late_list, lateness, parts
 
 LOG = """\
 voice-part first s1 start=10.0000 end=10.1000 runs_out=0.0000 text=9.9000 prev=0.0000 audio=0.3700
@@ -52,3 +52,17 @@ def test_lateness_counts_only_later_parts_late_for_the_buffer_in_the_window() ->
     assert seen.late["queue"] == (0, 0.0)
     assert lateness(found, 0.0, 11.0, buffer_s=0.2).late["text"] == (0, 0.0)  # out of it
     assert lateness(found, 0.0, 100.0, buffer_s=1.0).late["text"] == (0, 0.0)
+
+
+def test_late_list_names_each_late_part_its_waits_and_its_answers_holds() -> None:
+    """s1's third part (its second later part) was made at 11.7, due by 10.87 + 0.2;
+    its answer held its tokens 10.5-10.9 and 12.0-12.5 (after the part: not counted)."""
+    log = LOG + "voice-held s1 10.500000 10.900000 synth=0;starting=s2\n"
+    log += "voice-held s1 12.000000 12.500000 synth=0;starting=s3\n"
+    (line,) = late_list(log, 0.0, 100.0, buffer_s=0.2)
+    assert line == (
+        "s1 part 3: 0.63 s late; waited text 1.30 / delivery 0.00 / queue 0.00 /"
+        " synthesis 0.20 s; its tokens held 0.40 s"
+    )
+    assert late_list(log, 0.0, 11.0, buffer_s=0.2) == []
+    assert held(log)["s1"] == [(10.5, 10.9), (12.0, 12.5)]

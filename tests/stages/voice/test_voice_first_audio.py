@@ -295,3 +295,28 @@ def test_a_config_whose_first_audio_param_would_do_nothing_is_a_config_error(
     bad.write_text(text.replace("first_audio_from_asr: true", "first_audio_from_asr: false"))
     with pytest.raises(ConfigError, match=r"first_audio_through_first_phrase acts only with"):
         load_config(bad)
+
+
+def test_a_hold_is_logged_for_the_trace_with_what_it_held_for(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With tracing on (``--trace``), each hold is a ``voice-held`` line: the stream,
+    since and until when (monotonic s), and the answers it held for
+    (benchmarks/voice_late_parts.py reads it)."""
+    import time
+
+    from stages.voice import trace
+
+    monkeypatch.setattr(trace, "ENABLED", True)
+    caplog.set_level("INFO", logger="stages.voice.trace")
+    gate = FirstAudio()
+    gate.hold_for_starting = True
+    gate.first_phrase_out("speaking")
+    gate.answer_starting("newcomer")
+    gate.max_hold_s = 0.05
+    before = time.monotonic()
+    gate.hold("speaking")
+    (line,) = [r.getMessage() for r in caplog.records if "voice-held" in r.getMessage()]
+    name, stream_id, since, until, why = line.split()
+    assert (name, stream_id, why) == ("voice-held", "speaking", "synth=0;starting=newcomer")
+    assert before <= float(since) <= float(until) - 0.04
