@@ -14,8 +14,10 @@ Up to two rounds are out at once: while the thread runs round N, round N+1 is
 already planned, its credit reserved, and queued behind it, so the thread goes
 from one step to the next without waiting for trio. A newcomer whose first input
 comes meanwhile, or an open stream round N+1 does not step whose next input comes
-(a playing answer's text), joins round N+1 while the thread has not started it
-(``_amend``), so it waits for the running step alone, not for two. One crossing into the
+(a playing answer's text), joins round N+1 while the thread has not started it, and
+a stream round N+1 steps takes the input that came since into that step
+(``_amend``, in ``_actor_amend.py``), so it waits for the running step alone, not for
+two. One crossing into the
 thread and one back per round, whatever the batch size. Planning starts in one
 place, ``_advance`` (apply the rounds that came back, then plan while fewer than
 two are out), called where a round's result lands, where upstream offers work,
@@ -24,8 +26,9 @@ new or ended stream): no polling, no timeouts but the watchdog's.
 
 Each stream's life at the stage is a ``Slot`` state machine (``_slot.py``). The
 actor's halves are modules of their own over the state they share
-(``_actor_base.py``): planning (``_actor_plan.py``) and applying
-(``_actor_apply.py``); this one runs the loop and answers the pipeline.
+(``_actor_base.py``): planning (``_actor_plan.py``), amending the queued round
+(``_actor_amend.py``) and applying (``_actor_apply.py``); this one runs the loop and
+answers the pipeline.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from types import MappingProxyType
 
 import trio
 
+from ._actor_amend import Amending
 from ._actor_apply import Applying
 from ._actor_plan import Planning
 from ._link import Link
@@ -52,7 +56,7 @@ logger = logging.getLogger(__name__)
 _LIVE = frozenset({Phase.NEW, Phase.OPENING, Phase.OPEN})
 
 
-class StageActor(Applying, Planning):
+class StageActor(Applying, Planning, Amending):
     """Runs one configured stage. Made by the supervisor in ``open_pipeline``.
 
     ``feeds_edge`` is False for the last stage of the chain and for a side stage;

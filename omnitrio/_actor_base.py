@@ -1,5 +1,6 @@
 """The state a stage actor's halves share (``_actor.py`` runs the loop, ``_actor_plan.py``
-plans rounds, ``_actor_apply.py`` applies them): its slots, rounds out and counters, the
+plans rounds, ``_actor_amend.py`` amends the queued one, ``_actor_apply.py`` applies
+them): its slots, rounds out and counters, the
 hand-over of a round to the stage's thread, each stream's credit, and a stream's failure
 and release."""
 

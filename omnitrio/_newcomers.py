@@ -1,6 +1,7 @@
 """Newcomers at a stage: how many of its steps a stream's first input waits for, and
 the bookkeeping for putting a newcomer into the round queued behind the running one
-(the actor's ``_amend``; the choice of whom it displaces is ``_scheduler.displaced``).
+(the actor's ``_amend``, in ``_actor_amend.py``; the choice of whom it displaces is
+``_scheduler.displaced``).
 """
 
 from __future__ import annotations

@@ -17,14 +17,15 @@ If the actor's process dies, every round out fails with ``StageLost`` (the actor
 then fails the streams the stage held) and a fresh actor loads the stage; until it
 has, the stage is out of service (``restarting``, so ``/health`` says degraded).
 
-A newcomer, or an open stream's input that came after the queued round was planned,
-joins that round here too (``amend``), though the round's plan is
-already in the actor's process, queued behind the running step: the supervisor asks
-the process to hold it (``hold``, a method of its own concurrency group, so it is
-answered while a step runs); if it has not started, the process holds it, the
-supervisor builds the amended plan on trio and sends it (``release``), and the round
-starts with it. The round starts late only if the running step ends meanwhile (one
-round trip, and only when something joins). Steps, loads and closes keep the
+A newcomer, or an open stream's input that came after the queued round was planned
+(joining it, or topping up the step it has there), goes into that round here too
+(``amend``), though the round's plan is already in the actor's process, queued behind
+the running step: the supervisor asks the process to hold it (``hold``, a method of
+its own concurrency group, so it is answered while a step runs); if it has not
+started, the process holds it, the supervisor builds the amended plan on trio and
+sends it (``release``), and the round starts with it. The round starts late only if
+the running step ends meanwhile (one round trip, and only when something joins or
+tops up; ``num_holds`` counts the asks). Steps, loads and closes keep the
 actor's default group: one at a time, in the order they were sent. A stage that
 closes while a ``hold`` is unanswered sends the ``release`` itself, so the held step
 (and the close queued behind it) is never left waiting.
@@ -215,6 +216,8 @@ class RayPlacement:
         self._asking = False  # a ``hold`` is out, unanswered
         self._asked = -1  # the step that ``hold`` asked for
         self._started_up_to = -1  # steps the actor said had started when asked
+        self.num_holds = 0
+        """``hold`` calls sent (each a round trip to the stage's process; for measurement)."""
         self.restarting = False
         self.num_payload_bytes_relayed = 0
         self.pid: int | None = None
@@ -250,6 +253,7 @@ class RayPlacement:
             return False
         if not self._asking:
             self._asking, self._asked = True, number
+            self.num_holds += 1
             actor = self._actor
             ref = actor.hold.remote(number)
             self._when_ready(ref, partial(self._held, actor, number, build))

@@ -8,12 +8,14 @@ import random
 import time
 from collections.abc import Callable
 
+import outcome
 import pytest
 import trio
 
 import omnitrio
 from omnitrio._actor import StageActor
 from omnitrio._link import Link
+from omnitrio._round import Round
 from omnitrio._scheduler import Candidate, Scheduling, pick_batch
 from omnitrio._slot import Phase, Slot
 from omnitrio._stage import StepLimits
@@ -143,6 +145,24 @@ def _give(actor: StageActor, slot: Slot, item: object) -> None:
     actor.offer()
 
 
+def _record_steps(actor: StageActor) -> dict[str, list[object]]:
+    """Each stream's inputs as the stage's steps took them, in order: from every round
+    applied, its plan as it ran (amended or not), for the streams the stage stepped."""
+    taken: dict[str, list[object]] = {}
+    apply_round = actor._apply_round
+
+    def recording(round_: Round) -> None:
+        if isinstance(round_.result, outcome.Value):
+            stepped = set(round_.result.value.stepped)
+            for work in round_.plan.batch:
+                if work.stream_id in stepped:
+                    taken.setdefault(work.stream_id, []).extend(work.inputs)
+        apply_round(round_)
+
+    actor._apply_round = recording  # type: ignore[method-assign]
+    return taken
+
+
 async def _until(done: Callable[[], bool]) -> None:
     with trio.fail_after(10):
         while not done():  # noqa: ASYNC110 - the actor's state has no event to wait on
@@ -209,3 +229,61 @@ async def test_an_open_streams_new_input_joins_the_round_queued_behind_the_runni
     finally:
         gate.open()
         await actor.shutdown(5.0)
+
+
+# ----- more input for a stream in the queued round tops up its step ---------------------
+
+
+@pytest.mark.parametrize("inputs_per_step", [3, 2])
+async def test_more_input_for_a_stream_the_queued_round_steps_goes_into_that_step(
+    inputs_per_step: int,
+) -> None:
+    # A playing answer's text comes while the stage runs a step (held at a gate) and the
+    # round queued behind it already steps that answer, with the text that had come: the
+    # new text goes into that step, as much as a step takes, then the input's close;
+    # what does not fit waits for the round after. Every input is stepped once, in order.
+    name = f"test-top-up-{inputs_per_step}"
+    gate = Gate.named(name)
+    params = {
+        "gate": name,
+        "inputs_per_step": inputs_per_step,
+        "outputs_per_input": 0,
+        "visible_every": 0,
+    }
+    spec = omnitrio.StageSpec(name="mid", impl=SYNTHETIC, max_batch_size=2, params=params)
+    actor = StageActor(spec, "up", feeds_edge=False)
+    await actor.load()
+    taken = _record_steps(actor)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(actor.serve)
+            await _until(lambda: actor._serving)
+            playing = _add(actor, "playing", time.perf_counter() + 10.0)
+            _give(actor, playing, "p-0")
+            await _until(lambda: playing.num_steps == 1)
+            gate.close()
+            _give(actor, playing, "p-1")  # the running round, held at the gate
+            assert await trio.to_thread.run_sync(gate.wait_until_blocked, 10.0)
+            _give(actor, playing, "p-2")  # the queued round
+            queued = actor._rounds[-1]
+            assert len(actor._rounds) == 2
+            assert [work.inputs for work in queued.plan.batch] == [("p-2",)]
+
+            _give(actor, playing, "p-3")
+            _give(actor, playing, "p-4")
+            assert playing.in_link is not None
+            playing.in_link.producer_done(wake=False)  # upstream is through with it
+            actor.offer()
+
+            assert actor._rounds[-1] is queued
+            (work,) = queued.plan.batch
+            assert work.inputs == ("p-2", "p-3", "p-4")[:inputs_per_step]
+            assert work.input_closed is (inputs_per_step == 3)  # p-4 waits: not closed yet
+            gate.open()
+            await _until(lambda: "playing" not in actor.slots)
+            nursery.cancel_scope.cancel()
+    finally:
+        gate.open()
+        await actor.shutdown(5.0)
+    assert taken == {"playing": [f"p-{n}" for n in range(5)]}
+    assert playing.num_steps == (3 if inputs_per_step == 3 else 4)

@@ -458,3 +458,93 @@ async def test_a_late_answer_to_hold_keeps_every_streams_inputs_in_order() -> No
         items, _ = slot.stream.client.take(None)
         causes[slot.id] = [i.data["upstream_produced_s"] for i in items if isinstance(i, Event)]
     assert causes == {sid: [float(n) for n in range(last + 1)] for sid, last in given.items()}
+
+
+async def test_more_input_for_a_stream_in_the_held_round_tops_up_its_step_in_order() -> None:
+    """On Ray a stream the queued round steps takes the input that came since into that
+    step too, through ``hold``: ``t``'s next input, come while the running step runs.
+    Then the answer to a second ``hold`` comes late, after the running step came back
+    and the next round was planned to step ``s``: ``s``'s input come meanwhile must not
+    top up its step in the held round (it would be stepped before the later round's),
+    while ``t``'s, which no later round steps, still does. Every stream's inputs are
+    stepped, each one, in order."""
+    from omnitrio._actor import StageActor
+    from omnitrio._ray import RayPlacement  # Ray is imported only with its cluster
+    from stages.synthetic import SyntheticPayload
+    from tests.conftest import SYNTHETIC
+    from tests.runtime.test_actor_plan import _add, _record_steps, _until
+
+    # Steps of 1 s: both asks to hold reach the stage's process while one runs, even on
+    # a loaded machine (the second answer is kept back, so this costs no wall time).
+    params = {"service_time_ms": 1000, "inputs_per_step": 3, "outputs_per_input": 0}
+    params["visible_every"] = 0
+    spec = omnitrio.StageSpec(
+        name="mid", impl=SYNTHETIC, max_batch_size=2, params=params, placement="ray"
+    )
+    actor = StageActor(spec, "up", feeds_edge=False)
+    placement = actor._placement
+    assert isinstance(placement, RayPlacement)
+    answers: list[tuple[Any, ...]] = []
+    placement._held = lambda *answer: answers.append(answer)  # type: ignore[method-assign]
+    await actor.load()
+    taken = _record_steps(actor)
+    now_s = time.perf_counter()
+    given: dict[str, int] = {}
+
+    def give(*slots: Slot) -> None:
+        for slot in slots:  # upstream hands each one input, then offers once
+            index = given[slot.id] = given.get(slot.id, -1) + 1
+            assert slot.in_link is not None
+            slot.in_link.reserve(1)
+            slot.in_link.put([SyntheticPayload(slot.id, "up", index, float(index), b"")])
+            slot.in_link.settle(1, None)
+        actor.offer()
+
+    def idle() -> bool:
+        return not actor._rounds and not any(map(actor._has_work, actor.slots.values()))
+
+    async def held_answer() -> tuple[Any, ...]:
+        await _until(lambda: bool(answers))
+        answer = answers.pop()
+        assert not answers
+        assert isinstance(answer[-1], outcome.Value)
+        assert answer[-1].value is True, (
+            "hold reached the stage's process after the running step had ended "
+            "(a loaded machine): the queued round was not held, nothing to test"
+        )
+        return answer
+
+    def inputs(round_: Any) -> dict[str, list[int]]:
+        return {w.stream_id: [p.unit for p in w.inputs] for w in round_.plan.batch}
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(actor.serve)
+            await _until(lambda: actor._serving)
+            s = _add(actor, "s", now_s + 50.0)
+            t = _add(actor, "t", now_s + 60.0)
+            give(s, t)
+            await _until(idle)
+            give(s, t)  # the running round (1 s)
+            give(s, t)  # the round queued behind it
+            held = actor._rounds[-1]
+            assert inputs(held) == {"s": [2], "t": [2]}
+            give(t)  # t's next input: the actor asks to hold the queued round
+            RayPlacement._held(placement, *await held_answer())
+            assert inputs(held) == {"s": [2], "t": [2, 3]}
+            assert placement.num_holds == 1
+
+            give(s)  # s's next input: asked again, the answer kept back
+            late = await held_answer()
+            await _until(lambda: actor._rounds[0] is held and len(actor._rounds) == 2)
+            assert inputs(actor._rounds[-1]) == {"s": [3]}  # the later round took it
+            give(s, t)
+            del placement._held  # the answers to the later round's asks go through
+            RayPlacement._held(placement, *late)
+            assert inputs(held) == {"s": [2], "t": [2, 3, 4]}
+            await _until(idle)
+            nursery.cancel_scope.cancel()
+    finally:
+        await actor.shutdown(5.0)
+    units = {sid: [p.unit for p in items] for sid, items in taken.items()}  # type: ignore[attr-defined]
+    assert units == {sid: list(range(last + 1)) for sid, last in given.items()}
