@@ -14,6 +14,14 @@ was continuous. Continuous by two rules, each with its own limit:
   starts waits at most ``BUFFERED_TOLERANCE_S`` in all (``buffered_stall_s``): what a
   listener hears, and what headroom's rule keeps.
 
+Each rule passes caps the other fails: streams in lockstep past a whole batch
+(``bench-omni.yaml`` at 72-80) stall over 100 ms once a chunk yet end within a 0.25 s
+buffer; streams made at 0.68x in 80 ms chunks (the thinker at 0.6 ms a stream, 36 in
+lockstep) never stall 100 ms at once yet end past the buffer. So a third limit,
+**both**: the largest cap whose streams were continuous by both rules. That is the
+yardstick for headroom, which is asked to keep every admitted stream continuous by
+both: a cap past it runs some stream dry by one of them.
+
 Then
 omnitrio runs with ``admission: headroom`` (``max_streams`` raised to the largest cap
 swept, so only headroom refuses) under a closed loop of that many clients, and
@@ -48,6 +56,8 @@ OPEN_LOOP_LOAD = 1.5
 """Open-loop arrivals at this many times the rate the limit's run completed."""
 BUFFERED_TOLERANCE_S = 0.02
 """What a buffering player may wait in all and still count as continuous (a frame)."""
+RULES = ("both", "gaps", "buffered")
+"""The continuity rules a limit is found by (``CapRun.held``); ``both`` is headroom's."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,13 @@ class CapRun:
     def buffered_continuous(self) -> bool:
         """Every request completed, and every one played through a buffering player."""
         return self._all_completed and (self.buffered_rate is None or self.buffered_rate >= 1)
+
+    def held(self, rule: str) -> bool:
+        """Every stream continuous by ``rule``: ``gaps``, ``buffered`` or ``both``."""
+        if rule not in RULES:
+            raise ValueError(f"no continuity rule {rule!r}; one of {', '.join(RULES)}")
+        gaps = self.continuous if rule != "buffered" else True
+        return gaps and (self.buffered_continuous if rule != "gaps" else True)
 
     @property
     def _all_completed(self) -> bool:
@@ -155,17 +172,17 @@ async def _closed_loop(
 
 
 def true_limit(
-    runs: Sequence[CapRun], *, buffered: bool = False, open_loop: bool = False
+    runs: Sequence[CapRun], *, rule: str = "gaps", open_loop: bool = False
 ) -> int | None:
     """The largest cap whose fixed-cap run (closed loop, or ``open_loop``) kept every
-    stream it admitted continuous, by the gaps rule or (``buffered``) the buffering
-    player's (None: none did)."""
+    stream it admitted continuous by ``rule`` (``CapRun.held``: the gaps rule, the
+    buffering player's, or both; None: none did)."""
     passed = [
         run.cap
         for run in runs
         if run.admission == "max_streams"
         and (run.arrivals_per_s is not None) == open_loop
-        and (run.buffered_continuous if buffered else run.continuous)
+        and run.held(rule)
     ]
     return max(passed) if passed else None
 
@@ -195,9 +212,6 @@ async def find_limit(args: argparse.Namespace, config: PipelineConfig) -> list[C
         runs.append(await _closed_loop(config, "max_streams", cap, count, prompts, args, rate))
     runs.append(await _closed_loop(config, "headroom", top, count, prompts, args, rate))
     return runs
-
-
-RULES = (("gaps", False), ("buffered", True))
 
 
 def _loop(run: CapRun) -> str:
@@ -241,9 +255,9 @@ def limit_table(runs: Sequence[CapRun]) -> str:
         )
     lines = ["\n".join(rows), ""]
     headroom = [run for run in runs if run.admission == "headroom"]
-    for (rule, buffered), open_loop in itertools.product(RULES, (False, True)):
+    for rule, open_loop in itertools.product(RULES, (False, True)):
         loop = "open loop" if open_loop else "closed loop"
-        limit = true_limit(runs, buffered=buffered, open_loop=open_loop)
+        limit = true_limit(runs, rule=rule, open_loop=open_loop)
         if limit is None:
             lines.append(
                 f"- true real-time limit ({rule}, {loop}): no cap swept kept every stream "

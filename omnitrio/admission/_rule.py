@@ -197,10 +197,13 @@ class Admission(Shedding):
         it, a text-only answer at the thinker, is charged there too, on the side of
         caution)."""
         names: list[str] = []  # this stage and those before it, in chain order
+        most = self.needed  # no stage keeps more: one past it needs no margin of its own
         for name, model in models:
             names.append(name)
             count = num_live + 1
             factor = model.realtime_factor(count, audio_s)
+            if factor >= most:
+                continue
             needed = self.needed_at(model, count, audio_s)
             if factor < needed and num_active is not None:  # fewer may be active there
                 count = 1 + max(active_at(num_active, n, num_live) for n in names)

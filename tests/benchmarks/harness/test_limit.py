@@ -86,7 +86,31 @@ def test_a_buffering_player_waits_only_where_the_lag_passes_its_buffer() -> None
         CapRun(4, "max_streams", 4, 0, 0, 1.0, 1.0, None, None, buffered_rate=0.5),
     ]
     assert true_limit(runs) == 4
-    assert true_limit(runs, buffered=True) == 2
+    assert true_limit(runs, rule="buffered") == 2
+
+
+def test_headroom_is_set_against_the_largest_cap_continuous_by_both_rules() -> None:
+    # bench-omni's closed loop: past a whole batch the gaps rule fails where a buffering
+    # player still plays through; the 0.6 ms thinker in lockstep: the other way round.
+    runs = [
+        CapRun(64, "max_streams", 4, 0, 0, 1.0, 1.0, None, None, buffered_rate=1.0),
+        CapRun(72, "max_streams", 4, 0, 0, 0.86, 1.0, None, None, buffered_rate=1.0),
+        CapRun(80, "max_streams", 4, 0, 0, 0.9, 1.0, None, None, buffered_rate=1.0),
+        CapRun(80, "headroom", 4, 0, 0, 1.0, 1.0, 64.0, 64, buffered_rate=1.0),
+    ]
+    assert (true_limit(runs), true_limit(runs, rule="buffered")) == (64, 80)
+    assert true_limit(runs, rule="both") == 64
+    lockstep = [
+        CapRun(32, "max_streams", 4, 0, 0, 1.0, 1.0, None, None, buffered_rate=1.0),
+        CapRun(36, "max_streams", 4, 0, 0, 1.0, 1.0, None, None, buffered_rate=0.5),
+    ]
+    assert (true_limit(lockstep), true_limit(lockstep, rule="buffered")) == (36, 32)
+    assert true_limit(lockstep, rule="both") == 32
+    table = limit_table(runs)
+    assert "true real-time limit (both, closed loop, largest continuous cap swept): 64" in table
+    assert "true real-time limit (buffered, closed loop, largest continuous cap swept): 80" in table
+    with pytest.raises(ValueError, match="no continuity rule"):
+        runs[0].held("loud")
 
 
 def test_a_refused_client_waits_as_long_as_the_target_said() -> None:

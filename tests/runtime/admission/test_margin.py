@@ -80,3 +80,27 @@ def test_a_stage_judged_by_its_declaration_keeps_the_whole_margin() -> None:
     measured, audio_s = _stage(64, 1, 0.02)
     assert stage_margin(measured, 64, 0.05, 0.25, audio_s) == MIN_MARGIN
     assert stage_margin(measured, 64, 0.01, 0.25, audio_s) == 0.01  # never above the config's
+
+
+def test_a_stage_past_the_whole_margin_is_not_asked_for_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No stage keeps more than realtime_margin, so a stage whose factor clears that is
+    # admitted without working out its own margin (half an admission's time at c=64).
+    model, audio_s = _stage(64, 1, _round_yield(64, 1, 1.035))
+    admission = Admission(256, 0.05, headroom=True)
+    asked: list[int] = []
+    needed_at = Admission.needed_at
+
+    def counting(self: Admission, stage: StepModel, num_streams: int, audio: float) -> float:
+        asked.append(num_streams)
+        return needed_at(self, stage, num_streams, audio)
+
+    monkeypatch.setattr(Admission, "needed_at", counting)
+    assert model.realtime_factor(32, audio_s) > admission.needed
+    assert admission.refusal(31, 31, [("thinker", model)], audio_s) is None
+    assert asked == []
+    # at the edge the stage's own margin decides, as before
+    assert admission.refusal(63, 63, [("thinker", model)], audio_s) is None
+    assert asked == [64]
+    assert admission.refusal(64, 64, [("thinker", model)], audio_s) is not None
