@@ -1,9 +1,12 @@
 """Per-stream links: the bounded channel one stream has on one edge, and wake-ups.
 
-A ``Link`` wraps a trio memory channel of fixed capacity. Its free capacity is
-the stream's credit on that edge. Producers never block on it: an actor
+A ``Link`` is a bounded channel of fixed capacity: on an edge between two stages a
+deque (both ends are the trio thread's plain calls: ``put`` after a step, ``take``
+in a plan; nothing awaits it), and to the client a ``ClientLink``, a trio memory
+channel, which the client's task awaits. Its free capacity is the stream's credit
+on that edge. Producers never block on it: an actor
 *reserves* credit for a stream before a step (so the step's output is sure to
-fit) and puts the output with ``send_nowait`` afterwards. A stream without
+fit) and puts the output afterwards without waiting. A stream without
 enough credit is simply not scheduled, and its producer leaves its ``Wakeup`` on
 the link (``wait_for_credit``). Every put wakes the consumer; credit coming back
 (a take, an unused reservation, a discard) wakes exactly the producers that were
@@ -12,6 +15,7 @@ waiting for it. Nobody polls, and nobody is woken for nothing.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 
 import trio
@@ -53,12 +57,16 @@ class Wakeup:
 
 
 class Link:
-    """One stream's bounded channel on one edge (or to its client)."""
+    """One stream's bounded channel on one edge: items wait in a deque, at most
+    ``capacity`` of them (a put past it raises ``trio.WouldBlock``, as a full trio
+    channel's ``send_nowait`` would; credit reserved before each step keeps it from
+    happening)."""
 
     def __init__(self, name: str, capacity: int, num_producers: int = 1) -> None:
         self.name = name
         self.capacity = capacity
-        self._send, self.receive_channel = trio.open_memory_channel[object](capacity)
+        self._items: deque[object] = deque()
+        self._closed = False  # no producer will put again (EOF once the items are taken)
         self._reserved = 0
         self._producers_open = num_producers
         self._credit_waiters: list[tuple[Wakeup, int]] = []  # and the credit each needs
@@ -101,10 +109,7 @@ class Link:
         """
         if self.discarded:
             return
-        sent = 0
-        for item in items:
-            self._send.send_nowait(item)
-            sent += 1
+        sent = self._send_all(items)
         if sent:
             self.num_put += sent
             if wake:
@@ -121,11 +126,33 @@ class Link:
         count = self.num_put - self.num_taken  # counted, so no WouldBlock to catch
         if limit is not None and limit < count:
             count = limit
-        receive = self.receive_channel.receive_nowait
-        items = [receive() for _ in range(count)]
+        items = self._receive(count)
         if items:
             self.took(count)
         return items, self._producers_open == 0 and self.num_put == self.num_taken
+
+    def _send_all(self, items: Iterable[object]) -> int:
+        """Append ``items``; the number appended."""
+        if self._closed:
+            raise trio.ClosedResourceError(f"link {self.name!r} is closed")
+        queued, capacity, sent = self._items, self.capacity, 0
+        for item in items:
+            if len(queued) >= capacity:
+                raise trio.WouldBlock(f"link {self.name!r} is full ({capacity})")
+            queued.append(item)
+            sent += 1
+        return sent
+
+    def _receive(self, count: int) -> list[object]:
+        popleft = self._items.popleft
+        return [popleft() for _ in range(count)]
+
+    def _close(self) -> None:
+        self._closed = True
+
+    def _drop(self) -> None:
+        self._closed = True
+        self._items.clear()
 
     def producer_done(self, *, wake: bool = True) -> None:
         """One producer will send no more; the last one closes the channel (EOF)."""
@@ -133,20 +160,20 @@ class Link:
             return
         self._producers_open -= 1
         if self._producers_open == 0:
-            self._send.close()
+            self._close()
             if wake:
                 self._wake_consumer()
 
     def close_send(self) -> None:
         """End the channel now, whatever producers remain; buffered items stay readable."""
         self._producers_open = 0
-        self._send.close()
+        self._close()
 
     def discard(self) -> None:
         """Drop everything: close both ends; producers waiting for credit hear of it
         (the consumer let go itself, or its stream ended and it was told so)."""
-        self.close_send()
-        self.receive_channel.close()
+        self._producers_open = 0
+        self._drop()
         self.discarded = True
         self.wake_producers()
 
@@ -183,3 +210,30 @@ class Link:
     def _wake_consumer(self) -> None:
         if self.consumer_wakeup is not None:
             self.consumer_wakeup.set()
+
+
+class ClientLink(Link):
+    """A stream's link to its client: a trio memory channel of ``capacity``, since the
+    client's task awaits it (``receive_channel``, read by ``Stream.receive``)."""
+
+    def __init__(self, name: str, capacity: int, num_producers: int = 1) -> None:
+        super().__init__(name, capacity, num_producers)
+        self._send, self.receive_channel = trio.open_memory_channel[object](capacity)
+
+    def _send_all(self, items: Iterable[object]) -> int:
+        send, sent = self._send.send_nowait, 0
+        for item in items:
+            send(item)
+            sent += 1
+        return sent
+
+    def _receive(self, count: int) -> list[object]:
+        receive = self.receive_channel.receive_nowait
+        return [receive() for _ in range(count)]
+
+    def _close(self) -> None:
+        self._send.close()
+
+    def _drop(self) -> None:
+        self._send.close()
+        self.receive_channel.close()

@@ -29,7 +29,7 @@ from ._actor import StageActor, stage_statistics
 from ._config import PipelineConfig, StageSpec, check_stage_limits, load_config, uses_ray
 from ._errors import Overloaded, PipelineClosed
 from ._items import Request
-from ._link import Link
+from ._link import ClientLink, Link
 from ._scheduler import Playback
 from ._statistics import PipelineStatistics
 from ._stream import DeliveryCounters, Stream, StreamHooks, StreamState
@@ -308,7 +308,9 @@ class Pipeline:
             raise refusal  # counted by open_stream, once the wait (if any) is over
         stream_id = f"s{next(self._ids)}"
         actors = self._actors
-        client = Link("client", self.config.pipeline.client_capacity, num_producers=len(actors))
+        client = ClientLink(
+            "client", self.config.pipeline.client_capacity, num_producers=len(actors)
+        )
         edges: dict[str, Link] = {}
         for upstream, downstream in itertools.pairwise(actors):
             edge = self.config.edge_from(upstream.name)
@@ -346,7 +348,7 @@ class Pipeline:
         stream_id = f"{side.name}{next(self._side_ids)}"
         in_link = Link(f"->{side.name}", SIDE_INPUT_CAPACITY)
         in_link.consumer_wakeup = side.wakeup
-        client = Link("client", self.config.pipeline.client_capacity)
+        client = ClientLink("client", self.config.pipeline.client_capacity)
         stream = StreamState(
             stream_id, request, client, {in_link.name: in_link}, frozenset({side.name}), self._hooks
         )

@@ -27,7 +27,7 @@ import trio
 
 from ._errors import OmnitrioError
 from ._items import VISIBLE_TYPES, Request, VisibleItem
-from ._link import Link
+from ._link import ClientLink, Link
 from ._scheduler import Playback
 from ._statistics import StreamStatistics
 
@@ -63,7 +63,7 @@ class StreamState:
         self,
         stream_id: str,
         request: Request,
-        client: Link,
+        client: ClientLink,
         edges: Mapping[str, Link],
         holders: frozenset[str],
         hooks: StreamHooks,

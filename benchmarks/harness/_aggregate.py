@@ -15,6 +15,7 @@ from ._metrics import (
     request_metrics,
     summarize,
     ttfa_by_wave,
+    wave_send_spreads_s,
 )
 from ._record import RequestRecord
 
@@ -49,6 +50,7 @@ class Aggregates:
     later_waves_over_first: float | None
     throughput: Throughput
     later_waves: WaveRatios | None = None
+    wave_send_spread_s: Summary | None = None  # each wave's first send to its last
 
 
 def throughput(records: Sequence[RequestRecord]) -> Throughput:
@@ -105,6 +107,7 @@ def aggregate(
             later_waves_over_first=later_waves_over_first(by_wave),
             throughput=throughput(measured),
             later_waves=later_waves_ratios(ok),
+            wave_send_spread_s=summarize(wave_send_spreads_s(measured)),
         ),
         metrics,
     )

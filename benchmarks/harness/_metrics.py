@@ -174,6 +174,18 @@ def waves_by_send_time(
     return [dataclasses.replace(r, wave=waves[id(r)]) for r in records]
 
 
+def wave_send_spreads_s(records: Iterable[RequestRecord]) -> list[float]:
+    """Each wave's send spread: its first request sent to its last, waves of two or more
+    measured requests. In a closed loop a wave's clients send one after another on one
+    thread, each admitted in its turn, and the ideal TTFA counts them as sent together:
+    the spread is how much of a wave's added TTFA that serial turnover is."""
+    sent: dict[int, list[float]] = {}
+    for r in records:
+        if not r.warmup:
+            sent.setdefault(r.wave, []).append(r.sent_at_s)
+    return [max(times) - min(times) for _, times in sorted(sent.items()) if len(times) > 1]
+
+
 def ttfa_by_wave(metrics: Iterable[RequestMetrics]) -> dict[int, Summary]:
     """TTFA summarized per wave, waves in order; waves without audio are left out."""
     per_wave: dict[int, list[float]] = {}

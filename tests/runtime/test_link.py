@@ -1,9 +1,10 @@
 """Links and wake-ups, on virtual time (no threads involved)."""
 
+import pytest
 import trio
 import trio.testing
 
-from omnitrio._link import Link, Wakeup
+from omnitrio._link import ClientLink, Link, Wakeup
 
 
 async def test_wakeup_is_level_triggered_and_consumed() -> None:
@@ -88,3 +89,23 @@ async def test_unused_reservation_wakes_the_producers() -> None:
     link.settle(1, used=0)
     with trio.fail_after(1):
         await other.wait()
+
+
+async def test_an_edge_link_is_a_bounded_deque_and_the_client_link_a_trio_channel() -> None:
+    edge = Link("a->b", capacity=2)
+    assert not hasattr(edge, "receive_channel")  # nothing awaits an edge: no trio channel
+    edge.put(["x", "y"])
+    with pytest.raises(trio.WouldBlock):  # past its capacity, as a full channel would
+        edge.put(["z"])
+    assert edge.take(limit=None) == (["x", "y"], False)
+    edge.producer_done()
+    with pytest.raises(trio.ClosedResourceError):  # no put after the last producer
+        edge.put(["z"])
+    client = ClientLink("client", capacity=1)
+    client.put(["x"])
+    with trio.fail_after(1):
+        assert await client.receive_channel.receive() == "x"
+    client.took(1)
+    client.discard()
+    with pytest.raises(trio.ClosedResourceError):  # a discarded client link wakes a reader
+        await client.receive_channel.receive()

@@ -144,6 +144,20 @@ def test_waves_follow_the_send_order_not_the_request_index() -> None:
     assert [r.wave for r in waves_by_send_time([warm], 2)] == [0]  # ranked apart
 
 
+def test_a_waves_send_spread_is_its_first_send_to_its_last() -> None:
+    sent = [0.0, 0.004, 0.001, 0.5, 0.509, 0.9]  # six requests, waves of two by send order
+    records = waves_by_send_time(
+        [RequestRecord(i, 0, at, "completed", done_at_s=1) for i, at in enumerate(sent)], 2
+    )
+    warm = RequestRecord(9, 0, 0.0, "completed", done_at_s=1, warmup=True)
+    result, _ = aggregate([*records, warm])
+    # waves (0.0, 0.001), (0.004, 0.5), (0.509, 0.9): the warm-up left out
+    assert result.wave_send_spread_s is not None
+    assert result.wave_send_spread_s.count == 3
+    assert result.wave_send_spread_s.max == pytest.approx(0.496)
+    assert result.wave_send_spread_s.min == pytest.approx(0.001)
+
+
 def test_time_to_refusal_is_summarized_over_the_refused() -> None:
     refused = [
         RequestRecord(i, 0, 0.0, "refused", num_refusals=1, refused_after_s=0.001 * (i + 1))
