@@ -133,15 +133,16 @@ class Link:
 
     def _send_all(self, items: Iterable[object]) -> int:
         """Append ``items``; the number appended."""
+        batch = list(items)
+        if not batch:
+            return 0
         if self._closed:
             raise trio.ClosedResourceError(f"link {self.name!r} is closed")
-        queued, capacity, sent = self._items, self.capacity, 0
-        for item in items:
-            if len(queued) >= capacity:
-                raise trio.WouldBlock(f"link {self.name!r} is full ({capacity})")
-            queued.append(item)
-            sent += 1
-        return sent
+        queued, capacity = self._items, self.capacity
+        if len(batch) > capacity - len(queued):  # all or nothing: counts stay true
+            raise trio.WouldBlock(f"link {self.name!r} is full ({capacity})")
+        queued.extend(batch)
+        return len(batch)
 
     def _receive(self, count: int) -> list[object]:
         popleft = self._items.popleft

@@ -12,15 +12,15 @@ was continuous. Continuous by two rules, each with its own limit:
   at half real time in 80 ms chunks pass it (each stall is 80 ms), yet stutter;
 - **buffered**: a player that buffers the pipeline's ``client_buffer_s`` before it
   starts waits at most ``BUFFERED_TOLERANCE_S`` in all (``buffered_stall_s``): what a
-  listener hears, and what headroom's rule keeps.
+  listener hears, and the rule headroom's length rule targets.
 
 Each rule passes caps the other fails: streams in lockstep past a whole batch
 (``bench-omni.yaml`` at 72-80) stall over 100 ms once a chunk yet end within a 0.25 s
 buffer; streams made at 0.68x in 80 ms chunks (the thinker at 0.6 ms a stream, 36 in
 lockstep) never stall 100 ms at once yet end past the buffer. So a third limit,
-**both**: the largest cap whose streams were continuous by both rules. That is the
-yardstick for headroom, which is asked to keep every admitted stream continuous by
-both: a cap past it runs some stream dry by one of them.
+**both**: the largest cap whose streams were continuous by both rules, reported beside
+the other two as a yardstick for headroom (a cap past it runs some stream dry by one of
+them); it is the smallest of the three by construction.
 
 Then
 omnitrio runs with ``admission: headroom`` (``max_streams`` raised to the largest cap
