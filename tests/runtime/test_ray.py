@@ -15,8 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import outcome
 import pytest
@@ -35,6 +36,9 @@ from tests.conftest import (
     texts,
     wait_until_exited,
 )
+
+if TYPE_CHECKING:
+    from omnitrio._actor import StageActor
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -379,6 +383,23 @@ def test_a_ray_address_that_does_not_answer_is_a_config_error_at_once() -> None:
     assert time.monotonic() - started < 30
 
 
+def _giver(actor: StageActor, given: dict[str, int]) -> Callable[..., None]:
+    """Upstream's hand: each slot given gets its next input (counted in ``given``),
+    then one offer."""
+    from stages.synthetic import SyntheticPayload
+
+    def give(*slots: Slot) -> None:
+        for slot in slots:
+            index = given[slot.id] = given.get(slot.id, -1) + 1
+            assert slot.in_link is not None
+            slot.in_link.reserve(1)
+            slot.in_link.put([SyntheticPayload(slot.id, "up", index, float(index), b"")])
+            slot.in_link.settle(1, None)
+        actor.offer()
+
+    return give
+
+
 async def test_a_late_answer_to_hold_keeps_every_streams_inputs_in_order() -> None:
     """The answer to ``hold`` comes after the running step came back and the next round
     was planned (a loaded machine, a slow reply): that round opens the newcomer ``x``
@@ -388,7 +409,6 @@ async def test_a_late_answer_to_hold_keeps_every_streams_inputs_in_order() -> No
     after the later round's). Every stream's inputs are stepped, each one, in order."""
     from omnitrio._actor import StageActor
     from omnitrio._ray import RayPlacement  # Ray is imported only with its cluster
-    from stages.synthetic import SyntheticPayload
     from tests.conftest import SYNTHETIC
     from tests.runtime.test_actor_plan import _add, _until
 
@@ -407,15 +427,7 @@ async def test_a_late_answer_to_hold_keeps_every_streams_inputs_in_order() -> No
     await actor.load()
     now_s = time.perf_counter()
     given: dict[str, int] = {}
-
-    def give(*slots: Slot) -> None:
-        for slot in slots:  # upstream hands each one input, then offers once
-            index = given[slot.id] = given.get(slot.id, -1) + 1
-            assert slot.in_link is not None
-            slot.in_link.reserve(1)
-            slot.in_link.put([SyntheticPayload(slot.id, "up", index, float(index), b"")])
-            slot.in_link.settle(1, None)
-        actor.offer()
+    give = _giver(actor, given)
 
     def idle() -> bool:
         return not actor._rounds and not any(map(actor._has_work, actor.slots.values()))
@@ -470,7 +482,6 @@ async def test_more_input_for_a_stream_in_the_held_round_tops_up_its_step_in_ord
     stepped, each one, in order."""
     from omnitrio._actor import StageActor
     from omnitrio._ray import RayPlacement  # Ray is imported only with its cluster
-    from stages.synthetic import SyntheticPayload
     from tests.conftest import SYNTHETIC
     from tests.runtime.test_actor_plan import _add, _record_steps, _until
 
@@ -490,15 +501,7 @@ async def test_more_input_for_a_stream_in_the_held_round_tops_up_its_step_in_ord
     taken = _record_steps(actor)
     now_s = time.perf_counter()
     given: dict[str, int] = {}
-
-    def give(*slots: Slot) -> None:
-        for slot in slots:  # upstream hands each one input, then offers once
-            index = given[slot.id] = given.get(slot.id, -1) + 1
-            assert slot.in_link is not None
-            slot.in_link.reserve(1)
-            slot.in_link.put([SyntheticPayload(slot.id, "up", index, float(index), b"")])
-            slot.in_link.settle(1, None)
-        actor.offer()
+    give = _giver(actor, given)
 
     def idle() -> bool:
         return not actor._rounds and not any(map(actor._has_work, actor.slots.values()))
