@@ -12,13 +12,27 @@ import pytest
 import trio
 
 import omnitrio
-from omnitrio.admission import _rule
+from omnitrio.admission import _cpu, _rule
 from omnitrio.admission._cpu import CPU_HALF_LIFE_S, CpuWatch, plays_audio, usable_cores
 from omnitrio.admission._guards import Startup
 from omnitrio.admission._rule import Admission
 from tests.conftest import chain_config
 from tests.runtime.admission.test_utilisation import STAGES as BUSY_STAGES
 from tests.runtime.admission.test_utilisation import refused_beside_a_playing_stream
+
+
+def _one_spinning_core(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    """One core, and a chain whose b spins 20 ms of its thread's CPU a step (``host_ms``,
+    a fixed amount of work) for 20 ms of audio: a CPU second per audio second, however
+    loaded the machine. The rule judges the stages by the CPU they used, so beside
+    another process's load a spin of 20 ms of wall time (``cpu_bound``) got less of the
+    core and looked cheap, and the streams these tests expect refused were admitted.
+    The rule's weights are kept for the whole test (a long half-life): a loaded machine
+    stretches the test's wall time, and the audio heard would otherwise weigh less than
+    the rule needs for an opinion (it then admits)."""
+    monkeypatch.setattr(_rule, "usable_cores", lambda: 1.0)
+    monkeypatch.setattr(_cpu, "CPU_HALF_LIFE_S", 600.0)
+    return [BUSY_STAGES[0], {**BUSY_STAGES[1], "per_stream_ms": 0.0, "host_ms": 20.0}]
 
 
 def test_the_usable_cores_are_the_affinity_within_a_cgroup_quota(tmp_path: Path) -> None:
@@ -97,10 +111,9 @@ def test_cpu_admission_refuses_only_by_the_cores_and_sheds_nothing() -> None:
 async def test_a_real_pipeline_refuses_a_second_stream_while_its_stage_spins_a_whole_core(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # b spins (cpu_bound) 20 ms a step for 20 ms of audio: a second of audio costs about
-    # a CPU second. On one core a second stream would get about half real time.
-    monkeypatch.setattr(_rule, "usable_cores", lambda: 1.0)
-    stages = [BUSY_STAGES[0], {**BUSY_STAGES[1], "cpu_bound": True}]
+    # b spins 20 ms of CPU a step for 20 ms of audio: a second of audio costs about a CPU
+    # second. On one core a second stream would get about half real time.
+    stages = _one_spinning_core(monkeypatch)
     refused = await refused_beside_a_playing_stream(stages, "cpu", 100)  # 2 s of audio
     assert refused.problem is not None
     assert "1 cores" in refused.problem
@@ -193,13 +206,12 @@ def test_streams_that_play_no_audio_are_charged_their_own_cores_not_the_audio_se
 async def test_a_real_pipeline_admits_streams_that_play_no_audio_beside_a_spinning_core(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # One core; b spins 20 ms a step per stream for 20 ms of audio (a CPU second per audio
+    # One core; b spins 20 ms of CPU a step for 20 ms of audio (a CPU second per audio
     # second). A stream plays 2 s, then two streams that play no audio (text instead of
     # b's audio, as a transcription) spin the core: the second of them is admitted (the
     # old rule charged their CPU to the audio seconds and refused it), and one that
     # plays audio beside them is refused by the cores.
-    monkeypatch.setattr(_rule, "usable_cores", lambda: 1.0)
-    stages = [BUSY_STAGES[0], {**BUSY_STAGES[1], "cpu_bound": True}]
+    stages = _one_spinning_core(monkeypatch)
     config = chain_config(stages, max_streams=8, max_batch_size=8, client_capacity=8)
     config = config.model_copy(
         update={"pipeline": config.pipeline.model_copy(update={"admission": "cpu"})}
