@@ -163,6 +163,19 @@ def _record_steps(actor: StageActor) -> dict[str, list[object]]:
     return taken
 
 
+async def _queue_behind_gate(
+    actor: StageActor, gate: Gate, slot: Slot, running: object, queued: object
+) -> Round:
+    """``slot``'s input ``running`` in a round held at ``gate`` (closed here), then
+    ``queued`` in the round queued behind it: that round."""
+    gate.close()
+    _give(actor, slot, running)
+    assert await trio.to_thread.run_sync(gate.wait_until_blocked, 10.0)
+    _give(actor, slot, queued)
+    assert len(actor._rounds) == 2
+    return actor._rounds[-1]
+
+
 async def _until(done: Callable[[], bool]) -> None:
     with trio.fail_after(10):
         while not done():  # noqa: ASYNC110 - the actor's state has no event to wait on
@@ -204,12 +217,7 @@ async def test_an_open_streams_new_input_joins_the_round_queued_behind_the_runni
             for slot in (busy, playing):
                 _give(actor, slot, f"{slot.id}-0")
             await _until(lambda: busy.num_steps >= 1 and playing.num_steps >= 1)
-            gate.close()
-            _give(actor, busy, "busy-1")  # the running round, held at the gate
-            assert await trio.to_thread.run_sync(gate.wait_until_blocked, 10.0)
-            _give(actor, busy, "busy-2")  # the queued round
-            queued = actor._rounds[-1]
-            assert len(actor._rounds) == 2
+            queued = await _queue_behind_gate(actor, gate, busy, "busy-1", "busy-2")
             assert [slot.id for slot in queued.batch] == ["busy"]
 
             _give(actor, playing, "playing-1")
@@ -261,12 +269,7 @@ async def test_more_input_for_a_stream_the_queued_round_steps_goes_into_that_ste
             playing = _add(actor, "playing", time.perf_counter() + 10.0)
             _give(actor, playing, "p-0")
             await _until(lambda: playing.num_steps == 1)
-            gate.close()
-            _give(actor, playing, "p-1")  # the running round, held at the gate
-            assert await trio.to_thread.run_sync(gate.wait_until_blocked, 10.0)
-            _give(actor, playing, "p-2")  # the queued round
-            queued = actor._rounds[-1]
-            assert len(actor._rounds) == 2
+            queued = await _queue_behind_gate(actor, gate, playing, "p-1", "p-2")
             assert [work.inputs for work in queued.plan.batch] == [("p-2",)]
 
             _give(actor, playing, "p-3")
