@@ -53,6 +53,14 @@ async def _server(
     return str(binds[0])
 
 
+async def ask_a_text_turn(caller: Caller) -> None:
+    """Connect ``caller``, and once its session is up ask for an answer to a text turn."""
+    await caller.connect()
+    await caller.wait_type("session.created", TURN_TIMEOUT_S)
+    caller.send(TEXT_TURN)
+    caller.send({"type": "response.create"})
+
+
 def _post(url: str, body: bytes, content_type: str) -> tuple[int, bytes]:
     request = urllib.request.Request(url, body, {"Content-Type": content_type}, method="POST")
     try:
@@ -68,10 +76,7 @@ async def test_a_text_turn_is_heard_on_the_track(nursery: trio.Nursery) -> None:
     async def script() -> tuple[list[str], bytes]:
         caller = Caller(base_url)
         try:
-            await caller.connect()
-            await caller.wait_type("session.created", TURN_TIMEOUT_S)
-            caller.send(TEXT_TURN)
-            caller.send({"type": "response.create"})
+            await ask_a_text_turn(caller)
             await caller.wait_type("response.done", TURN_TIMEOUT_S)
             await caller.wait_type("output_audio_buffer.stopped", TURN_TIMEOUT_S)
             return caller.types(), bytes(caller.audio)
@@ -223,10 +228,7 @@ async def test_several_calls_at_once(nursery: trio.Nursery) -> None:
     async def one() -> tuple[str, float]:
         caller = Caller(base_url)
         try:
-            await caller.connect()
-            await caller.wait_type("session.created", TURN_TIMEOUT_S)
-            caller.send(TEXT_TURN)
-            caller.send({"type": "response.create"})
+            await ask_a_text_turn(caller)
             done = await caller.wait_type("response.done", 3 * TURN_TIMEOUT_S)
             assert done["response"]["status"] == "completed", done
             await caller.wait_type("output_audio_buffer.stopped", TURN_TIMEOUT_S)
@@ -289,10 +291,7 @@ async def test_the_playout_holds_the_answer_back_to_real_time(nursery: trio.Nurs
     async def script() -> float:
         caller = Caller(base_url)
         try:
-            await caller.connect()
-            await caller.wait_type("session.created", TURN_TIMEOUT_S)
-            caller.send(TEXT_TURN)
-            caller.send({"type": "response.create"})
+            await ask_a_text_turn(caller)
             started = await caller.wait_type("output_audio_buffer.started", TURN_TIMEOUT_S)
             done = await caller.wait_type("response.done", TURN_TIMEOUT_S)
             return caller.time_of(done) - caller.time_of(started)
