@@ -159,6 +159,17 @@ def _ms(values: list[float]) -> dict[str, float]:
     return {"median_ms": statistics.median(ordered) * 1000, "p99_ms": p99 * 1000}
 
 
+def on_ray(main: Any, arguments: argparse.Namespace) -> dict[str, Any]:
+    """``trio.run(main, arguments)`` on a Ray instance started for it (its start-up not
+    timed), shut down after."""
+    ray.init(include_dashboard=False, logging_level="WARNING")
+    try:
+        report: dict[str, Any] = trio.run(main, arguments)
+    finally:
+        ray.shutdown()
+    return report
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     hops: dict[str, dict[str, list[float]]] = {p: {} for p in PLACEMENTS}
     rates: dict[str, list[float]] = {p: [] for p in PLACEMENTS}
@@ -192,11 +203,7 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path)
     arguments = parser.parse_args()
-    ray.init(include_dashboard=False, logging_level="WARNING")
-    try:
-        report = trio.run(main, arguments)
-    finally:
-        ray.shutdown()
+    report = on_ray(main, arguments)
     text = json.dumps(report, indent=2)
     print(text)
     if arguments.json:
