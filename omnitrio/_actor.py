@@ -17,12 +17,11 @@ comes meanwhile, or an open stream round N+1 does not step whose next input come
 (a playing answer's text), joins round N+1 while the thread has not started it, and
 a stream round N+1 steps takes the input that came since into that step
 (``_amend``, in ``_actor_amend.py``), so it waits for the running step alone, not for
-two. One crossing into the
-thread and one back per round, whatever the batch size. Planning starts in one
-place, ``_advance`` (apply the rounds that came back, then plan while fewer than
-two are out), called where a round's result lands, where upstream offers work,
-and from the task when its ``Wakeup`` fires (an input, credit it was short of, a
-new or ended stream): no polling, no timeouts but the watchdog's.
+two. One crossing into the thread and one back per round, whatever the batch size.
+Planning starts in one place, ``_advance`` (apply the rounds that came back, then plan
+while fewer than two are out), called where a round's result lands, where upstream
+offers work, and from the task when its ``Wakeup`` fires (an input, credit it was
+short of, a new or ended stream): no polling, no timeouts but the watchdog's.
 
 Each stream's life at the stage is a ``Slot`` state machine (``_slot.py``). The
 actor's halves are modules of their own over the state they share
