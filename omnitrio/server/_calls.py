@@ -12,6 +12,13 @@ leaving, the peer connection is closed (at most ``CLOSE_TIMEOUT_S``) and every s
 the session held is already freed by the connection's nursery. A call counts among
 its API key's sessions (``max_sessions_per_key``) from its answer to its end.
 
+A draining server (``drain``, on a signal) takes no new call (a 503 saying it drains,
+as a new WebSocket session is refused) and ends each live one once it is quiet: an idle
+call at once, one whose answer is under way once that answer's ``response.done`` and
+its audio have gone out (``RealtimeConnection.end_when_quiet``); such a call's events
+channel is closed the orderly way first, so its last events reach the caller. What is
+left at the server's hard stop (the grace period) is cancelled.
+
 aiortc is the ``webrtc`` extra: without it ``create`` refuses with a 501.
 """
 
@@ -38,6 +45,9 @@ logger = logging.getLogger(__name__)
 
 MAX_SDP_BYTES = 64 * 1024
 CLOSE_TIMEOUT_S = 1.0
+FLUSH_TIMEOUT_S = 0.5
+"""Of the close: a call whose session ended waits this long at most for the caller to
+close the events channel (its last events delivered) before the peer connection closes."""
 ANSWER_TIMEOUT_S = 5.0
 """Taking an offer and gathering this side's candidates (host candidates only)."""
 
@@ -47,6 +57,8 @@ class _Call:
     call_id: str
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     done: trio.Event = field(default_factory=trio.Event)
+    connection: RealtimeConnection | None = None  # once the peer has connected
+    cut_because: str = "hung up"  # what cancelled ``scope``
 
 
 class Calls:
@@ -57,6 +69,7 @@ class Calls:
         self._nursery = nursery
         self._bridge: AsyncioThread | None = None
         self._calls: dict[str, _Call] = {}
+        self._draining = False
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -79,6 +92,9 @@ class Calls:
         of_key = _of_key(state, client)
         try:
             link, answer = await self._answer(offer, realtime)
+            if state.draining:  # the drain began while the offer was answered
+                await self._close_peer(link)
+                raise Refused.of(busy_error(state.refuse("draining")))
         except BaseException:
             of_key.close()
             raise
@@ -121,6 +137,25 @@ class Calls:
         call.scope.cancel()
         return True
 
+    def drain(self) -> None:
+        """The server drains: each call ends once it is quiet (see the module docstring),
+        one not yet connected at once; so does each call connected from now on."""
+        self._draining = True
+        for call in self._calls.values():
+            self._end_when_quiet(call)
+
+    def _end_when_quiet(self, call: _Call) -> None:
+        if call.connection is None:
+            call.cut_because = "the server stopped before it connected"
+            call.scope.cancel()
+        else:
+            call.connection.end_when_quiet()
+
+    async def wait_ended(self) -> None:
+        """Until every call has ended (and released its peer)."""
+        while self._calls:
+            await next(iter(self._calls.values())).done.wait()
+
     def _start_bridge(self) -> AsyncioThread:
         if self._bridge is None:
             try:
@@ -148,10 +183,9 @@ class Calls:
 
         settings = self._state.settings
         assert self._bridge is not None
-        why = "the server stopped"
+        why, flush_s = "the server stopped", 0.0
         try:
             with call.scope:
-                why = "hung up"
                 with trio.move_on_after(settings.webrtc_connect_timeout_s) as connecting:
                     await self._bridge.run(link.peer.wait_connected, has_channel)
                 if connecting.cancelled_caught:
@@ -159,19 +193,25 @@ class Calls:
                     return
                 logger.info("call %s connected", call.call_id)
                 connection = RealtimeConnection(self._state, link, session, client, media=link)
+                call.connection = connection
+                if self._draining:
+                    connection.end_when_quiet()
                 try:
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(self._watch, link, nursery.cancel_scope)
                         await connection.run()
-                        why = "its session ended"
+                        why = "the server drained it" if self._draining else "its session ended"
+                        flush_s = FLUSH_TIMEOUT_S
                         nursery.cancel_scope.cancel()
                 except* PeerGone as gone:
                     why = str(gone.exceptions[0]) or "the peer went away"
                 if link.peer.why_ended:
                     why = link.peer.why_ended
         finally:
+            if call.scope.cancelled_caught:
+                why = call.cut_because
             of_key.close()
-            await self._close_peer(link)
+            await self._close_peer(link, flush_s)
             del self._calls[call.call_id]
             call.done.set()
             logger.info("call %s ended: %s", call.call_id, why)
@@ -181,18 +221,19 @@ class Calls:
         await self._bridge.run(link.peer.wait_ended)
         scope.cancel()
 
-    async def _close_peer(self, link: CallLink) -> None:
+    async def _close_peer(self, link: CallLink, flush_s: float = 0.0) -> None:
         if self._bridge is None:
             return
         with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_TIMEOUT_S):
             try:
-                await self._bridge.run(link.peer.close)
+                await self._bridge.run(link.peer.close, flush_s)
             except Exception:
                 logger.warning("closing a call's peer connection failed", exc_info=True)
 
     async def close(self) -> None:
         """End every call and stop aiortc's thread."""
         for call in list(self._calls.values()):
+            call.cut_because = "the server stopped"
             call.scope.cancel()
         for call in list(self._calls.values()):
             await call.done.wait()
@@ -257,11 +298,16 @@ def _check_offer(offer: str) -> None:
 
 @asynccontextmanager
 async def open_calls(state: ServerState) -> AsyncIterator[Calls]:
-    """The server's calls, for as long as it serves; leaving ends every one."""
+    """The server's calls, for as long as it serves. Leaving drains them (``drain``;
+    ``serve`` began it already at its signal) and waits for them to end, within the
+    server's hard stop (its cancel scope's deadline, the grace period); leaving on an
+    error or a cancellation, or at that deadline, ends every call at once."""
     async with trio.open_nursery() as nursery:
         calls = Calls(state, nursery)
         try:
             yield calls
+            calls.drain()
+            await calls.wait_ended()
         finally:
             with trio.CancelScope(
                 shield=True, deadline=trio.current_time() + 2 * CLOSE_TIMEOUT_S + 1

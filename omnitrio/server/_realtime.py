@@ -144,6 +144,9 @@ class RealtimeConnection:
         self._detector: SessionSideStream | None = None
         self._speculation: _Speculation | None = None
         self._totals: SessionTotals | None = None  # its part in the client's totals
+        self._unsent = 0  # events queued and not yet handed to the transport
+        self._ending = False  # end_when_quiet: the session ends once nothing is under way
+        self._quiet = trio.Event()  # set (and replaced) as the connection may have gone quiet
 
     async def run(self) -> None:
         """Serve until the client leaves, the session limit passes or the client stalls."""
@@ -165,6 +168,7 @@ class RealtimeConnection:
                         await self._queue(event)
                     if self._media is not None:
                         nursery.start_soon(self._hear, nursery, self._media)
+                    nursery.start_soon(self._end_when_quiet, nursery.cancel_scope)
                     await self._read(nursery)
                     nursery.cancel_scope.cancel()
         except* _ClientTooSlow:
@@ -179,6 +183,30 @@ class RealtimeConnection:
             )
         elif session_limit.cancelled_caught:
             await self._close(1008, f"session length limit of {settings.max_session_s} s reached")
+
+    def answering(self) -> bool:
+        """A response runs (or waits for admission), an answer's audio still plays (a
+        call's), or events wait to go out to the client."""
+        return bool(self._responses or self._playing or self._unsent)
+
+    def end_when_quiet(self) -> None:
+        """End the session (``run`` returns) once it is not ``answering``: at once where
+        it is idle, else after its answer's last event (and, on a call, its audio) has
+        gone out. What the client asks for meanwhile is answered as usual (a draining
+        server refuses new responses). The server's drain asks it of its calls."""
+        self._ending = True
+        self._stir()
+
+    def _stir(self) -> None:
+        """Wake ``_end_when_quiet`` to look again (only where it waits)."""
+        if self._ending:
+            self._quiet.set()
+
+    async def _end_when_quiet(self, scope: trio.CancelScope) -> None:
+        while not self._ending or self.answering():
+            await self._quiet.wait()
+            self._quiet = trio.Event()
+        scope.cancel()
 
     async def _read(self, nursery: trio.Nursery) -> None:
         idle, totals = self._state.idle_sessions, self._totals
@@ -341,16 +369,21 @@ class RealtimeConnection:
     async def _write(self) -> None:
         async for event in self._outbound:
             await self._ws.send(self._session.encode(event))
+            self._unsent -= 1
+            if not self._unsent:
+                self._stir()
 
     async def _queue(self, event: ServerEvent) -> None:
         """Queue a server event; a client that lets the queue stay full is too slow."""
         try:  # the queue has room (the client reads): no timeout scope, no checkpoints
             self._send.send_nowait(event)
+            self._unsent += 1
             return
         except trio.WouldBlock:
             pass
         with trio.move_on_after(self._state.settings.send_timeout_s) as waited:
             await self._send.send(event)
+            self._unsent += 1
         if waited.cancelled_caught:
             raise _ClientTooSlow
 
@@ -422,6 +455,7 @@ class RealtimeConnection:
             raise
         finally:
             del self._responses[rid]
+            self._stir()  # (nothing is queued yet: response.done comes below)
         if reading.cancelled_caught or waiting.cancelled_caught:
             status = "cancelled"
         log.done(status)
@@ -473,6 +507,7 @@ class RealtimeConnection:
             await self._queue(
                 ServerEvent("output_audio_buffer.stopped", {"response_id": response_id})
             )
+        self._stir()
 
     async def _refuse_session(self, refused: SessionRefused) -> None:
         """A session past a per-client total: an ``error`` event saying which, then 1013."""

@@ -26,7 +26,7 @@ from .._config import PipelineConfig
 from .._listen import listen_socket
 from .._pipeline import open_pipeline
 from ._app import create_app
-from ._calls import open_calls
+from ._calls import Calls, open_calls
 from ._connections import ATTRIBUTE as CONNECTIONS_ATTRIBUTE
 from ._connections import ConnectionSlots, peer_of, refuse
 from ._h2c import ATTRIBUTE as H2C_ATTRIBUTE
@@ -166,6 +166,8 @@ async def serve(
                         outer.cancel_scope.cancel()
                     for state in states:
                         state.draining = True
+                        if isinstance(state.calls, Calls):  # idle calls end now
+                            state.calls.drain()
                     hard_stop_at = trio.current_time() + settings.grace_period_s
                     outer.cancel_scope.deadline = hard_stop_at
                     writes.stop_by(hard_stop_at)
@@ -179,9 +181,11 @@ async def serve(
                 app = wrap_app(trimming, hyper.wsgi_max_body_size, "asgi")
                 listening_sockets = Sockets([], list(listening), [])
                 serve_http = partial(worker_serve, app, hyper, sockets=listening_sockets)
-                # WebRTC calls outlive the requests that made them: they end (each within
-                # its close timeout) once the HTTP server has stopped, before the pipeline;
-                # then the shares' decoder processes end.
+                # WebRTC calls outlive the requests that made them: on a signal each ends
+                # once quiet (an answer under way goes out first, within the grace period;
+                # _calls.py), then the calls close (each within its close timeout) once the
+                # HTTP server has stopped, before the pipeline; then the shares' decoder
+                # processes end.
                 async with state.shares, open_calls(state) as calls:
                     state.calls = calls
                     async with trio.open_nursery() as server:  # ends before the pipeline does

@@ -304,7 +304,19 @@ class Peer:
             finally:
                 ended.cancel()
 
-    async def close(self) -> None:
+    async def close(self, flush_s: float = 0.0) -> None:
+        """Hang up. With ``flush_s``, where the call is still up, the events channel is
+        closed the orderly way first (aiortc sends what it holds before the stream reset)
+        and the caller is given at most that long to close its end, so the last events
+        reach it; then the connection closes (which would drop what is unsent)."""
+        channel = self._channel
+        flush = flush_s > 0 and not self._ended.is_set()
         self._end("the server hung up")
+        if flush and channel is not None and channel.readyState == "open":
+            closed = asyncio.Event()
+            channel.once("close", closed.set)
+            channel.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(closed.wait(), flush_s)
         self._track.stop()
         await self._pc.close()
