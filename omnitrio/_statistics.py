@@ -93,6 +93,21 @@ class StreamStatistics:
 
 
 @dataclass(frozen=True)
+class Occupancy:
+    """What a load generator samples while it runs (``Pipeline.occupancy``): the counts
+    of ``PipelineStatistics`` that cost next to nothing to read. No stage's step-time
+    model is worked out (``statistics()`` has each find its ``realtime_streams``, a
+    millisecond or more on the trio thread at 64 streams) and no stream is snapshotted."""
+
+    num_open_streams: int
+    queue_depth: Mapping[str, int]
+    """Per stage: payloads waiting on its incoming edge, its streams' together (the sum
+    of ``StageStatistics.queue_depth``)."""
+    last_batch_size: Mapping[str, int]
+    """Per stage: streams in its latest step."""
+
+
+@dataclass(frozen=True)
 class AdmissionWaitStatistics:
     """Requests that waited to be admitted (``pipeline.admission_wait_s``)."""
 

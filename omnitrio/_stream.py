@@ -191,7 +191,7 @@ class Stream:
         if client.discarded:
             raise trio.ClosedResourceError(f"stream {self.id!r} is closed")
         try:
-            item = await client.receive_channel.receive()
+            item = await client.receive()
         except trio.EndOfChannel:
             if state.failure is not None:
                 raise state.failure from state.failure.__cause__

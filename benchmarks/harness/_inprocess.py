@@ -19,7 +19,7 @@ from ._target import Prompt, Refused, Sample, TargetError, Timeline, rss_bytes_o
 
 
 class PipelineTarget:
-    """Streams through ``Pipeline.open_stream``; samples ``pipeline.statistics()``."""
+    """Streams through ``Pipeline.open_stream``; samples ``pipeline.occupancy()``."""
 
     def __init__(self, pipeline: Pipeline, name: str = "omnitrio") -> None:
         self.name = name
@@ -41,12 +41,14 @@ class PipelineTarget:
             raise TargetError(str(exc)) from exc
 
     async def sample(self) -> Sample:
-        stats = self._pipeline.statistics()
+        # Not ``statistics()``: at 64 streams it holds the trio thread a millisecond or
+        # more (every stage's model), the run's own clients and stages waiting meanwhile.
+        now = self._pipeline.occupancy()
         return Sample(
             at_s=0.0,
-            open_streams=stats.num_open_streams,
-            queue_depth={n: sum(s.queue_depth.values()) for n, s in stats.stages.items()},
-            batch_size={n: float(s.last_batch_size) for n, s in stats.stages.items()},
+            open_streams=now.num_open_streams,
+            queue_depth=dict(now.queue_depth),
+            batch_size={n: float(b) for n, b in now.last_batch_size.items()},
             rss_bytes=rss_bytes_of_self(),
         )
 

@@ -221,3 +221,25 @@ async def test_a_stream_left_out_for_a_newcomer_keeps_every_input_in_order(
     assert units == list(range(2, 401))  # the first came before the loop
     assert produced == sorted(produced)
     assert b.max_steps_to_first_step <= 2
+
+
+async def test_occupancy_counts_what_statistics_counts() -> None:
+    # ``omnitrio bench`` samples ``occupancy()`` instead of the dearer ``statistics()``:
+    # the same open streams, payloads waiting at each stage, and latest batches.
+    async with AsyncExitStack() as streams, omnitrio.open_pipeline(_config()) as pipeline:
+        stalled = await streams.enter_async_context(pipeline.open_stream("never read"))
+        with trio.fail_after(30):  # its client link full, payloads wait at b
+            while not _backed_up(pipeline.statistics(), stalled.id):  # noqa: ASYNC110 - no event marks a statistic
+                await trio.sleep(0.005)
+        now, stats = pipeline.occupancy(), pipeline.statistics()  # no checkpoint between
+    assert now.num_open_streams == stats.num_open_streams == 1
+    assert dict(now.queue_depth) == {
+        name: sum(stage.queue_depth.values()) for name, stage in stats.stages.items()
+    }
+    assert now.queue_depth["b"] > 0
+    assert dict(now.last_batch_size) == {n: s.last_batch_size for n, s in stats.stages.items()}
+
+
+def _backed_up(stats: omnitrio.PipelineStatistics, stream_id: str) -> bool:
+    full = stats.streams[stream_id].in_flight["client"] == CAPACITY
+    return full and stats.stages["b"].queue_depth[stream_id] > 0

@@ -91,7 +91,7 @@ async def test_unused_reservation_wakes_the_producers() -> None:
         await other.wait()
 
 
-async def test_an_edge_link_is_a_bounded_deque_and_the_client_link_a_trio_channel() -> None:
+async def test_an_edge_link_is_a_bounded_deque_and_the_client_link_one_the_client_awaits() -> None:
     edge = Link("a->b", capacity=2)
     assert not hasattr(edge, "receive_channel")  # nothing awaits an edge: no trio channel
     edge.put(["x", "y"])
@@ -104,8 +104,51 @@ async def test_an_edge_link_is_a_bounded_deque_and_the_client_link_a_trio_channe
     client = ClientLink("client", capacity=1)
     client.put(["x"])
     with trio.fail_after(1):
-        assert await client.receive_channel.receive() == "x"
+        assert await client.receive() == "x"
     client.took(1)
     client.discard()
     with pytest.raises(trio.ClosedResourceError):  # a discarded client link wakes a reader
-        await client.receive_channel.receive()
+        await client.receive()
+
+
+async def test_a_client_links_waiting_reader_is_woken_by_a_put_the_end_or_a_discard() -> None:
+    got: list[object] = []
+
+    async def read(link: ClientLink) -> None:
+        try:
+            got.append(await link.receive())
+        except (trio.EndOfChannel, trio.ClosedResourceError) as exc:
+            got.append(type(exc))
+
+    for wake, expected in [
+        (lambda link: link.put(["x", "y"]), "x"),
+        (lambda link: link.producer_done(), trio.EndOfChannel),
+        (lambda link: link.discard(), trio.ClosedResourceError),
+    ]:
+        client = ClientLink("client", capacity=2)
+        got.clear()
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read, client)
+                await trio.testing.wait_all_tasks_blocked()
+                assert got == []  # it waits: nothing was put
+                wake(client)
+        assert got == [expected]
+    assert client.buffered == 0  # the discarded one
+    client = ClientLink("client", capacity=2)
+    client.put(["x", "y"])  # an item handed over, the next one queued
+    assert await client.receive() == "x"
+    assert await client.receive() == "y"
+
+
+async def test_a_cancelled_receive_on_a_client_link_takes_no_item() -> None:
+    client = ClientLink("client", capacity=2)
+    with trio.move_on_after(0.01) as waited:
+        await client.receive()  # nothing yet: cancelled while it waits
+    assert waited.cancelled_caught
+    client.put(["x"])  # not handed to the cancelled reader
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        with pytest.raises(trio.Cancelled):
+            await client.receive()  # cancelled before it looks: the item stays
+    assert await client.receive() == "x"
