@@ -31,9 +31,10 @@ arrivals at ``OPEN_LOOP_LOAD`` times the rate the closed-loop limit's run comple
 (Poisson, for ``--open-loop-s``; a refused request stays refused), first under each
 fixed cap (the open-loop limit: the largest cap whose admitted streams all stayed
 continuous; arrivals one at a time take a prefill each, so it may lie below the
-closed loop's), then under headroom. An open loop's median counts its ramp-up and
-drain, so headroom's is reported against the limit and against the median the limit's
-own cap held under the same arrivals.
+closed loop's; where even the least cap given let a stream play discontinuously by
+both rules, lower caps are run until one holds, ``below``), then under headroom. An
+open loop's median counts its ramp-up and drain, so headroom's is reported against the
+limit and against the median the limit's own cap held under the same arrivals.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ OPEN_LOOP_LOAD = 1.5
 """Open-loop arrivals at this many times the rate the limit's run completed."""
 BUFFERED_TOLERANCE_S = 0.02
 """What a buffering player may wait in all and still count as continuous (a frame)."""
+BELOW_RESOLUTION = 1 / 16
+"""Below the caps given, the open-loop limit is searched to this share of it (``below``)."""
 RULES = ("both", "gaps", "buffered")
 """The continuity rules a limit is found by (``CapRun.held``); ``both`` is headroom's."""
 
@@ -187,6 +190,27 @@ def true_limit(
     return max(passed) if passed else None
 
 
+def below(runs: Sequence[CapRun], caps: Sequence[int], rule: str = "both") -> int | None:
+    """The next cap to run in open loop where even the least of ``caps`` (those given)
+    let a stream play discontinuously by ``rule`` (None: it did not, or the limit is
+    found): down by a quarter from the least cap run until one holds, then halfway
+    between the largest that held and the least above it that did not, to
+    ``BELOW_RESOLUTION`` of it."""
+    fixed = [run for run in runs if run.admission == "max_streams" and run.arrivals_per_s]
+    held = [run.cap for run in fixed if run.held(rule)]
+    failed = [run.cap for run in fixed if not run.held(rule)]
+    least = min(failed, default=None)
+    if least is None or least > min(caps) or (held and max(held) > least):
+        return None  # the caps given hold the limit
+    if not held:
+        cap = least * 3 // 4
+        return cap if 1 <= cap < least else None
+    top = max(held)
+    if least - top <= max(1, int(top * BELOW_RESOLUTION)):
+        return None
+    return (top + least) // 2
+
+
 async def find_limit(args: argparse.Namespace, config: PipelineConfig) -> list[CapRun]:
     """Sweep ``args.find_limit``'s caps with ``max_streams``, then headroom at the largest."""
     from .cli import make_prompts  # here: cli imports this module
@@ -210,6 +234,8 @@ async def find_limit(args: argparse.Namespace, config: PipelineConfig) -> list[C
     prompts = make_prompts(count, args.input_len, args.output_len, args.seed, args.option)
     for cap in caps:  # the same caps under the same arrivals: the open-loop limit
         runs.append(await _closed_loop(config, "max_streams", cap, count, prompts, args, rate))
+    while (lower := below(runs, caps)) is not None:  # none held by both: search below
+        runs.append(await _closed_loop(config, "max_streams", lower, count, prompts, args, rate))
     runs.append(await _closed_loop(config, "headroom", top, count, prompts, args, rate))
     return runs
 

@@ -61,6 +61,8 @@ PRIOR_SLACK = 1.05
 """A declared step (``StepPrior``) is charged this much more than declared (``_prior.py``)."""
 ERROR_HALF_LIFE_STEPS = 256.0
 """Half-life of a step in ``StepModel.step_error``."""
+BURST_HALF_LIFE_STEPS = 4.0
+"""Half-life of a step in ``StepModel.burst_share`` (about the steps a chunk takes)."""
 
 
 def _keep(half_life: float) -> float:
@@ -70,6 +72,7 @@ def _keep(half_life: float) -> float:
 _SHAPE_KEEP = _keep(SHAPE_HALF_LIFE_STEPS)
 _SCALE_KEEP = _keep(SCALE_HALF_LIFE_STEPS)
 _ERROR_KEEP = _keep(ERROR_HALF_LIFE_STEPS)
+_BURST_KEEP = _keep(BURST_HALF_LIFE_STEPS)
 
 Factor: TypeAlias = "float | Callable[[StepModel, int, float], float]"
 """A realtime factor to keep: a number, or one asked of a stage's model for ``n`` streams
@@ -151,6 +154,7 @@ class StepModel:
         self._busy_s = 0.0  # these four: weighted sums over every step, as the lines'
         self._first_n = self._first_b = self._first_t = 0.0  # over the first steps
         self.scale = 1.0
+        self._burst_s = self._burst_first_s = 0.0  # weighted sums over the last few steps
         self._error_w = self._error_sq = 0.0  # weighted count and squares of plain steps' errors
         self.cohorts = Cohorts()
         self.audio = Yield()
@@ -170,6 +174,10 @@ class StepModel:
             error = step_s / expected_s - 1.0
             self._error_w = self._error_w * _ERROR_KEEP + 1.0
             self._error_sq = self._error_sq * _ERROR_KEEP + error * error
+        plain = self._plain
+        excess_s = max(0.0, step_s - plain(batch_size)) if first and plain.fitted else 0.0
+        self._burst_s = self._burst_s * _BURST_KEEP + step_s
+        self._burst_first_s = self._burst_first_s * _BURST_KEEP + excess_s
         kind.add(batch_size, step_s)
         self.cohorts.stepped(num_first)
         expected = kind(batch_size)
@@ -199,11 +207,19 @@ class StepModel:
         plain_s = self._first_n * line.intercept_s + self._first_b * line.per_stream_s
         return min(MAX_FIRST_STEP_SHARE, max(0.0, self._first_t - plain_s) / self._busy_s)
 
-    def round_s(self, num_streams: int) -> float:
+    @property
+    def burst_share(self) -> float:
+        """``first_step_share`` over the last few steps (``BURST_HALF_LIFE_STEPS``): a
+        burst of arrivals, whose prefills a stream's next chunk waits behind."""
+        if self._burst_s <= 0:
+            return 0.0
+        return min(MAX_FIRST_STEP_SHARE, self._burst_first_s / self._burst_s)
+
+    def round_s(self, num_streams: int, share: float | None = None) -> float:
         """Time to step each of ``num_streams`` streams once, at the recent pace, with
-        the time the stage spends on other cohorts' first steps as it has lately, and
-        a partial last batch charged as far towards a whole one as the streams arrive
-        in lockstep (``_cohort.py``)."""
+        the time the stage spends on other cohorts' first steps as it has lately (or
+        ``share`` of it), and a partial last batch charged as far towards a whole one as
+        the streams arrive in lockstep (``_cohort.py``)."""
         if num_streams <= 0:
             return 0.0
         batch = self.max_batch_size
@@ -214,8 +230,8 @@ class StepModel:
             step_s = whole * self._step_s(line, batch) + self._step_s(line, charged)
         else:
             step_s = max(1, whole) * self._step_s(line, min(num_streams, batch))
-        share = self.cohorts.foreign_share(self.first_step_share, num_streams)
-        return self.scale * step_s / (1.0 - share)
+        share = self.first_step_share if share is None else share
+        return self.scale * step_s / (1.0 - self.cohorts.foreign_share(share, num_streams))
 
     def _step_s(self, line: _Line, size: float) -> float:
         if self.ramp:
@@ -278,6 +294,18 @@ class StepModel:
             round_s = self.prior_round_s(num_streams)
         else:
             return math.inf
+        if round_s <= 0:
+            return math.inf
+        return self.audio_s_per_stream_step(audio_s_delivered) / round_s
+
+    def burst_factor(self, num_streams: int, audio_s_delivered: float) -> float:
+        """``realtime_factor`` with the first steps of the last few steps
+        (``burst_share``) where they took more of the stage than lately (inf: not
+        measured yet)."""
+        share = self.burst_share
+        if share <= self.first_step_share or not self.ready(audio_s_delivered):
+            return math.inf
+        round_s = self.round_s(num_streams, share)
         if round_s <= 0:
             return math.inf
         return self.audio_s_per_stream_step(audio_s_delivered) / round_s

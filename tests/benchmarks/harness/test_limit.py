@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness._limit import CapRun, buffered_stall_s, limit_table, true_limit
+from benchmarks.harness._limit import CapRun, below, buffered_stall_s, limit_table, true_limit
 from benchmarks.harness._record import AudioArrival
 from benchmarks.harness._runner import LoadSettings, retry_delay_s
 from benchmarks.harness._target import Refused
@@ -29,6 +29,29 @@ def test_the_true_limit_is_the_largest_cap_that_kept_every_stream_continuous() -
     ]
     assert true_limit(runs) == 4
     assert true_limit(runs[2:]) is None
+
+
+def test_where_every_cap_given_fails_in_open_loop_lower_caps_are_searched() -> None:
+    """``bench-omni.yaml``'s open loop at 128.7 arrivals/s: no cap of 56-80 kept every
+    stream continuous by both rules, so the sweep named no limit."""
+
+    def open_run(cap: int, continuity: float) -> CapRun:
+        return CapRun(cap, "max_streams", 10, 0, 5, continuity, 1.0, None, None, 1.0, 9.0)
+
+    runs = [open_run(cap, 0.9) for cap in (56, 64, 72, 80)]
+    caps = [56, 64, 72, 80]
+    assert below(runs, caps) == 42  # down by a quarter
+    runs.append(open_run(42, 0.95))
+    assert below(runs, caps) == 31
+    runs.append(open_run(31, 1.0))  # held: then halfway up to the least that failed
+    assert below(runs, caps) == 36
+    runs += [open_run(36, 1.0), open_run(39, 0.9)]
+    assert below(runs, caps) == 37
+    runs.append(open_run(37, 1.0))
+    assert below(runs, caps) is None  # 37 held, 39 did not: within 1/16 of 37
+    assert true_limit(runs, rule="both", open_loop=True) == 37
+    # where the least cap given held, the sweep's own caps hold the limit
+    assert below([open_run(56, 1.0), open_run(64, 0.9)], caps) is None
 
 
 def test_in_open_loop_a_cap_may_refuse_and_still_set_the_limit() -> None:

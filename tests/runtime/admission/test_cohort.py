@@ -128,3 +128,41 @@ def test_headroom_admits_a_partial_batch_more_for_streams_that_arrive_alone() ->
 
     assert admitted(16) == 192  # the seventh batch charged whole: refused
     assert admitted(1) >= 210  # charged at its own size: most of it admitted (221)
+
+
+def _open_thinker() -> StepModel:
+    """``bench-omni.yaml``'s thinker (8 ms + 0.15 ms a stream, 20 ms of audio a step) in
+    an open loop: 45-52 streams, a stream arriving alone every third step (its prefill:
+    21.6 ms beyond a plain step), for long enough that the share is settled."""
+    model = StepModel(64)
+    for i in range(3000):
+        b = 45 + i % 8
+        first = 1 if i % 3 == 0 else 0
+        model.observe(b, 0.008 + 0.00015 * b + (0.0216 if first else 0.0), first)
+    model.completed(32, 0.64)
+    return model
+
+
+def test_a_burst_of_prefills_holds_admission_until_it_has_passed() -> None:
+    """Measured (a probe of ``bench-omni.yaml``'s open loop at 128.7 arrivals/s):
+    a stream's chunk that came over 100 ms late had 79-96 admissions a second in its
+    gap, against 26-33 over the run; slots freed together fill one arrival to a step,
+    each with a prefill, so the thinker's next few steps run at half pace although its
+    share over thousands of steps keeps real time. Refused through the burst, the
+    arrivals wait and then share a prefill."""
+    model = _open_thinker()
+    admission = Admission(80, 0.05, headroom=True)
+    for _ in range(20):  # answers of 0.64 s, the first 80 ms in the first chunk
+        admission.completed(0.9, 0.64, 0.08)
+
+    def refused() -> bool:
+        return admission.refusal(50, 50, [("thinker", model)], 100.0) is not None
+
+    assert not refused()  # the share over thousands of steps keeps the answers' pace
+    for _ in range(6):  # a burst: a stream arriving at each of six steps in a row
+        model.observe(50, 0.008 + 0.00015 * 50 + 0.0216, 1)
+    assert model.burst_share > model.first_step_share
+    assert refused()
+    for _ in range(8):  # plain steps: the burst has passed
+        model.observe(50, 0.008 + 0.00015 * 50)
+    assert not refused()

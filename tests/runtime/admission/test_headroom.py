@@ -441,6 +441,13 @@ def test_a_burst_of_prefills_does_not_move_scale_a_slowdown_does() -> None:
         model.observe(b, 0.008 + 0.00015 * b + 0.0216, 1)
     assert 0.98 < model.scale < 1.02  # each was as long as such steps are
     assert model.realtime_factor(41, audio_s) > 0.98 * before
+    # Only the burst's own steps refuse (``test_cohort.py``): a stream's next chunk waits
+    # behind them; a few plain steps later it has passed, and nothing of it stays.
+    refusal = admission.refusal(40, 40, [("thinker", model)], audio_s)
+    assert refusal is not None
+    assert "last steps' prefills" in str(refusal)
+    for b in (40, 41, 42, 43, 44, 40, 41, 42):
+        model.observe(b, 0.008 + 0.00015 * b)
     assert admission.refusal(40, 40, [("thinker", model)], audio_s) is None
     # A slowdown of every step, prefills too, still shows within tens of steps.
     slow = _steady(every_first=5)
