@@ -10,8 +10,9 @@ rooms: which answer speaks what in a step (tts_schedule.py: a step that speaks s
 answer's first phrase speaks no other answer's later phrase, else the one later phrase
 whose answer runs out soonest), how the audio is made (tts_synthesis.py: espeak-ng's
 phonemes, a phrase that espeak-ng fails on failing only its own stream, and Piper),
-and this stage's step, which joins them and logs each part it made under ``--trace``
-(trace.py). Its params that shape phrases and parts are checked in tts_params.py.
+and this stage's step, which joins them and logs each part it made, and the step
+itself, under ``--trace`` (trace.py). Its params that shape phrases and parts are
+checked in tts_params.py.
 
 With param ``first_chunk_frames`` (null: off), an answer's first phrase is spoken
 in two steps (tts_stream.py): its first ``first_chunk_frames`` frames (~11.6 ms
@@ -64,6 +65,7 @@ from .pcm import Floats, float_to_pcm16, without_quiet_start
 from .phonemes import PhonemizerError
 from .phrases import PhraseSplitter
 from .trace import mark, part
+from .trace import step as trace_step
 from .tts_params import check_cuts, check_parts
 from .tts_schedule import PhraseQueue, later_phrase
 from .tts_synthesis import PiperVoice, SplitParams, voice_files
@@ -181,6 +183,7 @@ class PiperTts:
         return self.voice.synthesize(text, noise=noise)
 
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        started = time.monotonic()
         for work in batch:
             speech = self.streams[work.stream_id]
             speech.feed(work.inputs, work.input_closed)
@@ -189,9 +192,13 @@ class PiperTts:
             if speech.cut_later_if_late(self.later_phrase_cut_s):
                 self.later_phrase_cuts += 1
         later = later_phrase(self.streams, [w.stream_id for w in batch])  # tts_schedule.py
-        return {
+        outputs = {
             w.stream_id: self._speak_or_fail(w.stream_id, later=w.stream_id == later) for w in batch
         }
+        trace_step(
+            self.name, started, len(batch), [sid for sid, out in outputs.items() if out.visible]
+        )
+        return outputs
 
     def _speak_or_fail(self, stream_id: str, *, later: bool) -> StreamOutput:
         """``_speak``; a phrase espeak-ng fails on fails only its own stream."""

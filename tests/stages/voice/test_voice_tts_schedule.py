@@ -174,3 +174,29 @@ def test_a_first_phrase_boundary_minimum_outside_its_bounds_is_refused(words: in
 
     with pytest.raises(ValueError, match=f"first_phrase_boundary_min_words .*got {words}"):
         PiperTts("tts", first_phrase_max_words=8, first_phrase_boundary_min_words=words)
+
+
+@needs_voice
+def test_each_step_is_logged_for_the_trace_with_the_answers_it_made_audio_for(
+    tts: object, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With tracing on (``--trace``), each TTS step is a ``voice-step`` line: the stage,
+    its start and end (monotonic s), its batch size and the answers it made audio for
+    ("-": none), so a late part's wait can be laid against the steps around it."""
+    from stages.voice import trace
+
+    monkeypatch.setattr(trace, "ENABLED", True)
+    caplog.set_level("INFO", logger="stages.voice.trace")
+    for sid in ("speaks", "waits"):
+        tts.open_stream(sid, Request())  # type: ignore[attr-defined]
+    before = time.monotonic()
+    tts.step([StreamWork("speaks", (TextPiece(PHRASE),), True), StreamWork("waits", (), False)])  # type: ignore[attr-defined]
+    tts.step([StreamWork("waits", (TextPiece("Dogs"),), False)])  # type: ignore[attr-defined]
+    lines = [r.getMessage().split() for r in caplog.records if "voice-step" in r.getMessage()]
+    assert [(line[1], line[4], line[5]) for line in lines] == [
+        ("tts", "2", "speaks"),
+        ("tts", "1", "-"),
+    ]
+    assert before <= float(lines[0][2]) <= float(lines[0][3]) <= float(lines[1][2])
+    for sid in ("speaks", "waits"):
+        tts.close_stream(sid)  # type: ignore[attr-defined]
