@@ -14,7 +14,8 @@ behind the running one without this answer), the queue (ready, but the TTS stage
 busy with other parts or answers) and the synthesis itself. A trace without the LLM's
 time (``written``) blames what was the delivery on the text. ``late_list`` lists the late
 parts one by one, with how long their answer held its tokens (first_audio.py's
-``voice-held`` lines) since its previous part.
+``voice-held`` lines) since its previous part, and the other parts the TTS made while
+its text was on the way or queued (``behind``).
 """
 
 from __future__ import annotations
@@ -107,9 +108,22 @@ def late_list(log_text: str, start_s: float, end_s: float, buffer_s: float) -> l
         )
         lines.append(
             f"{part.stream_id} part {index + 1}: {late_s:.2f} s late; waited {spent} s;"
-            f" its tokens held {held_s:.2f} s"
+            f" its tokens held {held_s:.2f} s{behind(part, found)}"
         )
     return lines
+
+
+def behind(part: Part, found: list[Part]) -> str:
+    """What the TTS synthesised while ``part``'s text was on its way to it or queued
+    there (from when its last piece left the LLM, or its previous part was made, to its
+    own start): each other part with its answer, kind and synthesis time, or ""."""
+    since = max(part.written_s or part.text_s, part.previous_s)
+    meanwhile = [
+        f"{p.stream_id} {p.kind} {p.end_s - p.start_s:.2f}"
+        for p in found
+        if p is not part and p.end_s > since and p.start_s < part.start_s
+    ]
+    return f"; the TTS meanwhile: {', '.join(meanwhile)}" if meanwhile else ""
 
 
 @dataclass(frozen=True)

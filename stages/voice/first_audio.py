@@ -187,12 +187,34 @@ class FirstAudio:
             return 0.0
         return runs_out - self.min_slack_s - time.monotonic()
 
+    def later_may_wait(self, stream_id: str, min_slack_s: float) -> bool:
+        """Whether ``stream_id``'s later phrase may wait at the TTS now (its param
+        ``later_phrase_min_slack_s``): its first phrase is out, another answer is on its
+        way to its first audio (as ``hold_for_starting`` counts it, whatever that is
+        set to), and its own audio made runs out more than ``min_slack_s`` from now."""
+        with self._changed:
+            runs_out = self._runs_out.get(stream_id)
+            if stream_id not in self._past_first or runs_out is None:
+                return False
+            if runs_out - time.monotonic() <= min_slack_s:
+                return False
+            return self._another_starting(stream_id)
+
+    def wait_for_start(self, timeout_s: float) -> None:
+        """Wait until an answer's start ends or a synthesis does, at most ``timeout_s``
+        (the TTS's step when its only work is later phrases that wait)."""
+        with self._changed:
+            self._changed.wait(timeout_s)
+
     def _busy(self, stream_id: str) -> bool:
         """Whether some other answer's first audio is under way (the lock held)."""
         if self._synthesizing:
             return True
-        if not self.hold_for_starting:
-            return False
+        return self.hold_for_starting and self._another_starting(stream_id)
+
+    def _another_starting(self, stream_id: str) -> bool:
+        """Whether an answer other than ``stream_id`` is on its way to its first audio
+        (the lock held); those past ``STARTING_MAX_S`` (``THROUGH_MAX_S``) are dropped."""
         oldest = time.monotonic() - (THROUGH_MAX_S if self.through_first_phrase else STARTING_MAX_S)
         for sid, since in list(self._starting.items()):
             if since < oldest:

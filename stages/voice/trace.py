@@ -50,3 +50,13 @@ def held(stream_id: str, since_s: float, why: str) -> None:
     streams it held for; only when tracing is on)."""
     if ENABLED:
         _logger.info("voice-held %s %.6f %.6f %s", stream_id, since_s, time.monotonic(), why)
+
+
+def step(stage: str, started_s: float, size: int, spoke: list[str]) -> None:
+    """Log one step of ``stage``: when it started (``started_s``) and ended (now), how
+    many streams its batch had and which of them it made audio for (``voice-step
+    <stage> <start> <end> <size> <ids, comma-separated, or ->``; only when tracing is
+    on)."""
+    if ENABLED:
+        ids = ",".join(spoke) or "-"
+        _logger.info("voice-step %s %.6f %.6f %d %s", stage, started_s, time.monotonic(), size, ids)

@@ -10,8 +10,9 @@ rooms: which answer speaks what in a step (tts_schedule.py: a step that speaks s
 answer's first phrase speaks no other answer's later phrase, else the one later phrase
 whose answer runs out soonest), how the audio is made (tts_synthesis.py: espeak-ng's
 phonemes, a phrase that espeak-ng fails on failing only its own stream, and Piper),
-and this stage's step, which joins them and logs each part it made under ``--trace``
-(trace.py). Its params that shape phrases and parts are checked in tts_params.py.
+and this stage's step, which joins them and logs each part it made, and the step
+itself, under ``--trace`` (trace.py). Its params that shape phrases and parts are
+checked in tts_params.py.
 
 With param ``first_chunk_frames`` (null: off), an answer's first phrase is spoken
 in two steps (tts_stream.py): its first ``first_chunk_frames`` frames (~11.6 ms
@@ -31,7 +32,12 @@ part's audio runs out within that many seconds ends at its last whole word; with
 ``later_phrase_cut_s`` (null: off), a later phrase still open when the answer's audio
 runs out within that many seconds ends before its last boundary word, else at its last
 whole word (tts_schedule.py). With ``first_phrase_boundary_min_words`` (null: off), the
-first phrase's cut for length never leaves it fewer words (phrases.py).
+first phrase's cut for length never leaves it fewer words (phrases.py). With
+``later_phrase_min_slack_s`` (null: off), while another answer is on its way to its
+first audio or its first phrase's join (first_audio.py), a later phrase whose answer's
+audio runs out more than that many seconds from now is not spoken (tts_schedule.py), so
+the new answer's text finds the stage free; a step with nothing else to do then sleeps
+up to ``LATER_WAIT_S``.
 
 With param ``max_part_frames`` (null: off), a phrase longer than that many frames
 (~11.6 ms each) is spoken in parts of at most that many, a part a step, from one front
@@ -55,6 +61,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
 
@@ -64,9 +71,12 @@ from .pcm import Floats, float_to_pcm16, without_quiet_start
 from .phonemes import PhonemizerError
 from .phrases import PhraseSplitter
 from .trace import mark, part
+from .trace import step as trace_step
 from .tts_params import check_cuts, check_parts
 from .tts_schedule import PhraseQueue, later_phrase
 from .tts_synthesis import PiperVoice, SplitParams, voice_files
+
+LATER_WAIT_S = 0.02  # a step whose only work is later phrases that wait sleeps this long at most
 
 
 @dataclass
@@ -104,6 +114,7 @@ class PiperTts:
         first_part_pauses_answer: bool = False,
         first_phrase_cut_s: float | None = None,
         later_phrase_cut_s: float | None = None,
+        later_phrase_min_slack_s: float | None = None,
         chunk_left_frames: int = 24,
         chunk_right_frames: int = 20,
         noise: bool = True,
@@ -123,7 +134,12 @@ class PiperTts:
             first_part_pauses_answer,
             first_phrase_cut_s,
         )
-        check_cuts(first_phrase_boundary_min_words, first_phrase_max_words, later_phrase_cut_s)
+        check_cuts(
+            first_phrase_boundary_min_words,
+            first_phrase_max_words,
+            later_phrase_cut_s,
+            later_phrase_min_slack_s,
+        )
         self.min_comma_words = min_comma_words
         self.max_phrase_words = max_phrase_words
         self.first_phrase_max_words = first_phrase_max_words
@@ -136,6 +152,7 @@ class PiperTts:
         self.first_part_pauses_answer = first_part_pauses_answer
         self.first_phrase_cut_s = first_phrase_cut_s
         self.later_phrase_cut_s = later_phrase_cut_s
+        self.later_phrase_min_slack_s = later_phrase_min_slack_s
         split = SplitParams(
             first_chunk_frames, max_part_frames, chunk_left_frames, chunk_right_frames
         )
@@ -156,6 +173,7 @@ class PiperTts:
         self.joins = self.voice.joins  # tts_join.py: the first phrases spoken across a join
         self.first_phrase_cuts = 0  # first phrases cut short for time (first_phrase_cut_s)
         self.later_phrase_cuts = 0  # later phrases cut short for time (later_phrase_cut_s)
+        self.later_phrase_waits = 0  # steps that held a later phrase (later_phrase_min_slack_s)
 
     def open_stream(self, stream_id: str, request: Request) -> None:
         splitter = PhraseSplitter(
@@ -181,6 +199,7 @@ class PiperTts:
         return self.voice.synthesize(text, noise=noise)
 
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
+        started = time.monotonic()
         for work in batch:
             speech = self.streams[work.stream_id]
             speech.feed(work.inputs, work.input_closed)
@@ -188,10 +207,20 @@ class PiperTts:
                 self.first_phrase_cuts += 1
             if speech.cut_later_if_late(self.later_phrase_cut_s):
                 self.later_phrase_cuts += 1
-        later = later_phrase(self.streams, [w.stream_id for w in batch])  # tts_schedule.py
-        return {
+        slack = self.later_phrase_min_slack_s
+        may_wait = None if slack is None else partial(FIRST_AUDIO.later_may_wait, min_slack_s=slack)
+        later, held = later_phrase(self.streams, [w.stream_id for w in batch], may_wait)
+        outputs = {
             w.stream_id: self._speak_or_fail(w.stream_id, later=w.stream_id == later) for w in batch
         }
+        if held:
+            self.later_phrase_waits += 1
+            if not any(out.visible for out in outputs.values()):
+                FIRST_AUDIO.wait_for_start(LATER_WAIT_S)  # not a busy loop of empty steps
+        trace_step(
+            self.name, started, len(batch), [sid for sid, out in outputs.items() if out.visible]
+        )
+        return outputs
 
     def _speak_or_fail(self, stream_id: str, *, later: bool) -> StreamOutput:
         """``_speak``; a phrase espeak-ng fails on fails only its own stream."""

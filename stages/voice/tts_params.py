@@ -41,9 +41,10 @@ def check_cuts(
     first_phrase_boundary_min_words: int | None,
     first_phrase_max_words: int,
     later_phrase_cut_s: float | None,
+    later_phrase_min_slack_s: float | None = None,
 ) -> None:
-    """The params that cut phrases (phrases.py, tts_schedule.py), or a ``ValueError``
-    naming the wrong one."""
+    """The params that cut phrases (phrases.py, tts_schedule.py) or hold later ones
+    back, or a ``ValueError`` naming the wrong one."""
     boundary_min = first_phrase_boundary_min_words
     if boundary_min is not None and not 2 <= boundary_min <= first_phrase_max_words:
         raise ValueError(
@@ -52,3 +53,6 @@ def check_cuts(
         )
     if later_phrase_cut_s is not None and not later_phrase_cut_s >= 0:
         raise ValueError(f"later_phrase_cut_s must be at least 0 or null, got {later_phrase_cut_s}")
+    slack = later_phrase_min_slack_s
+    if slack is not None and not slack >= 0:
+        raise ValueError(f"later_phrase_min_slack_s must be at least 0 or null, got {slack}")

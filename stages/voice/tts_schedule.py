@@ -23,13 +23,22 @@ boundary word, else at its last whole word (phrases.py ``cut_later``). Measured 
 for a 200 ms buffer all waited on a later phrase the LLM was still writing: a first
 phrase cut for length at a boundary left its words to the second, which then ran on to
 its sentence's end through quoted names of many tokens each.
+
+With ``later_phrase_min_slack_s`` (null: off), a later phrase also waits while another
+answer is on its way to its first audio or its first phrase's join (first_audio.py
+``later_may_wait``), if its own answer's audio runs out more than that many seconds
+from now. Traced at four conversations (issue 41, eleventh session), a first phrase's
+join whose text came late had waited for the TTS step speaking another answer's later
+phrase, most often one with more than 1 s of audio ahead. A phrase held back goes once
+its audio ahead is down to the slack, and can then be in a join's way itself
+(docs/benchmarks-voice.md).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .payloads import TextPiece
@@ -127,12 +136,20 @@ class PhraseQueue(SplitState):
         return self.phrases.popleft()
 
 
-def later_phrase(queues: Mapping[str, PhraseQueue], batch: Sequence[str]) -> str | None:
+def later_phrase(
+    queues: Mapping[str, PhraseQueue],
+    batch: Sequence[str],
+    may_wait: Callable[[str], bool] | None = None,
+) -> tuple[str | None, bool]:
     """The one answer of ``batch`` whose later phrase this step speaks: none while any
     answer's first phrase is due (the others' earlier audio is still playing, so the
     first audio is not held back behind them); else the answer whose audio runs out
-    first (the others next)."""
+    first (the others next), of those ``may_wait`` (the TTS param
+    ``later_phrase_min_slack_s``) does not hold back. And whether ``may_wait`` held one
+    back."""
     if any(queues[sid].first_due() for sid in batch):
-        return None
-    waiting = [sid for sid in batch if queues[sid].later_due()]
-    return min(waiting, key=lambda sid: queues[sid].runs_out) if waiting else None
+        return None, False
+    due = [sid for sid in batch if queues[sid].later_due()]
+    waiting = [sid for sid in due if may_wait is None or not may_wait(sid)]
+    held = len(waiting) < len(due)
+    return (min(waiting, key=lambda sid: queues[sid].runs_out) if waiting else None), held

@@ -66,3 +66,21 @@ def test_late_list_names_each_late_part_its_waits_and_its_answers_holds() -> Non
     )
     assert late_list(log, 0.0, 11.0, buffer_s=0.2) == []
     assert held(log)["s1"] == [(10.5, 10.9), (12.0, 12.5)]
+
+
+def test_late_list_names_what_the_tts_made_while_a_late_parts_text_was_on_its_way() -> None:
+    """s1's join left the LLM at 10.3 and was at the TTS at 10.6, behind s2's later part
+    (10.25-10.6); s3's first part ended before the text left, so it is not named."""
+    log = (
+        "voice-part first s1 start=10.0000 end=10.1000 runs_out=0.0000 text=9.9000"
+        " prev=0.0000 audio=0.3700\n"
+        "voice-part first s3 start=10.1000 end=10.2500 runs_out=0.0000 text=10.0000"
+        " prev=0.0000 audio=0.3700\n"
+        "voice-part next s2 start=10.2500 end=10.6000 runs_out=11.0000 text=10.2000"
+        " prev=9.0000 audio=1.4000\n"
+        "voice-part next s1 start=10.6000 end=10.8500 runs_out=10.4700 text=10.6000"
+        " written=10.3000 prev=10.1000 audio=1.0000\n"
+    )
+    (line,) = late_list(log, 0.0, 100.0, buffer_s=0.2)
+    assert line.endswith("its tokens held 0.00 s; the TTS meanwhile: s2 next 0.35")
+    assert "delivery 0.30" in line

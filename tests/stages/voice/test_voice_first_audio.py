@@ -4,6 +4,7 @@ is synthesised, and only then; others never wait."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -320,3 +321,22 @@ def test_a_hold_is_logged_for_the_trace_with_what_it_held_for(
     name, stream_id, since, until, why = line.split()
     assert (name, stream_id, why) == ("voice-held", "speaking", "synth=0;starting=newcomer")
     assert before <= float(since) <= float(until) - 0.04
+
+
+def test_a_later_phrase_may_wait_at_the_tts_only_while_another_answer_starts_and_it_can() -> None:
+    """The TTS param ``later_phrase_min_slack_s``: a speaking answer's later phrase waits
+    while another answer is on its way to its first audio (whatever the LLM's hold is
+    set to), and only with more audio ahead than the slack."""
+    gate = FirstAudio()
+    gate.first_phrase_out("playing")
+    gate.audio_made("playing", time.monotonic() + 5.0)
+    assert not gate.later_may_wait("playing", 1.0)  # nobody starting
+    gate.answer_starting("new")
+    assert gate.later_may_wait("playing", 1.0)
+    assert not gate.later_may_wait("playing", 10.0)  # too little audio ahead
+    assert not gate.later_may_wait("new", 1.0)  # its own start, no audio made
+    gate.first_audio_made("new")  # without through_first_phrase: its start ends here
+    assert not gate.later_may_wait("playing", 1.0)
+    gate.answer_starting("other")
+    gate.forget("playing")
+    assert not gate.later_may_wait("playing", 1.0)  # forgotten

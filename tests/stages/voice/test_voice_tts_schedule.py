@@ -59,8 +59,8 @@ def test_a_first_phrase_due_holds_every_later_phrase_back() -> None:
     queues = {"old": _queue("Yes. No.", spoken=1, runs_out=5.0), "new": _queue("Hello.")}
     assert queues["old"].later_due()
     assert queues["new"].first_due()
-    assert later_phrase(queues, ["old", "new"]) is None
-    assert later_phrase(queues, ["old"]) == "old"
+    assert later_phrase(queues, ["old", "new"]) == (None, False)
+    assert later_phrase(queues, ["old"]) == ("old", False)
 
 
 def test_one_later_phrase_a_step_the_one_whose_audio_runs_out_first() -> None:
@@ -68,10 +68,22 @@ def test_one_later_phrase_a_step_the_one_whose_audio_runs_out_first() -> None:
         sid: _queue("Yes. No.", spoken=1, runs_out=runs_out)
         for sid, runs_out in (("a", 3.0), ("b", 1.0), ("c", 2.0))
     }
-    assert later_phrase(queues, ["a", "b", "c"]) == "b"
+    assert later_phrase(queues, ["a", "b", "c"]) == ("b", False)
     queues["b"].phrases.clear()  # nothing ready: not chosen
-    assert later_phrase(queues, ["a", "b", "c"]) == "c"
-    assert later_phrase(queues, []) is None
+    assert later_phrase(queues, ["a", "b", "c"]) == ("c", False)
+    assert later_phrase(queues, []) == (None, False)
+
+
+def test_a_later_phrase_that_may_wait_is_held_back_and_the_next_one_speaks() -> None:
+    """``later_phrase_min_slack_s``: the answers ``may_wait`` names are skipped (and the
+    step says it held one back); none left, none speaks."""
+    queues = {
+        sid: _queue("Yes. No.", spoken=1, runs_out=runs_out)
+        for sid, runs_out in (("a", 3.0), ("b", 1.0))
+    }
+    assert later_phrase(queues, ["a", "b"], lambda sid: sid == "b") == ("a", True)
+    assert later_phrase(queues, ["a", "b"], lambda sid: True) == (None, True)
+    assert later_phrase(queues, ["a", "b"], lambda sid: False) == ("b", False)
 
 
 def test_no_cut_without_a_first_part_out() -> None:
@@ -174,3 +186,64 @@ def test_a_first_phrase_boundary_minimum_outside_its_bounds_is_refused(words: in
 
     with pytest.raises(ValueError, match=f"first_phrase_boundary_min_words .*got {words}"):
         PiperTts("tts", first_phrase_max_words=8, first_phrase_boundary_min_words=words)
+
+
+@needs_voice
+def test_each_step_is_logged_for_the_trace_with_the_answers_it_made_audio_for(
+    tts: object, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With tracing on (``--trace``), each TTS step is a ``voice-step`` line: the stage,
+    its start and end (monotonic s), its batch size and the answers it made audio for
+    ("-": none), so a late part's wait can be laid against the steps around it."""
+    from stages.voice import trace
+
+    monkeypatch.setattr(trace, "ENABLED", True)
+    caplog.set_level("INFO", logger="stages.voice.trace")
+    for sid in ("speaks", "waits"):
+        tts.open_stream(sid, Request())  # type: ignore[attr-defined]
+    before = time.monotonic()
+    tts.step([StreamWork("speaks", (TextPiece(PHRASE),), True), StreamWork("waits", (), False)])  # type: ignore[attr-defined]
+    tts.step([StreamWork("waits", (TextPiece("Dogs"),), False)])  # type: ignore[attr-defined]
+    lines = [r.getMessage().split() for r in caplog.records if "voice-step" in r.getMessage()]
+    assert [(line[1], line[4], line[5]) for line in lines] == [
+        ("tts", "2", "speaks"),
+        ("tts", "1", "-"),
+    ]
+    assert before <= float(lines[0][2]) <= float(lines[0][3]) <= float(lines[1][2])
+    for sid in ("speaks", "waits"):
+        tts.close_stream(sid)  # type: ignore[attr-defined]
+
+
+@needs_voice
+def test_a_later_phrase_waits_while_another_answer_starts_if_its_audio_ahead_affords_it(
+    tmp_path: Path,
+) -> None:
+    """``later_phrase_min_slack_s``: while another answer is on its way to its first
+    audio, a later phrase whose answer has more audio ahead than the slack is not spoken;
+    a step with nothing else to do then sleeps a little (no busy loop of empty steps)
+    and says there is more; once the start ends, the phrase is spoken."""
+    from stages.voice.first_audio import FIRST_AUDIO
+    from stages.voice.tts import LATER_WAIT_S, PiperTts
+
+    tts = PiperTts(
+        "tts", first_chunk_frames=24, later_phrase_min_slack_s=0.5, cache_dir=str(tmp_path)
+    )
+    tts.open_stream("old", Request())
+    inputs: tuple[object, ...] = (TextPiece(f"{PHRASE} Dogs like bones too."),)
+    while tts.streams["old"].first_due() or inputs:
+        tts.step([StreamWork("old", inputs, True)])
+        inputs = ()
+    try:
+        FIRST_AUDIO.answer_starting("new")
+        started = time.monotonic()
+        held = tts.step([StreamWork("old", (), True)])["old"]
+        assert time.monotonic() - started >= LATER_WAIT_S * 0.9
+        assert (held.visible, held.more, held.done) == ((), True, False)
+        assert tts.later_phrase_waits == 1
+        FIRST_AUDIO.forget("new")
+        spoken = tts.step([StreamWork("old", (), True)])["old"]
+        assert [isinstance(i, AudioChunk) for i in spoken.visible] == [True]
+        assert spoken.done
+    finally:
+        FIRST_AUDIO.forget("new")
+        tts.close()
