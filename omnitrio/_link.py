@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
+import outcome
 import trio
 
 
@@ -223,7 +224,6 @@ class ClientLink(Link):
     def __init__(self, name: str, capacity: int, num_producers: int = 1) -> None:
         super().__init__(name, capacity, num_producers)
         self._waiter: trio.lowlevel.Task | None = None
-        self._woken: tuple[object, BaseException | None] = (None, None)  # for the waiter
 
     async def receive(self) -> object:
         """The next item: waits for one. Raises ``trio.EndOfChannel`` once the producers
@@ -246,11 +246,9 @@ class ClientLink(Link):
             self._waiter = None
             return trio.lowlevel.Abort.SUCCEEDED
 
-        await trio.lowlevel.wait_task_rescheduled(abort)
-        (item, error), self._woken = self._woken, (None, None)
-        if error is not None:
-            raise error
-        return item
+        # each woken task carries its own item (or error): a second task that starts
+        # waiting before the first has run cannot take the first one's
+        return await trio.lowlevel.wait_task_rescheduled(abort)
 
     def _send_all(self, items: Iterable[object]) -> int:
         waiter = self._waiter
@@ -264,8 +262,7 @@ class ClientLink(Link):
         if len(batch) > self.capacity:
             raise trio.WouldBlock(f"link {self.name!r} is full ({self.capacity})")
         self._waiter = None
-        self._woken = (batch[0], None)
-        trio.lowlevel.reschedule(waiter)
+        trio.lowlevel.reschedule(waiter, outcome.Value(batch[0]))
         self._items.extend(batch[1:])
         return len(batch)
 
@@ -281,5 +278,4 @@ class ClientLink(Link):
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
-            self._woken = (None, error)
-            trio.lowlevel.reschedule(waiter)
+            trio.lowlevel.reschedule(waiter, outcome.Error(error))

@@ -395,7 +395,10 @@ class Pipeline:
             stream.fail(PipelineClosed(stream.id))
 
     def statistics(self) -> PipelineStatistics:
-        """A frozen snapshot of every stage and stream. Cheap; never blocks."""
+        """A frozen snapshot of every stage and stream. Never blocks, but works out every
+        stage's admission model and every stream's links on the trio thread (a
+        millisecond or more at 64 streams): a sampler that needs only the counts asks
+        ``occupancy()``."""
         actors = self._actors
         audio_s = self._delivery.audio_s_put
         cap = self.config.pipeline.max_streams

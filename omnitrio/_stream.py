@@ -184,7 +184,9 @@ class Stream:
         Blocks until a stage produces one. Raises ``StopAsyncIteration`` when the
         stream is complete, the stage's ``StageError`` if it failed, and
         ``trio.ClosedResourceError`` after ``aclose()``. Cancellation-safe: a
-        cancelled call consumes no item. Taking an item frees one unit of credit.
+        cancelled call consumes no item. Taking an item frees one unit of credit. One
+        task receives at a time: a second one that would wait meanwhile raises
+        ``trio.BusyResourceError``.
         """
         state = self._state
         client = state.client

@@ -17,7 +17,8 @@ always admitted. The factor is asked twice: with the stage's first-step share la
 with that of its last few steps (``StepModel.burst_factor``). Slots that free together
 fill one arrival a step, each with a prefill, and a stream's next chunk waits behind
 them: ``bench-omni.yaml``'s open loop ran 21-23 % of its streams over a 100 ms gap,
-though its share over thousands of steps kept the answers' pace. Two guards
+though its share over thousands of steps kept the answers' pace. A stage with no
+active stream takes no step, so its last few steps are not asked there. Two guards
 cover what the models cannot see (``_guards.py``): before any model is ready a first
 wave is admitted up to ``warmup_streams`` where that is set (and, where the stages
 declare what a step costs, only as far as that keeps real time: ``_prior.py``), and while
@@ -65,10 +66,14 @@ AUDIO_KEEP = 0.9
 """Weight of the past in the mean audio of completed streams (per completion)."""
 
 
-def _factor(model: StepModel, num_streams: int, audio_s: float) -> float:
-    """The stage's realtime factor for ``num_streams``, lately and over its last few
-    steps (``StepModel.burst_factor``), whichever is less."""
+def _factor(model: StepModel, num_streams: int, audio_s: float, stepping: bool) -> float:
+    """The stage's realtime factor for ``num_streams``, lately and, while the stage is
+    ``stepping`` (it has active streams), over its last few steps
+    (``StepModel.burst_factor``), whichever is less. A stage with no active stream
+    takes no step, so its last steps' share would never pass: it is not asked."""
     factor = model.realtime_factor(num_streams, audio_s)
+    if not stepping:
+        return factor
     return min(factor, model.burst_factor(num_streams, audio_s))
 
 
@@ -212,13 +217,14 @@ class Admission(Shedding):
         for name, model in models:
             names.append(name)
             count = num_live + 1
-            factor = _factor(model, count, audio_s)
+            stepping = num_active is None or active_at(num_active, name, num_live) > 0
+            factor = _factor(model, count, audio_s, stepping)
             if factor >= most:
                 continue
             needed = self.needed_at(model, count, audio_s)
             if factor < needed and num_active is not None:  # fewer may be active there
                 count = 1 + max(active_at(num_active, n, num_live) for n in names)
-                factor = _factor(model, count, audio_s)
+                factor = _factor(model, count, audio_s, stepping)
                 needed = self.needed_at(model, count, audio_s)
             if factor < needed:
                 audio = self._mean_audio_s

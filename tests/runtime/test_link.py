@@ -152,3 +152,31 @@ async def test_a_cancelled_receive_on_a_client_link_takes_no_item() -> None:
         with pytest.raises(trio.Cancelled):
             await client.receive()  # cancelled before it looks: the item stays
     assert await client.receive() == "x"
+
+
+async def test_a_reader_that_waits_before_a_woken_one_has_run_takes_nothing_of_its() -> None:
+    """A put hands its item to the waiting reader; before that reader has run, a second
+    one may start to wait and be woken by the end. Each keeps what it was woken with:
+    the first its item, the second the end (trio runs a batch of woken tasks in either
+    order, so the second's wake-up comes first half the time)."""
+
+    async def read(client: ClientLink, got: list[object]) -> None:
+        try:
+            got.append(await client.receive())
+        except trio.EndOfChannel:
+            got.append("end")
+
+    async def end(client: ClientLink) -> None:
+        client.producer_done()
+
+    for _ in range(40):
+        client = ClientLink("client", capacity=2)
+        got: list[object] = []
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read, client, got)
+                await trio.testing.wait_all_tasks_blocked()
+                client.put(["x"])  # the first reader woken, not yet run
+                nursery.start_soon(end, client)  # may run before either reader
+                nursery.start_soon(read, client, got)
+        assert sorted(map(str, got)) == ["end", "x"]

@@ -166,3 +166,20 @@ def test_a_burst_of_prefills_holds_admission_until_it_has_passed() -> None:
     for _ in range(8):  # plain steps: the burst has passed
         model.observe(50, 0.008 + 0.00015 * 50)
     assert not refused()
+
+
+def test_a_burst_at_a_stage_that_then_has_no_work_does_not_hold_admission() -> None:
+    """A stage whose last steps were prefills and which then has no active stream takes
+    no step, so its last steps' share stays where the burst left it; were it asked,
+    every arrival would be refused until the last live stream ended."""
+    model = _open_thinker()
+    admission = Admission(80, 0.05, headroom=True)
+    for _ in range(20):
+        admission.completed(0.9, 0.64, 0.08)
+    for _ in range(4):  # a burst of long prefills, then no work
+        model.observe(50, 0.15, 1)
+    assert model.burst_share > model.first_step_share
+    idle = {"thinker": 0}
+    assert admission.refusal(50, 50, [("thinker", model)], 100.0, num_active=idle) is None
+    busy = {"thinker": 50}  # the same burst at a stage that is stepping still refuses
+    assert admission.refusal(50, 50, [("thinker", model)], 100.0, num_active=busy) is not None
