@@ -75,7 +75,10 @@ any frame came after the clock set by the frames before it).
 The server's CPU time per turn (``/proc``: the server process and the espeak-ng runs
 it waited for; the VAD on the silence between turns and the speculations dropped
 included): what one answer costs the cores, for the bound at several conversations
-(turns x CPU s / cores).
+(turns x CPU s / cores). Beside it the CPU other processes on the machine took over
+the level, in cores on average (``/proc/stat``'s busy time less the server's and the
+benchmark's own): a level measured beside other work ran on fewer cores (at four
+conversations on two cores, the TTS fell behind for seconds while one took ~1).
 
 Stage real-time factors per level, from the server's /metrics busy seconds
 (time each stage's thread spent in stage calls) over the audio each stage
@@ -188,6 +191,7 @@ class Level:
     wall_s: float = 0.0
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute, at the start and the end
     server_cpu_s: float = math.nan  # the server's CPU time over the level (its children too)
+    others_cpu_s: float = math.nan  # the machine's, less the server's and this process's
     track_frames_lost: int = 0  # WebRTC: answer frames that never came, in all calls
     track_late_s: float = 0.0  # ... and the receive buffer that would have played all
     clock_span_s: tuple[float, float] = (0.0, 0.0)  # start and end, as Turn.clock_s
@@ -471,6 +475,21 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_cpu_seconds() -> float:
+    """CPU time all the machine's cores have spent busy (user, nice, system, irq and
+    softirq of /proc/stat's first line; not idle, iowait or steal)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def others_cpu_seconds(server_pid: int) -> float:
+    """The machine's busy CPU time less the server's and this process's (with their
+    children waited for): what other processes took from the cores. A level beside
+    such work runs on fewer cores than it was measured for; the table shows it."""
+    return machine_cpu_seconds() - cpu_seconds(server_pid) - cpu_seconds(os.getpid())
+
+
 def busy_seconds(base_url: str) -> dict[str, float]:
     with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
         text = response.read().decode()
@@ -544,6 +563,7 @@ async def run_level(
     level = Level(conversations, transport)
     load_before = os.getloadavg()[0]
     cpu_before = cpu_seconds(server_pid)
+    others_before = others_cpu_seconds(server_pid)
     before = await trio.to_thread.run_sync(busy_seconds, base_url)
     per = [turns // conversations + (i < turns % conversations) for i in range(conversations)]
     url = base_url.replace("http://", "ws://") + "/v1/realtime"
@@ -584,6 +604,7 @@ async def run_level(
     level.busy_s = {name: after[name] - before.get(name, 0.0) for name in after}
     level.load_average = (load_before, os.getloadavg()[0])
     level.server_cpu_s = cpu_seconds(server_pid) - cpu_before
+    level.others_cpu_s = others_cpu_seconds(server_pid) - others_before
     return level
 
 
@@ -610,11 +631,13 @@ def breakdown(levels: list[Level]) -> str:
         "| transport | conversations | speech_stopped -> transcript | transcript -> first text "
         "| first text -> first audio | server CPU s per turn | answers run dry (s in all) "
         "| ... with a 200 ms buffer | refused (with a retry hint) "
-        "| track frames lost, receive buffer for no gap (ms) | load average (start, end) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| track frames lost, receive buffer for no gap (ms) | load average (start, end) "
+        "| other processes' CPU (cores) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level in levels:
         load = "{:.1f}, {:.1f}".format(*level.load_average)
+        others = level.others_cpu_s / level.wall_s if level.wall_s else math.nan
         track = (
             f"{level.track_frames_lost}, {level.track_late_s * 1000:.0f}"
             if level.transport == "webrtc"
@@ -631,7 +654,8 @@ def breakdown(levels: list[Level]) -> str:
             f"| {sum(t.underrun_buffered_s > 0 for t in level.turns)} "
             f"({sum(t.underrun_buffered_s for t in level.turns):.2f}) "
             f"| {sum(t.status == 'failed' for t in level.turns)} "
-            f"({sum(t.retry_after_ms is not None for t in level.turns)}) | {track} | {load} |"
+            f"({sum(t.retry_after_ms is not None for t in level.turns)}) | {track} | {load} "
+            f"| {others:.2f} |"
         )
     return "\n".join(lines)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 
 ENV = "OMNITRIO_VOICE_TRACE"
@@ -52,11 +53,23 @@ def held(stream_id: str, since_s: float, why: str) -> None:
         _logger.info("voice-held %s %.6f %.6f %s", stream_id, since_s, time.monotonic(), why)
 
 
-def step(stage: str, started_s: float, size: int, spoke: list[str]) -> None:
+def step(stage: str, started_s: float, size: int, spoke: list[str], cpu_started_s: float) -> None:
     """Log one step of ``stage``: when it started (``started_s``) and ended (now), how
-    many streams its batch had and which of them it made audio for (``voice-step
-    <stage> <start> <end> <size> <ids, comma-separated, or ->``; only when tracing is
-    on)."""
+    many streams its batch had, which of them it made audio for, the CPU time its thread
+    spent on it (``cpu_started_s``: ``time.thread_time()`` at its start) and the thread's
+    id (``voice-step <stage> <start> <end> <size> <ids, comma-separated, or -> <cpu s>
+    <thread id>``; only when tracing is on). A step whose CPU time is far below its
+    length waited for a core; one whose CPU time grew did more work, or ran slower."""
     if ENABLED:
         ids = ",".join(spoke) or "-"
-        _logger.info("voice-step %s %.6f %.6f %d %s", stage, started_s, time.monotonic(), size, ids)
+        cpu = time.thread_time() - cpu_started_s
+        _logger.info(
+            "voice-step %s %.6f %.6f %d %s %.6f %d",
+            stage,
+            started_s,
+            time.monotonic(),
+            size,
+            ids,
+            cpu,
+            threading.get_native_id(),
+        )

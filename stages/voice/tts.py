@@ -199,7 +199,7 @@ class PiperTts:
         return self.voice.synthesize(text, noise=noise)
 
     def step(self, batch: Sequence[StreamWork]) -> Mapping[str, StreamOutput]:
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), time.thread_time()
         for work in batch:
             speech = self.streams[work.stream_id]
             speech.feed(work.inputs, work.input_closed)
@@ -217,9 +217,8 @@ class PiperTts:
             self.later_phrase_waits += 1
             if not any(out.visible for out in outputs.values()):
                 FIRST_AUDIO.wait_for_start(LATER_WAIT_S)  # not a busy loop of empty steps
-        trace_step(
-            self.name, started, len(batch), [sid for sid, out in outputs.items() if out.visible]
-        )
+        spoke = [sid for sid, out in outputs.items() if out.visible]
+        trace_step(self.name, started, len(batch), spoke, cpu_started)
         return outputs
 
     def _speak_or_fail(self, stream_id: str, *, later: bool) -> StreamOutput:

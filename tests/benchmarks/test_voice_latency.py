@@ -1,4 +1,5 @@
-"""benchmarks/voice_latency.py's own arithmetic: the server's CPU time and percentiles."""
+"""benchmarks/voice_latency.py's own arithmetic: the server's CPU time, other
+processes' CPU time and percentiles."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 from benchmarks.voice_latency import cpu_seconds, percentile, run_dry
 
@@ -17,6 +19,30 @@ def test_cpu_seconds_counts_a_process_and_the_children_it_waited_for() -> None:
     subprocess.run([sys.executable, "-c", burn], check=True)
     assert cpu_seconds(os.getpid()) - before >= 0.25
     assert math.isnan(cpu_seconds(0))  # no such process
+
+
+def test_others_cpu_seconds_counts_a_busy_process_that_is_not_the_server() -> None:
+    """The CPU other processes took from the cores over a level (the table's last
+    column, in cores): a busy process that is neither the server nor this one, nor
+    one it waited for, is counted."""
+    from benchmarks.voice_latency import Level, breakdown, others_cpu_seconds
+
+    burn = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass"
+    server = subprocess.Popen(["sleep", "30"])  # an idle server
+    try:
+        before = others_cpu_seconds(server.pid)
+        other = subprocess.Popen([sys.executable, "-c", burn])
+        deadline = time.monotonic() + 30
+        while not cpu_seconds(other.pid) >= 0.35 and time.monotonic() < deadline:
+            time.sleep(0.01)  # running (or done), not yet waited for
+        after = others_cpu_seconds(server.pid)
+        other.wait()
+    finally:
+        server.kill()
+        server.wait()
+    assert after - before >= 0.3
+    level = Level(4, wall_s=10.0, others_cpu_s=5.0)
+    assert breakdown([level]).splitlines()[-1].endswith("| 0.50 |")  # cores, on average
 
 
 def test_percentile_interpolates_between_ranks() -> None:

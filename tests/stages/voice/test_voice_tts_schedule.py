@@ -4,6 +4,7 @@ out first."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -194,7 +195,8 @@ def test_each_step_is_logged_for_the_trace_with_the_answers_it_made_audio_for(
 ) -> None:
     """With tracing on (``--trace``), each TTS step is a ``voice-step`` line: the stage,
     its start and end (monotonic s), its batch size and the answers it made audio for
-    ("-": none), so a late part's wait can be laid against the steps around it."""
+    ("-": none), so a late part's wait can be laid against the steps around it; then
+    the CPU time its thread spent on it and the thread's id."""
     from stages.voice import trace
 
     monkeypatch.setattr(trace, "ENABLED", True)
@@ -210,6 +212,12 @@ def test_each_step_is_logged_for_the_trace_with_the_answers_it_made_audio_for(
         ("tts", "1", "-"),
     ]
     assert before <= float(lines[0][2]) <= float(lines[0][3]) <= float(lines[1][2])
+    # the CPU time its thread spent on the step (the phrase's synthesis: more than none,
+    # no more than the step's length) and the thread's id, to tell waiting for a core
+    # from slower work
+    spoke_s = float(lines[0][3]) - float(lines[0][2])
+    assert 0.0 < float(lines[0][6]) <= spoke_s + 0.01
+    assert [line[7] for line in lines] == [str(threading.get_native_id())] * 2
     for sid in ("speaks", "waits"):
         tts.close_stream(sid)  # type: ignore[attr-defined]
 
