@@ -122,7 +122,9 @@ async def test_a_call_answering_when_the_server_drains_finishes_its_answer_then_
     assert done["response"]["status"] == "completed", done
     assert _loud_s(caller.audio) > 2.5, "the answer did not play out whole on the track"
     assert waited_s < GRACE_S, waited_s
-    assert returned_s < waited_s + 2 * CLOSE_TIMEOUT_S + 1 < GRACE_S, returned_s
+    # not held to the hard stop: back within the grace period, and soon after the call ended
+    assert returned_s < GRACE_S, returned_s
+    assert returned_s < waited_s + 2 * CLOSE_TIMEOUT_S + 1, (returned_s, waited_s)
 
 
 async def test_an_idle_call_ends_at_once_while_another_still_answers() -> None:
