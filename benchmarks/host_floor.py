@@ -29,7 +29,12 @@ as the last one ends, as ``omnitrio bench --sweep 1`` does. What it reports:
   deadline waits; the rest of ``added`` is the hand-offs);
 - ``crossing``: one no-work job from trio to an idle thread (idle ``--idle-ms``) and
   back, as a single hand-off costs; ``sleep late``: a bare ``time.sleep`` of the
-  shortest path step, how late it wakes.
+  shortest path step, how late it wakes;
+- two tracers of the host's speed, for comparing hosts: ``python 1k adds``, a loop of
+  1,000 additions in the interpreter, and ``select(0)``, one zero-timeout
+  ``select.select`` (a system call that releases the GIL, as the steps' polls do).
+
+All figures are in microseconds.
 """
 
 from __future__ import annotations
@@ -224,6 +229,28 @@ async def crossings(count: int, idle_s: float) -> list[float]:
     return times
 
 
+def python_adds(count: int) -> list[float]:
+    """How long the interpreter takes for a loop of 1,000 additions (s), ``count`` times."""
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        total = 0
+        for i in range(1000):
+            total += i
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def zero_selects(count: int) -> list[float]:
+    """One zero-timeout ``select.select`` each (s), ``count`` times."""
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        select.select([], [], [], 0)
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def sleep_late(length_s: float, count: int) -> list[float]:
     """How late a bare ``time.sleep(length_s)`` returns (s), on this thread."""
     late = []
@@ -236,7 +263,7 @@ def sleep_late(length_s: float, count: int) -> list[float]:
 
 @dataclass(frozen=True)
 class Summary:
-    """Percentiles in ms."""
+    """Percentiles in microseconds."""
 
     n: int
     p50: float
@@ -245,9 +272,9 @@ class Summary:
 
     @classmethod
     def of(cls, seconds: Sequence[float]) -> Summary:
-        ms = sorted(s * 1000 for s in seconds)
-        cuts = statistics.quantiles(ms, n=100, method="inclusive") if len(ms) > 1 else ms * 99
-        return cls(len(ms), round(cuts[49], 3), round(cuts[89], 3), round(cuts[98], 3))
+        us = sorted(s * 1e6 for s in seconds)
+        cuts = statistics.quantiles(us, n=100, method="inclusive") if len(us) > 1 else us * 99
+        return cls(len(us), round(cuts[49], 1), round(cuts[89], 1), round(cuts[98], 1))
 
 
 def measure(args: argparse.Namespace) -> dict[str, Summary]:
@@ -263,6 +290,8 @@ def measure(args: argparse.Namespace) -> dict[str, Summary]:
         "hand-offs": Summary.of([a - s for a, s in zip(added, late, strict=True)]),
         "crossing": Summary.of(trio.run(crossings, args.crossings, args.idle_ms / 1000)),
         "sleep late": Summary.of(sleep_late(shape.code2wav_s, args.crossings)),
+        "python 1k adds": Summary.of(python_adds(args.crossings)),
+        "select(0)": Summary.of(zero_selects(args.crossings)),
     }
 
 
@@ -279,9 +308,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.tokens < WINDOW:
         parser.error(f"--tokens must be at least {WINDOW}")
     results = measure(args)
-    print("| what | n | p50 ms | p90 ms | p99 ms |\n|---|---|---|---|---|")
+    print("| what | n | p50 us | p90 us | p99 us |\n|---|---|---|---|---|")
     for name, s in results.items():
-        print(f"| {name} | {s.n} | {s.p50:.3f} | {s.p90:.3f} | {s.p99:.3f} |")
+        print(f"| {name} | {s.n} | {s.p50:.1f} | {s.p90:.1f} | {s.p99:.1f} |")
     if args.json:
         args.json.write_text(json.dumps({k: asdict(v) for k, v in results.items()}, indent=1))
 
