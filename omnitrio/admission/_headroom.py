@@ -45,6 +45,7 @@ from typing import TypeAlias
 
 from .._statistics import StepModelStatistics
 from ._cohort import Cohorts
+from ._count import largest_holding
 from ._yield import StreamFlow, Yield
 
 SHAPE_HALF_LIFE_STEPS = 2000.0
@@ -174,8 +175,7 @@ class StepModel:
             error = step_s / expected_s - 1.0
             self._error_w = self._error_w * _ERROR_KEEP + 1.0
             self._error_sq = self._error_sq * _ERROR_KEEP + error * error
-        plain = self._plain
-        excess_s = max(0.0, step_s - plain(batch_size)) if first and plain.fitted else 0.0
+        excess_s = max(0.0, step_s - self._plain_step_s(batch_size)) if first else 0.0
         self._burst_s = self._burst_s * _BURST_KEEP + step_s
         self._burst_first_s = self._burst_first_s * _BURST_KEEP + excess_s
         kind.add(batch_size, step_s)
@@ -285,46 +285,54 @@ class StepModel:
         """Measured (``ready``), or declared (``prior``)."""
         return self.prior is not None or self.ready(audio_s_delivered)
 
-    def realtime_factor(self, num_streams: int, audio_s_delivered: float) -> float:
+    def realtime_factor(
+        self, num_streams: int, audio_s_delivered: float, share: float | None = None
+    ) -> float:
         """Audio seconds each of ``num_streams`` streams gets per second (inf: no
-        opinion); by the declared ``prior`` until the stage is measured."""
+        opinion); by the declared ``prior`` until the stage is measured. ``share``: the
+        first-step share to charge (default: lately's; the prior's, none)."""
         if self.ready(audio_s_delivered):
-            round_s = self.round_s(num_streams)
+            round_s = self.round_s(num_streams, share)
         elif self.prior is not None:
-            round_s = self.prior_round_s(num_streams)
+            foreign = self.cohorts.foreign_share(share or 0.0, num_streams)
+            round_s = self.prior_round_s(num_streams) / (1.0 - foreign)
         else:
             return math.inf
         if round_s <= 0:
             return math.inf
         return self.audio_s_per_stream_step(audio_s_delivered) / round_s
 
+    def _plain_step_s(self, batch_size: int) -> float:
+        """A plain step of ``batch_size``: measured, else as the ``prior`` charges it (a
+        first wave's steps may all take first steps), else unknown (``inf``)."""
+        if self._plain.fitted:
+            return self._plain(batch_size)
+        if self.prior is not None:
+            return PRIOR_SLACK * (self.prior.step_s + self.prior.per_stream_s * batch_size)
+        return math.inf
+
     def burst_factor(self, num_streams: int, audio_s_delivered: float) -> float:
         """``realtime_factor`` with the first steps of the last few steps
-        (``burst_share``) where they took more of the stage than lately (inf: not
-        measured yet)."""
+        (``burst_share``) where they took more of the stage than lately (inf: not)."""
         share = self.burst_share
-        if share <= self.first_step_share or not self.ready(audio_s_delivered):
+        if share <= self.first_step_share:
             return math.inf
-        round_s = self.round_s(num_streams, share)
-        if round_s <= 0:
-            return math.inf
-        return self.audio_s_per_stream_step(audio_s_delivered) / round_s
+        return self.realtime_factor(num_streams, audio_s_delivered, share)
 
     def realtime_streams(self, audio_s_delivered: float, factor: Factor, cap: int) -> int:
         """The most streams (up to ``cap``) whose realtime factor stays at least ``factor``
         (a number, or what admission asks of this stage for ``n`` streams:
-        ``Admission.needed_at``)."""
+        ``Admission.needed_at``), in about ``2 log2(n)`` questions (``_count.py``)."""
         if not self.has_opinion(audio_s_delivered):
             return cap
-        best = 0
-        for n in range(1, cap + 1):  # the round grows with n: stop at the first miss
+
+        def holds(n: int) -> bool:
             wanted = (
                 factor if isinstance(factor, float | int) else factor(self, n, audio_s_delivered)
             )
-            if self.realtime_factor(n, audio_s_delivered) < wanted:
-                break
-            best = n
-        return best
+            return self.realtime_factor(n, audio_s_delivered) >= wanted
+
+        return largest_holding(holds, cap)
 
     def statistics(
         self, audio_s_delivered: float, cap: int, factor: Factor = 1.0

@@ -17,8 +17,9 @@ always admitted. The factor is asked twice: with the stage's first-step share la
 with that of its last few steps (``StepModel.burst_factor``). Slots that free together
 fill one arrival a step, each with a prefill, and a stream's next chunk waits behind
 them: ``bench-omni.yaml``'s open loop ran 21-23 % of its streams over a 100 ms gap,
-though its share over thousands of steps kept the answers' pace. A stage with no
-active stream takes no step, so its last few steps are not asked there. Two guards
+though its share over thousands of steps kept the answers' pace; a first wave's, judged
+by the stage's prior, ran the rest of them over it (the prior charges a plain step). A
+stage with no active stream takes no step, so its last few steps are not asked there. Two guards
 cover what the models cannot see (``_guards.py``): before any model is ready a first
 wave is admitted up to ``warmup_streams`` where that is set (and, where the stages
 declare what a step costs, only as far as that keeps real time: ``_prior.py``), and while

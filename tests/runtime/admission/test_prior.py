@@ -102,6 +102,31 @@ def test_once_measured_at_one_batch_size_the_prior_gives_the_line_its_slope() ->
     assert model.audio_s_per_stream_step(0.5) == pytest.approx(0.02)
 
 
+def test_a_first_wave_arriving_one_prefill_a_step_is_held_by_its_burst() -> None:
+    """Measured (a probe of ``bench-omni.yaml``'s open loop at 130 arrivals/s, the burst
+    check of the eleventh session): every stream left over a 100 ms gap had it in the
+    first 0.36 s, before the thinker was measured, 3.5 % of the streams; its steps there
+    took 41 ms (a prefill of 20 ms and more in each) against the 16 ms the prior charges a
+    plain step, and the burst check, asked only of a measured stage, let them in."""
+    thinker = StepModel(64)
+    thinker.prior = StepPrior(0.008, 0.00015, 0.02)
+    admission = Admission(80, 0.05, headroom=True)
+    models = [("thinker", thinker)]
+    assert not thinker.ready(0.0)
+    assert admission.refusal(40, 40, models, 0.0) is None  # the prior keeps 40
+    for n in range(1, 9):  # an arrival at each step, each with a prefill
+        thinker.observe(5 * n, 0.008 + 0.00015 * 5 * n + 0.0216, 1)
+    assert not thinker.ready(0.0)
+    assert thinker.burst_factor(41, 0.0) < thinker.realtime_factor(41, 0.0)
+    refusal = admission.refusal(40, 40, models, 0.0)
+    assert refusal is not None
+    assert refusal.problem is not None
+    assert "prefills counted" in refusal.problem
+    for _ in range(12):  # plain steps: the burst has passed
+        thinker.observe(40, 0.008 + 0.00015 * 40)
+    assert admission.refusal(40, 40, models, 0.0) is None
+
+
 async def test_a_real_pipeline_refuses_a_burst_beyond_what_the_stages_declare() -> None:
     # Stage b declares 1 ms + 4 ms a stream for 20 ms of audio a step: four streams
     # keep real time at 1.05x with the prior's slack, five do not. Nothing is measured
