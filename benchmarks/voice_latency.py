@@ -856,7 +856,8 @@ def main() -> None:
         "--find-limit",
         metavar="CAPS",
         help="the voice chat's limit: serve each cap (e.g. 2,3,cpu,3,2; cpu: the config's own "
-        "admission) at the last of --levels, one server each (benchmarks/voice_limit.py)",
+        "admission, cpu:M with realtime_margin M) at the last of --levels, one server each "
+        "(benchmarks/voice_limit.py)",
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
@@ -938,10 +939,10 @@ def find_limit(
     source = (args.config or args.checkout / "configs" / "voice-chat.yaml").resolve()
     conversations = args.levels.split(",")[-1]
     arms: list[voice_limit.Arm] = []
-    for cap in voice_limit.parse_caps(args.find_limit):
-        extra = voice_limit.server_args(source, cap, scratch)
+    for spec in voice_limit.parse_caps(args.find_limit):
+        extra = voice_limit.server_args(source, spec, scratch)
         (level,) = serve(args, voices, extra, scratch / "server.log", [conversations])
-        arms.append(voice_limit.Arm(cap, level))
+        arms.append(voice_limit.Arm(spec[0], level, spec[1]))
         print(voice_limit.limit_report(arms).split("\n\n")[0].splitlines()[-1], flush=True)
     print(f"\n{voice_limit.limit_report(arms)}")
     print(
@@ -949,7 +950,7 @@ def find_limit(
     )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        runs = [{"cap": a.cap, **asdict(a.level)} for a in arms]
+        runs = [{"cap": a.cap, "margin": a.margin, **asdict(a.level)} for a in arms]
         args.json.write_text(json.dumps(runs, indent=1))
 
 

@@ -10,15 +10,18 @@ frees within it, else it is refused with a retry hint). Every conversation is on
 client, whose share of the streams (``--max-streams-per-client``, by default half of
 ``max_streams``) is set to ``CLIENT_SHARE``: at the cap it refused past it at once,
 before the pipeline's rule and its wait were asked. ``cpu`` in ``CAPS`` serves the
-config as it is (its own admission, ``admission: cpu`` for the voice chat). Each arm
+config as it is (its own admission, ``admission: cpu`` for the voice chat), and
+``cpu:M`` the same with ``pipeline.realtime_margin`` at ``M`` (the cores' rule's
+margin, ``omnitrio/admission/_cpu.py``). Each arm
 runs the same level of conversations (more than the caps, so each cap binds), in the
 order given: interleave them (``2,3,cpu,3,2``), one sitting, to compare them.
 
 An answer is live at the server from its admission to its response.done; the client
-sees it from the turn's speech_stopped (or, for an answer opened ahead at a pause,
-later) to its response.done. ``answers_at_once`` is the most answers live at once by
-the client's view (speech_stopped to response.done, the answers that were answered):
-under a cap it is at most the cap, and for ``cpu`` it is what the rule admitted.
+sees it make audio from its first audio delta to its response.done. ``answers_at_once``
+is the most answers making audio at once so (of the answers that were answered): under
+a cap at most the cap (the time from admission to first audio, ~0.6-0.9 s, is not
+counted: from the turn's speech_stopped a turn waiting for a slot counted, and a cap of
+2 read 3), and for ``cpu`` what the rule admitted, less the answers still starting.
 """
 
 from __future__ import annotations
@@ -40,18 +43,29 @@ CLIENT_SHARE = 64
 """A capped arm's client share: above any cap tried, so the cap and its wait decide."""
 
 
-def parse_caps(text: str) -> list[int | None]:
-    """``2,3,cpu`` -> ``[2, 3, None]`` (None: the config's own admission)."""
-    caps: list[int | None] = []
+Spec = tuple[int | None, float | None]
+"""An arm: its cap (None: the config's own admission) and that admission's margin (None:
+the config's)."""
+
+
+def parse_caps(text: str) -> list[Spec]:
+    """``2,3,cpu,cpu:0.5`` -> ``[(2, None), (3, None), (None, None), (None, 0.5)]``."""
+    specs: list[Spec] = []
     for word in text.split(","):
         word = word.strip()
+        own, _, margin = word.partition(":")
         if word == OWN_ADMISSION:
-            caps.append(None)
+            specs.append((None, None))
+        elif own == OWN_ADMISSION and margin.replace(".", "", 1).isdigit():
+            specs.append((None, float(margin)))
         elif word.isdigit() and int(word) >= 1:
-            caps.append(int(word))
+            specs.append((int(word), None))
         else:
-            raise ValueError(f"a cap is a whole number >= 1 or {OWN_ADMISSION!r}, not {word!r}")
-    return caps
+            raise ValueError(
+                f"a cap is a whole number >= 1, {OWN_ADMISSION!r} or {OWN_ADMISSION}:MARGIN, "
+                f"not {word!r}"
+            )
+    return specs
 
 
 def capped_config(config: dict[str, Any], cap: int) -> dict[str, Any]:
@@ -60,20 +74,22 @@ def capped_config(config: dict[str, Any], cap: int) -> dict[str, Any]:
     return {**config, "pipeline": pipeline}
 
 
-def write_capped_config(source: Path, cap: int, folder: Path) -> Path:
-    """``source``'s config at ``cap`` (``capped_config``), written into ``folder``."""
-    config = yaml.safe_load(source.read_text(encoding="utf-8"))
-    path = folder / f"capped-{cap}.yaml"
-    path.write_text(yaml.safe_dump(capped_config(config, cap), sort_keys=False))
+def _write(config: dict[str, Any], path: Path) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
 
-def server_args(source: Path, cap: int | None, folder: Path) -> list[str]:
+def server_args(source: Path, spec: Spec, folder: Path) -> list[str]:
     """``omnitrio run``'s arguments for one arm: the capped config and a client's share
-    above the cap, or (None) the config as it is."""
-    if cap is None:
+    above the cap, the config with the margin, or the config as it is."""
+    cap, margin = spec
+    if cap is None and margin is None:
         return ["--config", str(source)]
-    path = write_capped_config(source, cap, folder)
+    config = yaml.safe_load(source.read_text(encoding="utf-8"))
+    if cap is None:
+        config["pipeline"] = {**config["pipeline"], "realtime_margin": margin}
+        return ["--config", str(_write(config, folder / f"margin-{margin}.yaml"))]
+    path = _write(capped_config(config, cap), folder / f"capped-{cap}.yaml")
     share = max(cap, CLIENT_SHARE)
     return ["--config", str(path), "--max-streams-per-client", str(share)]
 
@@ -83,10 +99,11 @@ def answered(turns: Sequence[Turn]) -> list[Turn]:
 
 
 def answers_at_once(turns: Sequence[Turn]) -> int:
-    """The most answers live at once (the module's view: speech_stopped to response.done)."""
+    """The most answers making audio at once (first audio to response.done, the module's
+    view)."""
     edges: list[tuple[float, int]] = []
     for turn in answered(turns):
-        start, end = turn.clock_s.get("stopped"), turn.clock_s.get("done")
+        start, end = turn.clock_s.get("first_audio"), turn.clock_s.get("done")
         if start is not None and end is not None and end > start:
             edges += [(start, 1), (end, -1)]
     most = live = 0
@@ -98,14 +115,18 @@ def answers_at_once(turns: Sequence[Turn]) -> int:
 
 @dataclass
 class Arm:
-    """One arm's level: ``cap`` None is the config's own admission."""
+    """One arm's level: ``cap`` None is the config's own admission (``margin``: with
+    ``pipeline.realtime_margin`` at it)."""
 
     cap: int | None
     level: Level
+    margin: float | None = None
 
     @property
     def name(self) -> str:
-        return OWN_ADMISSION if self.cap is None else f"max_streams {self.cap}"
+        if self.cap is not None:
+            return f"max_streams {self.cap}"
+        return OWN_ADMISSION if self.margin is None else f"{OWN_ADMISSION}, margin {self.margin:g}"
 
     @property
     def num_dry(self) -> int:
@@ -173,7 +194,7 @@ def limit_report(arms: Sequence[Arm]) -> str:
         capped = [len(answered(a.level.turns)) for a in arms if found and a.cap == found]
         against = f"; the limit's runs answered {capped}" if capped else ""
         lines.append(
-            f"{OWN_ADMISSION}: answered {len(answered(arm.level.turns))} of "
+            f"{arm.name}: answered {len(answered(arm.level.turns))} of "
             f"{len(arm.level.turns)} turns, at most {at_once} at once (limit {found}), "
             f"{arm.num_dry} dry for a 200 ms client{against}."
         )

@@ -23,8 +23,8 @@ VOICE_CHAT = REPO / "configs" / "voice-chat.yaml"
 
 
 def test_caps_are_whole_numbers_or_the_configs_own_admission() -> None:
-    assert parse_caps("2, 3,cpu,3") == [2, 3, None, 3]
-    for bad in ("0", "2.5", "max", ""):
+    assert parse_caps("2, 3,cpu,cpu:0.5") == [(2, None), (3, None), (None, None), (None, 0.5)]
+    for bad in ("0", "2.5", "max", "", "cpu:", "3:0.5"):
         with pytest.raises(ValueError, match="a cap is"):
             parse_caps(bad)
 
@@ -37,25 +37,31 @@ def test_a_capped_arm_serves_the_voice_chat_by_max_streams_alone_at_the_cap(
     conversation, and its default share is half of max_streams)."""
     own = load_config(VOICE_CHAT)
     assert own.pipeline.admission == "cpu"
-    args = server_args(VOICE_CHAT, 3, tmp_path)
+    args = server_args(VOICE_CHAT, (3, None), tmp_path)
     assert args[2:] == ["--max-streams-per-client", "64"]
     capped = load_config(args[1])
     assert (capped.pipeline.max_streams, capped.pipeline.admission) == (3, "max_streams")
     assert capped.pipeline.admission_wait_s == own.pipeline.admission_wait_s
     assert capped.stages == own.stages
-    assert server_args(VOICE_CHAT, None, tmp_path) == ["--config", str(VOICE_CHAT)]
+    assert server_args(VOICE_CHAT, (None, None), tmp_path) == ["--config", str(VOICE_CHAT)]
+    margin = load_config(server_args(VOICE_CHAT, (None, 0.5), tmp_path)[1])
+    assert (margin.pipeline.admission, margin.pipeline.realtime_margin) == ("cpu", 0.5)
+    assert margin.stages == own.stages
 
 
-def _turn(stopped: float, done: float, dry_s: float = 0.0, status: str = "completed") -> Turn:
-    turn = Turn(0, "q", answer_audio_s=3.0, underrun_buffered_s=dry_s, status=status)
+def _turn(first_audio: float, done: float, dry_s: float = 0.0) -> Turn:
+    turn = Turn(0, "q", answer_audio_s=3.0, underrun_buffered_s=dry_s, status="completed")
     turn.end_of_speech_to_first_audio_s = 0.8
-    turn.clock_s = {"stopped": stopped, "done": done}
+    turn.clock_s = {"stopped": first_audio - 0.8, "first_audio": first_audio, "done": done}
     return turn
 
 
-def test_answers_at_once_counts_the_overlap_of_answered_turns() -> None:
-    turns = [_turn(0, 5), _turn(1, 3), _turn(2, 6), _turn(3, 4), _turn(6, 9)]
-    assert answers_at_once(turns) == 3  # 0-5, 2-6 and 3-4 (1-3 ended at 3)
+def test_answers_at_once_counts_the_answers_making_audio_at_once() -> None:
+    """From each answer's first audio to its response.done: a turn that waited for a
+    slot after its speech_stopped is not counted while it waited."""
+    turns = [_turn(1, 5), _turn(2, 3), _turn(3, 6), _turn(3, 4), _turn(6, 9)]
+    assert answers_at_once(turns) == 3  # 1-5, 3-6 and 3-4 (2-3 ended at 3)
+    assert answers_at_once([_turn(1, 5), _turn(5.5, 8)]) == 1  # stopped at 4.7, first audio 5.5
     refused = Turn(0, "q", status="failed", retry_after_ms=400)
     refused.clock_s = {"stopped": 2.5, "done": 2.6}
     assert answers_at_once([*turns, refused]) == 3  # a refused turn is no answer
