@@ -7,7 +7,13 @@ Usage (from the repository root; needs `scripts/setup dev,voice`)::
         [--checkout DIR] [--voice piper|espeak] [--questions latency|paused] [--pause-s 0.4]
         [--config FILE] [--server-log FILE] [--turn-detection server_vad|semantic_vad]
         [--eagerness low|medium|auto|high] [--trace] [--chunk-ms 20] [--listen]
-        [--transports websocket,webrtc]
+        [--transports websocket,webrtc] [--find-limit CAPS]
+
+``--find-limit 2,3,cpu,3,2`` finds the voice chat's real-time limit instead: each arm on a
+server of its own at the last of ``--levels``, a number serving the config with admission
+by ``max_streams`` alone at that cap, ``cpu`` (or ``cpu:M``, realtime_margin ``M``) the
+config's own admission; it prints each arm's answers, dry answers and refusals, and the
+largest cap that kept every answer continuous (benchmarks/voice_limit.py).
 
 ``--turn-detection semantic_vad`` makes every conversation ask for semantic_vad
 (with ``--eagerness``, default ``auto``) in a session.update before it speaks: the
