@@ -7,7 +7,13 @@ Usage (from the repository root; needs `scripts/setup dev,voice`)::
         [--checkout DIR] [--voice piper|espeak] [--questions latency|paused] [--pause-s 0.4]
         [--config FILE] [--server-log FILE] [--turn-detection server_vad|semantic_vad]
         [--eagerness low|medium|auto|high] [--trace] [--chunk-ms 20] [--listen]
-        [--transports websocket,webrtc]
+        [--transports websocket,webrtc] [--find-limit CAPS]
+
+``--find-limit 2,3,cpu,3,2`` finds the voice chat's real-time limit instead: each arm on a
+server of its own at the last of ``--levels``, a number serving the config with admission
+by ``max_streams`` alone at that cap, ``cpu`` (or ``cpu:M``, realtime_margin ``M``) the
+config's own admission; it prints each arm's answers, dry answers and refusals, and the
+largest cap that kept every answer continuous (benchmarks/voice_limit.py).
 
 ``--turn-detection semantic_vad`` makes every conversation ask for semantic_vad
 (with ``--eagerness``, default ``auto``) in a session.update before it speaks: the
@@ -116,6 +122,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks import voice_late_parts as late_parts  # noqa: E402
+from benchmarks import voice_limit  # noqa: E402
 from tests.voice_support import INPUT_RATE_HZ, paused_speech  # noqa: E402
 from tests.webrtc_support import SOUND_LEVEL, Caller, run_caller, track_gaps  # noqa: E402
 
@@ -396,6 +403,7 @@ async def listen(ws: trio_websocket.WebSocketConnection, turn: Turn, speech_end:
             turn.answer_audio_s += pcm.size / INPUT_RATE_HZ
         elif kind == "response.done":
             turn.played_until = played_from + turn.answer_audio_s
+            turn.clock_s["done"] = time.monotonic()
             seen.done(turn, event)
             return
 
@@ -850,39 +858,26 @@ def main() -> None:
         action="store_true",
         help="ask the next question once the answer would have played, not at response.done",
     )
+    parser.add_argument(
+        "--find-limit",
+        metavar="CAPS",
+        help="the voice chat's limit: serve each cap (e.g. 2,3,cpu,3,2; cpu: the config's own "
+        "admission, cpu:M with realtime_margin M) at the last of --levels, one server each "
+        "(benchmarks/voice_limit.py)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         voices = {
             q: speech(q, Path(scratch), args.voice, args.pause_s)
             for q in QUESTION_SETS[args.questions]
         }
+        if args.find_limit:
+            find_limit(args, voices, Path(scratch))
+            return
         extra = ["--config", str(args.config.resolve())] if args.config else []
-        detection = Detection(args.turn_detection, args.eagerness)
         log = Path(scratch) / "server.log"
-        server, base_url = start_server(log, args.checkout.resolve(), extra, trace=args.trace)
-        try:
-            levels = [
-                trio.run(
-                    run_level,
-                    base_url,
-                    int(n),
-                    args.turns,
-                    voices,
-                    detection,
-                    args.chunk_ms / 1000,
-                    server.pid,
-                    args.listen,
-                    transport,
-                )
-                for n in args.levels.split(",")
-                for transport in args.transports.split(",")
-            ]
-        finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=30)
-            if args.server_log:
-                shutil.copyfile(log, args.server_log)
-            log_text = log.read_text(errors="replace")
+        levels = serve(args, voices, extra, log, args.levels.split(","))
+        log_text = log.read_text(errors="replace")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([asdict(level) for level in levels], indent=1))
@@ -904,6 +899,65 @@ def main() -> None:
     if statuses != {"completed"}:
         errors = {t.error for level in levels for t in level.turns if t.status != "completed"}
         raise SystemExit(f"some turns did not complete: {statuses}; errors: {errors}")
+
+
+def serve(
+    args: argparse.Namespace,
+    voices: dict[str, tuple[bytes, float]],
+    extra: list[str],
+    log: Path,
+    conversations: list[str],
+) -> list[Level]:
+    """One server (``omnitrio run`` with ``extra``, its log in ``log``) through each level
+    of ``conversations`` on each of ``--transports``."""
+    detection = Detection(args.turn_detection, args.eagerness)
+    server, base_url = start_server(log, args.checkout.resolve(), extra, trace=args.trace)
+    try:
+        return [
+            trio.run(
+                run_level,
+                base_url,
+                int(n),
+                args.turns,
+                voices,
+                detection,
+                args.chunk_ms / 1000,
+                server.pid,
+                args.listen,
+                transport,
+            )
+            for n in conversations
+            for transport in args.transports.split(",")
+        ]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+        if args.server_log:
+            shutil.copyfile(log, args.server_log)
+
+
+def find_limit(
+    args: argparse.Namespace, voices: dict[str, tuple[bytes, float]], scratch: Path
+) -> None:
+    """``--find-limit CAPS``: each arm on a server of its own at the last of ``--levels``,
+    in the order given; prints each arm's table as it ends, then the limit
+    (benchmarks/voice_limit.py)."""
+    source = (args.config or args.checkout / "configs" / "voice-chat.yaml").resolve()
+    conversations = args.levels.split(",")[-1]
+    arms: list[voice_limit.Arm] = []
+    for spec in voice_limit.parse_caps(args.find_limit):
+        extra = voice_limit.server_args(source, spec, scratch)
+        (level,) = serve(args, voices, extra, scratch / "server.log", [conversations])
+        arms.append(voice_limit.Arm(spec[0], level, spec[1]))
+        print(voice_limit.limit_report(arms).split("\n\n")[0].splitlines()[-1], flush=True)
+    print(f"\n{voice_limit.limit_report(arms)}")
+    print(
+        f"\nAdmission waits (pipeline.admission_wait_s):\n\n{waits_report([a.level for a in arms])}"
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        runs = [{"cap": a.cap, "margin": a.margin, **asdict(a.level)} for a in arms]
+        args.json.write_text(json.dumps(runs, indent=1))
 
 
 if __name__ == "__main__":
