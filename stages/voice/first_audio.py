@@ -221,17 +221,19 @@ class FirstAudio:
         with self._changed:
             self._fed[stream_id] = _stamp(self._fed.get(stream_id), inputs, closed)
 
-    def wait_held(self, until: float) -> bool:
+    def wait_held(self, until: float, slack_s: float) -> bool:
         """The TTS's step whose only work is later phrases that wait
-        (``later_may_wait``): wait until ``until`` (``time.monotonic``: the soonest of
-        them may go), the answers' starts end, or text the LLM handed on is on its way
-        to the TTS, whichever is first. Whether text is on its way (the step then
-        returns to take it; else a held phrase may go now). Woken by the event, not
-        polled: a held phrase goes at once, and the TTS never sleeps while text waits."""
+        (``later_may_wait`` with ``slack_s``): wait until ``until`` (``time.monotonic``:
+        the soonest of them may go), the answers' starts end, or text the LLM handed on
+        is on its way to the TTS for an answer that would not wait (one starting, or
+        with at most ``slack_s`` of audio ahead), whichever is first. Whether text is on
+        its way (the step then returns to take it; else a held phrase may go now). Woken
+        by the event, not polled: a held phrase goes at once, and the TTS never sleeps
+        while text waits."""
         with self._changed:
             while True:
                 now = time.monotonic()
-                if self._in_transit(now):
+                if self._in_transit(now, slack_s):
                     self._changed.wait(TRANSIT_WAIT_S)  # the runtime's delivery: a moment
                     return True
                 left = min(until, self._starts_end(now)) - now
@@ -239,12 +241,16 @@ class FirstAudio:
                     return False
                 self._changed.wait(left)
 
-    def _in_transit(self, now: float) -> bool:
-        """Whether text (or an end) the LLM handed on is not at the TTS yet (the lock
-        held); after ``TRANSIT_MAX_S`` it is taken as not coming (a stream dropped)."""
-        fed = self._fed
+    def _in_transit(self, now: float, slack_s: float) -> bool:
+        """Whether text (or an end) the LLM handed on is not at the TTS yet for an
+        answer that would not wait with ``slack_s`` (the lock held); after
+        ``TRANSIT_MAX_S`` it is taken as not coming (a stream dropped). A held answer's
+        own text wakes nobody: its phrase waits anyway (no empty round per token)."""
+        fed, runs_out = self._fed, self._runs_out
         return any(
-            stamp != fed.get(sid) and now - self._handed_at[sid] < TRANSIT_MAX_S
+            stamp != fed.get(sid)
+            and now - self._handed_at[sid] < TRANSIT_MAX_S
+            and not (sid in self._past_first and runs_out.get(sid, 0.0) - now > slack_s)
             for sid, stamp in self._handed.items()
         )
 

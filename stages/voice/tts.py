@@ -224,7 +224,7 @@ class PiperTts:
             if not any(out.visible or out.done or out.error for out in outputs.values()):
                 # Nothing else to do: wait for the first phrase held for, or a held one's turn.
                 until = held_until(self.streams, ids, slack or 0.0)
-                if not FIRST_AUDIO.wait_held(until):
+                if not FIRST_AUDIO.wait_held(until, slack or 0.0):
                     later, _ = later_phrase(self.streams, ids, may_wait)
                     if later is not None:
                         outputs[later] = self._speak_or_fail(later, later=True)

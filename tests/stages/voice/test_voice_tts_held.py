@@ -36,19 +36,34 @@ def test_a_held_wait_ends_when_text_is_handed_on_and_not_once_the_tts_has_it() -
     piece = TextPiece("Hello")
     started = time.monotonic()
     timer = _later(0.05, lambda: gate.handed("new", (piece,), False))
-    assert gate.wait_held(started + 1.0)
+    assert gate.wait_held(started + 1.0, 0.5)
     assert 0.045 <= time.monotonic() - started < 0.045 + 0.03
     timer.join()
-    assert gate.wait_held(time.monotonic() + 1.0)  # still on its way: at once
+    assert gate.wait_held(time.monotonic() + 1.0, 0.5)  # still on its way: at once
     gate.fed("new", (piece,), False)
     started = time.monotonic()
-    assert not gate.wait_held(started + 0.06)  # nothing on its way: until its time
+    assert not gate.wait_held(started + 0.06, 0.5)  # nothing on its way: until its time
     assert time.monotonic() - started >= 0.055
     gate.handed("gone", (TextPiece("Bye"),), True)
     time.sleep(0.11)  # TRANSIT_MAX_S: not coming
     started = time.monotonic()
-    assert not gate.wait_held(started + 0.03)
+    assert not gate.wait_held(started + 0.03, 0.5)
     assert time.monotonic() - started >= 0.025
+
+
+def test_a_held_answers_own_text_does_not_end_the_wait() -> None:
+    """Text for an answer that would wait itself (its first phrase out, more audio
+    ahead than the slack) wakes nobody: its phrase waits anyway, and a wake per token
+    would be an empty round each; once its audio ahead is down to the slack, it does."""
+    gate = FirstAudio()
+    gate.answer_starting("new")
+    gate.first_phrase_out("playing")
+    gate.audio_made("playing", time.monotonic() + 3.0)
+    gate.handed("playing", (TextPiece("Dogs"),), False)
+    started = time.monotonic()
+    assert not gate.wait_held(started + 0.05, 0.5)
+    assert time.monotonic() - started >= 0.045
+    assert gate.wait_held(time.monotonic() + 1.0, 3.0)  # at most 3 s ahead: it would go
 
 
 def test_a_held_wait_ends_when_the_starts_end() -> None:
@@ -57,11 +72,11 @@ def test_a_held_wait_ends_when_the_starts_end() -> None:
     gate = FirstAudio()
     gate.through_first_phrase = gate.hold_for_starting = True
     started = time.monotonic()
-    assert not gate.wait_held(started + 1.0)
+    assert not gate.wait_held(started + 1.0, 0.5)
     assert time.monotonic() - started < 0.01
     gate.answer_starting("new")
     timer = _later(0.05, lambda: gate.first_phrase_made("new"))
-    assert not gate.wait_held(started + 1.0)
+    assert not gate.wait_held(started + 1.0, 0.5)
     assert 0.045 <= time.monotonic() - started < 0.045 + 0.03
     timer.join()
 
