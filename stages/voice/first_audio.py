@@ -59,10 +59,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from . import trace
+from .payloads import TextPiece
 
 MAX_HOLD_S = 0.5  # a hold never lasts longer than this, whatever the synthesis does
 STARTING_MAX_S = 1.5  # an answer counts as starting at most this long after its ASR
 THROUGH_MAX_S = 2.5  # ... with through_first_phrase, until its first phrase is whole
+TRANSIT_MAX_S = 0.1  # text handed on this long ago and not at the TTS is not coming (dropped)
+TRANSIT_WAIT_S = 0.001  # a held TTS step that finds text on its way waits this, then returns
 
 
 class FirstAudio:
@@ -75,6 +78,9 @@ class FirstAudio:
         self._own_paused: set[str] = set()  # answers whose own first part is synthesised
         self._starting: dict[str, float] = {}  # answers before their first audio: started at
         self._runs_out: dict[str, float] = {}  # when each answer's audio made so far runs out
+        self._handed: dict[str, tuple[float, bool]] = {}  # the LLM's last text out: stamp, end
+        self._handed_at: dict[str, float] = {}  # ... when
+        self._fed: dict[str, tuple[float, bool]] = {}  # ... the last the TTS had
         self.min_slack_s: float | None = None  # hold only with more audio ahead than this
         self.max_hold_s = MAX_HOLD_S
         self.hold_for_starting = False
@@ -124,6 +130,8 @@ class FirstAudio:
             self._past_first.discard(stream_id)
             self._own_paused.discard(stream_id)
             self._runs_out.pop(stream_id, None)
+            for seen in (self._handed, self._handed_at, self._fed):
+                seen.pop(stream_id, None)
             if self._starting.pop(stream_id, None) is not None:
                 self._changed.notify_all()
 
@@ -200,11 +208,59 @@ class FirstAudio:
                 return False
             return self._another_starting(stream_id)
 
-    def wait_for_start(self, timeout_s: float) -> None:
-        """Wait until an answer's start ends or a synthesis does, at most ``timeout_s``
-        (the TTS's step when its only work is later phrases that wait)."""
+    def handed(self, stream_id: str, payloads: tuple[object, ...], done: bool) -> None:
+        """The LLM stage handed the TTS the answer's text ``payloads`` (or its end:
+        ``done``): a TTS step that waits (``wait_held``) returns to take it."""
         with self._changed:
-            self._changed.wait(timeout_s)
+            self._handed[stream_id] = _stamp(self._handed.get(stream_id), payloads, done)
+            self._handed_at[stream_id] = time.monotonic()
+            self._changed.notify_all()
+
+    def fed(self, stream_id: str, inputs: tuple[object, ...], closed: bool) -> None:
+        """The TTS stage has the answer's text ``inputs`` (and its end: ``closed``)."""
+        with self._changed:
+            self._fed[stream_id] = _stamp(self._fed.get(stream_id), inputs, closed)
+
+    def wait_held(self, until: float, slack_s: float) -> bool:
+        """The TTS's step whose only work is later phrases that wait
+        (``later_may_wait`` with ``slack_s``): wait until ``until`` (``time.monotonic``:
+        the soonest of them may go), the answers' starts end, or text the LLM handed on
+        is on its way to the TTS for an answer that would not wait (one starting, or
+        with at most ``slack_s`` of audio ahead), whichever is first. Whether text is on
+        its way (the step then returns to take it; else a held phrase may go now). Woken
+        by the event, not polled: a held phrase goes at once, and the TTS never sleeps
+        while text waits."""
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                if self._in_transit(now, slack_s):
+                    self._changed.wait(TRANSIT_WAIT_S)  # the runtime's delivery: a moment
+                    return True
+                left = min(until, self._starts_end(now)) - now
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+
+    def _in_transit(self, now: float, slack_s: float) -> bool:
+        """Whether text (or an end) the LLM handed on is not at the TTS yet for an
+        answer that would not wait with ``slack_s`` (the lock held); after
+        ``TRANSIT_MAX_S`` it is taken as not coming (a stream dropped). A held answer's
+        own text wakes nobody: its phrase waits anyway (no empty round per token)."""
+        fed, runs_out = self._fed, self._runs_out
+        return any(
+            stamp != fed.get(sid)
+            and now - self._handed_at[sid] < TRANSIT_MAX_S
+            and not (sid in self._past_first and runs_out.get(sid, 0.0) - now > slack_s)
+            for sid, stamp in self._handed.items()
+        )
+
+    def _starts_end(self, now: float) -> float:
+        """When the answers now starting stop counting as starting, at the latest
+        (``time.monotonic``; the lock held): ``now`` if none is."""
+        if not self._another_starting(""):
+            return now
+        max_s = THROUGH_MAX_S if self.through_first_phrase else STARTING_MAX_S
+        return min(self._starting.values()) + max_s
 
     def _busy(self, stream_id: str) -> bool:
         """Whether some other answer's first audio is under way (the lock held)."""
@@ -220,6 +276,17 @@ class FirstAudio:
             if since < oldest:
                 del self._starting[sid]  # dropped on the way, or its TTS never saw it
         return any(sid != stream_id for sid in self._starting)
+
+
+def _stamp(
+    last: tuple[float, bool] | None, pieces: tuple[object, ...], end: bool
+) -> tuple[float, bool]:
+    """An answer's text so far, as the stamp of its last piece and whether it ended."""
+    stamp, ended = last or (0.0, False)
+    for piece in pieces:
+        if isinstance(piece, TextPiece):
+            stamp = piece.written_s
+    return stamp, ended or end
 
 
 FIRST_AUDIO = FirstAudio()  # the process's: the TTS and the LLM stage threads share it

@@ -242,8 +242,10 @@ class SmolLM2Llm(AutoregressiveStage):
         # A stream whose own sampling failed (its grammar, say) fails alone (stage kit).
         outputs = {w.stream_id: self.failed(w.stream_id) or self._output(w) for w in batch}
         for sid, output in outputs.items():
-            if output.payloads:
-                self.streams[sid].spoke = True
+            turn = self.streams[sid]
+            turn.spoke |= bool(output.payloads)
+            if turn.spoke and (output.payloads or output.done):  # wakes a TTS step that waits
+                FIRST_AUDIO.handed(sid, output.payloads, output.done)
         return outputs
 
     def close_stream(self, stream_id: str) -> None:

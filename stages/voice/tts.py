@@ -36,8 +36,10 @@ first phrase's cut for length never leaves it fewer words (phrases.py). With
 ``later_phrase_min_slack_s`` (null: off), while another answer is on its way to its
 first audio or its first phrase's join (first_audio.py), a later phrase whose answer's
 audio runs out more than that many seconds from now is not spoken (tts_schedule.py), so
-the new answer's text finds the stage free; a step with nothing else to do then sleeps
-up to ``LATER_WAIT_S``.
+the new answer's text finds the stage free; a step with nothing else to do then waits
+(first_audio.py ``wait_held``) until text for any answer is on its way, the starts
+end, or the first held phrase's audio ahead is down to the slack (``held_until``), and
+speaks that phrase at once in the latter two.
 
 With param ``max_part_frames`` (null: off), a phrase longer than that many frames
 (~11.6 ms each) is spoken in parts of at most that many, a part a step, from one front
@@ -63,7 +65,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from omnitrio import AudioChunk, Request, StreamOutput, StreamWork
+from omnitrio import AudioChunk, Request, StepLimits, StreamOutput, StreamWork
 
 from .files import cpu_only
 from .first_audio import FIRST_AUDIO
@@ -72,11 +74,9 @@ from .phonemes import PhonemizerError
 from .phrases import PhraseSplitter
 from .trace import mark, part
 from .trace import step as trace_step
-from .tts_params import check_cuts, check_parts
-from .tts_schedule import PhraseQueue, later_phrase
+from .tts_params import check_params
+from .tts_schedule import PhraseQueue, held_until, later_phrase
 from .tts_synthesis import PiperVoice, SplitParams, voice_files
-
-LATER_WAIT_S = 0.02  # a step whose only work is later phrases that wait sleeps this long at most
 
 
 @dataclass
@@ -92,6 +92,13 @@ class PiperTts:
     max_payloads_per_step = 0
     max_visible_per_step = 1
     ends_without_input = True  # no text, nothing to say: the runtime ends such a stream
+
+    @classmethod
+    def step_limits(cls, params: Mapping[str, object]) -> StepLimits | None:
+        """As declared; a wrong param in seconds, or one that cuts phrases or holds them
+        back, is a config error naming it (tts_params.py)."""
+        check_params(params)
+        return StepLimits.of_attributes(cls)
 
     def __init__(
         self,
@@ -126,19 +133,18 @@ class PiperTts:
         onnx, config = voice_files(voice_path, voice_config_path)
         if max_phoneme_ids < 8:
             raise ValueError(f"max_phoneme_ids must be at least 8, got {max_phoneme_ids}")
-        check_parts(
-            first_chunk_frames,
-            max_part_frames,
-            first_part_words,
-            first_phrase_max_words,
-            first_part_pauses_answer,
-            first_phrase_cut_s,
-        )
-        check_cuts(
-            first_phrase_boundary_min_words,
-            first_phrase_max_words,
-            later_phrase_cut_s,
-            later_phrase_min_slack_s,
+        check_params(
+            {
+                "first_chunk_frames": first_chunk_frames,
+                "max_part_frames": max_part_frames,
+                "first_part_words": first_part_words,
+                "first_phrase_max_words": first_phrase_max_words,
+                "first_part_pauses_answer": first_part_pauses_answer,
+                "first_phrase_cut_s": first_phrase_cut_s,
+                "first_phrase_boundary_min_words": first_phrase_boundary_min_words,
+                "later_phrase_cut_s": later_phrase_cut_s,
+                "later_phrase_min_slack_s": later_phrase_min_slack_s,
+            }
         )
         self.min_comma_words = min_comma_words
         self.max_phrase_words = max_phrase_words
@@ -203,20 +209,25 @@ class PiperTts:
         for work in batch:
             speech = self.streams[work.stream_id]
             speech.feed(work.inputs, work.input_closed)
+            FIRST_AUDIO.fed(work.stream_id, work.inputs, work.input_closed)
             if speech.cut_if_late(self.first_phrase_cut_s):
                 self.first_phrase_cuts += 1
             if speech.cut_later_if_late(self.later_phrase_cut_s):
                 self.later_phrase_cuts += 1
         slack = self.later_phrase_min_slack_s
         may_wait = None if slack is None else partial(FIRST_AUDIO.later_may_wait, min_slack_s=slack)
-        later, held = later_phrase(self.streams, [w.stream_id for w in batch], may_wait)
-        outputs = {
-            w.stream_id: self._speak_or_fail(w.stream_id, later=w.stream_id == later) for w in batch
-        }
+        ids = [w.stream_id for w in batch]
+        later, held = later_phrase(self.streams, ids, may_wait)
+        outputs = {sid: self._speak_or_fail(sid, later=sid == later) for sid in ids}
         if held:
             self.later_phrase_waits += 1
-            if not any(out.visible for out in outputs.values()):
-                FIRST_AUDIO.wait_for_start(LATER_WAIT_S)  # not a busy loop of empty steps
+            if not any(out.visible or out.done or out.error for out in outputs.values()):
+                # Nothing else to do: wait for the first phrase held for, or a held one's turn.
+                until = held_until(self.streams, ids, slack or 0.0)
+                if not FIRST_AUDIO.wait_held(until, slack or 0.0):
+                    later, _ = later_phrase(self.streams, ids, may_wait)
+                    if later is not None:
+                        outputs[later] = self._speak_or_fail(later, later=True)
         spoke = [sid for sid, out in outputs.items() if out.visible]
         trace_step(self.name, started, len(batch), spoke, cpu_started)
         return outputs

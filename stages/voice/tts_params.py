@@ -1,9 +1,40 @@
 """The TTS stage's params that shape its phrases and parts (tts.py), checked: a wrong
-one is a ``ValueError`` naming it, raised when the stage is built."""
+one is a ``ValueError`` naming it, raised when the stage is built, and by a config's
+check (``omnitrio check-config``: the stage's ``step_limits``, ``check_params``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from .tts_stream import MIN_PART_FRAMES
+
+SECONDS = ("first_phrase_cut_s", "later_phrase_cut_s", "later_phrase_min_slack_s")
+"""The params in seconds (null: off)."""
+
+
+def check_params(params: Mapping[str, object]) -> None:
+    """A config's TTS ``params`` (with the stage's defaults) as the stage checks them
+    when it is built, or a ``ValueError`` naming the wrong one; a param in seconds
+    that is not a number (``"0.75s"``, ``true``) is one too."""
+    for name in SECONDS:
+        value = params.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"{name} must be a number of seconds or null, got {value!r}")
+    get = params.get
+    check_parts(
+        get("first_chunk_frames"),  # type: ignore[arg-type]
+        get("max_part_frames"),  # type: ignore[arg-type]
+        get("first_part_words"),  # type: ignore[arg-type]
+        get("first_phrase_max_words", 24),  # type: ignore[arg-type]
+        bool(get("first_part_pauses_answer", False)),
+        get("first_phrase_cut_s"),  # type: ignore[arg-type]
+    )
+    check_cuts(
+        params.get("first_phrase_boundary_min_words"),  # type: ignore[arg-type]
+        params.get("first_phrase_max_words", 24),  # type: ignore[arg-type]
+        params.get("later_phrase_cut_s"),  # type: ignore[arg-type]
+        params.get("later_phrase_min_slack_s"),  # type: ignore[arg-type]
+    )
 
 
 def check_parts(

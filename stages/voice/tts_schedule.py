@@ -153,3 +153,11 @@ def later_phrase(
     waiting = [sid for sid in due if may_wait is None or not may_wait(sid)]
     held = len(waiting) < len(due)
     return (min(waiting, key=lambda sid: queues[sid].runs_out) if waiting else None), held
+
+
+def held_until(queues: Mapping[str, PhraseQueue], batch: Sequence[str], slack_s: float) -> float:
+    """Until when (``time.monotonic``) a TTS step whose only work in ``batch`` is later
+    phrases held back (``later_phrase_min_slack_s``: ``slack_s``) may wait: until the
+    first of them may go, its answer's audio ahead down to the slack."""
+    due = [queues[sid].runs_out for sid in batch if queues[sid].later_due()]
+    return min(due, default=time.monotonic() + slack_s) - slack_s

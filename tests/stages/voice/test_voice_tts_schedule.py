@@ -220,38 +220,3 @@ def test_each_step_is_logged_for_the_trace_with_the_answers_it_made_audio_for(
     assert [line[7] for line in lines] == [str(threading.get_native_id())] * 2
     for sid in ("speaks", "waits"):
         tts.close_stream(sid)  # type: ignore[attr-defined]
-
-
-@needs_voice
-def test_a_later_phrase_waits_while_another_answer_starts_if_its_audio_ahead_affords_it(
-    tmp_path: Path,
-) -> None:
-    """``later_phrase_min_slack_s``: while another answer is on its way to its first
-    audio, a later phrase whose answer has more audio ahead than the slack is not spoken;
-    a step with nothing else to do then sleeps a little (no busy loop of empty steps)
-    and says there is more; once the start ends, the phrase is spoken."""
-    from stages.voice.first_audio import FIRST_AUDIO
-    from stages.voice.tts import LATER_WAIT_S, PiperTts
-
-    tts = PiperTts(
-        "tts", first_chunk_frames=24, later_phrase_min_slack_s=0.5, cache_dir=str(tmp_path)
-    )
-    tts.open_stream("old", Request())
-    inputs: tuple[object, ...] = (TextPiece(f"{PHRASE} Dogs like bones too."),)
-    while tts.streams["old"].first_due() or inputs:
-        tts.step([StreamWork("old", inputs, True)])
-        inputs = ()
-    try:
-        FIRST_AUDIO.answer_starting("new")
-        started = time.monotonic()
-        held = tts.step([StreamWork("old", (), True)])["old"]
-        assert time.monotonic() - started >= LATER_WAIT_S * 0.9
-        assert (held.visible, held.more, held.done) == ((), True, False)
-        assert tts.later_phrase_waits == 1
-        FIRST_AUDIO.forget("new")
-        spoken = tts.step([StreamWork("old", (), True)])["old"]
-        assert [isinstance(i, AudioChunk) for i in spoken.visible] == [True]
-        assert spoken.done
-    finally:
-        FIRST_AUDIO.forget("new")
-        tts.close()
