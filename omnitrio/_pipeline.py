@@ -7,31 +7,35 @@ raises ``Overloaded`` at once. Leaving the block — normally, by exception or b
 Ctrl-C — fails the streams still open with ``PipelineClosed``, cancels every
 actor and joins every worker thread, within the configured
 ``shutdown_timeout_s``.
+
+Here: the ``Pipeline`` (admission, streams, statistics) and ``open_pipeline``. Building
+and starting the actors, Ray and the process-wide policies are ``_pipeline_start.py``;
+the side stage's streams (``SideStream``) are ``_side_stream.py``.
 """
 
 from __future__ import annotations
 
-import gc
 import itertools
-import logging
 import os
-import sys
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
-from types import MappingProxyType
 
 import trio
 
-from ._actor import StageActor, stage_statistics
-from ._config import PipelineConfig, StageSpec, check_stage_limits, load_config, uses_ray
+from ._actor import StageActor
+from ._config import PipelineConfig, load_config
 from ._errors import Overloaded, PipelineClosed
 from ._items import Request
 from ._link import ClientLink, Link
+from ._pipeline_start import SWITCH_INTERVAL_S as SWITCH_INTERVAL_S
+from ._pipeline_start import build_actors, ray_if_placed, runtime_policies, start_actors
+from ._pipeline_statistics import ShownPipeline
 from ._scheduler import Playback
-from ._statistics import Occupancy, PipelineStatistics
+from ._side_stream import SIDE_INPUT_MAX_BYTES as SIDE_INPUT_MAX_BYTES
+from ._side_stream import SIDE_ITEM_MAX_BYTES as SIDE_ITEM_MAX_BYTES
+from ._side_stream import SideStream, SideStreams
 from ._stream import DeliveryCounters, Stream, StreamHooks, StreamState
 from .admission import (
     ACTIVE_WINDOW_S,
@@ -43,90 +47,10 @@ from .admission import (
     priority_of,
 )
 
-logger = logging.getLogger(__name__)
 
-SIDE_INPUT_CAPACITY = 256
-"""Inputs one side stream may have waiting for its stage (~5 s of 20 ms audio chunks)."""
-SIDE_INPUT_MAX_BYTES = 10 * 48_000
-"""Bytes one side stream may have waiting: 10 s of the Realtime session's PCM16 (24 kHz)."""
-SIDE_ITEM_MAX_BYTES = 9_600
-"""The most one side input holds (longer bytes are queued in pieces): 0.2 s of it."""
-
-
-class SideStream:
-    """One stream on the side stage: ``append`` inputs, iterate ``stream`` for its items.
-
-    The side stage (the turn detector) is not on the chain: the caller feeds the
-    stream's input edge itself and reads its client link. Made by
-    ``Pipeline.open_side_stream``; ``close()`` frees it on the stage at its next turn.
-
-    Bytes inputs (PCM16 audio) are bounded by their size, not only by their number: one
-    longer than ``SIDE_ITEM_MAX_BYTES`` is queued as pieces of at most that (cut at an
-    even offset, a whole sample), so a stage that takes a few inputs a step
-    (``max_inputs_per_step``) scores a bounded amount a step; and at most
-    ``SIDE_INPUT_MAX_BYTES`` wait per stream, past which inputs are dropped (a session
-    appending megabyte frames as fast as it could held the detector's step past its
-    watchdog, and a gigabyte).
-    """
-
-    def __init__(self, state: StreamState, in_link: Link) -> None:
-        self.id = state.id
-        self.stream = Stream(state)
-        self._state = state
-        self._inbox = in_link
-        self.num_dropped = 0
-        self._sizes: deque[tuple[int, int]] = deque()  # (put index, bytes) not yet taken
-        self._queued_bytes = 0
-
-    def append(self, item: object) -> bool:
-        """Queue one input for the stage's next step. Never blocks: if the stage is
-        ``SIDE_INPUT_CAPACITY`` inputs or ``SIDE_INPUT_MAX_BYTES`` behind, the input is
-        dropped (logged) and this returns False. Inputs after the stream ended are
-        ignored."""
-        if self._inbox.discarded:
-            return False
-        if not isinstance(item, bytes):
-            return self._put(item, 0)
-        self._forget_taken()
-        if self._queued_bytes + len(item) > SIDE_INPUT_MAX_BYTES:
-            return self._drop()
-        step = SIDE_ITEM_MAX_BYTES
-        pieces = [item[start : start + step] for start in range(0, len(item), step)] or [item]
-        if self._inbox.free < len(pieces):
-            return self._drop()
-        return all([self._put(piece, len(piece)) for piece in pieces])
-
-    def _put(self, item: object, num_bytes: int) -> bool:
-        if self._inbox.free < 1:
-            return self._drop()
-        self._sizes.append((self._inbox.num_put, num_bytes))
-        self._queued_bytes += num_bytes
-        self._inbox.put((item,))
-        return True
-
-    def _drop(self) -> bool:
-        self.num_dropped += 1
-        logger.warning("side stage is behind; dropped an input", extra={"stream": self.id})
-        return False
-
-    def _forget_taken(self) -> None:
-        taken = self._inbox.num_taken
-        while self._sizes and self._sizes[0][0] < taken:
-            self._queued_bytes -= self._sizes.popleft()[1]
-
-    @property
-    def queued_bytes(self) -> int:
-        """Bytes of input waiting for the stage."""
-        self._forget_taken()
-        return self._queued_bytes
-
-    def close(self) -> None:
-        """Stop it (idempotent); the stage frees it at its next turn."""
-        self._state.cancel()
-
-
-class Pipeline:
-    """A running pipeline. Made only by ``open_pipeline``."""
+class Pipeline(ShownPipeline):
+    """A running pipeline. Made only by ``open_pipeline``. (``statistics()`` and
+    ``occupancy()``: ``_pipeline_statistics.py``.)"""
 
     def __init__(
         self, config: PipelineConfig, actors: list[StageActor], side: StageActor | None
@@ -135,10 +59,9 @@ class Pipeline:
         self._actors = actors
         self._by_name = {a.name: a for a in actors}
         self._side = side
+        self._sides = SideStreams(side, config.pipeline.client_capacity)
         self._streams: dict[str, StreamState] = {}
-        self._side_streams: dict[str, StreamState] = {}
         self._ids = itertools.count()
-        self._side_ids = itertools.count()
         self._closed = False
         self._num_admitted = 0
         self._num_refused = 0
@@ -340,26 +263,12 @@ class Pipeline:
 
         Raises ``PipelineClosed`` once the pipeline is shutting down and
         ``LookupError`` if the config has no side stage."""
-        side = self._side
-        if side is None:
-            raise LookupError("the pipeline has no side stage (the config's side_stage)")
         if self._closed:
             raise PipelineClosed("<new>")
-        stream_id = f"{side.name}{next(self._side_ids)}"
-        in_link = Link(f"->{side.name}", SIDE_INPUT_CAPACITY)
-        in_link.consumer_wakeup = side.wakeup
-        client = ClientLink("client", self.config.pipeline.client_capacity)
-        stream = StreamState(
-            stream_id, request, client, {in_link.name: in_link}, frozenset({side.name}), self._hooks
-        )
-        self._side_streams[stream_id] = stream
-        side.add(stream, in_link, None)
-        return SideStream(stream, in_link)
+        return self._sides.open(request, self._hooks)
 
     def _on_end(self, stream: StreamState) -> None:
-        if stream.id in self._side_streams:
-            assert self._side is not None
-            self._side.drop(stream.id)
+        if self._sides.ended(stream.id):
             return
         self._num_ended += 1
         self._quiet.discard(stream.id)
@@ -369,7 +278,7 @@ class Pipeline:
             actor.drop(stream.id)
 
     def _on_released(self, stream: StreamState) -> None:
-        if self._side_streams.pop(stream.id, None) is not None:
+        if self._sides.released(stream.id):
             return
         del self._streams[stream.id]
         self._quiet.discard(stream.id)
@@ -391,135 +300,8 @@ class Pipeline:
     def _close(self) -> None:
         self._closed = True
         self._queue.close()
-        for stream in [*self._streams.values(), *self._side_streams.values()]:
+        for stream in [*self._streams.values(), *self._sides.streams()]:
             stream.fail(PipelineClosed(stream.id))
-
-    def statistics(self) -> PipelineStatistics:
-        """A frozen snapshot of every stage and stream. Never blocks, but works out every
-        stage's admission model and every stream's links on the trio thread (a
-        millisecond or more at 64 streams): a sampler that needs only the counts asks
-        ``occupancy()``."""
-        actors = self._actors
-        audio_s = self._delivery.audio_s_put
-        cap = self.config.pipeline.max_streams
-        needed = self._admission.needed_at  # what admission asks: realtime_streams counts at it
-        stages = stage_statistics({a.name: a for a in actors}, audio_s, cap, needed)
-        return PipelineStatistics(
-            stages=stages,
-            streams=MappingProxyType({s.id: s.statistics() for s in self._streams.values()}),
-            num_open_streams=len(self._streams),
-            max_streams=self.config.pipeline.max_streams,
-            num_admitted=self._num_admitted,
-            num_refused=self._num_refused,
-            num_refused_headroom=self._admission.num_refused_headroom,
-            num_shed=self._admission.num_shed,
-            audio_s_delivered=audio_s,
-            num_completed=self._outcomes["completed"],
-            num_failed=self._outcomes["failed"],
-            num_cancelled=self._outcomes["cancelled"],
-            num_payloads_routed=sum(a.counters.num_payloads_sent for a in actors),
-            num_payload_bytes_relayed=sum(s.num_payload_bytes_relayed for s in stages.values()),
-            num_items_delivered=self._delivery.num_delivered,
-            num_payloads_to_client=self._delivery.num_non_visible_seen,
-            side_stage=None if self._side is None else self._side.statistics(),
-            max_trio_stall_s=_stall_meter.max_stall_s,
-            admission_waits=self._queue.statistics(),
-        )
-
-    def occupancy(self) -> Occupancy:
-        """Open streams, and each stage's waiting payloads and latest batch: the counts
-        ``omnitrio bench`` samples every 0.1 s during a run. Far cheaper than
-        ``statistics()``, which works out every stage's model and every stream's links
-        on the trio thread (the run's own clients and stages wait meanwhile)."""
-        actors = self._actors
-        depth = {
-            a.name: sum(
-                (s.in_link.buffered if s.in_link else 0) + len(s.carry) for s in a.slots.values()
-            )
-            for a in actors
-        }
-        batch = {a.name: a.counters.last_batch_size for a in actors}
-        return Occupancy(len(self._streams), MappingProxyType(depth), MappingProxyType(batch))
-
-
-class _StallMeter(trio.abc.Instrument):
-    """The longest single task step on the trio thread (GC pauses included): while one
-    runs, no other task, actor or client, moves."""
-
-    def __init__(self) -> None:
-        self.max_stall_s = 0.0
-        self._started: float | None = None
-        self.users = 0
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        self._started = time.perf_counter()
-
-    def after_task_step(self, task: trio.lowlevel.Task) -> None:
-        if self._started is None:
-            return  # the step that installed the meter
-        stall_s = time.perf_counter() - self._started
-        if stall_s > self.max_stall_s:
-            self.max_stall_s = stall_s
-
-
-_stall_meter = _StallMeter()
-
-SWITCH_INTERVAL_S = 0.5e-3
-"""``sys.setswitchinterval`` while pipelines run (CPython's default is 5 ms): how long
-a thread holding the GIL keeps one that waits for it out. Every hand-off between
-stages goes through the trio thread; with a stage that computes in Python holding
-the GIL, trio would wait up to the whole default interval for each (``omnitrio bench
---cpu-bound``: 0.9x the orchestrator shape's requests/s at 5 ms, 1.2-1.5x at 0.5 ms,
-``docs/benchmarks.md``)."""
-
-_saved_switch_interval_s: float | None = None
-
-
-@asynccontextmanager
-async def _runtime_policies() -> AsyncIterator[None]:
-    """While any pipeline runs, three process-wide policies, undone when the last one
-    closes: what start-up allocated (modules, models, configs) frozen out of the
-    collector's way (``gc.freeze``), so a gen-2 collection no longer walks it on the
-    trio thread; the stall meter on (from after that collection); and the GIL's
-    switch interval at ``SWITCH_INTERVAL_S``."""
-    global _saved_switch_interval_s
-    if _stall_meter.users == 0:
-        gc.collect()
-        gc.freeze()
-        _saved_switch_interval_s = sys.getswitchinterval()
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
-        _stall_meter.max_stall_s = 0.0
-        _stall_meter._started = None
-        trio.lowlevel.add_instrument(_stall_meter)
-    _stall_meter.users += 1
-    try:
-        yield
-    finally:
-        _stall_meter.users -= 1
-        if _stall_meter.users == 0:
-            gc.unfreeze()
-            if _saved_switch_interval_s is not None:
-                sys.setswitchinterval(_saved_switch_interval_s)
-                _saved_switch_interval_s = None
-            trio.lowlevel.remove_instrument(_stall_meter)
-
-
-async def _start(
-    nursery: trio.Nursery,
-    actor: StageActor,
-    check: Callable[[int, int], None],
-    shutdown_timeout_s: float,
-) -> None:
-    async def run(*, task_status: trio.TaskStatus[None]) -> None:
-        try:
-            limits = await actor.load()
-            check(limits.max_payloads_per_step, limits.max_visible_per_step)
-            task_status.started()
-            await actor.serve()
-        finally:
-            await actor.shutdown(shutdown_timeout_s)
-
-    await nursery.start(run)
 
 
 @asynccontextmanager
@@ -543,33 +325,13 @@ async def open_pipeline(config: PipelineConfig | str | os.PathLike[str]) -> Asyn
     """
     if not isinstance(config, PipelineConfig):
         config = load_config(config)
-    source = config.source
-    specs = config.stages
-    actors = [
-        StageActor(
-            spec,
-            source,
-            scheduling=config.pipeline.scheduling,
-            feeds_edge=config.edge_from(spec.name) is not None,
-            payloads_by_reference=spec.placement == "ray"
-            and index + 1 < len(specs)
-            and specs[index + 1].placement == "ray",
-        )
-        for index, spec in enumerate(specs)
-    ]
-    for upstream, downstream in itertools.pairwise(actors):
-        upstream.downstream = downstream
-    side_spec: StageSpec | None = config.side_stage
-    side = None if side_spec is None else StageActor(side_spec, source, feeds_edge=False)
-    timeout_s = config.pipeline.shutdown_timeout_s
+    actors, side = build_actors(config)
     error: BaseException | None = None
-    async with _ray_if_placed(config), trio.open_nursery() as nursery:
+    async with ray_if_placed(config), trio.open_nursery() as nursery:
         try:
-            for actor in [*actors, *([side] if side else [])]:
-                check = _checker(config, actor.name, on_chain=actor is not side)
-                await _start(nursery, actor, check, timeout_s)
+            await start_actors(nursery, config, actors, side)
             pipeline = Pipeline(config, actors, side)
-            async with _runtime_policies():
+            async with runtime_policies():
                 try:
                     yield pipeline
                 finally:
@@ -582,23 +344,3 @@ async def open_pipeline(config: PipelineConfig | str | os.PathLike[str]) -> Asyn
             nursery.cancel_scope.cancel()
     if error is not None:
         raise error
-
-
-@asynccontextmanager
-async def _ray_if_placed(config: PipelineConfig) -> AsyncIterator[None]:
-    """Ray around the pipeline if a stage has ``placement: ray`` (only then is it imported)."""
-    if not uses_ray(config):
-        yield
-        return
-    from ._ray_cluster import open_ray
-
-    async with open_ray(config):
-        yield
-
-
-def _checker(config: PipelineConfig, stage: str, *, on_chain: bool) -> Callable[[int, int], None]:
-    def check(max_payloads_per_step: int, max_visible_per_step: int) -> None:
-        payloads = max_payloads_per_step if on_chain else 0
-        check_stage_limits(config, stage, payloads, max_visible_per_step)
-
-    return check

@@ -146,6 +146,7 @@ class RealtimeConnection:
         self._totals: SessionTotals | None = None  # its part in the client's totals
         self._unsent = 0  # events queued and not yet handed to the transport
         self._ending = False  # end_when_quiet: the session ends once nothing is under way
+        self._ended_quiet = False  # it did end so (not by the client, a limit or a stall)
         self._quiet = trio.Event()  # set (and replaced) as the connection may have gone quiet
 
     async def run(self) -> None:
@@ -160,6 +161,9 @@ class RealtimeConnection:
         except SessionRefused as refused:
             await self._refuse_session(refused)
             return
+        self._state.sessions.add(self)  # a drain ends it once quiet (ServerState.drain)
+        if self._state.draining:
+            self.end_when_quiet()
         try:
             with trio.move_on_after(settings.max_session_s) as session_limit:
                 async with trio.open_nursery() as nursery:
@@ -174,6 +178,7 @@ class RealtimeConnection:
         except* _ClientTooSlow:
             too_slow = True
         finally:
+            self._state.sessions.discard(self)
             self._totals.close()
             if self._detector is not None:
                 self._detector.close()
@@ -183,6 +188,8 @@ class RealtimeConnection:
             )
         elif session_limit.cancelled_caught:
             await self._close(1008, f"session length limit of {settings.max_session_s} s reached")
+        elif self._ended_quiet and self._media is None:  # (a call's close is the calls')
+            await self._close(CLOSE_GOING_AWAY, "server draining; retry on another server")
 
     def answering(self) -> bool:
         """A response runs (or waits for admission), an answer's audio still plays (a
@@ -193,7 +200,9 @@ class RealtimeConnection:
         """End the session (``run`` returns) once it is not ``answering``: at once where
         it is idle, else after its answer's last event (and, on a call, its audio) has
         gone out. What the client asks for meanwhile is answered as usual (a draining
-        server refuses new responses). The server's drain asks it of its calls."""
+        server refuses new responses). The server's drain asks it of every session
+        (``ServerState.drain``); a WebSocket is then closed with 1001 (going away), a
+        call's peer connection by the calls (``_calls.py``)."""
         self._ending = True
         self._stir()
 
@@ -206,6 +215,7 @@ class RealtimeConnection:
         while not self._ending or self.answering():
             await self._quiet.wait()
             self._quiet = trio.Event()
+        self._ended_quiet = True
         scope.cancel()
 
     async def _read(self, nursery: trio.Nursery) -> None:

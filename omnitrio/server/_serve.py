@@ -164,9 +164,9 @@ async def serve(
                     stop.set()
                     if not states:  # still loading: nothing in flight to wait for
                         outer.cancel_scope.cancel()
-                    for state in states:
-                        state.draining = True
-                        if isinstance(state.calls, Calls):  # idle calls end now
+                    for state in states:  # idle sessions and calls end now
+                        state.drain()
+                        if isinstance(state.calls, Calls):
                             state.calls.drain()
                     hard_stop_at = trio.current_time() + settings.grace_period_s
                     outer.cancel_scope.deadline = hard_stop_at

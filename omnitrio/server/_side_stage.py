@@ -33,7 +33,8 @@ from .._config import resolve_impl
 from .._errors import PipelineClosed, StageCall, StageError
 from .._items import Event, Request, Scalar
 from .._options import ResponseOptions
-from .._pipeline import Pipeline, SideStream
+from .._pipeline import Pipeline
+from .._side_stream import SideStream
 from .._statistics import StageStatistics
 
 logger = logging.getLogger(__name__)

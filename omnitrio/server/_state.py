@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator, Sized
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
@@ -53,6 +53,12 @@ class Draining(Overloaded):
         return (Draining, (self.max_streams,))
 
 
+class Quieting(Protocol):
+    """A Realtime session being served (``_realtime.RealtimeConnection``)."""
+
+    def end_when_quiet(self) -> None: ...
+
+
 @dataclass
 class ServerState:
     pipeline: Pipeline
@@ -64,6 +70,9 @@ class ServerState:
     calls: Sized | None = None
     """The WebRTC calls (``serve`` opens them around the HTTP server: a ``_calls.Calls``,
     which this module does not import, as it imports this one)."""
+    sessions: set[Quieting] = field(default_factory=set)
+    """The Realtime sessions being served, over a WebSocket or a WebRTC call: a drain
+    ends each once it is quiet (``drain``)."""
 
     def __post_init__(self) -> None:
         self.secrets = ClientSecrets(
@@ -121,6 +130,15 @@ class ServerState:
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and the like
         if self.side_stage is not None:
             self.registry.register(SideStageCollector(self.side_stage))
+
+    def drain(self) -> None:
+        """The server drains (``serve``, on a signal): nothing new opens (``busy``), and
+        each Realtime session ends once it is quiet, an idle one at once
+        (``RealtimeConnection.end_when_quiet``; a call not yet connected is ended by the
+        calls, ``Calls.drain``)."""
+        self.draining = True
+        for session in list(self.sessions):
+            session.end_when_quiet()
 
     @property
     def model_name(self) -> str:

@@ -150,7 +150,9 @@ async def test_an_idle_call_ends_at_once_while_another_still_answers() -> None:
             await idle.close()
 
     (idle_ended_s, done_s, done), returned_s = await _drained(30, GRACE_S, script)
-    assert idle_ended_s < CLOSE_TIMEOUT_S + 0.5, idle_ended_s
+    # at once: its close is the flush and the peer's close (0.5 s + at most 1 s); the
+    # bound is loose for a loaded machine, and still far inside the grace period
+    assert idle_ended_s < GRACE_S / 2, idle_ended_s
     assert idle_ended_s < done_s, (idle_ended_s, done_s)
     assert done["response"]["status"] == "completed", done
     assert returned_s < GRACE_S + 2 * CLOSE_TIMEOUT_S + 1, returned_s
@@ -179,7 +181,9 @@ async def test_a_call_still_answering_at_the_hard_stop_is_cancelled_then() -> No
     (ended_s, after_s, types), returned_s = await _drained(100, grace_s, script)
     assert "response.done" not in types, types
     assert after_s > 0.6 * grace_s, after_s  # the answer went on playing in the grace
-    assert grace_s * 0.9 < ended_s < grace_s + CLOSE_TIMEOUT_S + 0.5, ended_s
+    # cut at the hard stop, then the peer's close (at most 1 s) and the channel's close
+    # reaching the caller: the bound after it is loose for a loaded machine
+    assert grace_s * 0.9 < ended_s < grace_s + CLOSE_TIMEOUT_S + 1.5, ended_s
     assert grace_s * 0.9 < returned_s < grace_s + 2 * CLOSE_TIMEOUT_S + 1, returned_s
 
 
