@@ -942,12 +942,14 @@ def find_limit(
     """``--find-limit CAPS``: each arm on a server of its own at the last of ``--levels``,
     in the order given; prints each arm's table as it ends, then the limit
     (benchmarks/voice_limit.py)."""
+    if args.transports != "websocket":
+        raise SystemExit("--find-limit measures over websocket only (--transports websocket)")
     source = (args.config or args.checkout / "configs" / "voice-chat.yaml").resolve()
     conversations = args.levels.split(",")[-1]
     arms: list[voice_limit.Arm] = []
-    for spec in voice_limit.parse_caps(args.find_limit):
+    for i, spec in enumerate(voice_limit.parse_caps(args.find_limit)):
         extra = voice_limit.server_args(source, spec, scratch)
-        (level,) = serve(args, voices, extra, scratch / "server.log", [conversations])
+        (level,) = serve(args, voices, extra, scratch / f"server-{i}.log", [conversations])
         arms.append(voice_limit.Arm(spec[0], level, spec[1]))
         print(voice_limit.limit_report(arms).split("\n\n")[0].splitlines()[-1], flush=True)
     print(f"\n{voice_limit.limit_report(arms)}")

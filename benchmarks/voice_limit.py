@@ -83,15 +83,15 @@ def server_args(source: Path, spec: Spec, folder: Path) -> list[str]:
     """``omnitrio run``'s arguments for one arm: the capped config and a client's share
     above the cap, the config with the margin, or the config as it is."""
     cap, margin = spec
+    share = ["--max-streams-per-client", str(max(cap or 0, CLIENT_SHARE))]  # every arm alike
     if cap is None and margin is None:
-        return ["--config", str(source)]
+        return ["--config", str(source), *share]
     config = yaml.safe_load(source.read_text(encoding="utf-8"))
     if cap is None:
-        config["pipeline"] = {**config["pipeline"], "realtime_margin": margin}
-        return ["--config", str(_write(config, folder / f"margin-{margin}.yaml"))]
+        config["pipeline"] = {**config.get("pipeline", {}), "realtime_margin": margin}
+        return ["--config", str(_write(config, folder / f"margin-{margin}.yaml")), *share]
     path = _write(capped_config(config, cap), folder / f"capped-{cap}.yaml")
-    share = max(cap, CLIENT_SHARE)
-    return ["--config", str(path), "--max-streams-per-client", str(share)]
+    return ["--config", str(path), *share]
 
 
 def answered(turns: Sequence[Turn]) -> list[Turn]:
@@ -139,13 +139,16 @@ class Arm:
 
 def limit(arms: Sequence[Arm]) -> int | None:
     """The largest cap whose every run kept every answer continuous and below which no
-    run of a tried cap ran one dry (None: none did)."""
+    run of a tried cap ran one dry (None: none did). A cap counts only where it bound:
+    below the conversations, and some run of it had that many answers at once."""
     caps = sorted({a.cap for a in arms if a.cap is not None})
     found = None
     for cap in caps:
-        if not all(a.continuous for a in arms if a.cap == cap):
+        runs = [a for a in arms if a.cap == cap]
+        if not all(a.continuous for a in runs):
             break
-        found = cap
+        if any(cap < a.level.conversations and answers_at_once(a.level.turns) >= cap for a in runs):
+            found = cap
     return found
 
 

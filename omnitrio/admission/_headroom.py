@@ -314,6 +314,8 @@ class StepModel:
     def burst_factor(self, num_streams: int, audio_s_delivered: float) -> float:
         """``realtime_factor`` with the first steps of the last few steps
         (``burst_share``) where they took more of the stage than lately (inf: not)."""
+        if self.ready(audio_s_delivered) and not self._plain.fitted:
+            return math.inf  # measured: its steps' line holds their prefills already
         share = self.burst_share
         if share <= self.first_step_share:
             return math.inf

@@ -36,8 +36,12 @@ talker counted 160 of 192 live streams and let a closed loop of 256 admit 64 pas
 
 Once streams are admitted the runtime protects them from a real, sustained slowdown
 (shedding, ``_shed.py``). The retry hint of a
-refusal is the time until a slot frees: the mean lifetime of completed streams less
-the age of the oldest live stream (the next to end), at least ``MIN_RETRY_AFTER_S``;
+refusal is the time until a slot frees: how much longer the oldest live stream (the
+next to end) is expected to run, given its age, by the lifetimes of the last
+``LIFETIMES_KEPT`` completed streams (their mean excess over its age, among those that
+ran longer); one that has outlived them all leaves the expected wait for the first of
+the live streams to end, their mean lifetime over their count; at least
+``MIN_RETRY_AFTER_S``;
 ``admission: cpu``'s startup guard's is sooner where that stream would be a startup
 from its deadline sooner, making audio at twice real time.
 """
@@ -45,6 +49,7 @@ from its deadline sooner, making audio at twice real time.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Iterable
 
 from .._errors import Overloaded
@@ -59,6 +64,8 @@ from ._utilisation import ActiveCounts, BusyWatch, active_at, busy_problem
 
 LIFETIME_KEEP = 0.9
 """Weight of the past in the mean lifetime of completed streams (per completion)."""
+LIFETIMES_KEPT = 64
+"""Completed streams' lifetimes kept for the retry hint (the time until a slot frees)."""
 MIN_RETRY_AFTER_S = 0.05
 MAX_RETRY_AFTER_S = 60.0
 ACTIVE_WINDOW_S = 0.5
@@ -118,6 +125,7 @@ class Admission(Shedding):
         self.num_refused_headroom = 0
         self.num_shed = 0
         self._mean_lifetime_s: float | None = None
+        self._lifetimes_s: deque[float] = deque(maxlen=LIFETIMES_KEPT)
         self._mean_audio_s: float | None = None
         self.startup = Startup()
         self._watches: dict[str, BusyWatch] = {}
@@ -243,13 +251,18 @@ class Admission(Shedding):
         return None
 
     def retry_after_s(self, num_live: int, oldest_age_s: float | None = None) -> float | None:
-        """When a slot frees (None: nothing measured): the mean lifetime of completed
-        streams less ``oldest_age_s``, the oldest live stream's age; without it, the
-        expected time until one of ``num_live`` streams ends."""
+        """When a slot frees (None: nothing measured): how much longer the oldest live
+        stream, ``oldest_age_s`` old, runs by the recent completed lifetimes longer than
+        that age (their mean excess); without an age, or once it has outlived them all,
+        the expected time until one of ``num_live`` streams ends."""
         mean = self._mean_lifetime_s
         if mean is None:
             return None
-        estimate = mean - oldest_age_s if oldest_age_s is not None else mean / max(num_live, 1)
+        estimate = mean / max(num_live, 1)
+        if oldest_age_s is not None:
+            longer = [life - oldest_age_s for life in self._lifetimes_s if life > oldest_age_s]
+            if longer:
+                estimate = sum(longer) / len(longer)
         return min(max(estimate, MIN_RETRY_AFTER_S), MAX_RETRY_AFTER_S)
 
     def completed(
@@ -264,6 +277,7 @@ class Admission(Shedding):
         self.warmup.over = True
         if startup_s is not None:
             self.startup.completed(startup_s, audio_s)
+        self._lifetimes_s.append(lifetime_s)
         mean = self._mean_lifetime_s
         self._mean_lifetime_s = (
             lifetime_s if mean is None else mean * LIFETIME_KEEP + lifetime_s * (1 - LIFETIME_KEEP)

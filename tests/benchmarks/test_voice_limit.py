@@ -43,7 +43,8 @@ def test_a_capped_arm_serves_the_voice_chat_by_max_streams_alone_at_the_cap(
     assert (capped.pipeline.max_streams, capped.pipeline.admission) == (3, "max_streams")
     assert capped.pipeline.admission_wait_s == own.pipeline.admission_wait_s
     assert capped.stages == own.stages
-    assert server_args(VOICE_CHAT, (None, None), tmp_path) == ["--config", str(VOICE_CHAT)]
+    own_args = server_args(VOICE_CHAT, (None, None), tmp_path)  # the same client share
+    assert own_args == ["--config", str(VOICE_CHAT), "--max-streams-per-client", "64"]
     margin = load_config(server_args(VOICE_CHAT, (None, 0.5), tmp_path)[1])
     assert (margin.pipeline.admission, margin.pipeline.realtime_margin) == ("cpu", 0.5)
     assert margin.stages == own.stages
@@ -67,19 +68,22 @@ def test_answers_at_once_counts_the_answers_making_audio_at_once() -> None:
     assert answers_at_once([*turns, refused]) == 3  # a refused turn is no answer
 
 
-def _arm(cap: int | None, dry: int) -> Arm:
+def _arm(cap: int | None, dry: int, at_once: int | None = None) -> Arm:
+    """Four conversations; ``at_once`` answers making audio at once (default: the cap)."""
     level = Level(4, wall_s=60.0, others_cpu_s=1.2, load_average=(1.0, 2.0))
     level.turns = [_turn(i * 4, i * 4 + 3, 0.5 if i < dry else 0.0) for i in range(5)]
+    level.turns += [_turn(0.5, 2.5) for _ in range((at_once or cap or 1) - 1)]
     level.turns.append(Turn(0, "q", status="failed", retry_after_ms=300))
     return Arm(cap, level)
 
 
 def test_the_limit_is_the_largest_cap_whose_runs_kept_every_answer_and_none_below_ran_dry() -> None:
     assert limit([_arm(2, 0), _arm(3, 0), _arm(None, 2), _arm(3, 1)]) == 2  # 3 ran one dry once
-    assert limit([_arm(2, 0), _arm(3, 0), _arm(4, 0)]) == 4
+    assert limit([_arm(2, 0), _arm(3, 0), _arm(4, 0)]) == 3  # 4 of 4 conversations: no cap
+    assert limit([_arm(2, 0), _arm(3, 0, at_once=2)]) == 2  # 3 never had 3 answers at once
     assert limit([_arm(2, 1), _arm(3, 0)]) is None  # 2 ran one dry: 3's clean run is luck
     assert "the limit's runs" not in limit_report([_arm(2, 1), _arm(None, 1)])
     report = limit_report([_arm(2, 0), _arm(None, 1)])
-    assert "| max_streams 2 | 4 | 5 / 1 (1) | 1 | 800 | 0 (0.00) | 0 (0.00) | yes | 0.02" in report
+    assert "| max_streams 2 | 4 | 6 / 1 (1) | 2 | 800 | 0 (0.00) | 0 (0.00) | yes | 0.02" in report
     assert "Limit: 2 answers at once" in report
     assert "cpu: answered 5 of 6 turns, at most 1 at once (limit 2), 1 dry" in report

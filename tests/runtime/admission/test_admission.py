@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import trio
 
 import omnitrio
+from omnitrio.admission._rule import Admission
 from tests.conftest import chain_config
 
 # b makes 20 ms of audio per stream-step and costs 1 ms + 4 ms per stream in the
@@ -86,3 +88,22 @@ async def _drain(stream: omnitrio.Stream, stream_cm: object) -> None:
     finally:
         with trio.CancelScope(shield=True):
             await stream_cm.__aexit__(None, None, None)  # type: ignore[attr-defined]
+
+
+def test_a_refusals_retry_hint_is_when_its_oldest_stream_is_expected_to_end() -> None:
+    """Streams of 1, 2, 4 and 8 s completed; the cap is full and its oldest stream has run
+    3 s. Of the lifetimes longer than that, the mean excess is (1 + 5) / 2 = 3 s: the hint,
+    not the mean lifetime less the age (below zero, so the 50 ms floor: a client told to
+    come back at once, refused again). One that outlived them all leaves the wait for the
+    first of the live streams to end: the mean lifetime over their count."""
+    admission = Admission(2, 0.05, headroom=False)
+    mean = 0.0
+    for i, lifetime_s in enumerate((1.0, 2.0, 4.0, 8.0)):
+        admission.completed(lifetime_s)
+        mean = lifetime_s if i == 0 else 0.9 * mean + 0.1 * lifetime_s
+    refusal = admission.refusal(2, 2, [], 0.0, oldest_age_s=3.0)
+    assert refusal is not None
+    assert refusal.retry_after_s == pytest.approx(3.0)
+    refusal = admission.refusal(2, 2, [], 0.0, oldest_age_s=9.0)
+    assert refusal is not None
+    assert refusal.retry_after_s == pytest.approx(mean / 2)

@@ -133,7 +133,8 @@ def test_the_retry_hint_is_the_time_until_the_oldest_stream_ends() -> None:
     assert refusal.retry_after_s == pytest.approx(0.5)  # mean lifetime 2 s, oldest at 1.5 s
     overdue = admission.refusal(4, 4, [], 10.0, oldest_age_s=3.0)
     assert overdue is not None
-    assert overdue.retry_after_s == pytest.approx(0.05)  # past its mean: the floor
+    # past every lifetime seen: the first of the four live streams to end, not the floor
+    assert overdue.retry_after_s == pytest.approx(0.5)
 
 
 def _streams(count: int, priorities: dict[int, float]) -> list[StreamState]:

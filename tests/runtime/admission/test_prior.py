@@ -5,6 +5,7 @@ configs' synthetic stages, then on a real pipeline."""
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pytest
 import trio
@@ -144,3 +145,16 @@ async def test_a_real_pipeline_refuses_a_burst_beyond_what_the_stages_declare() 
             assert "stage 'b'" in refused.value.problem
             assert pipeline.statistics().num_refused_headroom == 1
         await trio.lowlevel.checkpoint()
+
+
+def test_a_measured_stage_whose_steps_all_took_a_prefill_is_not_charged_its_burst_twice() -> None:
+    """An open loop dense enough to put an arrival in every step: the stage is measured
+    (its line of steps with first steps holds the prefills) but has no plain step to fit.
+    Its burst is not measured against the prior's plain step and charged on top of that
+    line again (a review's finding: refused at about half its capacity until a plain step)."""
+    thinker = StepModel(64)
+    thinker.prior = StepPrior(0.008, 0.00015, 0.02)
+    for _ in range(40):
+        thinker.observe(20, 0.008 + 0.00015 * 20 + 0.0216, 1)
+    assert thinker.ready(100.0)
+    assert thinker.burst_factor(21, 100.0) == math.inf
