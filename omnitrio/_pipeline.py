@@ -33,6 +33,7 @@ from ._pipeline_start import SWITCH_INTERVAL_S as SWITCH_INTERVAL_S
 from ._pipeline_start import build_actors, ray_if_placed, runtime_policies, start_actors
 from ._pipeline_statistics import ShownPipeline
 from ._scheduler import Playback
+from ._side_stream import SIDE_INPUT_CAPACITY as SIDE_INPUT_CAPACITY
 from ._side_stream import SIDE_INPUT_MAX_BYTES as SIDE_INPUT_MAX_BYTES
 from ._side_stream import SIDE_ITEM_MAX_BYTES as SIDE_ITEM_MAX_BYTES
 from ._side_stream import SideStream, SideStreams

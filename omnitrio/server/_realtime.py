@@ -199,11 +199,14 @@ class RealtimeConnection:
     def end_when_quiet(self) -> None:
         """End the session (``run`` returns) once it is not ``answering``: at once where
         it is idle, else after its answer's last event (and, on a call, its audio) has
-        gone out. What the client asks for meanwhile is answered as usual (a draining
-        server refuses new responses). The server's drain asks it of every session
+        gone out. A response still waiting for admission is refused (draining); what
+        the client asks for meanwhile is answered as usual (a draining server refuses
+        new responses). The server's drain asks it of every session
         (``ServerState.drain``); a WebSocket is then closed with 1001 (going away), a
         call's peer connection by the calls (``_calls.py``)."""
         self._ending = True
+        for waiting, _ in self._responses.values():
+            waiting.cancel()  # a response still waiting for admission is refused (draining)
         self._stir()
 
     def _stir(self) -> None:
@@ -466,7 +469,10 @@ class RealtimeConnection:
         finally:
             del self._responses[rid]
             self._stir()  # (nothing is queued yet: response.done comes below)
-        if reading.cancelled_caught or waiting.cancelled_caught:
+        if waiting.cancelled_caught and self._ending:  # the server drains (end_when_quiet)
+            refused = self._state.refuse("draining")
+            status, error, retry_s = "failed", str(refused), retry_after_s(refused)
+        elif reading.cancelled_caught or waiting.cancelled_caught:
             status = "cancelled"
         log.done(status)
         item_id = self._session.active_item_id

@@ -37,12 +37,17 @@ async def drained(
     stages: list[dict[str, Any]],
     grace_s: float,
     script: Callable[[str], Awaitable[tuple[T, float]]],
+    max_streams: int = 4,
+    wait_s: float = 0.0,
 ) -> tuple[T, float]:
     """Serve ``stages`` and run ``script(ws_url)``: it sends SIGTERM and returns (its
     result, ``trio.current_time()`` of the signal). Its result and how long after the
     signal ``serve`` returned, once it has returned SIGTERM and left no task behind."""
-    config = chain_config(stages, max_streams=4)
-    settings = ServerSettings(port=0, grace_period_s=grace_s)
+    config = chain_config(stages, max_streams=max_streams)
+    if wait_s:  # pipeline.admission_wait_s: a response past max_streams waits for a slot
+        waiting = config.pipeline.model_copy(update={"admission_wait_s": wait_s})
+        config = config.model_copy(update={"pipeline": waiting})
+    settings = ServerSettings(port=0, grace_period_s=grace_s, max_streams_per_client=4)
     tasks_before = count_tasks()
     stopped: list[int | None] = []
 
@@ -106,7 +111,7 @@ async def test_an_idle_session_is_closed_with_1001_at_once_on_a_drain() -> None:
 
 
 async def test_a_session_answering_on_a_drain_finishes_its_answer_then_is_closed() -> None:
-    """SIGTERM while a session's answer of about 2 s is under way: the answer goes out
+    """SIGTERM while a session's answer of about 6 s is under way: the answer goes out
     whole (``response.done`` completed), then the session is closed with 1001 and the
     server stops within the grace period. A second session, idle, is closed at once,
     long before the answer is done."""
@@ -128,7 +133,7 @@ async def test_a_session_answering_on_a_drain_finishes_its_answer_then_is_closed
             result = (idle_code, idle_closed_s, events, code, talking_closed_s)
             return result, signalled_at
 
-    stages = _answer(20, 100.0)  # 2 s of answer
+    stages = _answer(60, 100.0)  # 6 s of answer: "at once" and "once it is out" 4 s apart
     result, returned_s = await drained(stages, GRACE_S, script)
     idle_code, idle_closed_s, events, code, talking_closed_s = result
     types = [event["type"] for event in events]
@@ -139,6 +144,42 @@ async def test_a_session_answering_on_a_drain_finishes_its_answer_then_is_closed
     assert events[-1]["response"]["status"] == "completed", events[-1]
     assert code == 1001, code
     assert idle_closed_s < talking_closed_s < GRACE_S, (idle_closed_s, talking_closed_s)
+    assert returned_s < GRACE_S, returned_s
+
+
+async def test_a_response_waiting_for_admission_on_a_drain_is_refused_not_started() -> None:
+    """One slot, taken by a 6 s answer; a second session's response waits for it
+    (``admission_wait_s`` 30 s). SIGTERM: the waiting response ends at once, failed as
+    the server drains with a retry hint, and its session is closed; it is not admitted
+    when the answer ends, to start a new answer the hard stop would cut."""
+
+    async def script(url: str) -> tuple[tuple[Any, ...], float]:
+        async with (
+            trio_websocket.open_websocket_url(url) as talking,
+            trio_websocket.open_websocket_url(url) as queued,
+        ):
+            await until(talking, "session.created")
+            await until(queued, "session.created")
+            await talking.send_message(json.dumps({"type": "response.create"}))
+            await until(talking, "response.output_audio.delta")
+            await queued.send_message(json.dumps({"type": "response.create"}))
+            await until(queued, "response.created")
+            await trio.sleep(0.3)  # it waits for the slot
+            signalled_at = sigterm()
+            done = await until(queued, "response.done")
+            done_s = trio.current_time() - signalled_at
+            events, code, _ = await closing(queued)
+            await closing(talking)
+            return (done, done_s, events, code), signalled_at
+
+    result, returned_s = await drained(_answer(60, 100.0), GRACE_S, script, 1, 30.0)
+    done, done_s, events, code = result
+    response = done["response"]
+    assert response["status"] == "failed", response
+    assert "drain" in json.dumps(response["status_details"]), response
+    assert done_s < AT_ONCE_S, done_s  # not held until the answer before it ends (~6 s)
+    assert not any(e["type"] == "response.output_audio.delta" for e in events), events
+    assert code == 1001, code
     assert returned_s < GRACE_S, returned_s
 
 
