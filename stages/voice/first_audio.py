@@ -54,9 +54,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from . import trace
 from .payloads import TextPiece
@@ -66,13 +65,17 @@ STARTING_MAX_S = 1.5  # an answer counts as starting at most this long after its
 THROUGH_MAX_S = 2.5  # ... with through_first_phrase, until its first phrase is whole
 TRANSIT_MAX_S = 0.1  # text handed on this long ago and not at the TTS is not coming (dropped)
 TRANSIT_WAIT_S = 0.001  # a held TTS step that finds text on its way waits this, then returns
+HELD_WAIT_MAX_S = 0.1  # ... and waits at most this in one step (the runtime's closes run between)
+HANDED_KEEP_S = 5.0  # an answer's last text handed on this long ago is forgotten (its streams gone)
 
 
 class FirstAudio:
     """Which streams' first phrases are out, and whether one is being synthesised."""
 
     def __init__(self) -> None:
-        self._changed = threading.Condition()
+        lock = threading.RLock()
+        self._changed = threading.Condition(lock)  # wakes the holds in the LLM's token callbacks
+        self._tts_woken = threading.Condition(lock)  # ... and the TTS's held step (wait_held)
         self._synthesizing = 0
         self._past_first: set[str] = set()
         self._own_paused: set[str] = set()  # answers whose own first part is synthesised
@@ -86,6 +89,7 @@ class FirstAudio:
         self.hold_for_starting = False
         self.through_first_phrase = False  # an answer starts until its first phrase is whole
         self.held_s = 0.0  # time answers spent holding, in all
+        self.held_wait_max_s = HELD_WAIT_MAX_S
 
     def answer_starting(self, stream_id: str) -> None:
         """An answer is on its way to its first audio (its ASR step begins)."""
@@ -108,6 +112,7 @@ class FirstAudio:
         with self._changed:
             if self._starting.pop(stream_id, None) is not None:
                 self._changed.notify_all()
+                self._tts_woken.notify_all()
 
     def audio_made(self, stream_id: str, runs_out: float) -> None:
         """The stream's audio made so far runs out at ``runs_out`` (``time.monotonic``),
@@ -134,6 +139,7 @@ class FirstAudio:
                 seen.pop(stream_id, None)
             if self._starting.pop(stream_id, None) is not None:
                 self._changed.notify_all()
+                self._tts_woken.notify_all()
 
     @contextmanager
     def synthesizing(self, own: str | None = None) -> Iterator[None]:
@@ -210,11 +216,17 @@ class FirstAudio:
 
     def handed(self, stream_id: str, payloads: tuple[object, ...], done: bool) -> None:
         """The LLM stage handed the TTS the answer's text ``payloads`` (or its end:
-        ``done``): a TTS step that waits (``wait_held``) returns to take it."""
+        ``done``): a TTS step that waits (``wait_held``) returns to take it. Answers
+        handed nothing for ``HANDED_KEEP_S`` are forgotten here (a stream whose TTS never
+        opened or closed first, or no TTS in the process, would keep them for ever)."""
         with self._changed:
+            now = time.monotonic()
+            for sid, at in list(self._handed_at.items()):
+                if now - at > HANDED_KEEP_S:
+                    del self._handed[sid], self._handed_at[sid]
             self._handed[stream_id] = _stamp(self._handed.get(stream_id), payloads, done)
-            self._handed_at[stream_id] = time.monotonic()
-            self._changed.notify_all()
+            self._handed_at[stream_id] = now
+            self._tts_woken.notify_all()  # not the holds: a token's text is no news to them
 
     def fed(self, stream_id: str, inputs: tuple[object, ...], closed: bool) -> None:
         """The TTS stage has the answer's text ``inputs`` (and its end: ``closed``)."""
@@ -226,31 +238,54 @@ class FirstAudio:
         (``later_may_wait`` with ``slack_s``): wait until ``until`` (``time.monotonic``:
         the soonest of them may go), the answers' starts end, or text the LLM handed on
         is on its way to the TTS for an answer that would not wait (one starting, or
-        with at most ``slack_s`` of audio ahead), whichever is first. Whether text is on
-        its way (the step then returns to take it; else a held phrase may go now). Woken
-        by the event, not polled: a held phrase goes at once, and the TTS never sleeps
-        while text waits."""
-        with self._changed:
+        with at most ``slack_s`` of audio ahead, in this step's batch or not), whichever
+        is first, and at most ``held_wait_max_s``. Whether the step returns with its
+        phrase still held (text on its way: the next step takes it; or the wait's cap:
+        the runtime's round, its closes, run between); else a held phrase may go now.
+        Woken by the event, not polled: a held phrase goes at once, and the TTS never
+        sleeps while text waits."""
+        with self._tts_woken:
+            capped = time.monotonic() + self.held_wait_max_s
             while True:
                 now = time.monotonic()
                 if self._in_transit(now, slack_s):
-                    self._changed.wait(TRANSIT_WAIT_S)  # the runtime's delivery: a moment
+                    self._tts_woken.wait(TRANSIT_WAIT_S)  # the runtime's delivery: a moment
                     return True
-                left = min(until, self._starts_end(now)) - now
+                left = min(until, self._starts_end(now), *self._runs_low(slack_s)) - now
                 if left <= 0:
                     return False
-                self._changed.wait(left)
+                if now >= capped:
+                    return True
+                self._tts_woken.wait(min(left, capped - now))
+
+    def _pending(self) -> Iterator[str]:
+        """The answers past their first phrase whose text handed on is not at the TTS
+        yet (the lock held)."""
+        fed = self._fed
+        for sid, stamp in self._handed.items():
+            if sid in self._past_first and stamp != fed.get(sid):
+                yield sid
+
+    def _runs_low(self, slack_s: float) -> list[float]:
+        """When each answer of ``_pending`` is down to ``slack_s`` of audio ahead (the
+        lock held): its text is then on its way for an answer that would not wait."""
+        return [self._runs_out.get(sid, 0.0) - slack_s for sid in self._pending()]
 
     def _in_transit(self, now: float, slack_s: float) -> bool:
         """Whether text (or an end) the LLM handed on is not at the TTS yet for an
-        answer that would not wait with ``slack_s`` (the lock held); after
-        ``TRANSIT_MAX_S`` it is taken as not coming (a stream dropped). A held answer's
-        own text wakes nobody: its phrase waits anyway (no empty round per token)."""
-        fed, runs_out = self._fed, self._runs_out
+        answer that would not wait with ``slack_s`` (the lock held). One past its first
+        phrase counts once its audio ahead is down to ``slack_s``, however long ago its
+        text was handed (in this step's batch or not: its own phrase must not sit while
+        it runs dry; ``forget`` drops it once its stream ends), and wakes nobody before
+        (its phrase waits anyway: no empty round per token). One starting counts for
+        ``TRANSIT_MAX_S`` (then it is taken as not coming: a stream dropped)."""
+        if any(t - now <= 0 for t in self._runs_low(slack_s)):
+            return True
+        fed = self._fed
         return any(
-            stamp != fed.get(sid)
+            sid not in self._past_first
+            and stamp != fed.get(sid)
             and now - self._handed_at[sid] < TRANSIT_MAX_S
-            and not (sid in self._past_first and runs_out.get(sid, 0.0) - now > slack_s)
             for sid, stamp in self._handed.items()
         )
 
@@ -290,54 +325,3 @@ def _stamp(
 
 
 FIRST_AUDIO = FirstAudio()  # the process's: the TTS and the LLM stage threads share it
-
-
-@dataclass(frozen=True)
-class FirstAudioParams:
-    """The LLM stage's ``first_audio_*`` params, checked: a param that acts only with
-    another (``from_asr`` with ``first``, ``through_first_phrase`` with ``from_asr``,
-    ``min_slack_s`` with ``first``) set while that one is off is refused naming both,
-    not ignored (the LLM stage's ``step_limits`` checks them, so a config's check does)."""
-
-    first: bool = False
-    from_asr: bool = False
-    min_slack_s: float | None = None
-    through_first_phrase: bool = False
-
-    @classmethod
-    def of(cls, params: Mapping[str, object]) -> FirstAudioParams:
-        """The ``first_audio_*`` params of a stage's ``params`` (defaults where absent)."""
-        slack = params.get("first_audio_min_slack_s")
-        return cls(
-            bool(params.get("first_audio_first", False)),
-            bool(params.get("first_audio_from_asr", False)),
-            None if slack is None else float(slack),  # type: ignore[arg-type]
-            bool(params.get("first_audio_through_first_phrase", False)),
-        )
-
-    def __post_init__(self) -> None:
-        slack = self.min_slack_s
-        if slack is not None and not slack >= 0:
-            raise ValueError(f"first_audio_min_slack_s must be at least 0 or null, got {slack}")
-        needs = (
-            ("first_audio_from_asr", self.from_asr, "first_audio_first", self.first),
-            ("first_audio_min_slack_s", slack is not None, "first_audio_first", self.first),
-            (
-                "first_audio_through_first_phrase",
-                self.through_first_phrase,
-                "first_audio_from_asr",
-                self.from_asr,
-            ),
-        )
-        for param, is_set, needed, on in needs:
-            if is_set and not on:
-                raise ValueError(
-                    f"{param} acts only with {needed}, which is off"
-                    f" (set {needed}: true, or leave {param} out)"
-                )
-
-    def apply(self, gate: FirstAudio) -> None:
-        """Set ``gate`` (the process's ``FIRST_AUDIO``) to these params."""
-        gate.hold_for_starting = self.first and self.from_asr
-        gate.min_slack_s = self.min_slack_s
-        gate.through_first_phrase = gate.hold_for_starting and self.through_first_phrase

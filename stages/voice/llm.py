@@ -50,7 +50,8 @@ from stages.kit import (
     step_output,
 )
 
-from .first_audio import FIRST_AUDIO, FirstAudioParams
+from .first_audio import FIRST_AUDIO
+from .first_audio_params import FirstAudioParams
 from .llm_answer import Answer, finish_event, open_answer, passed_through
 from .llm_calls import ToolCall
 from .llm_ct2 import Ct2Runtime
@@ -90,7 +91,7 @@ class SmolLM2Llm(AutoregressiveStage):
     @classmethod
     def step_limits(cls, params: Mapping[str, object]) -> StepLimits | None:
         """As declared; a first_audio param that would do nothing is a config error."""
-        FirstAudioParams.of(params)  # first_audio.py
+        FirstAudioParams.of(params)  # first_audio_params.py
         return StepLimits.of_attributes(cls)
 
     def __init__(
@@ -252,9 +253,9 @@ class SmolLM2Llm(AutoregressiveStage):
         turn = self.streams.get(stream_id)
         if turn is not None and turn.fast is not None:
             turn.fast.cancelled = True  # its next token stops the generation
-        if turn is not None and not turn.spoke:
-            # The TTS stage ends a stream that brings it no text without opening it
-            # (ends_without_input), so its close cannot forget the answer's start.
+        if turn is not None and not (turn.spoke and turn.finished):
+            # Unspoken, the TTS never opens it (ends_without_input); cancelled, its start
+            # ends now. Not once finished: its end handed on must still reach the TTS.
             FIRST_AUDIO.forget(stream_id)
         super().close_stream(stream_id)
 

@@ -39,7 +39,8 @@ audio runs out more than that many seconds from now is not spoken (tts_schedule.
 the new answer's text finds the stage free; a step with nothing else to do then waits
 (first_audio.py ``wait_held``) until text for any answer is on its way, the starts
 end, or the first held phrase's audio ahead is down to the slack (``held_until``), and
-speaks that phrase at once in the latter two.
+speaks that phrase at once in the latter two; at most 0.1 s a step, then it says it has
+more to do, so the runtime's round (its closes) runs between.
 
 With param ``max_part_frames`` (null: off), a phrase longer than that many frames
 (~11.6 ms each) is spoken in parts of at most that many, a part a step, from one front

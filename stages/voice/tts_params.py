@@ -61,7 +61,7 @@ def check_parts(
         )
     if first_part_pauses_answer and first_part_words is None:
         raise ValueError("first_part_pauses_answer needs first_part_words")
-    if first_phrase_cut_s is not None and (first_part_words is None or first_phrase_cut_s < 0):
+    if first_phrase_cut_s is not None and (first_part_words is None or not first_phrase_cut_s >= 0):
         raise ValueError(
             "first_phrase_cut_s needs first_part_words and must be at least 0,"
             f" got {first_phrase_cut_s}"

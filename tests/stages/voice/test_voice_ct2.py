@@ -142,6 +142,36 @@ def test_a_cancelled_answer_stops_generating(llm: object) -> None:
     assert len(result.sequences_ids[0]) < 200
 
 
+def test_a_cancelled_answers_close_ends_its_start_and_a_finished_ones_does_not(
+    llm: object,
+) -> None:
+    """A turn closed before its end (cancelled, its text already handed to the TTS)
+    ends its start in first_audio.py at once (the others stop holding for it); a
+    finished turn's close keeps its end on its way to the TTS (first_audio.py ``handed``)."""
+    from stages.voice.first_audio import FIRST_AUDIO
+    from stages.voice.payloads import TextPiece, Utterance
+
+    FIRST_AUDIO.answer_starting("x")
+    llm.open_stream("x", Request(options={"max_tokens": 200}))  # type: ignore[attr-defined]
+    inputs: tuple[object, ...] = (Utterance("Tell me a long story."),)
+    while not llm.streams["x"].spoke:  # type: ignore[attr-defined]
+        llm.step([StreamWork("x", inputs, True)])  # type: ignore[attr-defined]
+        inputs = ()
+    assert "x" in FIRST_AUDIO._starting
+    assert "x" in FIRST_AUDIO._handed
+    llm.close_stream("x")  # type: ignore[attr-defined]  # what cancelling does
+    assert "x" not in FIRST_AUDIO._starting
+    assert "x" not in FIRST_AUDIO._handed
+    try:
+        FIRST_AUDIO.first_phrase_out("y")
+        texts, _, _ = run_streams(llm, {"y": "Hi!"})  # closed at its end
+        assert texts["y"]
+        assert FIRST_AUDIO._handed["y"][1]  # its end handed on, still to reach the TTS
+        FIRST_AUDIO.fed("y", (TextPiece(texts["y"]),), True)
+    finally:
+        FIRST_AUDIO.forget("y")
+
+
 def test_a_tool_call_turn_runs_on_torch_under_its_grammar(llm: object) -> None:
     options = {"tools": json.dumps([WEATHER_TOOL]), "tool_choice": "required"}
     texts, _, events = run_streams(llm, {"t": "What is the weather like in Paris?"}, options)

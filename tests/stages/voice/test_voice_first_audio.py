@@ -261,7 +261,7 @@ def test_a_first_audio_param_that_would_do_nothing_is_refused_naming_it(
 
 
 def test_the_first_audio_params_set_the_gate() -> None:
-    from stages.voice.first_audio import FirstAudioParams
+    from stages.voice.first_audio_params import FirstAudioParams
 
     gate = FirstAudio()
     FirstAudioParams(True, True, 1.5, True).apply(gate)
