@@ -161,8 +161,9 @@ async def test_an_idle_call_ends_at_once_while_another_still_answers() -> None:
 async def test_a_call_still_answering_at_the_hard_stop_is_cancelled_then() -> None:
     """SIGTERM with 2 s of grace while a call's answer has 10 s to play: the answer plays
     on through the grace period (about its two seconds of audio reach the track after the
-    signal; 2 s, not 1, leaves a loaded machine room under the bound), then the call is cut (no response.done) and the server returns within the
-    grace period plus the calls' close bound, nothing left behind."""
+    signal; 2 s, not 1, leaves a loaded machine room under the bound), then the call is
+    cut (no response.done) and the server returns within the grace period plus the
+    calls' close bound, nothing left behind."""
     grace_s = 2.0
 
     async def script(base_url: str) -> tuple[tuple[float, float, list[str]], float]:
