@@ -17,7 +17,7 @@ import hypercorn.protocol.h11
 import hypercorn.trio.run
 import trio
 from hypercorn.config import Config, Sockets
-from hypercorn.events import Closed, Event, RawData
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.trio.run import worker_serve
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.utils import wrap_app
@@ -90,6 +90,15 @@ class _ContainedTCPServer(TCPServer):
             await super()._close()
 
     async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, Updated):
+            # Shielded: hypercorn marks a connection idle (and starts its keep-alive
+            # timer, which also ends it on a drain) from inside the application's task,
+            # which quart cancels as the response ends, so the timer never started and
+            # an idle keep-alive connection stayed open until the peer or the hard stop
+            # closed it. Starting the timer is immediate.
+            with trio.CancelScope(shield=True):
+                await super().protocol_send(event)
+            return
         if not isinstance(event, RawData):
             await super().protocol_send(event)
             return
