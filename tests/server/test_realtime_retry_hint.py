@@ -13,6 +13,7 @@ from omnitrio import PipelineConfig
 from omnitrio.server import ServerSettings, serve
 from tests.conftest import chain_config
 from tests.realtime.test_realtime_protocol import open_session, start_response, wire
+from tests.server.test_realtime_drain import until
 
 ENDLESS = [
     {"steps": 100_000, "service_time_ms": 2.0},
@@ -38,13 +39,6 @@ def _metrics(base_url: str) -> str:
         return str(answer.read().decode())
 
 
-async def _until(ws: trio_websocket.WebSocketConnection, kind: str) -> dict[str, object]:
-    while True:
-        event: dict[str, object] = json.loads(await ws.get_message())
-        if event["type"] == kind:
-            return event
-
-
 async def _second_response(
     nursery: trio.Nursery,
     config: PipelineConfig,
@@ -65,13 +59,13 @@ async def _second_response(
         await second.get_message()
         with trio.fail_after(10):
             await playing.send_message(json.dumps({"type": "response.create"}))
-            await _until(playing, "response.output_audio.delta")  # the stream is taken
+            await until(playing, "response.output_audio.delta")  # the stream is taken
             await second.send_message(json.dumps({"type": "response.create"}))
             if cancel:
-                await _until(second, "response.created")
+                await until(second, "response.created")
                 await second.send_message(json.dumps({"type": "response.cancel"}))
-            done = await _until(second, "response.done")
-            await _until(playing, "response.output_audio.delta")  # the first plays on
+            done = await until(second, "response.done")
+            await until(playing, "response.output_audio.delta")  # the first plays on
     response = done["response"]
     assert isinstance(response, dict)
     return base_url, response
