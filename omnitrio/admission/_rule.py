@@ -62,8 +62,6 @@ from ._margin import stage_margin
 from ._shed import Shedding
 from ._utilisation import ActiveCounts, BusyWatch, active_at, busy_problem
 
-LIFETIME_KEEP = 0.9
-"""Weight of the past in the mean lifetime of completed streams (per completion)."""
 LIFETIMES_KEPT = 64
 """Completed streams' lifetimes kept for the retry hint (the time until a slot frees)."""
 MIN_RETRY_AFTER_S = 0.05
@@ -124,7 +122,6 @@ class Admission(Shedding):
         that plays audio waits while another is on its way to its first audio."""
         self.num_refused_headroom = 0
         self.num_shed = 0
-        self._mean_lifetime_s: float | None = None
         self._lifetimes_s: deque[float] = deque(maxlen=LIFETIMES_KEPT)
         self._mean_audio_s: float | None = None
         self.startup = Startup()
@@ -254,11 +251,12 @@ class Admission(Shedding):
         """When a slot frees (None: nothing measured): how much longer the oldest live
         stream, ``oldest_age_s`` old, runs by the recent completed lifetimes longer than
         that age (their mean excess); without an age, or once it has outlived them all,
-        the expected time until one of ``num_live`` streams ends."""
-        mean = self._mean_lifetime_s
-        if mean is None:
+        the expected time until one of ``num_live`` streams ends (their mean lifetime
+        over ``num_live``)."""
+        lifetimes = self._lifetimes_s
+        if not lifetimes:
             return None
-        estimate = mean / max(num_live, 1)
+        estimate = sum(lifetimes) / len(lifetimes) / max(num_live, 1)
         if oldest_age_s is not None:
             longer = [life - oldest_age_s for life in self._lifetimes_s if life > oldest_age_s]
             if longer:
@@ -278,10 +276,6 @@ class Admission(Shedding):
         if startup_s is not None:
             self.startup.completed(startup_s, audio_s)
         self._lifetimes_s.append(lifetime_s)
-        mean = self._mean_lifetime_s
-        self._mean_lifetime_s = (
-            lifetime_s if mean is None else mean * LIFETIME_KEEP + lifetime_s * (1 - LIFETIME_KEEP)
-        )
         played_s = audio_s - first_chunk_s  # made while its client played
         if played_s > 0:
             audio = self._mean_audio_s

@@ -97,10 +97,9 @@ def test_a_refusals_retry_hint_is_when_its_oldest_stream_is_expected_to_end() ->
     come back at once, refused again). One that outlived them all leaves the wait for the
     first of the live streams to end: the mean lifetime over their count."""
     admission = Admission(2, 0.05, headroom=False)
-    mean = 0.0
-    for i, lifetime_s in enumerate((1.0, 2.0, 4.0, 8.0)):
+    for lifetime_s in (1.0, 2.0, 4.0, 8.0):
         admission.completed(lifetime_s)
-        mean = lifetime_s if i == 0 else 0.9 * mean + 0.1 * lifetime_s
+    mean = (1.0 + 2.0 + 4.0 + 8.0) / 4
     refusal = admission.refusal(2, 2, [], 0.0, oldest_age_s=3.0)
     assert refusal is not None
     assert refusal.retry_after_s == pytest.approx(3.0)
